@@ -1,0 +1,62 @@
+/*
+ * k3_limits.h - every user-controllable size in k3d, k3ctl and k3-gateway,
+ * in one place (the sqliteLimit.h habit). Each bound is checked before any
+ * allocation sized from outside input. Changing a wire limit below is a
+ * protocol change only when it shrinks a bound (see docs/protocol.md).
+ */
+#ifndef K3_LIMITS_H
+#define K3_LIMITS_H
+
+/* Largest frame payload of any type: a GENERATE carrying a whole chat
+ * history. 132 MiB = the gateway's default 128 MiB body plus room for the
+ * other fields, so every body the gateway accepts fits in one frame. */
+#define K3_LIM_PAYLOAD_MAX        (132u << 20)
+
+/* Small control frames (HELLO, STATUS, CANCEL, ...) never need more; a
+ * larger length is refused from the header alone, before reading the body. */
+#define K3_LIM_PAYLOAD_SMALL      (64u << 10)
+
+/* Any single text field: prompt text, messages JSON, tools JSON, tokenize
+ * input. Same bound as the payload. */
+#define K3_LIM_TEXT_MAX           (128u << 20)
+
+/* Names and short strings: client/server names, model id, stop strings. */
+#define K3_LIM_NAME_MAX           256u
+
+/* Free-form messages (ERROR text, STATUS text). */
+#define K3_LIM_MESSAGE_MAX        4096u
+
+/* One stop string, in bytes, and how many (the OpenAI API allows 4). */
+#define K3_LIM_STOP_BYTES         256u
+#define K3_LIM_STOP_COUNT         4u
+
+/* Stop token ids per request. */
+#define K3_LIM_STOP_IDS           64u
+
+/* Token ids in one field: prompt ids, TOKENIZE reply, DETOKENIZE input.
+ * K3's context is 1,048,576 positions; no id list can usefully exceed it. */
+#define K3_LIM_IDS_MAX            (1u << 20)
+
+/* Ids carried by one TOKEN event (a verified draft run emits several). */
+#define K3_LIM_TOKEN_IDS          64u
+
+/* New tokens one request may ask for. */
+#define K3_LIM_MAX_NEW            (1u << 20)
+
+/* Fields in one payload: bounds decode work on hostile input. */
+#define K3_LIM_FIELDS_MAX         64u
+
+/* Daemon: concurrent client connections, and queued generations. */
+#define K3_LIM_CONNECTIONS        256u
+#define K3_LIM_QUEUE_MAX          1024u
+
+/* Daemon: bytes of unsent output per connection before it stops reading
+ * that connection (backpressure). */
+#define K3_LIM_CONN_OUTBUF        (8u << 20)
+
+/* Gateway: request body (default, --max-body), header bytes, JSON depth. */
+#define K3_LIM_HTTP_BODY_DEFAULT  (128u << 20)
+#define K3_LIM_HTTP_HEADERS       (64u << 10)
+#define K3_LIM_JSON_DEPTH         64u
+
+#endif

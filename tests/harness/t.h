@@ -1,0 +1,97 @@
+/*
+ * t.h - the test harness: header-only checks that print every failure with
+ * file:line and the values compared, count them, and turn the count into
+ * the exit code (0 pass, 1 fail, 77 skip: meson's exitcode protocol).
+ *
+ *   int main(void) {
+ *       T_EQ_INT(add(2, 2), 4);
+ *       return t_done();
+ *   }
+ *
+ * Paths to shared data: t_shared_path("golden/forward/...") resolves
+ * against $K3_SHARED (set by tests/meson.build), falling back to the
+ * source-relative ../shared.
+ */
+#ifndef K3_TEST_T_H
+#define K3_TEST_T_H
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t_checks, t_failures;
+
+static inline bool t_report(bool ok, const char *file, int line, const char *expr)
+{
+	t_checks++;
+	if (!ok) {
+		t_failures++;
+		printf("FAIL %s:%d: %s\n", file, line, expr);
+	}
+	return ok;
+}
+
+#define T_OK(cond) t_report((cond), __FILE__, __LINE__, #cond)
+
+#define T_EQ_INT(a, b) do { \
+	long long t_a_ = (long long)(a), t_b_ = (long long)(b); \
+	if (!t_report(t_a_ == t_b_, __FILE__, __LINE__, #a " == " #b)) \
+		printf("     got %lld, want %lld\n", t_a_, t_b_); \
+} while (0)
+
+#define T_EQ_U64(a, b) do { \
+	unsigned long long t_a_ = (unsigned long long)(a), t_b_ = (unsigned long long)(b); \
+	if (!t_report(t_a_ == t_b_, __FILE__, __LINE__, #a " == " #b)) \
+		printf("     got %llu, want %llu\n", t_a_, t_b_); \
+} while (0)
+
+#define T_EQ_STR(a, b) do { \
+	const char *t_a_ = (a), *t_b_ = (b); \
+	if (!t_report(t_a_ && t_b_ && strcmp(t_a_, t_b_) == 0, __FILE__, __LINE__, #a " == " #b)) \
+		printf("     got '%s', want '%s'\n", t_a_ ? t_a_ : "(null)", t_b_ ? t_b_ : "(null)"); \
+} while (0)
+
+#define T_EQ_MEM(a, b, n) do { \
+	if (!t_report(memcmp((a), (b), (n)) == 0, __FILE__, __LINE__, "memcmp(" #a ", " #b ") == 0")) \
+		printf("     %zu bytes differ\n", (size_t)(n)); \
+} while (0)
+
+/* |a - b| <= tol */
+#define T_NEAR(a, b, tol) do { \
+	double t_a_ = (double)(a), t_b_ = (double)(b); \
+	if (!t_report(fabs(t_a_ - t_b_) <= (tol), __FILE__, __LINE__, #a " ~= " #b)) \
+		printf("     got %.9g, want %.9g (tol %g)\n", t_a_, t_b_, (double)(tol)); \
+} while (0)
+
+static inline const char *t_shared_path(const char *rel)
+{
+	static char buf[4][4096];
+	static int slot;
+	const char *root = getenv("K3_SHARED");
+	char *out = buf[slot++ & 3];
+
+	snprintf(out, sizeof(buf[0]), "%s/%s", root ? root : "../shared", rel);
+	return out;
+}
+
+/* Call from main() before returning when a prerequisite is missing. */
+static inline int t_skip(const char *why)
+{
+	printf("SKIP: %s\n", why);
+	return 77;
+}
+
+static inline int t_done(void)
+{
+	printf("%d checks, %d failed\n", t_checks, t_failures);
+	if (t_checks == 0) {
+		printf("FAIL: no checks ran\n");
+		return 1;
+	}
+	return t_failures ? 1 : 0;
+}
+
+#endif
