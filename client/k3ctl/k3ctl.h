@@ -1,0 +1,43 @@
+/*
+ * k3ctl.h - what every k3ctl command shares. Each command lives in its own
+ * file cmd_<name>.c and exports `int k3ctl_cmd_<name>(int argc, char **argv)`
+ * (argv[0] is the command name; options follow). The table in main.c maps
+ * names to these functions.
+ *
+ * Exit codes (documented in k3ctl.1): 0 ok, 1 error, 2 usage, 3 daemon
+ * unavailable.
+ */
+#ifndef K3CTL_H
+#define K3CTL_H
+
+#include <stdbool.h>
+
+enum k3ctl_exit {
+	K3CTL_EXIT_OK = 0,
+	K3CTL_EXIT_ERROR = 1,
+	K3CTL_EXIT_USAGE = 2,
+	K3CTL_EXIT_UNAVAILABLE = 3,
+};
+
+/* Global options parsed by main.c before the command runs. */
+struct k3ctl_globals {
+	const char *socket_path;   /* --socket, $K3D_SOCKET, or the default */
+	bool json;                 /* --json: machine-readable output */
+};
+extern struct k3ctl_globals k3ctl_g;
+
+/* Prints "k3ctl <cmd>: message" to stderr and returns K3CTL_EXIT_USAGE. */
+int k3ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "k3ctl: message" to stderr and returns code. */
+int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define K3CTL_COMMANDS(X) \
+	X(status,   "show the daemon's state and counters") \
+	X(ping,     "check that the daemon answers") \
+	X(shutdown, "ask the daemon to drain and exit")
+
+#define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
+K3CTL_COMMANDS(K3CTL_DECLARE_)
+#undef K3CTL_DECLARE_
+
+#endif
