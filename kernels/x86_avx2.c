@@ -21,11 +21,15 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kern_ops.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* Full unrolling of the rows x tokens loops keeps every accumulator in a
+ * register (block sizes are compile-time constants at each call site). */
+#define K3_UNROLL _Pragma("GCC unroll 8")
 
 INLINE float hsum8(__m256 v)
 {
@@ -69,14 +73,14 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 {                                                                            \
 	__m256 a0[8], a1[8];                                                     \
 	size_t c = 0;                                                            \
-	for (size_t k = 0; k < nr * nt; k++) {                                   \
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++) {                                   \
 		a0[k] = _mm256_setzero_ps();                                         \
 		a1[k] = _mm256_setzero_ps();                                         \
 	}                                                                        \
 	for (; c + 16 <= cols; c += 16) {                                        \
-		for (size_t i = 0; i < nr; i++) {                                    \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
 			__m256 w0 = LOAD8(wr[i] + c), w1 = LOAD8(wr[i] + c + 8);         \
-			for (size_t t = 0; t < nt; t++) {                                \
+			K3_UNROLL for (size_t t = 0; t < nt; t++) {                                \
 				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
 					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
 				a1[i * nt + t] = _mm256_fmadd_ps(w1,                         \
@@ -85,9 +89,9 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 		}                                                                    \
 	}                                                                        \
 	if (c + 8 <= cols) {                                                     \
-		for (size_t i = 0; i < nr; i++) {                                    \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
 			__m256 w0 = LOAD8(wr[i] + c);                                    \
-			for (size_t t = 0; t < nt; t++)                                  \
+			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
 				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
 					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
 		}                                                                    \
@@ -95,15 +99,15 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 	}                                                                        \
 	if (c < cols) {                                                          \
 		__m256i m = tail_mask(cols - c);                                     \
-		for (size_t i = 0; i < nr; i++) {                                    \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
 			__m256 w0 = LOADPART(wr[i] + c, cols - c);                       \
-			for (size_t t = 0; t < nt; t++)                                  \
+			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
 				a1[i * nt + t] = _mm256_fmadd_ps(w0,                         \
 					_mm256_maskload_ps(xt[t] + c, m), a1[i * nt + t]);        \
 		}                                                                    \
 	}                                                                        \
-	for (size_t i = 0; i < nr; i++)                                          \
-		for (size_t t = 0; t < nt; t++)                                      \
+	K3_UNROLL for (size_t i = 0; i < nr; i++)                                          \
+		K3_UNROLL for (size_t t = 0; t < nt; t++)                                      \
 			out[t * ldo + i] = hsum8(_mm256_add_ps(a0[i * nt + t],           \
 				a1[i * nt + t]));                                            \
 }
@@ -124,16 +128,16 @@ DEF_ROWS_DENSE(rows_f32, float, _mm256_loadu_ps, load_f32_part)
 static const int8_t e2m1x2[16] = { 0, 1, 2, 3, 4, 6, 8, 12,
 	0, -1, -2, -3, -4, -6, -8, -12 };
 
-INLINE float group_scale(uint8_t s)
-{
-	uint32_t bits;
-	float f;
+/* 2^(s-128) for every E8M0 byte s, so a group's scale is one broadcast
+ * load (no integer-to-vector move on the hot path). Exact powers of two,
+ * subnormal for s < 2 (k3-model.md §9: do not flush to zero). */
+static float scale_tab[256];
+static pthread_once_t scale_once = PTHREAD_ONCE_INIT;
 
-	if (s < 2)      /* subnormal 2^(s-128): not reachable by the shift */
-		return ldexpf(1.0f, (int)s - 128);
-	bits = (uint32_t)(s - 1) << 23;
-	memcpy(&f, &bits, sizeof(f));
-	return f;
+static void scale_init(void)
+{
+	for (int s = 0; s < 256; s++)
+		scale_tab[s] = ldexpf(1.0f, s - 128);
 }
 
 /* 16 packed bytes (32 columns) -> four 8-lane vectors in column order. */
@@ -169,22 +173,22 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 	const __m128i lut = _mm_loadu_si128((const __m128i *)e2m1x2);
 	__m256 acc[8];
 
-	for (size_t k = 0; k < nr * nt; k++)
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
 		acc[k] = _mm256_setzero_ps();
 	for (size_t g = 0; g < cols / 32; g++) {
-		for (size_t i = 0; i < nr; i++) {
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {
 			__m256 w[4];
-			__m256 s = _mm256_set1_ps(group_scale(sr[i][g]));
+			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g]]);
 
 			_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
 			decode_group(pr[i] + 16 * g, lut, w);
-			for (size_t t = 0; t < nt; t++)
+			K3_UNROLL for (size_t t = 0; t < nt; t++)
 				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xt[t] + 32 * g),
 					s, acc[i * nt + t]);
 		}
 	}
-	for (size_t i = 0; i < nr; i++)
-		for (size_t t = 0; t < nt; t++)
+	K3_UNROLL for (size_t i = 0; i < nr; i++)
+		K3_UNROLL for (size_t t = 0; t < nt; t++)
 			out[t * ldo + i] = hsum8(acc[i * nt + t]);
 }
 
@@ -209,12 +213,15 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
 	size_t r = r0;
 
+	if (w->dtype == K3_KERN_DT_MXFP4)
+		pthread_once(&scale_once, scale_init);
+
 	while (r < r1) {
 		size_t nr = (T == 1 && r + 4 <= r1) ? 4 : 1;
 
 		for (size_t t = 0; t < T; ) {
 			size_t nt = T - t >= 4 ? 4 : T - t;
-			const float *xt[4];
+			const float *xt[4] = { 0 };
 			float *out = y + t * ldy + (r - r0);
 
 			if (nr > 1)
@@ -222,9 +229,9 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 			for (size_t k = 0; k < nt; k++)
 				xt[k] = x + (t + k) * ldx;
 			if (w->dtype == K3_KERN_DT_MXFP4) {
-				const uint8_t *pr[4], *sr[4];
+				const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
 
-				for (size_t i = 0; i < nr; i++) {
+				K3_UNROLL for (size_t i = 0; i < nr; i++) {
 					pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
 					sr[i] = w->scales + (r + i) * (cols / 32);
 				}
@@ -232,17 +239,17 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 				BLOCK(MX, nr, nt, 0);
 #undef MX
 			} else if (w->dtype == K3_KERN_DT_BF16) {
-				const uint16_t *wr[4];
+				const uint16_t *wr[4] = { 0 };
 
-				for (size_t i = 0; i < nr; i++)
+				K3_UNROLL for (size_t i = 0; i < nr; i++)
 					wr[i] = (const uint16_t *)w->data + (r + i) * ld;
 #define BF(NR_, NT_, ...) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy)
 				BLOCK(BF, nr, nt, 0);
 #undef BF
 			} else {
-				const float *wr[4];
+				const float *wr[4] = { 0 };
 
-				for (size_t i = 0; i < nr; i++)
+				K3_UNROLL for (size_t i = 0; i < nr; i++)
 					wr[i] = (const float *)w->data + (r + i) * ld;
 #define FF(NR_, NT_, ...) rows_f32(NR_, NT_, cols, wr, xt, out, ldy)
 				BLOCK(FF, nr, nt, 0);
