@@ -9,8 +9,8 @@
  * 12288x7168 (q/k/v/g projections), 3072x3584 (expert w1/w3 in the
  * latent), 3584x3072 (expert w2).
  *
- * Memory bandwidth: a streaming read (sum of squares, the kernels' own
- * SIMD loop split over the same pool) over a random-filled buffer of
+ * Memory bandwidth: a streaming read (XOR of 16-byte words, split over the
+ * same pool) over a random-filled buffer of
  * --bw-mib MiB (default 1024, far above the 32 MiB L3). Weights are random
  * too (identical pages get merged on these machines), and every shape is
  * replicated until the copies total >= --set-mib MiB (default 512) so each
@@ -18,12 +18,15 @@
  *
  *   bench_gemv [--runs N] [--threads 1,2] [--bw-mib M] [--set-mib M]
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
+#include "base/parse.h"
 #include "k3_kernels.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
@@ -79,48 +82,58 @@ static double median(double *v, int n)
 }
 
 struct bw_job {
-	const float *buf;
-	float part[256];
-	size_t per;
+	const uint8_t *buf;
+	uint64_t part[256];
+	size_t per;              /* bytes per thread, a multiple of 64 */
 };
+
+/* The streaming read: XOR of every 16-byte word into four independent
+ * accumulators (no arithmetic dependency chain can limit it). SSE2 is
+ * baseline on x86-64; other machines use 64-bit words. */
+static uint64_t stream_read(const uint8_t *p, size_t bytes)
+{
+#if defined(__SSE2__)
+	__m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+
+	for (size_t i = 0; i + 64 <= bytes; i += 64) {
+		a0 = _mm_xor_si128(a0, _mm_load_si128((const __m128i *)(p + i)));
+		a1 = _mm_xor_si128(a1, _mm_load_si128((const __m128i *)(p + i + 16)));
+		a2 = _mm_xor_si128(a2, _mm_load_si128((const __m128i *)(p + i + 32)));
+		a3 = _mm_xor_si128(a3, _mm_load_si128((const __m128i *)(p + i + 48)));
+	}
+	a0 = _mm_xor_si128(_mm_xor_si128(a0, a1), _mm_xor_si128(a2, a3));
+	return (uint64_t)_mm_cvtsi128_si64(a0) ^ (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(a0, a0));
+#else
+	uint64_t a[8] = { 0 };
+
+	for (size_t i = 0; i + 64 <= bytes; i += 64)
+		for (int k = 0; k < 8; k++) {
+			uint64_t v;
+
+			memcpy(&v, p + i + 8 * k, 8);
+			a[k] ^= v;
+		}
+	return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+#endif
+}
 
 static void bw_task(void *ctx, size_t b, size_t e)
 {
 	struct bw_job *j = ctx;
 
 	for (size_t i = b; i < e; i++)
-		j->part[i] = k3_kern_sumsq(j->per, j->buf + i * j->per);
+		j->part[i] = stream_read(j->buf + i * j->per, j->per);
 }
 
-static volatile float sink;
-
-static double measure_bw(struct k3_kern_pool *pool, const float *buf,
-	size_t bytes, int runs)
-{
-	static double t[64];
-	int nt = k3_kern_pool_threads(pool);
-	struct bw_job j = { .buf = buf, .per = bytes / 4 / (size_t)nt };
-
-	for (int r = 0; r < runs; r++) {
-		double t0 = now_s();
-
-		k3_kern_pool_for(pool, (size_t)nt, 1, bw_task, &j);
-		t[r] = now_s() - t0;
-		sink = j.part[0];
-	}
-	return (double)j.per * 4 * nt / median(t, runs) / 1e9;
-}
+static volatile uint64_t sink;
 
 static int parse_uint(const char *s, long lo, long hi, long *out)
 {
-	char *end;
-	long v;
+	uint64_t v;
 
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
+	if (k3_parse_u64(s, (uint64_t)lo, (uint64_t)hi, &v, NULL) != 0)
 		return -1;
-	*out = v;
+	*out = (long)v;
 	return 0;
 }
 
@@ -132,7 +145,8 @@ int main(int argc, char **argv)
 	long runs = 7, bw_mib = 1024, set_mib = 512;
 	int threads[8] = { 1, 2 }, n_threads = 2;
 	struct k3_kern_pool *pools[8];
-	float *bwbuf, *x, *y;
+	void *bwbuf;
+	float *x, *y;
 	size_t bw_bytes;
 
 	for (int i = 1; i < argc; i++) {
@@ -178,7 +192,7 @@ int main(int argc, char **argv)
 		}
 	}
 	bw_bytes = (size_t)bw_mib << 20;
-	bwbuf = malloc(bw_bytes);
+	bwbuf = aligned_alloc(64, bw_bytes);
 	x = malloc(12288 * sizeof(float));
 	y = malloc(12288 * sizeof(float));
 	if (!bwbuf || !x || !y)
@@ -220,20 +234,29 @@ int main(int argc, char **argv)
 				}
 			}
 			for (int ti = 0; ti < n_threads; ti++) {
-				double t[64], bw, gbs;
+				double t[64], tb[64], gbs, bw;
+				int nt = k3_kern_pool_threads(pools[ti]);
+				struct bw_job j = { .buf = (const uint8_t *)bwbuf,
+					.per = bw_bytes / (size_t)nt / 64 * 64 };
 
 				/* warm-up pass (page faults, pool wake-up) */
 				for (size_t k = 0; k < copies; k++)
 					k3_kern_matmul(pools[ti], &m[k], 0, rows, 1, x, cols, y, rows);
+				/* GEMV and bandwidth runs alternate, so both see the same
+				 * load from the other tenants of this machine */
 				for (int r = 0; r < runs; r++) {
 					double t0 = now_s();
 
 					for (size_t k = 0; k < copies; k++)
 						k3_kern_matmul(pools[ti], &m[k], 0, rows, 1, x, cols, y, rows);
 					t[r] = (now_s() - t0) / (double)copies;
+					t0 = now_s();
+					k3_kern_pool_for(pools[ti], (size_t)nt, 1, bw_task, &j);
+					tb[r] = now_s() - t0;
+					sink = j.part[0];
 				}
 				gbs = (double)per / median(t, (int)runs) / 1e9;
-				bw = measure_bw(pools[ti], bwbuf, bw_bytes, (int)runs);
+				bw = (double)j.per * nt / median(tb, (int)runs) / 1e9;
 				printf("%-6s %5zux%-6zu %3d %9.2f %9.2f %5.0f%%\n",
 					dtype == K3_KERN_DT_BF16 ? "bf16" : "mxfp4", rows, cols,
 					threads[ti], gbs, bw, 100.0 * gbs / bw);
