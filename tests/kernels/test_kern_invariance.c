@@ -142,6 +142,7 @@ int main(void)
 		{ K3_KERN_DT_F32, 19, 577 },
 		{ K3_KERN_DT_MXFP4, 37, 288 },
 		{ K3_KERN_DT_MXFP4, 41, 3584 },
+		{ K3_KERN_DT_MXFP4, 9, 4160 },   /* above the permuted-x limit */
 	};
 
 	printf("isa %s\n", k3_kern_isa_name(k3_kern_active_isa()));
