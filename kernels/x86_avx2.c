@@ -11,7 +11,7 @@
  *  MXFP4 row . x: per 32-column group g, four decoded 8-lane vectors
  *    w0..w3 give p = (w0 x0 + w1 x1) + (w2 x2 + w3 x3) (mul then FMA,
  *    pairwise add) and acc = fma(p, group scale, acc): one scale multiply
- *    per group; hsum8 at the end. For cols <= 4096 (all K3 experts) the
+ *    per group; hsum8 at the end. For cols <= 16384 (all K3 MXFP4) the
  *    vectors hold the group's columns in the fixed permuted lane order of
  *    perm_col() (bf16-pattern decode, no int->float conversions); wider
  *    matrices use the column-order int8 decode (rows_mxfp4).
@@ -198,7 +198,7 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 }
 
 /*
- * Permuted-x MXFP4 path (cols <= PERM_MAX_COLS: every K3 expert matrix).
+ * Permuted-x MXFP4 path (cols <= PERM_SCRATCH: every K3 MXFP4 matrix).
  * No int->float conversion at all: two pshufb LUTs give the high and low
  * bytes of each code's bf16 bit pattern (E2M1 values are exact in bf16:
  * 0.5 = 0x3F00 ... 6 = 0x40C0, sign in bit 15), one byte-unpack forms the
@@ -209,7 +209,10 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
  * Reduction per group: p = (A_lo x + B_lo x) + (A_hi x + B_hi x) (mul,
  * FMA, add), acc = fma(p, 2^(s-127), acc); hsum8 at the end.
  */
-enum { PERM_MAX_COLS = 4096 };
+/* Stack scratch for permuted x, in floats: 4 tokens of up to 4096 columns
+ * or fewer tokens of wider rows (the token-group size never changes an
+ * element's arithmetic). */
+enum { PERM_SCRATCH = 16384 };
 
 /* Column (within its group) of lane k (0..7) of vector v (0..3). */
 static inline size_t perm_col(int v, int k)
@@ -305,10 +308,12 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {
 	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
-	/* 4 token slots of permuted x (64 KiB of stack, no allocation) */
-	float xperm[4][PERM_MAX_COLS] __attribute__((aligned(32)));
+	/* token slots of permuted x (64 KiB of stack, no allocation) */
+	float xperm[PERM_SCRATCH] __attribute__((aligned(32)));
 	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
-	bool perm = w->dtype == K3_KERN_DT_MXFP4 && cols <= PERM_MAX_COLS;
+	size_t slots = PERM_SCRATCH / cols > 4 ? 4 : PERM_SCRATCH / cols;
+	bool perm = w->dtype == K3_KERN_DT_MXFP4 && slots >= 1;
+	size_t max_nt = perm ? slots : 4;
 
 	if (w->dtype == K3_KERN_DT_MXFP4)
 		pthread_once(&scale_once, scale_init);
@@ -316,17 +321,17 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 		size_t tile_end = r1 - tile > ROW_TILE ? tile + ROW_TILE : r1;
 
 		for (size_t t = 0; t < T; ) {
-			size_t nt = T - t >= 4 ? 4 : T - t;
+			size_t nt = T - t >= max_nt ? max_nt : T - t;
 			const float *xt[4] = { 0 };
 
 			for (size_t k = 0; k < nt; k++) {
 				xt[k] = x + (t + k) * ldx;
 				if (perm) {
 					if (perm_tok[k] != t + k) {
-						perm_x(cols, xt[k], xperm[k]);
+						perm_x(cols, xt[k], xperm + k * cols);
 						perm_tok[k] = t + k;
 					}
-					xt[k] = xperm[k];
+					xt[k] = xperm + k * cols;
 				}
 			}
 			for (size_t r = tile; r < tile_end; ) {
