@@ -230,6 +230,38 @@ def test_lifecycle(k3d):
     check(p.returncode == 2 and "--queue" in p.stderr, "bad option exits 2 naming it")
 
 
+def test_notify(k3d):
+    """sd_notify protocol: READY=1 after listening, WATCHDOG=1 at half of
+    WATCHDOG_USEC, STOPPING=1 on SIGTERM (what k3d.service relies on)."""
+    tmp = tempfile.mkdtemp()
+    os.chmod(tmp, 0o700)
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(os.path.join(tmp, "notify"))
+    ns.settimeout(5)
+    env = {**os.environ, "NOTIFY_SOCKET": os.path.join(tmp, "notify"), "WATCHDOG_USEC": "200000"}
+    p = subprocess.Popen([k3d, "--socket", os.path.join(tmp, "k3d.sock")], env=env,
+                         stderr=subprocess.DEVNULL)
+    msgs = []
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline and sum("WATCHDOG=1" in m for m in msgs) < 2:
+            msgs.append(ns.recv(4096).decode())
+        check(any("READY=1" in m for m in msgs), f"READY=1 sent: {msgs}")
+        check(any("STATUS=Serving on" in m for m in msgs), "STATUS= line sent")
+        check(sum("WATCHDOG=1" in m for m in msgs) >= 2, "WATCHDOG=1 pings")
+        p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        while time.time() < deadline and not any("STOPPING=1" in m for m in msgs):
+            msgs.append(ns.recv(4096).decode())
+        check(any("STOPPING=1" in m for m in msgs), "STOPPING=1 on SIGTERM")
+        check(p.wait(10) == 0, "exit 0 after SIGTERM")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        ns.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     d = Daemon(K3D)
     try:
@@ -246,6 +278,8 @@ def main():
     test_peer_credentials(K3D)
     print("-- test_lifecycle")
     test_lifecycle(K3D)
+    print("-- test_notify")
+    test_notify(K3D)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
