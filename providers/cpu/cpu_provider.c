@@ -58,6 +58,13 @@ struct k3_prov_model {
 	float *sx, *s[7];        /* [max_batch][D], [max_batch][wide] */
 	float *tmp;              /* [wide] per-position temporaries */
 	float *tmp2;             /* [wide] */
+	float *work;             /* [6 * kda_head_dim] KDA head temporaries */
+	/* routed experts: [max_batch * top_k] slots */
+	float *ey;               /* [slots][latent] per-slot expert outputs */
+	float *ex;               /* [slots][max(latent, moe_inter)] gathered inputs / outputs */
+	float *eg, *eu;          /* [slots][moe_inter] gate / up */
+	uint32_t *eslot;         /* [slots] */
+	uint8_t *edone;          /* [slots] */
 };
 
 struct k3_prov_kda_state {
@@ -103,6 +110,9 @@ static int get_mat(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
 		return fail(st, -EINVAL, "layer %u tensor '%s': shape [%llu, %llu] (ndim %u), want [%u, %u]",
 			    layer, name, (unsigned long long)t->shape[0],
 			    (unsigned long long)t->shape[1], t->ndim, rows, cols);
+	if ((uintptr_t)t->data % (t->dtype == K3_PROV_DTYPE_BF16 ? 2 : 4))
+		return fail(st, -EINVAL, "layer %u tensor '%s': payload not aligned to its element size",
+			    layer, name);
 	out->data = t->data;
 	out->dtype = t->dtype;
 	out->rows = rows;
@@ -133,9 +143,16 @@ static int get_vec(const struct k3_prov_tensor *t, uint32_t n, int at_least,
 	float *v = malloc((size_t)n * sizeof(float));
 	if (!v)
 		return fail(st, -ENOMEM, "out of memory for '%s'", name);
-	for (uint32_t i = 0; i < n; i++)
-		v[i] = t->dtype == K3_PROV_DTYPE_BF16 ? k3_cpu_bf16(((const uint16_t *)t->data)[i])
-						      : ((const float *)t->data)[i];
+	/* memcpy: small tensors carry no alignment promise */
+	for (uint32_t i = 0; i < n; i++) {
+		if (t->dtype == K3_PROV_DTYPE_BF16) {
+			uint16_t b;
+			memcpy(&b, (const char *)t->data + 2 * (size_t)i, 2);
+			v[i] = k3_cpu_bf16(b);
+		} else {
+			memcpy(&v[i], (const char *)t->data + 4 * (size_t)i, 4);
+		}
+	}
 	*out = v;
 	return 0;
 }
@@ -186,6 +203,13 @@ static void cpu_close(k3_prov_model *m)
 		free(m->s[i]);
 	free(m->tmp);
 	free(m->tmp2);
+	free(m->work);
+	free(m->ey);
+	free(m->ex);
+	free(m->eg);
+	free(m->eu);
+	free(m->eslot);
+	free(m->edone);
 	k3_cpu_ctx_release(&m->ctx);
 	free(m);
 }
@@ -197,7 +221,8 @@ static int check_config(const struct k3_prov_config *c, struct k3_prov_status *s
 	if (!c->hidden || !c->n_layers || c->n_layers > K3_PROV_MAX_LAYERS || !c->vocab)
 		return fail(st, -EINVAL, "config: hidden, layers (1..%d) and vocab must be set",
 			    K3_PROV_MAX_LAYERS);
-	if (!c->attn_res_block || (c->n_layers + c->attn_res_block - 1) / c->attn_res_block + 2 > 64)
+	if (!c->attn_res_block ||
+	    (c->n_layers + c->attn_res_block - 1) / c->attn_res_block + 2 > K3_KERN_ATTNRES_MAX_CAND)
 		return fail(st, -EINVAL, "config: attn_res_block %u gives too many AttnRes candidates",
 			    c->attn_res_block);
 	if (c->n_experts > 1024 || c->top_k > c->n_experts)
@@ -206,6 +231,9 @@ static int check_config(const struct k3_prov_config *c, struct k3_prov_status *s
 	if (c->latent % 32 || c->moe_inter % 32)
 		return fail(st, -EINVAL, "config: MXFP4 expert dims %u, %u must be multiples of 32",
 			    c->latent, c->moe_inter);
+	if (!c->kda_head_dim || c->kda_head_dim > 1024 || c->top_k > 64)
+		return fail(st, -EINVAL, "config: KDA head dim %u (1..1024) or top-k %u (<= 64) unsupported",
+			    c->kda_head_dim, c->top_k);
 	if (!c->conv_kernel || c->conv_kernel > 16)
 		return fail(st, -EINVAL, "config: conv kernel %u unsupported", c->conv_kernel);
 	for (uint32_t l = 0; l < c->n_layers; l++) {
@@ -358,7 +386,17 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->sx = malloc(B * D * sizeof(float));
 	m->tmp = malloc((size_t)wide * sizeof(float));
 	m->tmp2 = malloc((size_t)wide * sizeof(float));
-	rc = (m->sx && m->tmp && m->tmp2) ? 0 : -ENOMEM;
+	size_t slots = B * (c->top_k ? c->top_k : 1);
+	size_t ew = umax(umax(c->latent, c->moe_inter), 1);
+	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * sizeof(float));
+	m->ey = malloc(slots * ew * sizeof(float));
+	m->ex = malloc(slots * ew * sizeof(float));
+	m->eg = malloc(slots * ew * sizeof(float));
+	m->eu = malloc(slots * ew * sizeof(float));
+	m->eslot = malloc(slots * sizeof(uint32_t));
+	m->edone = malloc(slots);
+	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->ey && m->ex && m->eg && m->eu &&
+	      m->eslot && m->edone) ? 0 : -ENOMEM;
 	for (int i = 0; i < 7; i++) {
 		m->s[i] = malloc(B * wide * sizeof(float));
 		if (!m->s[i])
@@ -561,8 +599,9 @@ static int cpu_attnres_mix(k3_prov_model *m, uint32_t site, uint32_t layer,
 	const float *u;
 	uint32_t D = m->cfg.hidden;
 
-	if (n == 0 || n > 64)
-		return fail(st, -EINVAL, "AttnRes mix of %u candidates not in 1..64", n);
+	if (n == 0 || n > K3_KERN_ATTNRES_MAX_CAND)
+		return fail(st, -EINVAL, "AttnRes mix of %u candidates not in 1..%d",
+			    n, K3_KERN_ATTNRES_MAX_CAND);
 	if (site == K3_PROV_MIX_OUTPUT) {
 		u = m->out_u;
 	} else {
@@ -574,20 +613,85 @@ static int cpu_attnres_mix(k3_prov_model *m, uint32_t site, uint32_t layer,
 		if (!u)
 			return fail(st, -EINVAL, "layer %u has no AttnRes site %u", layer, site);
 	}
-	const float *row[64];
+	const float *row[K3_KERN_ATTNRES_MAX_CAND];
 	for (uint32_t t = 0; t < T; t++) {
 		for (uint32_t j = 0; j < n; j++)
 			row[j] = cands[j] + (size_t)t * D;
-		k3_cpu_ref_attnres(row, n, D, u, m->cfg.rms_eps, out + (size_t)t * D);
+		if (m->reference)
+			k3_cpu_ref_attnres(row, n, D, u, m->cfg.rms_eps, out + (size_t)t * D);
+		else
+			k3_kern_attnres(D, n, row, u, m->cfg.rms_eps, out + (size_t)t * D);
 	}
 	return 0;
 }
 
-static void norm_rows(const float *h, const float *w, uint32_t T, uint32_t n, float eps,
-		      float *x, size_t ld_in, size_t ld_out)
+static void rmsnorm(const k3_prov_model *m, const float *x, const float *w, uint32_t n,
+		    float eps, float *y)
+{
+	if (m->reference)
+		k3_cpu_ref_rmsnorm(x, w, n, eps, y);
+	else
+		k3_kern_rmsnorm(n, x, w, eps, y);
+}
+
+static void norm_rows(const k3_prov_model *m, const float *h, const float *w, uint32_t T,
+		      uint32_t n, float eps, float *x, size_t ld_in, size_t ld_out)
 {
 	for (uint32_t t = 0; t < T; t++)
-		k3_cpu_ref_rmsnorm(h + t * ld_in, w, n, eps, x + t * ld_out);
+		rmsnorm(m, h + t * ld_in, w, n, eps, x + t * ld_out);
+}
+
+static void situ_rows(const k3_prov_model *m, float *g, const float *u, uint32_t n)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	if (m->reference)
+		for (uint32_t i = 0; i < n; i++)
+			g[i] = k3_cpu_situ(g[i], u[i], c->situ_beta1, c->situ_beta2);
+	else
+		k3_kern_situ_glu(n, g, u, c->situ_beta1, c->situ_beta2, g);
+}
+
+/* One KDA position of head hh (spec §5.3-5.6): q, k, v post-conv, f decay
+ * logits, b beta logit, gz gate logits; writes z[dk]. */
+static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S,
+		     uint32_t hh, const float *q, const float *k, const float *v,
+		     const float *f, float b, const float *gz, float *z, float *work)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t dk = c->kda_head_dim;
+	size_t c0 = (size_t)hh * dk;
+	float *alpha = work, *o = work + dk, *qn = work + 2 * dk, *kn = work + 3 * dk;
+	float *scratch = work + 4 * dk;
+	float beta = k3_cpu_sigmoid(b);
+
+	if (m->reference) {
+		for (uint32_t i = 0; i < dk; i++)
+			alpha[i] = expf(c->gate_lower_bound *
+				k3_cpu_sigmoid(L->a_exp[hh] * (f[i] + L->dt_bias[c0 + i])));
+		k3_cpu_ref_kda_head(S, dk, dk, q, k, v, alpha, beta, o);
+		float ss = 0.0f;
+		for (uint32_t j = 0; j < dk; j++)
+			ss += o[j] * o[j];
+		float r = 1.0f / sqrtf(ss / (float)dk + c->rms_eps);
+		for (uint32_t j = 0; j < dk; j++)
+			z[j] = o[j] * r * L->o_norm[j] * k3_cpu_sigmoid(gz[j]);
+		return;
+	}
+	k3_kern_kda_decay(dk, f, L->dt_bias + c0, L->a_exp[hh], c->gate_lower_bound, alpha);
+	k3_kern_l2norm(dk, q, 1e-6f, 1.0f / sqrtf((float)dk), qn);
+	k3_kern_l2norm(dk, k, 1e-6f, 1.0f, kn);
+	k3_kern_kda_step(dk, dk, S, qn, kn, v, alpha, beta, o, scratch);
+	k3_kern_rmsnorm_gated(dk, o, L->o_norm, gz, c->rms_eps, z);
+}
+
+static void conv_step(const k3_prov_model *m, float *win, const float *w, const float *x,
+		      float *y)
+{
+	uint32_t K = m->cfg.conv_kernel;
+	if (m->reference || K != 4)
+		k3_cpu_ref_conv_step(win, w, m->P, K, x, y);
+	else
+		k3_kern_kda_conv_silu(m->P, w, win, x, y);
 }
 
 static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
@@ -608,46 +712,32 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	uint32_t K = c->conv_kernel;
 	size_t W = m->wide;
 	float *x = m->sx, *qp = m->s[0], *kp = m->s[1], *vp = m->s[2];
-	float *f = m->s[3], *gz = m->s[4], *z = m->s[5], *fb = m->s[6];
+	float *f = m->s[3], *gz = m->s[4], *z = m->s[5], *fa = m->s[6];
 
-	norm_rows(h, L->input_norm, T, D, c->rms_eps, x, D, D);
+	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
 	k3_cpu_linear(&m->ctx, &L->q, x, D, T, qp, W);
 	k3_cpu_linear(&m->ctx, &L->k, x, D, T, kp, W);
 	k3_cpu_linear(&m->ctx, &L->v, x, D, T, vp, W);
 	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
-	k3_cpu_linear(&m->ctx, &L->fa, x, D, T, fb, W);
-	k3_cpu_linear(&m->ctx, &L->fb, fb, W, T, f, W);
-	/* beta logits go to z's tail: z is only written after they are used */
-	float *bl = fb;
+	k3_cpu_linear(&m->ctx, &L->fa, x, D, T, fa, W);
+	k3_cpu_linear(&m->ctx, &L->fb, fa, W, T, f, W);
+	/* fa is consumed: its rows now take the beta logits */
+	float *bl = fa;
 	k3_cpu_linear(&m->ctx, &L->b, x, D, T, bl, W);
 
 	size_t wstride = (size_t)(K - 1) * P;
 	float *q1 = m->tmp, *k1 = m->tmp2;
-	float alpha[512], o[512];
 	for (uint32_t t = 0; t < T; t++) {
 		float *qt = qp + t * W, *kt = kp + t * W, *vt = vp + t * W;
-		float *ft = f + t * W, *gt = gz + t * W, *zt = z + t * W;
-		/* conv outputs overwrite: q -> tmp, k -> tmp2, v -> in place via f? */
-		k3_cpu_ref_conv_step(s->win, L->conv[0], P, K, qt, q1);
-		k3_cpu_ref_conv_step(s->win + wstride, L->conv[1], P, K, kt, k1);
-		k3_cpu_ref_conv_step(s->win + 2 * wstride, L->conv[2], P, K, vt, qt);
+		/* q -> tmp, k -> tmp2, v -> the consumed raw-q row */
+		conv_step(m, s->win, L->conv[0], qt, q1);
+		conv_step(m, s->win + wstride, L->conv[1], kt, k1);
+		conv_step(m, s->win + 2 * wstride, L->conv[2], vt, qt);
 		for (uint32_t hh = 0; hh < H; hh++) {
 			size_t c0 = (size_t)hh * dk;
-			for (uint32_t i = 0; i < dk; i++) {
-				float lam = c->gate_lower_bound *
-					k3_cpu_sigmoid(L->a_exp[hh] * (ft[c0 + i] + L->dt_bias[c0 + i]));
-				alpha[i] = expf(lam);
-			}
-			float beta = k3_cpu_sigmoid(bl[t * W + hh]);
-			k3_cpu_ref_kda_head(s->S + c0 * dk, dk, dk, q1 + c0, k1 + c0, qt + c0,
-					    alpha, beta, o);
-			/* gated output norm (spec §5.6) */
-			float ss = 0.0f;
-			for (uint32_t j = 0; j < dk; j++)
-				ss += o[j] * o[j];
-			float r = 1.0f / sqrtf(ss / (float)dk + c->rms_eps);
-			for (uint32_t j = 0; j < dk; j++)
-				zt[c0 + j] = o[j] * r * L->o_norm[j] * k3_cpu_sigmoid(gt[c0 + j]);
+			kda_head(m, L, s->S + c0 * dk, hh, q1 + c0, k1 + c0, qt + c0,
+				 f + t * W + c0, bl[t * W + hh], gz + t * W + c0,
+				 z + t * W + c0, m->work);
 		}
 	}
 	float *y = m->s[0];
@@ -655,6 +745,42 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	for (uint32_t t = 0; t < T; t++)
 		store(out + (size_t)t * D, y + t * W, D, flags);
 	return 0;
+}
+
+/* cbar = sum_s softmax_s(scale * (qa . c(s) + qr . kr(s))) c(s) over the n
+ * cached rows (spec §6.5); q = [qa | qr]. */
+static void mla_attend(const k3_prov_model *m, const k3_prov_mla_cache *cache, uint32_t n,
+		       const float *q, float scale, float *cbar)
+{
+	uint32_t kvl = m->cfg.kv_lora, row = cache->row;
+	if (!m->reference) {
+		k3_kern_mla_attend(n, row, kvl, cache->rows, row, q, scale, cbar, cache->score);
+		return;
+	}
+	float mx = -INFINITY;
+	for (uint32_t sidx = 0; sidx < n; sidx++) {
+		const float *cr = cache->rows + (size_t)sidx * row;
+		float a = 0.0f;
+		for (uint32_t cc = 0; cc < row; cc++)
+			a += q[cc] * cr[cc];
+		float sc = a * scale;
+		cache->score[sidx] = sc;
+		if (sc > mx)
+			mx = sc;
+	}
+	float sum = 0.0f;
+	for (uint32_t sidx = 0; sidx < n; sidx++) {
+		cache->score[sidx] = expf(cache->score[sidx] - mx);
+		sum += cache->score[sidx];
+	}
+	for (uint32_t cc = 0; cc < kvl; cc++)
+		cbar[cc] = 0.0f;
+	for (uint32_t sidx = 0; sidx < n; sidx++) {
+		float p = cache->score[sidx] / sum;
+		const float *cr = cache->rows + (size_t)sidx * row;
+		for (uint32_t cc = 0; cc < kvl; cc++)
+			cbar[cc] += p * cr[cc];
+	}
 }
 
 static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
@@ -680,10 +806,11 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	float *x = m->sx, *cq = m->s[0], *Q = m->s[1], *ckv = m->s[2];
 	float *gz = m->s[3], *att = m->s[4];
 	float scale = 1.0f / sqrtf((float)qhd);
+	size_t esz = L->kvb.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
 
-	norm_rows(h, L->input_norm, T, D, c->rms_eps, x, D, D);
+	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
 	k3_cpu_linear(&m->ctx, &L->qa, x, D, T, cq, W);
-	norm_rows(cq, L->qa_norm, T, c->q_lora, c->mla_norm_eps, cq, W, W);
+	norm_rows(m, cq, L->qa_norm, T, c->q_lora, c->mla_norm_eps, cq, W, W);
 	k3_cpu_linear(&m->ctx, &L->qb, cq, W, T, Q, W);
 	k3_cpu_linear(&m->ctx, &L->kva, x, D, T, ckv, W);
 	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
@@ -691,65 +818,56 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	uint32_t len0 = cache->len;
 	for (uint32_t t = 0; t < T; t++) {
 		float *dst = cache->rows + (size_t)(len0 + t) * row;
-		k3_cpu_ref_rmsnorm(ckv + t * W, L->kva_norm, kvl, c->mla_norm_eps, dst);
+		rmsnorm(m, ckv + t * W, L->kva_norm, kvl, c->mla_norm_eps, dst);
 		memcpy(dst + kvl, ckv + t * W + kvl, rope * sizeof(float));
 	}
 	cache->len = len0 + T;
 
-	float *qa = m->tmp, *cbar = m->tmp2;
+	float *qcat = m->tmp, *cbar = m->tmp2;
 	for (uint32_t t = 0; t < T; t++) {
 		uint32_t n = len0 + t + 1;      /* causal: positions 0..len0+t */
 		for (uint32_t hh = 0; hh < H; hh++) {
 			const float *qn = Q + t * W + (size_t)hh * qhd, *qr = qn + nope;
-			/* qa = WUK_h^T qn (spec §6.5): sequential over d per c */
-			for (uint32_t cc = 0; cc < kvl; cc++)
-				qa[cc] = 0.0f;
-			for (uint32_t d = 0; d < nope; d++) {
-				size_t r = (size_t)hh * (nope + vh) + d;
-				for (uint32_t cc = 0; cc < kvl; cc++) {
-					size_t idx = r * kvl + cc;
-					float wv = L->kvb.dtype == K3_PROV_DTYPE_BF16
-						? k3_cpu_bf16(((const uint16_t *)L->kvb.data)[idx])
-						: ((const float *)L->kvb.data)[idx];
-					qa[cc] += qn[d] * wv;
+			const char *wuk = (const char *)L->kvb.data +
+				(size_t)hh * (nope + vh) * kvl * esz;
+			/* qa = WUK_h^T qn (spec §6.5), summed over d ascending */
+			if (m->reference) {
+				for (uint32_t cc = 0; cc < kvl; cc++)
+					qcat[cc] = 0.0f;
+				struct k3_cpu_mat one = { .data = wuk, .dtype = L->kvb.dtype,
+							  .rows = 1, .cols = kvl };
+				for (uint32_t d = 0; d < nope; d++) {
+					one.data = wuk + (size_t)d * kvl * esz;
+					for (uint32_t cc = 0; cc < kvl; cc++) {
+						float wv;
+						if (one.dtype == K3_PROV_DTYPE_BF16)
+							wv = k3_cpu_bf16(((const uint16_t *)one.data)[cc]);
+						else
+							wv = ((const float *)one.data)[cc];
+						qcat[cc] += qn[d] * wv;
+					}
 				}
+			} else {
+				struct k3_kern_mat wm = {
+					.dtype = L->kvb.dtype == K3_PROV_DTYPE_BF16
+						? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+					.rows = nope, .cols = kvl, .ld = kvl, .data = wuk,
+				};
+				k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
 			}
-			float mx = -INFINITY;
-			for (uint32_t sidx = 0; sidx < n; sidx++) {
-				const float *cr = cache->rows + (size_t)sidx * row;
-				float a = 0.0f, b = 0.0f;
-				for (uint32_t cc = 0; cc < kvl; cc++)
-					a += qa[cc] * cr[cc];
-				for (uint32_t r = 0; r < rope; r++)
-					b += qr[r] * cr[kvl + r];
-				float sc = (a + b) * scale;
-				cache->score[sidx] = sc;
-				if (sc > mx)
-					mx = sc;
-			}
-			float sum = 0.0f;
-			for (uint32_t sidx = 0; sidx < n; sidx++) {
-				cache->score[sidx] = expf(cache->score[sidx] - mx);
-				sum += cache->score[sidx];
-			}
-			for (uint32_t cc = 0; cc < kvl; cc++)
-				cbar[cc] = 0.0f;
-			for (uint32_t sidx = 0; sidx < n; sidx++) {
-				float p = cache->score[sidx] / sum;
-				const float *cr = cache->rows + (size_t)sidx * row;
-				for (uint32_t cc = 0; cc < kvl; cc++)
-					cbar[cc] += p * cr[cc];
-			}
-			/* o_h = WUV_h cbar, times the output gate */
-			struct k3_cpu_mat wuv = L->kvb;
-			size_t esz = wuv.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
-			wuv.data = (const char *)L->kvb.data +
-				((size_t)hh * (nope + vh) + nope) * kvl * esz;
-			wuv.rows = vh;
+			memcpy(qcat + kvl, qr, rope * sizeof(float));
+			mla_attend(m, cache, n, qcat, scale, cbar);
+			/* o_h = WUV_h cbar, times the output gate (spec §6.3) */
+			struct k3_cpu_mat wuv = {
+				.data = wuk + (size_t)nope * kvl * esz, .dtype = L->kvb.dtype,
+				.rows = vh, .cols = kvl,
+			};
 			float *ot = att + t * W + (size_t)hh * vh;
-			k3_cpu_ref_linear(wuv.data, wuv.dtype, vh, kvl, cbar, ot);
+			struct k3_cpu_ctx serial = { .reference = m->reference, .threads = 1 };
+			k3_cpu_linear(&serial, &wuv, cbar, kvl, 1, ot, vh);
+			const float *gt = gz + t * W + (size_t)hh * vh;
 			for (uint32_t j = 0; j < vh; j++)
-				ot[j] *= k3_cpu_sigmoid(gz[t * W + (size_t)hh * vh + j]);
+				ot[j] *= k3_cpu_sigmoid(gt[j]);
 		}
 	}
 	float *y = m->s[0];
@@ -766,7 +884,7 @@ static int cpu_ffn_norm(k3_prov_model *m, uint32_t layer, const float *h2, uint3
 	if (rc)
 		return rc;
 	uint32_t D = m->cfg.hidden;
-	norm_rows(h2, m->layers[layer].post_norm, T, D, m->cfg.rms_eps, x, D, D);
+	norm_rows(m, h2, m->layers[layer].post_norm, T, D, m->cfg.rms_eps, x, D, D);
 	return 0;
 }
 
@@ -781,15 +899,28 @@ static int cpu_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t
 	const struct cpu_layer *L = &m->layers[layer];
 	const struct k3_prov_config *c = &m->cfg;
 	size_t W = m->wide;
+	uint32_t K = c->top_k;
 	float *lg = m->s[0];
 	k3_cpu_linear(&m->ctx, &L->router, x, c->hidden, T, lg, W);
 	for (uint32_t t = 0; t < T; t++) {
 		float *s = lg + t * W;
-		for (uint32_t e = 0; e < c->n_experts; e++)
-			s[e] = k3_cpu_sigmoid(s[e]);
-		k3_cpu_ref_topk(s, L->rbias, c->n_experts, c->top_k, (int)c->moe_renormalize,
-				c->routed_scale, ids + (size_t)t * c->top_k,
-				weights + (size_t)t * c->top_k);
+		uint32_t *it = ids + (size_t)t * K;
+		float *wt = weights + (size_t)t * K;
+		if (m->reference) {
+			for (uint32_t e = 0; e < c->n_experts; e++)
+				s[e] = k3_cpu_sigmoid(s[e]);
+			k3_cpu_ref_topk(s, L->rbias, c->n_experts, K, (int)c->moe_renormalize,
+					c->routed_scale, it, wt);
+		} else {
+			int32_t idx[64];
+			rc = k3_kern_router_topk(c->n_experts, s, L->rbias, K,
+						 c->moe_renormalize != 0, c->routed_scale,
+						 idx, wt, NULL);
+			if (rc)
+				return fail(st, rc, "layer %u: router top-%u failed", layer, K);
+			for (uint32_t j = 0; j < K; j++)
+				it[j] = (uint32_t)idx[j];
+		}
 	}
 	return 0;
 }
@@ -807,26 +938,52 @@ static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, 
 	const struct cpu_layer *L = &m->layers[layer];
 	const struct k3_prov_config *c = &m->cfg;
 	uint32_t D = c->hidden, lat = c->latent, I = c->moe_inter, K = c->top_k;
-	size_t W = m->wide;
-	for (size_t i = 0; i < (size_t)T * K; i++) {
+	size_t W = m->wide, TK = (size_t)T * K;
+	for (size_t i = 0; i < TK; i++) {
 		const struct k3_prov_expert *e = &experts[i];
 		if (ids[i] >= c->n_experts || !e->w1_packed || !e->w1_scale || !e->w2_packed ||
 		    !e->w2_scale || !e->w3_packed || !e->w3_scale)
 			return fail(st, -EINVAL, "layer %u: expert slot %zu (id %u) has no span",
 				    layer, i, ids[i]);
 	}
-	float *z = m->s[0], *ysum = m->s[1], *g = m->s[2], *u = m->s[3], *y = m->s[4];
+	float *z = m->s[0], *ysum = m->s[1];
 	k3_cpu_linear(&m->ctx, &L->ldown, x, D, T, z, W);
+
+	/* Group the T*K slots by expert so each expert's weights stream once
+	 * per call: gather the inputs of its slots, run W1/W3/W2 over them as
+	 * one batch, scatter the outputs to Y[slot]. The matmuls are batch
+	 * invariant, so a slot's output does not depend on its companions. */
+	float *Y = m->ey, *gx = m->ex, *g = m->eg, *u = m->eu;
+	uint32_t *slot = m->eslot;
+	uint8_t *done = m->edone;
+	memset(done, 0, TK);
+	for (size_t i = 0; i < TK; i++) {
+		if (done[i])
+			continue;
+		uint32_t e = ids[i], n = 0;
+		for (size_t j = i; j < TK; j++) {
+			if (done[j] || ids[j] != e)
+				continue;
+			done[j] = 1;
+			slot[n] = (uint32_t)j;
+			memcpy(gx + (size_t)n * lat, z + (j / K) * W, lat * sizeof(float));
+			n++;
+		}
+		const struct k3_prov_expert *sp = &experts[i];
+		k3_cpu_mxfp4_linear(&m->ctx, sp->w1_packed, sp->w1_scale, I, lat, gx, lat, n, g, I);
+		k3_cpu_mxfp4_linear(&m->ctx, sp->w3_packed, sp->w3_scale, I, lat, gx, lat, n, u, I);
+		for (uint32_t r = 0; r < n; r++)
+			situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
+		/* W2 output lands in gx (inputs are consumed), then scatters */
+		k3_cpu_mxfp4_linear(&m->ctx, sp->w2_packed, sp->w2_scale, lat, I, g, I, n, gx, lat);
+		for (uint32_t r = 0; r < n; r++)
+			memcpy(Y + (size_t)slot[r] * lat, gx + (size_t)r * lat, lat * sizeof(float));
+	}
 	for (uint32_t t = 0; t < T; t++) {
-		float *zt = z + t * W, *ys = ysum + t * W;
+		float *ys = ysum + t * W;
 		for (uint32_t k = 0; k < K; k++) {
-			const struct k3_prov_expert *e = &experts[(size_t)t * K + k];
+			const float *y = Y + ((size_t)t * K + k) * lat;
 			float wk = weights[(size_t)t * K + k];
-			k3_cpu_mxfp4_linear(&m->ctx, e->w1_packed, e->w1_scale, I, lat, zt, g);
-			k3_cpu_mxfp4_linear(&m->ctx, e->w3_packed, e->w3_scale, I, lat, zt, u);
-			for (uint32_t i = 0; i < I; i++)
-				g[i] = k3_cpu_situ(g[i], u[i], c->situ_beta1, c->situ_beta2);
-			k3_cpu_mxfp4_linear(&m->ctx, e->w2_packed, e->w2_scale, lat, I, g, y);
 			if (k == 0)
 				for (uint32_t i = 0; i < lat; i++)
 					ys[i] = wk * y[i];
@@ -834,7 +991,7 @@ static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, 
 				for (uint32_t i = 0; i < lat; i++)
 					ys[i] += wk * y[i];
 		}
-		k3_cpu_ref_rmsnorm(ys, L->lnorm, lat, c->rms_eps, ys);
+		rmsnorm(m, ys, L->lnorm, lat, c->rms_eps, ys);
 	}
 	float *r = m->s[2];
 	k3_cpu_linear(&m->ctx, &L->lup, ysum, W, T, r, W);
@@ -852,15 +1009,13 @@ static int cpu_mlp(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
 	if (rc)
 		return rc;
 	const struct cpu_layer *L = &m->layers[layer];
-	const struct k3_prov_config *c = &m->cfg;
-	uint32_t D = c->hidden, I = L->mg.rows;
+	uint32_t D = m->cfg.hidden, I = L->mg.rows;
 	size_t W = m->wide;
 	float *g = m->s[0], *u = m->s[1], *y = m->s[2];
 	k3_cpu_linear(&m->ctx, &L->mg, x, D, T, g, W);
 	k3_cpu_linear(&m->ctx, &L->mu, x, D, T, u, W);
 	for (uint32_t t = 0; t < T; t++)
-		for (uint32_t i = 0; i < I; i++)
-			g[t * W + i] = k3_cpu_situ(g[t * W + i], u[t * W + i], c->situ_beta1, c->situ_beta2);
+		situ_rows(m, g + t * W, u + t * W, I);
 	k3_cpu_linear(&m->ctx, &L->md, g, W, T, y, W);
 	for (uint32_t t = 0; t < T; t++)
 		memcpy(out + (size_t)t * D, y + t * W, D * sizeof(float));
@@ -884,7 +1039,7 @@ static int cpu_logits(k3_prov_model *m, const float *z, uint32_t T, float *out,
 	if (rc)
 		return rc;
 	uint32_t D = m->cfg.hidden;
-	norm_rows(z, m->norm, T, D, m->cfg.rms_eps, m->sx, D, D);
+	norm_rows(m, z, m->norm, T, D, m->cfg.rms_eps, m->sx, D, D);
 	linear(m, &m->lm_head, m->sx, T, out);
 	return 0;
 }
