@@ -260,6 +260,7 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 	free(text);
 	text = NULL;
 	free(p);
+	p = NULL;
 	if (r)
 		goto fail;
 
@@ -279,6 +280,7 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 	} else {
 		/* A single-file checkpoint has no index. */
 		free(p);
+		p = NULL;
 		if (!(p = join(m->dir, "model.safetensors"))) {
 			r = k3_err_set(err, -ENOMEM, "out of memory");
 			goto fail;

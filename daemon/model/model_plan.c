@@ -24,7 +24,7 @@ struct planctx {
 	struct k3_model *m;
 	char prefix[96];          /* "language_model." or "" */
 	size_t problems;
-	char msg[K3_ERR_MSG_MAX];
+	char msg[K3_ERR_MSG_MAX - 48];   /* room for the "tensor plan: N problems: " head */
 	size_t len;
 	size_t listed;
 	bool nomem;
