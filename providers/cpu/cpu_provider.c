@@ -669,10 +669,10 @@ static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S
 			alpha[i] = expf(c->gate_lower_bound *
 				k3_cpu_sigmoid(L->a_exp[hh] * (f[i] + L->dt_bias[c0 + i])));
 		k3_cpu_ref_kda_head(S, dk, dk, q, k, v, alpha, beta, o);
-		float ss = 0.0f;
+		double ss = 0.0;
 		for (uint32_t j = 0; j < dk; j++)
-			ss += o[j] * o[j];
-		float r = 1.0f / sqrtf(ss / (float)dk + c->rms_eps);
+			ss += (double)o[j] * o[j];
+		float r = (float)(1.0 / sqrt(ss / dk + c->rms_eps));
 		for (uint32_t j = 0; j < dk; j++)
 			z[j] = o[j] * r * L->o_norm[j] * k3_cpu_sigmoid(gz[j]);
 		return;
@@ -760,26 +760,26 @@ static void mla_attend(const k3_prov_model *m, const k3_prov_mla_cache *cache, u
 	float mx = -INFINITY;
 	for (uint32_t sidx = 0; sidx < n; sidx++) {
 		const float *cr = cache->rows + (size_t)sidx * row;
-		float a = 0.0f;
+		double a = 0.0;
 		for (uint32_t cc = 0; cc < row; cc++)
-			a += q[cc] * cr[cc];
-		float sc = a * scale;
+			a += (double)q[cc] * cr[cc];
+		float sc = (float)(a * scale);
 		cache->score[sidx] = sc;
 		if (sc > mx)
 			mx = sc;
 	}
-	float sum = 0.0f;
+	double sum = 0.0;
 	for (uint32_t sidx = 0; sidx < n; sidx++) {
 		cache->score[sidx] = expf(cache->score[sidx] - mx);
 		sum += cache->score[sidx];
 	}
-	for (uint32_t cc = 0; cc < kvl; cc++)
-		cbar[cc] = 0.0f;
-	for (uint32_t sidx = 0; sidx < n; sidx++) {
-		float p = cache->score[sidx] / sum;
-		const float *cr = cache->rows + (size_t)sidx * row;
-		for (uint32_t cc = 0; cc < kvl; cc++)
-			cbar[cc] += p * cr[cc];
+	for (uint32_t sidx = 0; sidx < n; sidx++)
+		cache->score[sidx] = (float)(cache->score[sidx] / sum);
+	for (uint32_t cc = 0; cc < kvl; cc++) {
+		double acc = 0.0;
+		for (uint32_t sidx = 0; sidx < n; sidx++)
+			acc += (double)cache->score[sidx] * cache->rows[(size_t)sidx * row + cc];
+		cbar[cc] = (float)acc;
 	}
 }
 
@@ -832,20 +832,15 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 				(size_t)hh * (nope + vh) * kvl * esz;
 			/* qa = WUK_h^T qn (spec §6.5), summed over d ascending */
 			if (m->reference) {
-				for (uint32_t cc = 0; cc < kvl; cc++)
-					qcat[cc] = 0.0f;
-				struct k3_cpu_mat one = { .data = wuk, .dtype = L->kvb.dtype,
-							  .rows = 1, .cols = kvl };
-				for (uint32_t d = 0; d < nope; d++) {
-					one.data = wuk + (size_t)d * kvl * esz;
-					for (uint32_t cc = 0; cc < kvl; cc++) {
-						float wv;
-						if (one.dtype == K3_PROV_DTYPE_BF16)
-							wv = k3_cpu_bf16(((const uint16_t *)one.data)[cc]);
-						else
-							wv = ((const float *)one.data)[cc];
-						qcat[cc] += qn[d] * wv;
+				for (uint32_t cc = 0; cc < kvl; cc++) {
+					double acc = 0.0;
+					for (uint32_t d = 0; d < nope; d++) {
+						const char *wr = wuk + ((size_t)d * kvl + cc) * esz;
+						float wv = esz == 2 ? k3_cpu_bf16(*(const uint16_t *)wr)
+								    : *(const float *)wr;
+						acc += (double)qn[d] * wv;
 					}
+					qcat[cc] = (float)acc;
 				}
 			} else {
 				struct k3_kern_mat wm = {
