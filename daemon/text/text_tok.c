@@ -162,6 +162,19 @@ static bool py_isspace(uint32_t c)
 	       c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
+bool k3_tok_py_isblank(const char *s, size_t len)
+{
+	const uint8_t *u = (const uint8_t *)s;
+
+	for (size_t i = 0; i < len;) {
+		uint32_t cp;
+		i += utf8_next(u + i, &cp);
+		if (!py_isspace(cp))
+			return false;
+	}
+	return true;
+}
+
 /* ---- hashing ------------------------------------------------------------ */
 
 static uint64_t hash_bytes(const uint8_t *p, size_t n)

@@ -145,4 +145,8 @@ int k3_tok_bpe(const struct k3_tok *tok, const uint8_t *piece, size_t len,
  * byte. */
 size_t k3_tok_utf8_valid_prefix(const char *s, size_t len);
 
+/* True when valid UTF-8 s[0..len) is empty or only Python isspace()
+ * characters, i.e. Python `not s.strip()`. */
+bool k3_tok_py_isblank(const char *s, size_t len);
+
 #endif
