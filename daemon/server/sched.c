@@ -28,6 +28,8 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "text/text_chat.h"
+#include "text/text_detok.h"
+#include "text/text_parse.h"
 #include "text/text_tok.h"
 
 enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS };
@@ -38,6 +40,7 @@ struct job {
 	uint32_t rid;
 	struct k3_conn *conn;           /* ref held; loop thread only */
 	bool chat;
+	bool thinking;                  /* chat prompt ends inside the think channel */
 	struct k3_tok_ids prompt;       /* prompt ids (owned) */
 	uint32_t max_new;
 	uint32_t n_stop;
@@ -98,6 +101,7 @@ struct k3_sched {
 	struct k3_tok_ids pub_ids;
 
 	/* loop thread only */
+	bool ready;                     /* MSG_LOADED arrived with success */
 	uint64_t next_job_id;
 	bool draining;
 	struct k3_msg_status_reply totals;
@@ -167,74 +171,193 @@ static double since(const struct timespec *t0)
 
 /* ---- the engine thread ------------------------------------------------------ */
 
-/* Streams generated ids as UTF-8-complete text. Holds back an incomplete
- * UTF-8 sequence until the next id completes it (or flushes it at the end). */
-struct text_stream {
-	char pend[8];
-	size_t n_pend;
+/*
+ * Turns generated ids into protocol events. Raw mode: the detokenizer
+ * (special ids skipped, stop strings held back). Chat mode: the output
+ * parser splits reasoning, content and tool calls; content then passes
+ * through the detokenizer's stop-string matcher, so stop strings apply to
+ * the answer only and are never partly emitted.
+ */
+struct out_stage {
+	struct job *j;
+	struct k3_detok *detok;
+	struct k3_parse *parse;
+	struct k3_sbuf reasoning, content;   /* text produced by the current id */
+	enum k3_proto_channel channel;       /* channel of the latest text */
+	bool stopped;                        /* a stop string or END arrived */
+	bool any_tool;
+	int err;
 };
 
-static size_t utf8_complete_prefix(const char *p, size_t n)
+static void post_tool(struct job *j, unsigned index, const char *id, const char *name,
+		      const char *args, size_t args_len)
 {
-	size_t i = n, back = 0;
+	struct k3_msg_tool_call t;
 
-	/* Walk back over at most 3 continuation bytes to the last lead byte. */
-	while (i > 0 && back < 4 && ((unsigned char)p[i - 1] & 0xc0) == 0x80) {
-		i--;
-		back++;
+	memset(&t, 0, sizeof(t));
+	t.index = index; t.has_index = true;
+	if (id) {
+		t.id = k3_proto_str_of(id);
+		t.has_id = true;
 	}
-	if (i == 0)
-		return n;
-	{
-		unsigned char c = (unsigned char)p[i - 1];
-		size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+	if (name) {
+		t.name = k3_proto_str_of(name);
+		t.has_name = true;
+	}
+	if (args) {
+		t.arguments.p = args;
+		t.arguments.len = (uint32_t)args_len;
+		t.has_arguments = true;
+	}
+	post_frame(j, K3_MSG_TOOL_CALL, &t);
+}
 
-		return back + 1 >= need ? n : i - 1;
+static int stage_parse_cb(void *ud, const struct k3_parse_event *ev)
+{
+	struct out_stage *st = ud;
+	const char *t;
+	size_t n;
+	int r;
+
+	switch (ev->type) {
+	case K3_PARSE_REASONING:
+		k3_sbuf_add(&st->reasoning, ev->text, ev->len);
+		st->channel = K3_CHANNEL_REASONING;
+		break;
+	case K3_PARSE_CONTENT:
+		if (st->stopped)
+			break;
+		r = k3_detok_feed_text(st->detok, ev->text, ev->len, &t, &n);
+		if (r < 0)
+			return r;
+		k3_sbuf_add(&st->content, t, n);
+		st->channel = K3_CHANNEL_CONTENT;
+		if (r == 1)
+			st->stopped = true;
+		break;
+	case K3_PARSE_TOOL_START:
+		st->any_tool = true;
+		post_tool(st->j, ev->tool_index, ev->id, ev->name, NULL, 0);
+		break;
+	case K3_PARSE_TOOL_ARGS:
+		post_tool(st->j, ev->tool_index, NULL, NULL, ev->text, ev->len);
+		break;
+	case K3_PARSE_TOOL_END:
+		break;
+	case K3_PARSE_END:
+		st->stopped = true;
+		break;
+	}
+	return 0;
+}
+
+/* Posts the text the current id produced: reasoning first, then content.
+ * The id rides on the first frame; an id that produced no text still gets
+ * a TOKEN so clients can count and trace ids. */
+static void stage_post(struct out_stage *st, const uint32_t *id)
+{
+	struct k3_msg_token t;
+	struct k3_sbuf *bufs[2] = { &st->reasoning, &st->content };
+	const enum k3_proto_channel chans[2] = { K3_CHANNEL_REASONING, K3_CHANNEL_CONTENT };
+	bool sent = false;
+
+	for (int i = 0; i < 2; i++) {
+		if (!bufs[i]->n)
+			continue;
+		memset(&t, 0, sizeof(t));
+		t.ids.n = id && !sent ? 1 : 0;
+		t.ids.v = id;
+		t.has_ids = true;
+		t.text.p = bufs[i]->p;
+		t.text.len = (uint32_t)bufs[i]->n;
+		t.has_text = true;
+		t.channel = chans[i]; t.has_channel = true;
+		post_frame(st->j, K3_MSG_TOKEN, &t);
+		sent = true;
+		bufs[i]->n = 0;
+	}
+	if (!sent && id) {
+		memset(&t, 0, sizeof(t));
+		t.ids.n = 1;
+		t.ids.v = id;
+		t.has_ids = true;
+		t.channel = st->channel; t.has_channel = true;
+		post_frame(st->j, K3_MSG_TOKEN, &t);
 	}
 }
 
-static void emit_token(struct job *j, struct text_stream *ts, uint32_t id, bool final)
+static int stage_init(struct out_stage *st, struct job *j, struct k3_err *err)
 {
 	struct k3_sched *s = j->s;
-	struct k3_msg_token t;
-	char buf[4096];
-	const uint8_t *bytes = NULL;
-	size_t len = 0, n = 0, keep;
-	uint32_t ids[1] = { id };
+	size_t lens[K3_LIM_STOP_COUNT];
+	int r;
 
-	memset(&t, 0, sizeof(t));
-	memcpy(buf, ts->pend, ts->n_pend);
-	n = ts->n_pend;
-	if (!final && k3_tok_id_bytes(s->tok, id, &bytes, &len) == 0) {
-		if (len > sizeof(buf) - n)
-			len = sizeof(buf) - n;
-		memcpy(buf + n, bytes, len);
-		n += len;
+	memset(st, 0, sizeof(*st));
+	st->j = j;
+	st->channel = j->thinking ? K3_CHANNEL_REASONING : K3_CHANNEL_CONTENT;
+	for (uint32_t i = 0; i < j->n_stop; i++)
+		lens[i] = strlen(j->stop[i]);
+	r = k3_detok_new(s->tok, (const char *const *)j->stop, lens, j->n_stop,
+			 j->chat ? 0 : K3_DETOK_SKIP_SPECIAL, &st->detok, err);
+	if (r == 0 && j->chat) {
+		struct k3_parse_opts o;
+
+		k3_parse_opts_init(&o);
+		o.thinking = j->thinking;
+		o.id_seed = j->id;
+		r = k3_parse_new(s->tok, &o, stage_parse_cb, st, &st->parse, err);
 	}
-	keep = final ? n : utf8_complete_prefix(buf, n);
-	ts->n_pend = n - keep;
-	if (ts->n_pend > sizeof(ts->pend))
-		ts->n_pend = 0;   /* not UTF-8 at all: let the validator below drop it */
-	memcpy(ts->pend, buf + keep, ts->n_pend);
-	if (!final) {
-		t.ids.n = 1;
-		t.ids.v = ids;
-		t.has_ids = true;
-	}
-	if (keep && k3_proto_utf8_valid(buf, keep)) {
-		t.text.p = buf;
-		t.text.len = (uint32_t)keep;
-		t.has_text = true;
-	}
-	t.channel = K3_CHANNEL_CONTENT;
-	t.has_channel = true;
-	if (t.has_ids || t.has_text) {
-		if (!t.has_ids) {
-			t.ids.n = 0;
-			t.has_ids = true;
+	return r;
+}
+
+/* Feeds one generated id; returns 1 when generation should stop. */
+static int stage_feed(struct out_stage *st, uint32_t id)
+{
+	const char *t;
+	size_t n;
+	int r;
+
+	if (st->parse) {
+		r = k3_parse_feed_id(st->parse, id);
+	} else {
+		r = k3_detok_feed(st->detok, id, &t, &n);
+		if (r >= 0) {
+			k3_sbuf_add(&st->content, t, n);
+			if (r == 1)
+				st->stopped = true;
+			r = 0;
 		}
-		post_frame(j, K3_MSG_TOKEN, &t);
 	}
+	if (r < 0)
+		return r;
+	stage_post(st, &id);
+	return st->stopped ? 1 : 0;
+}
+
+/* End of generation: flush what parser and detokenizer hold. */
+static int stage_finish(struct out_stage *st)
+{
+	const char *t;
+	size_t n;
+	int r = 0;
+
+	if (st->parse && !st->stopped)
+		r = k3_parse_finish(st->parse);
+	if (r >= 0 && !st->stopped) {
+		r = k3_detok_flush(st->detok, &t, &n);
+		if (r >= 0)
+			k3_sbuf_add(&st->content, t, n);
+	}
+	stage_post(st, NULL);
+	return r < 0 ? r : 0;
+}
+
+static void stage_release(struct out_stage *st)
+{
+	k3_parse_free(st->parse);
+	k3_detok_free(st->detok);
+	k3_sbuf_release(&st->reasoning);
+	k3_sbuf_release(&st->content);
 }
 
 static bool is_end(const struct job *j, uint32_t id)
@@ -254,7 +377,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 	struct k3_engine_out out_none = { K3_ENGINE_LOGITS_NONE, NULL, NULL, NULL };
 	struct k3_engine_out out_last;
 	struct timespec t0, t1;
-	struct text_stream ts = { { 0 }, 0 };
+	struct out_stage st;
 	float *logits = malloc((size_t)V * sizeof(float));
 	uint32_t start = 0, n = (uint32_t)j->prompt.n, tok;
 	double queued_s = since(&j->t_submit), prefill_s = 0, decode_s = 0;
@@ -264,10 +387,11 @@ static void run_job(struct k3_sched *s, struct job *j)
 	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
 	k3_tok_ids_init(&j->state_ids);
 	j->finish = K3_FINISH_ERROR;
-	if (!logits) {
-		r = -ENOMEM;
+	r = stage_init(&st, j, &err);
+	if (r == 0 && !logits)
+		r = k3_err_set(&err, -ENOMEM, "out of memory");
+	if (r < 0)
 		goto out;
-	}
 	/* Reuse the published conversation when the prompt strictly extends it. */
 	pthread_mutex_lock(&s->lock);
 	if (j->chat && s->pub_seq && s->pub_ids.n < n &&
@@ -301,8 +425,6 @@ static void run_job(struct k3_sched *s, struct job *j)
 		p.total = n; p.has_total = true;
 		post_frame(j, K3_MSG_PROGRESS, &p);
 	}
-	if (k3_tok_ids_push(&j->state_ids, 0) == 0)
-		j->state_ids.n = 0;
 	for (uint32_t i = 0; i < n; i++)
 		if ((r = k3_tok_ids_push(&j->state_ids, j->prompt.v[i])) < 0)
 			goto out;
@@ -321,7 +443,17 @@ static void run_job(struct k3_sched *s, struct job *j)
 			j->finish = K3_FINISH_STOP;
 			break;
 		}
-		emit_token(j, &ts, tok, false);
+		r = stage_feed(&st, tok);
+		if (r < 0) {
+			k3_err_set(&err, r, "output stage failed on id %u", tok);
+			goto out;
+		}
+		if (st.channel == K3_CHANNEL_REASONING)
+			j->n_reasoning++;
+		if (r == 1) {
+			j->finish = K3_FINISH_STOP;
+			break;
+		}
 		if (j->n_gen == j->max_new)
 			break;
 		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
@@ -330,10 +462,12 @@ static void run_job(struct k3_sched *s, struct job *j)
 		if ((r = k3_tok_ids_push(&j->state_ids, tok)) < 0)
 			goto out;
 	}
-	emit_token(j, &ts, 0, true);
+	r = stage_finish(&st);
+	if (st.any_tool && j->finish == K3_FINISH_STOP)
+		j->finish = K3_FINISH_TOOL_CALLS;
 	decode_s = since(&t1);
-	r = 0;
 out:
+	stage_release(&st);
 	free(logits);
 	if (r < 0) {
 		struct k3_msg_error e;
@@ -517,7 +651,8 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 				k3_log_notice("model '%s' loaded (%u layers, vocab %u)", s->model_id,
 					      k3_model_config(s->model)->num_hidden_layers,
 					      k3_tok_n_vocab(s->tok));
-			s->on_ready(s->ready_ctx, m->ok, m->text);
+			s->ready = m->ok;
+			s->on_ready(s->ready_ctx, m->ok, m->ok ? s->model_id : m->text);
 			break;
 		}
 		if (m->kind == MSG_FINISHED && s->draining) {
@@ -600,6 +735,7 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		o.tool_choice = choice;
 		o.response_format = fmt;
 		o.add_generation_prompt = !(g->has_no_generation_prompt && g->no_generation_prompt);
+		j->thinking = o.thinking && o.add_generation_prompt;
 		memset(&chat, 0, sizeof(chat));
 		if (r == 0)
 			r = k3_chat_render(msgs, &o, &chat, &err);
@@ -757,7 +893,7 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 {
 	struct k3_sched *s = ctx;
 
-	if (!s->loaded) {
+	if (!s->ready) {
 		k3_conn_send_error(c, h->request_id, K3_STATUS_NOT_READY, NULL,
 				   "the model is still loading; retry when k3ctl status says ready");
 		return -EAGAIN;

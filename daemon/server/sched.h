@@ -27,7 +27,9 @@ struct k3_sched;
 /*
  * Creates the scheduler and starts the engine thread, which loads the
  * model from opts->model_dir (the server reports LOADING meanwhile).
- * on_ready(ctx, ok, message) runs on the loop thread when loading ends.
+ * on_ready(ctx, ok, text) runs on the loop thread when loading ends: text
+ * is the model id on success (valid while the scheduler lives), else the
+ * error message.
  * Returns 0 or a negative errno (thread or memory failure).
  */
 int k3_sched_new(struct event_base *base, struct k3_server *srv, const struct k3_options *opts,
