@@ -295,6 +295,8 @@ static int stage_init(struct out_stage *st, struct job *j, struct k3_err *err)
 	memset(st, 0, sizeof(*st));
 	st->j = j;
 	st->channel = j->thinking ? K3_CHANNEL_REASONING : K3_CHANNEL_CONTENT;
+	if (!s->tok)
+		return 0;   /* ids-only model: TOKEN events carry ids, no text */
 	for (uint32_t i = 0; i < j->n_stop; i++)
 		lens[i] = strlen(j->stop[i]);
 	r = k3_detok_new(s->tok, (const char *const *)j->stop, lens, j->n_stop,
@@ -319,6 +321,8 @@ static int stage_feed(struct out_stage *st, uint32_t id)
 
 	if (st->parse) {
 		r = k3_parse_feed_id(st->parse, id);
+	} else if (!st->detok) {
+		r = 0;
 	} else {
 		r = k3_detok_feed(st->detok, id, &t, &n);
 		if (r >= 0) {
@@ -343,7 +347,7 @@ static int stage_finish(struct out_stage *st)
 
 	if (st->parse && !st->stopped)
 		r = k3_parse_finish(st->parse);
-	if (r >= 0 && !st->stopped) {
+	if (r >= 0 && !st->stopped && st->detok) {
 		r = k3_detok_flush(st->detok, &t, &n);
 		if (r >= 0)
 			k3_sbuf_add(&st->content, t, n);
@@ -384,6 +388,8 @@ static void run_job(struct k3_sched *s, struct job *j)
 	int r = 0;
 
 	memset(&done, 0, sizeof(done));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t1 = t0;
 	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
 	k3_tok_ids_init(&j->state_ids);
 	j->finish = K3_FINISH_ERROR;
@@ -404,6 +410,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		goto out;
 	if (!seq && (r = k3_engine_seq_new(s->engine, n + j->max_new + 1, &seq, &err)) < 0)
 		goto out;
+	k3_engine_set_cancel(s->engine, &j->cancel);
 	j->n_cached = start;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -469,6 +476,13 @@ static void run_job(struct k3_sched *s, struct job *j)
 out:
 	stage_release(&st);
 	free(logits);
+	k3_engine_set_cancel(s->engine, NULL);
+	if (r == -ECANCELED) {
+		/* Stopped between layers: the branch is half-advanced, drop it. */
+		r = 0;
+		j->finish = K3_FINISH_CANCELLED;
+		decode_s = since(&t1);
+	}
 	if (r < 0) {
 		struct k3_msg_error e;
 
@@ -515,8 +529,11 @@ static void load_model(struct k3_sched *s)
 	int r;
 
 	r = k3_model_open(dir, &s->model, &err);
-	if (r == 0)
+	snprintf(msg, sizeof(msg), "%s/tiktoken.model", dir);
+	if (r == 0 && access(msg, F_OK) == 0)
 		r = k3_tok_load_dir(dir, &s->tok, &err);
+	else if (r == 0)
+		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
 		r = k3_engine_open(s->model, &eo, &s->engine, &err);
 	if (r < 0) {
@@ -650,7 +667,7 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			if (m->ok)
 				k3_log_notice("model '%s' loaded (%u layers, vocab %u)", s->model_id,
 					      k3_model_config(s->model)->num_hidden_layers,
-					      k3_tok_n_vocab(s->tok));
+					      k3_engine_vocab(s->engine));
 			s->ready = m->ok;
 			s->on_ready(s->ready_ctx, m->ok, m->ok ? s->model_id : m->text);
 			break;
@@ -678,6 +695,9 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	int r = 0;
 
 	j->chat = g->mode == K3_MODE_CHAT;
+	if (!s->tok && (j->chat || g->has_prompt || g->has_stop))
+		return k3_conn_send_error(c, rid, K3_STATUS_UNSUPPORTED, j->chat ? "messages" : "prompt",
+					  "this model has no tokenizer (tiktoken.model): send prompt_ids"), -ENOTSUP;
 	if (g->mode > K3_MODE_CHAT)
 		return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "mode", "unknown mode %u", g->mode), -EINVAL;
 	if (!j->chat) {
@@ -766,8 +786,12 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		return k3_conn_send_error(c, rid, K3_STATUS_CONTEXT_EXCEEDED, "max_new",
 					  "prompt (%zu tokens) + max_new (%u) exceed the context of %llu",
 					  j->prompt.n, j->max_new, (unsigned long long)ctx), -E2BIG;
-	j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_END_OF_MSG);
-	j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_EOS);
+	if (s->tok) {
+		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_END_OF_MSG);
+		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_EOS);
+	} else if (mc->eos_token_id >= 0) {
+		j->end_ids[j->n_end++] = (uint32_t)mc->eos_token_id;
+	}
 	for (uint32_t i = 0; g->has_stop_ids && i < g->stop_ids.n; i++)
 		j->end_ids[j->n_end++] = k3_proto_ids_at(&g->stop_ids, i);
 	for (uint32_t i = 0; g->has_stop && i < g->stop.n; i++) {
@@ -898,6 +922,11 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 				   "the model is still loading; retry when k3ctl status says ready");
 		return -EAGAIN;
 	}
+	if (!s->tok && (h->type == K3_MSG_TOKENIZE || h->type == K3_MSG_DETOKENIZE)) {
+		k3_conn_send_error(c, h->request_id, K3_STATUS_UNSUPPORTED, NULL,
+				   "this model has no tokenizer (tiktoken.model)");
+		return -ENOTSUP;
+	}
 	switch (h->type) {
 	case K3_MSG_GENERATE:
 		handle_generate(s, c, h->request_id, &body->generate);
@@ -977,7 +1006,7 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 		r.context_length = (uint32_t)(mc->max_position_embeddings > UINT32_MAX ? UINT32_MAX :
 					      mc->max_position_embeddings);
 		r.has_context_length = true;
-		r.vocab_size = k3_tok_n_vocab(s->tok); r.has_vocab_size = true;
+		r.vocab_size = k3_engine_vocab(s->engine); r.has_vocab_size = true;
 		r.n_layers = mc->num_hidden_layers; r.has_n_layers = true;
 		r.hidden_size = mc->hidden_size; r.has_hidden_size = true;
 		r.n_experts = mc->num_experts; r.has_n_experts = true;
