@@ -274,7 +274,7 @@ INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
 			__m256 w[4];
 			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g] + 1]);
 
-			_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
+			_mm_prefetch((const char *)(pr[i] + nr * (cols / 2) + 16 * g), _MM_HINT_T0);
 			decode_perm(pr[i] + 16 * g, lut_hb, lut_lb, w);
 			K3_UNROLL for (size_t t = 0; t < nt; t++)
 				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xp[t] + 32 * g),
