@@ -56,6 +56,7 @@ struct k3_store {
 	pthread_t threads[K3_STORE_MAX_IO_THREADS];
 	unsigned n_threads;
 	bool stop;
+	bool hold_prefetch;
 	struct queue q[3];
 	uint32_t in_flight;
 	uint32_t prefetch_outstanding;  /* slots with prefetched == true */
@@ -222,7 +223,8 @@ static void *reader_main(void *arg)
 		uint64_t bytes = 0;
 		int rc = 0;
 
-		while (!s->stop && s->q[Q_DEMAND].len == 0 && s->q[Q_PREFETCH].len == 0)
+		while (!s->stop && s->q[Q_DEMAND].len == 0 &&
+		       (s->q[Q_PREFETCH].len == 0 || s->hold_prefetch))
 			pthread_cond_wait(&s->work_cv, &s->mu);
 		if (s->stop)
 			break;
@@ -508,13 +510,19 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		sl->last_use = ++s->tick;
 		note_use(s, ex);
 		if (sl->prefetched) {
+			/* Credit only a prefetch whose read started before this
+			 * step: one submitted in this same step is the demand
+			 * read under another name. An unstarted one becomes a
+			 * demand read below and earns nothing. */
 			bool later = sl->prefetch_step < s->step;
 			sl->prefetched = false;
 			s->prefetch_outstanding--;
-			if (later)
-				s->st.prefetch_used++;
-			else
-				s->st.prefetch_late++;
+			if (sl->state != SLOT_QUEUED) {
+				if (later)
+					s->st.prefetch_used++;
+				else
+					s->st.prefetch_late++;
+			}
 			if (sl->state == SLOT_READY && later)
 				s->st.demand_hits++;
 			else
@@ -567,14 +575,19 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 			for (uint32_t j = 0; j < s->n_slots && !waitable; j++)
 				waitable = s->slots[j].state == SLOT_READING && s->slots[j].pins == 0;
 			if (!waitable) {
-				uint32_t pinned = 0;
-				for (uint32_t j = 0; j < s->n_slots; j++)
-					pinned += s->slots[j].pins > 0;
+				uint32_t other = 0, mine = 0;
+				for (uint32_t j = 0; j < s->n_slots; j++) {
+					other += s->slots[j].pins > 0 && s->slots[j].acq_gen != gen;
+					mine += s->slots[j].pins > 0 && s->slots[j].acq_gen == gen;
+				}
+				for (size_t m = k; m < n; m++)
+					mine += got[m] < 0;   /* upper bound: duplicates count twice */
 				rc = k3_err_set(err, -ENOSPC, "expert cache of %" PRIu32 " slots (%" PRIu64
-						" bytes each) cannot hold layer %" PRIu32 "'s %zu experts:"
-						" %" PRIu32 " slots are pinned; the budget must be at"
-						" least %" PRIu64 " bytes", s->n_slots, s->slot_bytes,
-						layer, n, pinned, (uint64_t)(pinned + 1) * s->slot_bytes);
+						" bytes each) cannot hold the %zu experts layer %" PRIu32
+						" needs at once while %" PRIu32 " slots are pinned by"
+						" experts in use; the budget must be at least %" PRIu64
+						" bytes", s->n_slots, s->slot_bytes, n, layer, other,
+						(uint64_t)(other + mine) * s->slot_bytes);
 				goto fail;
 			}
 			pthread_cond_wait(&s->done_cv, &s->mu);
@@ -709,10 +722,19 @@ size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer)
 
 /* ---- queries ---- */
 
+void k3_store_hold_prefetch(struct k3_store *s, bool hold)
+{
+	pthread_mutex_lock(&s->mu);
+	s->hold_prefetch = hold;
+	pthread_cond_broadcast(&s->work_cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
 void k3_store_drain(struct k3_store *s)
 {
 	pthread_mutex_lock(&s->mu);
-	while (s->q[Q_DEMAND].len || s->q[Q_PREFETCH].len || s->in_flight)
+	while (s->q[Q_DEMAND].len || (s->q[Q_PREFETCH].len && !s->hold_prefetch) ||
+	       s->in_flight)
 		pthread_cond_wait(&s->done_cv, &s->mu);
 	pthread_mutex_unlock(&s->mu);
 }

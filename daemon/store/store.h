@@ -145,6 +145,11 @@ size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer);
  * acquire is not counted as compute time. */
 void k3_store_idle(struct k3_store *s);
 
+/* While held, reader threads start no prefetch read (queued guesses stay
+ * queued; demand reads are unaffected). For tests that need a guess to stay
+ * cancellable, and for phases where the disk must serve demand only. */
+void k3_store_hold_prefetch(struct k3_store *s, bool hold);
+
 /* Blocks until no read is queued or in flight (tests, shutdown, preload). */
 void k3_store_drain(struct k3_store *s);
 
