@@ -26,6 +26,11 @@ struct k3ctl_globals {
 };
 extern struct k3ctl_globals k3ctl_g;
 
+struct k3ctl_client;
+/* Connects to the daemon named by the globals. Returns 0, or the exit
+ * code to use after printing why (3 when no daemon answers). */
+int k3ctl_connect(struct k3ctl_client *c);
+
 /* Prints "k3ctl <cmd>: message" to stderr and returns K3CTL_EXIT_USAGE. */
 int k3ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "k3ctl: message" to stderr and returns code. */
