@@ -226,6 +226,18 @@ const struct k3_store_pack_ident *k3_store_pack_source(const struct k3_store_pac
 	return i < pack->n_idents ? &pack->idents[i] : NULL;
 }
 
+int k3_store_pack_entry(const struct k3_store_pack *pack, size_t i, uint32_t *layer,
+			uint32_t *expert, uint64_t length[K3_STORE_ARRAYS])
+{
+	if (i >= pack->n_ent)
+		return -ERANGE;
+	*layer = pack->ent[i].layer;
+	*expert = pack->ent[i].expert;
+	for (int a = 0; a < K3_STORE_ARRAYS; a++)
+		length[a] = pack->ent[i].arr_len[a];
+	return 0;
+}
+
 static int verify_spans(int fd, const struct k3_store_pack *pack, const char *path,
 			uint64_t *verified, struct k3_err *err)
 {

@@ -102,6 +102,11 @@ size_t k3_store_pack_source_count(const struct k3_store_pack *pack);
 const struct k3_store_pack_ident *k3_store_pack_source(const struct k3_store_pack *pack,
 						       size_t i);
 
+/* Entry i (< expert count, sorted by (layer, expert)): its ids and the byte
+ * length of each array. Returns 0 or -ERANGE. */
+int k3_store_pack_entry(const struct k3_store_pack *pack, size_t i, uint32_t *layer,
+			uint32_t *expert, uint64_t length[K3_STORE_ARRAYS]);
+
 /* Adds the pack file to src and registers every expert of the pack with
  * extents pointing into its spans. Returns what the source calls return. */
 int k3_store_pack_add_to_source(const struct k3_store_pack *pack, const char *path,
