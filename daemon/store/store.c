@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/mxfp4.h"
+
 enum slot_state {
 	SLOT_FREE = 0,
 	SLOT_QUEUED,    /* waiting in a read queue */
@@ -246,6 +248,15 @@ static void *reader_main(void *arg)
 				rc = (int)got;
 			else
 				bytes += (uint64_t)got;
+		}
+
+		if (rc == 0 && s->cfg.check_scales) {
+			static const int scales[3] = { K3_STORE_W1_SCALE, K3_STORE_W2_SCALE,
+						       K3_STORE_W3_SCALE };
+			for (int k = 0; k < 3 && rc == 0; k++)
+				if (k3_mxfp4_check_scales(sl->mem + plan.array_offset[scales[k]],
+							  plan.array_length[scales[k]], "expert", NULL))
+					rc = -EBADMSG;
 		}
 
 		pthread_mutex_lock(&s->mu);
@@ -617,7 +628,11 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		struct slot *sl = &s->slots[got[k]];
 		while (sl->state == SLOT_QUEUED || sl->state == SLOT_READING)
 			pthread_cond_wait(&s->done_cv, &s->mu);
-		if (sl->state == SLOT_ERROR && rc == 0)
+		if (sl->state == SLOT_ERROR && rc == 0 && sl->err == -EBADMSG)
+			rc = k3_err_set(err, -EBADMSG, "expert (%" PRIu32 ", %" PRIu32 ") has an MXFP4"
+					" scale byte 255 (NaN): the checkpoint is damaged",
+					layer, experts[k]);
+		else if (sl->state == SLOT_ERROR && rc == 0)
 			rc = k3_err_set(err, sl->err, "cannot read expert (%" PRIu32 ", %" PRIu32
 					") from '%s': %s", layer, experts[k],
 					k3_store_source_file_path(s->src,

@@ -55,6 +55,11 @@ struct k3_store_config {
 	 * reading or resident): bounds what a bad guess can evict.
 	 * -1 = auto (half the slots), 0 = prefetch off. */
 	int prefetch_slots;
+	/* Check the three E8M0 scale arrays of every expert read for the
+	 * forbidden byte 255 (k3-model.md 9; model.h leaves this to the store
+	 * for checkpoints too big to scan at open). A bad expert fails its
+	 * acquire with -EBADMSG naming it. */
+	bool check_scales;
 	/* Simulation: no memory, no threads, no reads; acquire completes at once
 	 * and counters count the bytes the reads would have cost. Used to
 	 * compare eviction policies on router traces (bench_store_policy). */

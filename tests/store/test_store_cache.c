@@ -352,6 +352,29 @@ int main(void)
 		T_EQ_INT(k3_store_new(off, &cfg, &s, &err), -EINVAL);
 		T_OK(strstr(err.msg, "cannot hold one") != NULL);
 	}
+	/* A scale byte 255 (NaN in E8M0) is caught when check_scales is on. */
+	{
+		const struct k3_store_extent *x = &fx.ex[0].ext[K3_STORE_W2_SCALE];
+		struct k3_store_config cfg = { .cache_bytes = 4 * slot_bytes, .check_scales = true };
+		struct k3_store *s = NULL;
+		struct k3_store_source *src;
+		struct k3_store_view v;
+		uint32_t e = fx.ex[0].expert;
+		fx.bytes[x->file][x->offset + 7] = 255;
+		T_EQ_INT(fx_write_file(fx.shard[x->file], fx.bytes[x->file], fx.size[x->file]), 0);
+		src = fx_source(&fx, K3_STORE_DIRECT_OFF, &err);
+		T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+		T_EQ_INT(k3_store_acquire(s, fx.ex[0].layer, &e, 1, &v, &err), -EBADMSG);
+		T_OK(strstr(err.msg, "scale byte 255") != NULL);
+		k3_store_free(s);
+		cfg.check_scales = false;
+		T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+		T_EQ_INT(k3_store_acquire(s, fx.ex[0].layer, &e, 1, &v, &err), 0);
+		T_EQ_INT(view_errors(&v, 1), 0);
+		k3_store_release(s, &v, 1);
+		k3_store_free(s);
+		k3_store_source_free(src);
+	}
 out:
 	k3_store_source_free(off);
 	k3_store_source_free(on);
