@@ -39,7 +39,9 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define K3CTL_COMMANDS(X) \
 	X(status,   "show the daemon's state and counters") \
 	X(ping,     "check that the daemon answers") \
-	X(shutdown, "ask the daemon to drain and exit")
+	X(shutdown, "ask the daemon to drain and exit") \
+	X(pack,     "write expert packs for a model directory (--model DIR [--verify])") \
+	X(warm_expert_cache, "rank experts by use in a router trace (--trace FILE [--show N])")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)
