@@ -147,23 +147,27 @@ static void slot_drop(struct k3_store *s, int32_t i, bool eviction)
  * evict another guess). */
 static int32_t pick_victim(struct k3_store *s, bool protect_prefetch)
 {
+	/* FREQ: the quarter of the cache acquired most recently is protected
+	 * (token-to-token reuse); outside it the fewest decayed uses go
+	 * first, then the least recent. docs/store.md has the measurements. */
+	uint64_t window = s->n_slots / 4;
 	int32_t best = -1;
-	uint32_t best_f = 0;
-	uint64_t best_t = 0;
+	uint64_t best_key = 0, best_t = 0;
 
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		const struct slot *sl = &s->slots[i];
-		uint32_t f;
+		uint64_t key = 0;
 		if (sl->pins || (sl->state != SLOT_READY && sl->state != SLOT_ERROR))
 			continue;
 		if (protect_prefetch && sl->prefetched)
 			continue;
 		if (sl->state == SLOT_ERROR)
 			return (int32_t)i;
-		f = s->cfg.policy == K3_STORE_POLICY_FREQ ? s->uses[sl->ex] : 0;
-		if (best < 0 || f < best_f || (f == best_f && sl->last_use < best_t)) {
+		if (s->cfg.policy == K3_STORE_POLICY_FREQ)
+			key = sl->last_use + window > s->tick ? (uint64_t)1 << 32 : s->uses[sl->ex];
+		if (best < 0 || key < best_key || (key == best_key && sl->last_use < best_t)) {
 			best = (int32_t)i;
-			best_f = f;
+			best_key = key;
 			best_t = sl->last_use;
 		}
 	}
@@ -807,8 +811,8 @@ void k3_store_stats_sub(const struct k3_store_stats *a, const struct k3_store_st
 const char *k3_store_policy_name(enum k3_store_policy p)
 {
 	switch (p) {
-	case K3_STORE_POLICY_LRU: return "lru";
 	case K3_STORE_POLICY_FREQ: return "freq";
+	case K3_STORE_POLICY_LRU: return "lru";
 	default: return "?";
 	}
 }

@@ -40,10 +40,14 @@ enum {
 };
 
 /* Eviction policy among unpinned resident experts. docs/store.md has the
- * trace measurements behind the default. */
+ * trace measurements behind the default (bench_store_policy). */
 enum k3_store_policy {
-	K3_STORE_POLICY_LRU = 0,    /* least recently acquired */
-	K3_STORE_POLICY_FREQ = 1,   /* fewest (decayed) acquisitions, then LRU */
+	/* The default: the most recently acquired quarter of the slots is
+	 * protected; outside it, fewest acquisitions (halved every 8 x slots
+	 * acquisitions) first, then least recent. Never worse than LRU on the
+	 * traces measured, up to 11 points fewer misses on skewed ones. */
+	K3_STORE_POLICY_FREQ = 0,
+	K3_STORE_POLICY_LRU = 1,    /* least recently acquired */
 	K3_STORE_POLICY_COUNT
 };
 

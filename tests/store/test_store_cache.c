@@ -171,20 +171,24 @@ static void test_eviction(struct k3_store_source *src)
 	T_EQ_U64(st.reads, 6);
 	k3_store_free(s);
 
-	/* Frequency-aware: the least used goes first, even if recent. */
+	/* Frequency-aware (4 slots: the single most recent one is protected):
+	 * the least used outside that goes first, where LRU would pick the
+	 * oldest. */
 	s = mk(src, 4, 1, K3_STORE_POLICY_FREQ);
 	if (!s)
 		return;
 	for (int r = 0; r < 3; r++)
 		touch(s, 1, 0);
-	touch(s, 1, 3);
-	touch(s, 1, 3);
+	touch(s, 1, 3);     /* used once */
 	touch(s, 1, 6);
 	touch(s, 1, 6);
-	touch(s, 1, 9);     /* used once, and the most recent */
-	touch(s, 1, 12);    /* evicts 9 (LRU would evict 0) */
+	touch(s, 1, 9);     /* used once, but the most recent: protected */
+	touch(s, 1, 12);    /* evicts 3 (LRU would evict 0) */
+	T_OK(!k3_store_resident(s, 1, 3));
+	T_OK(k3_store_resident(s, 1, 0) && k3_store_resident(s, 1, 6) && k3_store_resident(s, 1, 9));
+	touch(s, 1, 15);    /* 12 is protected now; 9 (once) goes before 6 (twice) and 0 */
 	T_OK(!k3_store_resident(s, 1, 9));
-	T_OK(k3_store_resident(s, 1, 0));
+	T_OK(k3_store_resident(s, 1, 0) && k3_store_resident(s, 1, 6) && k3_store_resident(s, 1, 12));
 	k3_store_free(s);
 }
 
