@@ -111,7 +111,8 @@ struct k3_store_info {
 
 struct k3_store;
 
-/* Creates a store over src (borrowed: it must outlive the store) and starts
+/* Creates a store over src (borrowed: it must outlive the store and not be
+ * changed while the store exists) and starts
  * its reader threads. Returns 0, -EINVAL (empty source, budget below one
  * slot, bad config: the message says which), -ENOMEM. */
 int k3_store_new(const struct k3_store_source *src, const struct k3_store_config *cfg,
@@ -141,9 +142,10 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 void k3_store_release(struct k3_store *s, const struct k3_store_view *views, size_t n);
 
 /* Queues low-priority reads of experts[0..n) of `layer` (guesses, best
- * first) into free slots, or slots the policy would evict anyway, within
- * the prefetch_slots bound. Experts already resident or unknown are
- * skipped. Returns how many reads were queued. */
+ * first; at most 64 per call are considered) into free slots, or slots the
+ * policy would evict anyway (never another unused guess), within the
+ * prefetch_slots bound. Experts already resident or unknown are skipped.
+ * Returns how many reads were queued. */
 size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n);
 
 /* Drops every queued (not yet started) prefetch of `layer`, or of all

@@ -40,6 +40,7 @@ struct k3_store_trace_rec {
 	float weights[K3_STORE_TRACE_MAX_K];   /* routing weights, bit-exact */
 };
 
+/* A writer is used by one thread at a time (the engine's). */
 struct k3_store_trace;
 
 /* Opens path for appending (created 0640 if missing). Refuses a symlink as
