@@ -367,6 +367,9 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 				goto fail;
 			}
 			sl->mem = mem;
+			if (cfg->prefault)
+				for (uint64_t b = 0; b < s->slot_bytes; b += 4096)
+					sl->mem[b] = 0;
 		}
 	}
 	pthread_mutex_init(&s->mu, NULL);

@@ -59,6 +59,10 @@ struct k3_store_config {
 	 * reading or resident): bounds what a bad guess can evict.
 	 * -1 = auto (half the slots), 0 = prefetch off. */
 	int prefetch_slots;
+	/* Touch every page of every slot at creation, so a budget the machine
+	 * cannot back fails at start (or is visible in RSS) instead of in the
+	 * middle of a generation; costs about 1 s per 10 GB at start. */
+	bool prefault;
 	/* Check the three E8M0 scale arrays of every expert read for the
 	 * forbidden byte 255 (k3-model.md 9; model.h leaves this to the store
 	 * for checkpoints too big to scan at open). A bad expert fails its
