@@ -372,7 +372,7 @@ static void test_small_and_bench(void)
 	struct k3_model *m = NULL;
 
 	/* small: the preset's widths, fewer layers to keep the suite fast */
-	struct k3_demo_opts o = { .preset = K3_DEMO_SMALL, .seed = 3, .layers = 3 };
+	struct k3_demo_opts o = { .preset = K3_DEMO_SMALL, .seed = 3, .layers = 2 };
 	T_EQ_INT(k3_demo_write(sub("small"), &o, &err), 0);
 	T_EQ_INT(k3_model_open(sub("small"), &m, &err), 0);
 	if (m) {
