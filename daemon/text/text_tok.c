@@ -635,6 +635,21 @@ bool k3_tok_is_special(const struct k3_tok *tok, uint32_t id)
 	return id >= tok->n_ranks && id < tok->n_vocab;
 }
 
+bool k3_tok_special_prefix(const struct k3_tok *tok, const char *s, size_t n)
+{
+	uint32_t node = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t c = tok->trie[node].child;
+		while (c && tok->trie[c].byte != (uint8_t)s[i])
+			c = tok->trie[c].next;
+		if (!c)
+			return false;
+		node = c;
+	}
+	return n > 0 && tok->trie[node].child != 0;
+}
+
 int64_t k3_tok_special_by_name(const struct k3_tok *tok, const char *name)
 {
 	uint32_t id;

@@ -98,6 +98,10 @@ uint32_t k3_tok_n_vocab(const struct k3_tok *tok);
  * 0..255), i.e. n_ranks + which. */
 uint32_t k3_tok_special(const struct k3_tok *tok, unsigned which);
 
+/* True when s[0..n) (n >= 1) is a proper prefix of some special name:
+ * text ending so may still become a special token (stream hold-back). */
+bool k3_tok_special_prefix(const struct k3_tok *tok, const char *s, size_t n);
+
 /* Id of a special token by its exact name, or -ENOENT. */
 int64_t k3_tok_special_by_name(const struct k3_tok *tok, const char *name);
 
