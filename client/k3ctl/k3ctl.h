@@ -26,6 +26,11 @@ struct k3ctl_globals {
 };
 extern struct k3ctl_globals k3ctl_g;
 
+struct k3ctl_client;
+/* Connects to the daemon named by the globals. Returns 0, or the exit
+ * code to use after printing why (3 when no daemon answers). */
+int k3ctl_connect(struct k3ctl_client *c);
+
 /* Prints "k3ctl <cmd>: message" to stderr and returns K3CTL_EXIT_USAGE. */
 int k3ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "k3ctl: message" to stderr and returns code. */
@@ -34,7 +39,9 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define K3CTL_COMMANDS(X) \
 	X(status,   "show the daemon's state and counters") \
 	X(ping,     "check that the daemon answers") \
-	X(shutdown, "ask the daemon to drain and exit")
+	X(shutdown, "ask the daemon to drain and exit") \
+	X(demo_model, "write a synthetic K3 checkpoint (HF layout) to --out DIR") \
+	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)
