@@ -41,7 +41,8 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(ping,     "check that the daemon answers") \
 	X(shutdown, "ask the daemon to drain and exit") \
 	X(demo_model, "write a synthetic K3 checkpoint (HF layout) to --out DIR") \
-	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory")
+	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory") \
+	X(forward,  "run the forward pass offline on token ids (logits, greedy, routes)")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)
