@@ -44,7 +44,8 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(chat,     "interactive multi-turn chat (Ctrl-C cancels a reply)") \
 	X(cancel,   "cancel a queued or running generation by job id") \
 	X(demo_model, "write a synthetic K3 checkpoint (HF layout) to --out DIR") \
-	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory")
+	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory") \
+	X(forward,  "run the forward pass offline on token ids (logits, greedy, routes)")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)
