@@ -39,7 +39,10 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define K3CTL_COMMANDS(X) \
 	X(status,   "show the daemon's state and counters") \
 	X(ping,     "check that the daemon answers") \
-	X(shutdown, "ask the daemon to drain and exit")
+	X(shutdown, "ask the daemon to drain and exit") \
+	X(tokenize, "encode text to K3 token ids (offline)") \
+	X(detokenize, "decode K3 token ids to text (offline)") \
+	X(render_chat, "render a chat with the K3 XTML renderer (offline)")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)
