@@ -648,6 +648,11 @@ int k3_chat_render(const json_t *messages, const struct k3_chat_opts *o, struct 
 	memset(out, 0, sizeof(*out));
 	if (!json_is_array(messages))
 		return k3_err_set(err, -EINVAL, "'messages' must be a list");
+	/* checked before anything is rendered (the release asserts) */
+	if (o->thinking && o->thinking_effort && strcmp(o->thinking_effort, "low") &&
+	    strcmp(o->thinking_effort, "high") && strcmp(o->thinking_effort, "max"))
+		return k3_err_set(err, -EINVAL, "unsupported thinking_effort '%.40s'; supported values are high, low, max",
+				  o->thinking_effort);
 	n = json_array_size(messages);
 	items = calloc(n ? n : 1, sizeof(*items));
 	if (!items || resort_tools(messages, items)) {
@@ -660,10 +665,6 @@ int k3_chat_render(const json_t *messages, const struct k3_chat_opts *o, struct 
 
 	if (o->thinking && o->thinking_effort) {
 		const char *e = o->thinking_effort;
-		if (strcmp(e, "low") && strcmp(e, "high") && strcmp(e, "max")) {
-			free(items);
-			return k3_err_set(err, -EINVAL, "unsupported thinking_effort '%.40s'; supported values are high, low, max", e);
-		}
 		char body[512];
 		int bl = snprintf(body, sizeof(body),
 			"`thinking_effort` guides on how much to think in your thinking channel "
