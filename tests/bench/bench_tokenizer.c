@@ -229,9 +229,9 @@ int main(int argc, char **argv)
 		json_t *msgs = json_array();
 		struct k3_chat_opts o;
 		struct k3_chat c = { 0 };
-		size_t at = 0;
+		size_t at = 0, total = 0;
 		double ts[5], tp[5];
-		while (at < kb * 1024) {
+		while (total < kb * 1024) {
 			size_t k = 200 + rnd() % 2000;
 			if (at + k > len)
 				at = 0;
@@ -240,8 +240,7 @@ int main(int argc, char **argv)
 			json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", rnd() % 2 ? "user" : "assistant",
 							      "content", text + at, k));
 			at += k;
-			if (at >= kb * 1024)
-				break;
+			total += k;
 		}
 		k3_chat_opts_init(&o);
 		if (k3_chat_render(msgs, &o, &c, NULL)) {
