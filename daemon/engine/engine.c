@@ -24,6 +24,7 @@ struct k3_engine {
 	struct k3_prov_weights weights;
 	struct k3_prov_layer_weights *lw;
 	struct k3_expert_source src;
+	const atomic_bool *cancel;   /* polled between layers; may be NULL */
 	uint32_t chunk, n_blocks, n_moe, K, D, V;
 	uint32_t moe_layers[K3_PROV_MAX_LAYERS];
 	int32_t moe_index[K3_PROV_MAX_LAYERS];   /* layer -> MoE ordinal, -1 */
@@ -335,6 +336,11 @@ void k3_engine_set_expert_source(struct k3_engine *e, const struct k3_expert_sou
 			.acquire = model_acquire, .release = model_release };
 }
 
+void k3_engine_set_cancel(struct k3_engine *e, const atomic_bool *flag)
+{
+	e->cancel = flag;
+}
+
 int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *err)
 {
 	struct k3_prov_status st = { 0 };
@@ -479,6 +485,10 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 	PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
 	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
 		const float *hin = e->pool[0];
+		/* Cancellation is honoured between layers: a K3 layer step is the
+		 * longest the caller waits (the sequence is poisoned after this). */
+		if (e->cancel && atomic_load(e->cancel))
+			return k3_err_set(err, -ECANCELED, "cancelled before layer %u", l);
 		/* 1) attention input: AR over B and P, or the embedding at l = 0 */
 		if (nB > 0) {
 			for (uint32_t j = 0; j <= nB; j++)

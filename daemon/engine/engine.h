@@ -19,6 +19,7 @@
 #ifndef K3_ENGINE_ENGINE_H
 #define K3_ENGINE_ENGINE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -61,6 +62,11 @@ void k3_engine_free(struct k3_engine *e);
 /* Replaces the expert source (NULL restores the model's mmapped tensors).
  * src is copied; src->ctx must outlive its use. */
 void k3_engine_set_expert_source(struct k3_engine *e, const struct k3_expert_source *src);
+
+/* Polls *flag (may be NULL: never) before every layer of later forward
+ * calls; when it is set, the call returns -ECANCELED and poisons its
+ * sequence. The flag must outlive its use. */
+void k3_engine_set_cancel(struct k3_engine *e, const atomic_bool *flag);
 
 /* Compute threads for later calls (1..256). */
 int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *err);

@@ -184,6 +184,24 @@ int k3_detok_feed(struct k3_detok *d, uint32_t id, const char **text, size_t *le
 	return d->stopped ? 1 : 0;
 }
 
+int k3_detok_feed_text(struct k3_detok *d, const char *in, size_t in_len, const char **text,
+		       size_t *len)
+{
+	d->out.n = 0;
+	k3_sbuf_add(&d->out, "", 0);
+	*text = d->out.p ? d->out.p : "";
+	*len = 0;
+	if (d->stopped)
+		return 1;
+	k3_sbuf_add(&d->held, in, in_len);
+	settle(d, false);
+	if (d->out.oom || d->held.oom)
+		return -ENOMEM;
+	*text = d->out.p ? d->out.p : "";
+	*len = d->out.n;
+	return d->stopped ? 1 : 0;
+}
+
 int k3_detok_flush(struct k3_detok *d, const char **text, size_t *len)
 {
 	d->out.n = 0;

@@ -48,6 +48,12 @@ void k3_detok_free(struct k3_detok *d);
  * return 1), or -ERANGE (id outside the vocabulary; nothing changes). */
 int k3_detok_feed(struct k3_detok *d, uint32_t id, const char **text, size_t *len);
 
+/* Feeds already-decoded UTF-8 text (e.g. the content deltas of the
+ * output parser) through the same stop-string matching. Same returns as
+ * k3_detok_feed; text must be valid UTF-8 (it is not re-validated). */
+int k3_detok_feed_text(struct k3_detok *d, const char *in, size_t in_len, const char **text,
+		       size_t *len);
+
 /* Emits everything held back. Returns 0 (or 1 if the stream had stopped). */
 int k3_detok_flush(struct k3_detok *d, const char **text, size_t *len);
 
