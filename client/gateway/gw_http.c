@@ -406,8 +406,14 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 		json_object_set_new(msg, "refusal", json_null());
 		if (evbuffer_get_length(r->reasoning))
 			json_object_set_new(msg, "reasoning_content", buf_string(r->reasoning));
-		if (calls)
+		if (calls) {
+			size_t i;
+			json_t *c;
+
+			json_array_foreach(r->tool_calls, i, c)
+				json_object_del(c, "__index");
 			json_object_set(msg, "tool_calls", r->tool_calls);
+		}
 		choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs", "finish_reason",
 				   finish);
 	} else {
@@ -987,7 +993,7 @@ static void normalize_path(const char *in, char *out, size_t cap)
 {
 	size_t o = 0;
 
-	for (; *in && o + 1 < cap; in++) {
+	for (; *in && *in != '?' && *in != '#' && o + 1 < cap; in++) {
 		if (*in == '/' && o && out[o - 1] == '/')
 			continue;
 		out[o++] = *in;
@@ -1020,8 +1026,9 @@ static void gencb(struct evhttp_request *req, void *arg)
 {
 	struct gw *g = arg;
 	struct gw_req *r = calloc(1, sizeof(*r));
-	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	const char *raw = uri ? evhttp_uri_get_path(uri) : NULL;
+	/* The raw target, not the parsed URI: "//v1/models" would parse as
+	 * host "v1" and path "/models". */
+	const char *raw = evhttp_request_get_uri(req);
 	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
 	const struct route *rt = NULL;
 	char path[1024];
@@ -1145,4 +1152,7 @@ void gw_http_setup(struct gw *g)
 	evhttp_set_max_headers_size(g->http, K3_LIM_HTTP_HEADERS);
 	evhttp_set_timeout(g->http, (int)g->cfg.read_timeout_s);
 	evhttp_set_default_content_type(g->http, "application/json");
+	/* Past the backstop libevent drains the body before its 413, so the
+	 * client still reads the status instead of a reset. */
+	evhttp_set_flags(g->http, EVHTTP_SERVER_LINGERING_CLOSE);
 }

@@ -76,12 +76,12 @@ class Proto:
         self.fields, self.types = load_schema(header_path)
         self.names = {v: k for k, v in self.types.items()}
 
-    def encode(self, name, rid, **vals):
+    def encode(self, msg, rid, **vals):
         out = bytearray()
         for key, val in vals.items():
             if val is None:
                 continue
-            tag, kind = self.fields[name][key]
+            tag, kind = self.fields[msg][key]
             vs = val if kind == "STRV" else [val]
             for v in vs:
                 if kind == "U32":
@@ -97,7 +97,7 @@ class Proto:
                 elif kind == "IDS":
                     b = b"".join(struct.pack("<I", x) for x in v)
                 out += struct.pack("<HI", tag, len(b)) + b
-        return HDR.pack(MAGIC, VERSION, self.types[name], 0, 0, rid, len(out)) + bytes(out)
+        return HDR.pack(MAGIC, VERSION, self.types[msg], 0, 0, rid, len(out)) + bytes(out)
 
     def decode(self, type_id, payload):
         name = self.names.get(type_id)
@@ -232,10 +232,10 @@ class Daemon:
             self.log_f.write(json.dumps(ev) + "\n")
             self.log_f.flush()
 
-    def send(self, conn, name, rid, **vals):
+    def send(self, conn, msg, rid, **vals):
         if conn["closed"]:
             return
-        conn["w"].write(self.proto.encode(name, rid, **vals))
+        conn["w"].write(self.proto.encode(msg, rid, **vals))
 
     # ---- scheduling ----
     def release(self, job):
@@ -260,6 +260,10 @@ class Daemon:
             await self._run_job(job)
         except asyncio.CancelledError:
             pass
+        except Exception:  # a bug in a script or here: say so, end the job
+            import traceback
+            traceback.print_exc()
+            self.send(conn, "ERROR", rid, status=STATUS["INTERNAL"], message="fake_k3d crashed")
         finally:
             self.release(job)
             conn["jobs"].pop(rid, None)

@@ -7,11 +7,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 venv=${1:-$root/build/venv}
 py="$venv/bin/python"
-if [ -x "$py" ] && "$py" -c 'import openai, langchain_openai' 2>/dev/null; then
+if [ -x "$py" ] && "$py" -c 'import openai, langchain_openai, pytest' 2>/dev/null; then
 	exit 0
 fi
 mkdir -p "$(dirname "$venv")"
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
-	'openai>=1.40,<3' 'langchain-openai>=0.2'
-"$py" -c 'import openai, langchain_openai; print("gateway venv: openai", openai.__version__)'
+	'openai>=1.40,<3' 'langchain-openai>=0.2' 'pytest>=7'
+"$py" -c 'import openai, langchain_openai, pytest; print("gateway venv: openai", openai.__version__)'
