@@ -13,6 +13,7 @@
 #include "server/sched.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -588,6 +589,29 @@ static void load_model(struct k3_sched *s)
 		post_kind(s, MSG_LOADED, NULL, false, msg);
 		return;
 	}
+	{
+		size_t n_t = 0;
+		const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
+		uint64_t mapped = 0, weights = 0, rss_kb = 0;
+		char line[256];
+		FILE *f = fopen("/proc/self/status", "r");
+
+		for (uint32_t i = 0; i < k3_model_shard_count(s->model); i++)
+			mapped += k3_model_shard_size(s->model, i);
+		for (size_t i = 0; i < n_t; i++)
+			weights += t[i].nbytes;
+		while (f && fgets(line, sizeof(line), f))
+			if (sscanf(line, "VmRSS: %" SCNu64, &rss_kb) == 1)
+				break;
+		if (f)
+			fclose(f);
+		/* Weights are mapped read-only and paged in on use, so resident
+		 * memory grows with the first tokens, not at load. */
+		k3_log_info("model: %u shards, %.1f MB mapped read-only, %zu tensors with %.1f MB of "
+			    "weights; resident now %.1f MB; per-sequence state is allocated per request",
+			    k3_model_shard_count(s->model), (double)mapped / 1e6, n_t, (double)weights / 1e6,
+			    (double)rss_kb / 1e3);
+	}
 	base = strrchr(dir, '/');
 	base = base && base[1] ? base + 1 : dir;
 	snprintf(s->model_id, sizeof(s->model_id), "%s", base);
@@ -1074,18 +1098,12 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 	}
 }
 
+/* The peer is gone: its queued jobs go now, its running job stops at the
+ * next layer. The running job keeps its connection reference until it
+ * finishes; frames for a closed connection are dropped. */
 static void hook_conn_closed(void *ctx, struct k3_conn *c)
 {
-	struct k3_sched *s = ctx;
-	struct job *j;
-
-	cancel_where(s, c, false, 0, 0);
-	/* The running job keeps its reference until it finishes; detach it
-	 * so nothing more is written for a peer that is gone. */
-	pthread_mutex_lock(&s->lock);
-	j = s->running;
-	pthread_mutex_unlock(&s->lock);
-	(void)j;
+	cancel_where(ctx, c, false, 0, 0);
 }
 
 static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_status_reply *r)
