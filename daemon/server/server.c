@@ -45,6 +45,11 @@ struct k3_conn {
 	bool may_shutdown;             /* own uid, root or --allow-uid */
 	bool closing;                  /* close once output is flushed */
 	bool read_paused;              /* backpressure */
+	struct {
+		void (*cb)(void *arg, bool written);
+		void *arg;
+	} flush[K3_CONN_FLUSH_WAITERS];
+	unsigned n_flush;
 };
 
 struct k3_server {
@@ -92,6 +97,16 @@ bool k3_conn_is_open(const struct k3_conn *c)
 uid_t k3_conn_uid(const struct k3_conn *c) { return c->uid; }
 uint64_t k3_conn_id(const struct k3_conn *c) { return c->id; }
 
+/* Runs (and clears) the flush waiters with the given outcome. */
+static void conn_run_flush(struct k3_conn *c, bool written)
+{
+	unsigned n = c->n_flush;
+
+	c->n_flush = 0;
+	for (unsigned i = 0; i < n; i++)
+		c->flush[i].cb(c->flush[i].arg, written);
+}
+
 /* Tears the connection down now: the peer is gone or misbehaved. */
 static void conn_close(struct k3_conn *c)
 {
@@ -99,6 +114,7 @@ static void conn_close(struct k3_conn *c)
 
 	if (!c->bev)
 		return;
+	conn_run_flush(c, false);
 	bufferevent_free(c->bev);
 	c->bev = NULL;
 	if (c->prev)
@@ -126,11 +142,45 @@ static void conn_close_after_write(struct k3_conn *c)
 		conn_close(c);
 }
 
+int k3_conn_when_flushed(struct k3_conn *c, void (*cb)(void *arg, bool written), void *arg)
+{
+	if (!c->bev || c->closing) {
+		cb(arg, false);
+		return 0;
+	}
+	if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+		cb(arg, true);
+		return 0;
+	}
+	if (c->n_flush == K3_CONN_FLUSH_WAITERS)
+		return -EBUSY;
+	c->flush[c->n_flush].cb = cb;
+	c->flush[c->n_flush].arg = arg;
+	c->n_flush++;
+	return 0;
+}
+
+int k3_conn_send_raw(struct k3_conn *c, const void *frame, size_t len)
+{
+	struct evbuffer *out;
+
+	if (!c->bev || c->closing)
+		return -EPIPE;
+	out = bufferevent_get_output(c->bev);
+	if (evbuffer_add(out, frame, len) != 0)
+		return -ENOMEM;
+	if (!c->read_paused && evbuffer_get_length(out) > K3_LIM_CONN_OUTBUF) {
+		/* A peer that does not read its replies stops being read. */
+		c->read_paused = true;
+		bufferevent_disable(c->bev, EV_READ);
+	}
+	return 0;
+}
+
 int k3_conn_send(struct k3_conn *c, uint32_t type, uint32_t request_id, const void *body)
 {
 	struct k3_server *s = c->srv;
 	struct k3_proto_err perr;
-	struct evbuffer *out;
 
 	if (!c->bev)
 		return -EPIPE;
@@ -140,15 +190,7 @@ int k3_conn_send(struct k3_conn *c, uint32_t type, uint32_t request_id, const vo
 			   (unsigned long long)c->id, perr.msg);
 		return -EINVAL;
 	}
-	out = bufferevent_get_output(c->bev);
-	if (evbuffer_add(out, s->scratch.data, s->scratch.len) != 0)
-		return -ENOMEM;
-	if (!c->read_paused && evbuffer_get_length(out) > K3_LIM_CONN_OUTBUF) {
-		/* A peer that does not read its replies stops being read. */
-		c->read_paused = true;
-		bufferevent_disable(c->bev, EV_READ);
-	}
-	return 0;
+	return k3_conn_send_raw(c, s->scratch.data, s->scratch.len);
 }
 
 int k3_conn_send_error(struct k3_conn *c, uint32_t request_id, enum k3_proto_status status,
@@ -373,6 +415,8 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
 	struct k3_conn *c = arg;
 	size_t left = evbuffer_get_length(bufferevent_get_output(bev));
 
+	if (left == 0 && c->n_flush)
+		conn_run_flush(c, true);
 	if (c->closing && left == 0) {
 		conn_close(c);
 		return;

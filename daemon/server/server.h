@@ -83,6 +83,14 @@ void k3_server_drain_done(struct k3_server *s);
  * queued; a connection whose queue passes K3_LIM_CONN_OUTBUF stops being
  * read until it drains. */
 int k3_conn_send(struct k3_conn *c, uint32_t type, uint32_t request_id, const void *body);
+/* Queues an already-encoded frame (from another thread's encoder). */
+int k3_conn_send_raw(struct k3_conn *c, const void *frame, size_t len);
+/* Calls cb(arg, true) once everything queued so far on c has been written
+ * to the socket, or cb(arg, false) if c closes first. At most
+ * K3_CONN_FLUSH_WAITERS may wait at once (-EBUSY beyond that; cb is not
+ * called then). */
+enum { K3_CONN_FLUSH_WAITERS = 8 };
+int k3_conn_when_flushed(struct k3_conn *c, void (*cb)(void *arg, bool written), void *arg);
 /* Sends ERROR{status, message, param (may be NULL)}. */
 int k3_conn_send_error(struct k3_conn *c, uint32_t request_id, enum k3_proto_status status,
 		       const char *param, const char *fmt, ...) __attribute__((format(printf, 5, 6)));

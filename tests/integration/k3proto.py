@@ -88,15 +88,19 @@ def connect(path, do_hello=True):
 class Daemon:
     """Starts the real k3d in a private temporary directory."""
 
-    def __init__(self, k3d, *args, sockdir_mode=0o700):
+    def __init__(self, k3d, *args, sockdir_mode=0o700, model=None):
         self.dir = tempfile.mkdtemp(prefix="k3d-test-")
         os.chmod(self.dir, sockdir_mode)
         self.sock = os.path.join(self.dir, "k3d.sock")
         self.log = os.path.join(self.dir, "k3d.log")
-        self.proc = subprocess.Popen([k3d, "--socket", self.sock, "--log-level", "debug", *args],
+        # One compute thread: these tests check behaviour, and a 2-core CI
+        # machine running several suites at once starves a spinning pool.
+        model_args = ["--model", model or os.environ["K3_TEST_MODEL"], "--threads", "1"]
+        self.proc = subprocess.Popen([k3d, "--socket", self.sock, "--log-level", "debug",
+                                      *model_args, *args],
                                      stderr=open(self.log, "w"), stdin=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while not os.path.exists(self.sock):
+        deadline = time.time() + 30
+        while "ready:" not in self.log_text():
             if self.proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError("k3d did not start: " + self.log_text())
             time.sleep(0.02)
@@ -125,3 +129,12 @@ class Daemon:
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
         return self.proc.returncode
+
+
+def make_model(k3ctl, preset="nano"):
+    """Writes a demo model into a fresh temporary directory (k3ctl demo-model)."""
+    d = tempfile.mkdtemp(prefix="k3-model-")
+    path = os.path.join(d, preset)
+    subprocess.run([k3ctl, "demo-model", "--out", path, "--preset", preset], check=True,
+                   capture_output=True)
+    return path

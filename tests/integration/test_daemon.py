@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import (T, STATUS, Daemon, connect, field, frame, hello,  # noqa: E402
-                     read_frame, u32)
+                     make_model, read_frame, u32)
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 failures = []
@@ -50,11 +50,12 @@ def expect_error(sock, status, what, closes=True):
 
 def test_k3ctl_basics(d):
     r = k3ctl(d.sock, "status")
-    check(r.returncode == 0 and "state:" in r.stdout and "no-model" in r.stdout,
+    check(r.returncode == 0 and "state:" in r.stdout and "ready" in r.stdout,
           f"status prints state: {r.stdout!r} {r.stderr!r}")
     r = k3ctl(d.sock, "status", "--json")
     j = json.loads(r.stdout)
-    check(j["state"] == "no-model" and j["pid"] == d.proc.pid, f"status --json: {j}")
+    check(j["state"] == "ready" and j["pid"] == d.proc.pid and j["model"] == "nano",
+          f"status --json: {j}")
     check(j["connections"] == 1, "status counts its own connection")
     r = k3ctl(d.sock, "--json", "ping")
     check(r.returncode == 0 and json.loads(r.stdout)["ok"] is True, "ping --json")
@@ -109,10 +110,10 @@ def test_bad_frames(d):
 
     s = connect(d.sock)
     s.sendall(frame(T["GENERATE"], 4, field(1, 0)))
-    expect_error(s, "not_ready", "GENERATE without a model", closes=False)
+    expect_error(s, "bad_request", "raw GENERATE without a prompt", closes=False)
     s.sendall(frame(T["PING"], 5))
     r = read_frame(s)
-    check(r and r[0] == T["PONG"] and r[1] == 5, "connection still usable after NOT_READY")
+    check(r and r[0] == T["PONG"] and r[1] == 5, "connection still usable after a refused request")
 
 
 def test_no_stall(d):
@@ -196,13 +197,15 @@ def test_peer_credentials(k3d):
 def test_lifecycle(k3d):
     d = Daemon(k3d)
     # A second daemon on the same live socket refuses to start.
-    p = subprocess.run([k3d, "--socket", d.sock], capture_output=True, text=True, timeout=10)
+    p = subprocess.run([k3d, "--socket", d.sock, "--model", os.environ["K3_TEST_MODEL"]],
+                       capture_output=True, text=True, timeout=10)
     check(p.returncode == 1 and "already serving" in p.stderr, f"second k3d refused: {p.stderr}")
     # Stale socket after a crash is replaced.
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait()
     check(os.path.exists(d.sock), "stale socket left by SIGKILL")
-    p = subprocess.Popen([k3d, "--socket", d.sock], stderr=subprocess.PIPE)
+    p = subprocess.Popen([k3d, "--socket", d.sock, "--model", os.environ["K3_TEST_MODEL"]],
+                         stderr=subprocess.PIPE)
     for _ in range(200):
         if k3ctl(d.sock, "ping").returncode == 0:
             break
@@ -222,15 +225,59 @@ def test_lifecycle(k3d):
     # Unsafe socket directory is refused.
     bad = tempfile.mkdtemp()
     os.chmod(bad, 0o777)
-    p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock")], capture_output=True,
-                       text=True, timeout=10)
+    p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock"), "--model",
+                        os.environ["K3_TEST_MODEL"]], capture_output=True, text=True, timeout=10)
     check(p.returncode == 1 and "writable by others" in p.stderr, "world-writable dir refused")
-    shutil.rmtree(bad, ignore_errors=True)
     p = subprocess.run([k3d, "--queue", "x"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 2 and "--queue" in p.stderr, "bad option exits 2 naming it")
+    p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock")], capture_output=True,
+                       text=True, timeout=10, env={**os.environ, "STATE_DIRECTORY": bad})
+    check(p.returncode == 1 and "k3ctl demo-model" in p.stderr and "k3ctl setup" in p.stderr,
+          f"no model: refuses naming demo-model and setup: {p.stderr}")
+    good = tempfile.mkdtemp()
+    p = subprocess.run([k3d, "--socket", os.path.join(good, "k.sock"), "--model", bad],
+                       capture_output=True, text=True, timeout=10)
+    shutil.rmtree(good, ignore_errors=True)
+    check(p.returncode == 1 and "cannot load model" in p.stderr, f"bad model dir: {p.stderr}")
+    shutil.rmtree(bad, ignore_errors=True)
+
+
+def test_notify(k3d):
+    """sd_notify protocol: READY=1 after listening, WATCHDOG=1 at half of
+    WATCHDOG_USEC, STOPPING=1 on SIGTERM (what k3d.service relies on)."""
+    tmp = tempfile.mkdtemp()
+    os.chmod(tmp, 0o700)
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(os.path.join(tmp, "notify"))
+    ns.settimeout(5)
+    env = {**os.environ, "NOTIFY_SOCKET": os.path.join(tmp, "notify"), "WATCHDOG_USEC": "200000"}
+    p = subprocess.Popen([k3d, "--socket", os.path.join(tmp, "k3d.sock"), "--model",
+                          os.environ["K3_TEST_MODEL"]], env=env,
+                         stderr=subprocess.DEVNULL)
+    msgs = []
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline and sum("WATCHDOG=1" in m for m in msgs) < 2:
+            msgs.append(ns.recv(4096).decode())
+        check(any("READY=1" in m for m in msgs), f"READY=1 sent: {msgs}")
+        check(any("STATUS=Loading model" in m for m in msgs) and
+              any("STATUS=Serving model" in m for m in msgs), f"STATUS= lines sent: {msgs}")
+        check(sum("WATCHDOG=1" in m for m in msgs) >= 2, "WATCHDOG=1 pings")
+        p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        while time.time() < deadline and not any("STOPPING=1" in m for m in msgs):
+            msgs.append(ns.recv(4096).decode())
+        check(any("STOPPING=1" in m for m in msgs), "STOPPING=1 on SIGTERM")
+        check(p.wait(10) == 0, "exit 0 after SIGTERM")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        ns.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
+    os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     d = Daemon(K3D)
     try:
         for t in (test_k3ctl_basics, test_bad_frames, test_no_stall, test_many_requests,
@@ -246,6 +293,9 @@ def main():
     test_peer_credentials(K3D)
     print("-- test_lifecycle")
     test_lifecycle(K3D)
+    print("-- test_notify")
+    test_notify(K3D)
+    shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
