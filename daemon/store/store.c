@@ -31,6 +31,7 @@ struct slot {
 	uint64_t last_use;       /* tick of the last acquire */
 	uint64_t read_bytes;     /* bytes its read cost */
 	uint64_t acq_gen;        /* acquire call that last pinned it */
+	uint64_t counted_step;   /* step whose demand counters already include it */
 	int err;                 /* read errno when SLOT_ERROR */
 	int queue;               /* Q_* it sits in */
 	int32_t qprev, qnext;
@@ -525,6 +526,11 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		if (sl->acq_gen == gen)
 			continue;   /* duplicate within this call: one count */
 		sl->acq_gen = gen;
+		/* Again in the same step (a chunk whose positions share an
+		 * expert, acquired call by call): one count per step too. */
+		if (s->step > 0 && sl->counted_step == s->step)
+			continue;
+		sl->counted_step = s->step;
 		sl->last_use = ++s->tick;
 		note_use(s, ex);
 		if (sl->prefetched) {
@@ -614,6 +620,7 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		s->slots[i].demand = true;
 		s->slots[i].pins = 1;
 		s->slots[i].acq_gen = gen;
+		s->slots[i].counted_step = s->step;
 		s->slots[i].last_use = ++s->tick;
 		note_use(s, ex);
 		s->st.demand_misses++;

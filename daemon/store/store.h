@@ -89,6 +89,8 @@ struct k3_store_stats {
 	uint64_t steps;                  /* k3_store_step_begin calls */
 	uint64_t bytes_read;             /* from the device, incl. O_DIRECT alignment: ground truth */
 	uint64_t reads;                  /* experts read (one job each) */
+	/* demand_hits + demand_misses count each expert once per step, however
+	 * many positions of a chunk or calls of the step ask for it. */
 	uint64_t demand_hits;            /* resident and not read for this very step */
 	uint64_t demand_misses;          /* everything else the real routing asked for */
 	uint64_t demand_bytes;           /* bytes of reads issued as demand */
