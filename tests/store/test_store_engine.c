@@ -2,8 +2,9 @@
  * test_store_engine.c - invariance (issue 7 item 8): the engine's logits,
  * routes and greedy ids are bit-identical whether routed experts come from
  * the model's mmapped tensors or from the store, for cache budgets {floor,
- * small, unlimited}, packs vs shards, O_DIRECT on/off, 1 vs 2 I/O threads
- * and both eviction policies; and a budget below what one step pins fails
+ * small, unlimited}, packs vs shards, O_DIRECT on/off, 1 vs 2 I/O threads,
+ * both eviction policies and prefetch on/off (with deliberately poor
+ * guesses); and a budget below what one step pins fails
  * with a clear error instead of computing with wrong weights.
  */
 #include "t.h"
@@ -35,7 +36,43 @@ static struct k3_model *model;
 static uint32_t V, PER, K, N_MOE;
 static char packdir[256];
 
+/* Wraps the store adapter with a guesser: at each layer's first acquire,
+ * prefetch 3 pseudo-random experts of the next MoE layer (mostly wrong on
+ * purpose: cancels, waste and evictions must not change any result). */
+struct pf {
+	struct k3_expert_source inner;
+	struct k3_store *store;
+	uint32_t layer;
+	uint64_t rng;
+	uint32_t n_experts;
+};
+
+static int pf_acquire(void *vctx, uint32_t layer, uint32_t expert, struct k3_prov_expert *out,
+		      struct k3_err *err)
+{
+	struct pf *p = vctx;
+	int rc = p->inner.acquire(p->inner.ctx, layer, expert, out, err);
+
+	if (rc == 0 && layer != p->layer) {
+		uint32_t g[3];
+		p->layer = layer;
+		for (int k = 0; k < 3; k++) {
+			p->rng = p->rng * 6364136223846793005ull + 1442695040888963407ull;
+			g[k] = (uint32_t)(p->rng >> 33) % p->n_experts;
+		}
+		k3_store_prefetch(p->store, layer + 1, g, 3);
+	}
+	return rc;
+}
+
+static void pf_release(void *vctx, uint32_t layer, uint32_t expert)
+{
+	struct pf *p = vctx;
+	p->inner.release(p->inner.ctx, layer, expert);
+}
+
 struct variant {
+	bool prefetch;
 	const char *name;
 	bool packs;
 	enum k3_store_direct direct;
@@ -85,6 +122,13 @@ static void run(const struct variant *v, struct result *r)
 		}
 		if (!rc) {
 			k3_store_engine_src_init(&ectx, store, &es);
+			if (v->prefetch) {
+				static struct pf pf;
+				pf = (struct pf){ .inner = es, .store = store, .layer = UINT32_MAX,
+						  .rng = 7, .n_experts = k3_model_config(model)->num_experts };
+				es = (struct k3_expert_source){ .ctx = &pf, .acquire = pf_acquire,
+								.release = pf_release };
+			}
 			k3_engine_set_expert_source(e, &es);
 		}
 	}
@@ -197,12 +241,14 @@ static void run_case(const char *name)
 	T_EQ_INT(ref.rc, 0);
 
 	const struct variant vs[] = {
-		{ "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ },
-		{ "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU },
-		{ "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ },
-		{ "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU },
-		{ "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ },
-		{ "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU },
+		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ },
+		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU },
+		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ },
+		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU },
+		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ },
+		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU },
+		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ },
+		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU },
 	};
 	for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++) {
 		run(&vs[i], &got);
@@ -220,8 +266,13 @@ static void run_case(const char *name)
 		/* Every routed expert was acquired (one demand access per expert
 		 * per step) and nothing was prefetched. */
 		T_EQ_U64(got.st.demand_hits + got.st.demand_misses, per_step(&ref, vs[i].chunk));
-		T_EQ_U64(got.st.prefetch_issued, 0);
-		T_EQ_U64(got.st.bytes_read, got.st.demand_bytes);
+		if (vs[i].prefetch) {
+			T_OK(got.st.prefetch_issued > 0);
+			T_OK(got.st.prefetch_used + got.st.prefetch_late <= got.st.prefetch_issued);
+		} else {
+			T_EQ_U64(got.st.prefetch_issued, 0);
+		}
+		T_EQ_U64(got.st.bytes_read, got.st.demand_bytes + got.st.prefetch_issued_bytes);
 		if (vs[i].slots == 0)   /* unlimited: each distinct expert read once */
 			T_EQ_U64(got.st.reads, distinct(&ref));
 		else
@@ -231,7 +282,7 @@ static void run_case(const char *name)
 
 	/* Below what one step pins: a clear error, never a computation. */
 	{
-		const struct variant below = { "below floor", false, K3_STORE_DIRECT_OFF, 2, K - 1, 1,
+		const struct variant below = { false, "below floor", false, K3_STORE_DIRECT_OFF, 2, K - 1, 1,
 					       K3_STORE_POLICY_FREQ };
 		run(&below, &got);
 		T_EQ_INT(got.rc, -ENOSPC);
