@@ -192,6 +192,8 @@ static void slot_assign(struct k3_store *s, int32_t i, int64_t ex)
 	sl->ex = ex;
 	sl->state = SLOT_QUEUED;
 	sl->pins = 0;
+	sl->acq_gen = 0;
+	sl->counted_step = UINT64_MAX;   /* a new occupant has not been counted */
 	sl->prefetched = false;
 	sl->err = 0;
 	sl->read_bytes = 0;
@@ -523,6 +525,13 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		sl = &s->slots[i];
 		got[k] = i;
 		sl->pins++;
+		if (sl->state == SLOT_QUEUED && sl->queue == Q_PREFETCH) {
+			/* The guess was right but its read has not started: it
+			 * becomes a demand read, issued with the misses. */
+			q_remove(s, i);
+			sl->demand = true;
+			miss[n_miss++] = i;
+		}
 		if (sl->acq_gen == gen)
 			continue;   /* duplicate within this call: one count */
 		sl->acq_gen = gen;
@@ -555,13 +564,6 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 			s->st.demand_hits++;
 		} else {
 			s->st.demand_misses++;
-		}
-		if (sl->state == SLOT_QUEUED && sl->queue == Q_PREFETCH) {
-			/* The guess was right but its read has not started: it
-			 * becomes a demand read, issued with the misses. */
-			q_remove(s, i);
-			sl->demand = true;
-			miss[n_miss++] = i;
 		}
 	}
 

@@ -299,6 +299,31 @@ static void test_prefetch(struct k3_store_source *src)
 	T_EQ_U64(d.bytes_read, d.demand_bytes + d.prefetch_issued_bytes);
 	k3_store_free(s);
 
+	/* One slot: X acquired and released, a guess Y evicts X and waits
+	 * (held), then the same step acquires Y: the guess must become a
+	 * demand read (a slot's previous occupant's counts must not leak). */
+	{
+		struct k3_store_config c1 = { .cache_bytes = slot_bytes, .prefetch_slots = 1,
+					      .io_threads = 2 };
+		uint32_t x = 0, y = 3;
+		T_EQ_INT(k3_store_new(src, &c1, &s, &err), 0);
+		k3_store_hold_prefetch(s, true);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 1, &x, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+		T_EQ_U64(k3_store_prefetch(s, 1, &y, 1), 1);
+		T_OK(!k3_store_resident(s, 1, 0));
+		T_EQ_INT(k3_store_acquire(s, 1, &y, 1, v, &err), 0);
+		T_EQ_INT(view_errors(v, 1), 0);
+		k3_store_release(s, v, 1);
+		k3_store_stats_get(s, &b);
+		T_EQ_U64(b.demand_misses, 2);
+		T_EQ_U64(b.reads, 2);
+		T_EQ_U64(b.prefetch_issued, 0);
+		T_EQ_U64(b.prefetch_used + b.prefetch_late, 0);
+		k3_store_free(s);
+	}
+
 	/* prefetch_slots = 0 turns prefetch off. */
 	struct k3_store_config cfg = { .cache_bytes = 6 * slot_bytes, .prefetch_slots = 0 };
 	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
