@@ -263,6 +263,64 @@ static void test_synthetic(void)
 	k3_tok_free(tok);
 }
 
+struct plist { size_t n; size_t v[256][2]; };
+
+static int plist_cb(void *ud, size_t off, size_t len)
+{
+	struct plist *p = ud;
+	if (p->n < 256) {
+		p->v[p->n][0] = off;
+		p->v[p->n][1] = len;
+	}
+	p->n++;
+	return 0;
+}
+
+/* The ASCII fast path gives PCRE2's pieces: random mostly-ASCII strings
+ * (every ASCII byte, heavy on letters/space/quotes/digits) with the
+ * non-ASCII characters that could change an ASCII decision sprinkled in:
+ * 'ſ folds to 's, NBSP/U+0085/U+2028/U+3000 are \s, é/ß/𝐀/ǅ are letters
+ * (ǅ is Lt), U+0301 is a mark, ٣ and Ⅻ are numbers, 東 is Han, ¡ and 😀
+ * are punctuation/symbols. */
+static void test_fast_path(void)
+{
+	static const char *const na[] = { "\xc5\xbf", "\xc2\xa0", "\xc2\x85", "\xe2\x80\xa8", "\xe3\x80\x80",
+		"\xc3\xa9", "\xc3\x9f", "\xf0\x9d\x90\x80", "\xc7\x85", "\xcc\x81", "\xd9\xa3", "\xe2\x85\xab",
+		"\xe6\x9d\xb1", "\xc2\xa1", "\xf0\x9f\x98\x80" };
+	static const char common[] = "aAzZ  'sStTlLdDmMrReEvV0123456789\n\r\t(.,!";
+	int diffs = 0;
+
+	for (int round = 0; round < 4000; round++) {
+		char s[256];
+		size_t n = 0, want = 1 + rnd(40);
+		struct plist a, b;
+		while (n < want && n < 200) {
+			uint32_t r = rnd(100);
+			if (r < 10) {
+				const char *x = na[rnd(sizeof(na) / sizeof(na[0]))];
+				memcpy(s + n, x, strlen(x));
+				n += strlen(x);
+			} else if (r < 25) {
+				s[n++] = (char)rnd(128);
+			} else {
+				s[n++] = common[rnd(sizeof(common) - 1)];
+			}
+		}
+		a.n = b.n = 0;
+		T_EQ_INT(k3_tok_split_pieces(g_tok, s, n, plist_cb, &a, NULL), 0);
+		T_EQ_INT(k3_tok_split_pieces_ref(g_tok, s, n, plist_cb, &b, NULL), 0);
+		if (a.n != b.n || memcmp(a.v, b.v, (a.n < 256 ? a.n : 256) * sizeof(a.v[0])) != 0) {
+			if (diffs++ < 3) {
+				printf("     fast path differs on:");
+				for (size_t i = 0; i < n; i++)
+					printf(" %02x", (unsigned char)s[i]);
+				printf("\n");
+			}
+		}
+	}
+	T_EQ_INT(diffs, 0);
+}
+
 static void test_loader_errors(void)
 {
 	struct k3_tok *tok = NULL;
@@ -327,6 +385,7 @@ int main(void)
 	T_EQ_INT(n_piece_lines, 76);
 	tg_each_line("golden/text/tokenizer.jsonl", check_roundtrip, NULL);
 	test_bpe_random();
+	test_fast_path();
 	test_synthetic();
 	test_loader_errors();
 	k3_tok_free(g_tok);
