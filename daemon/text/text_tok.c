@@ -784,7 +784,12 @@ int k3_tok_encode(const struct k3_tok *tok, const char *text, size_t len, bool a
 
 	/* §1.5: 400,000-code-point chunks, then same-class runs of more than
 	 * 25,000 characters are cut; slices are encoded independently. The
-	 * chunk boundary resets the run state, as in the Python generator. */
+	 * chunk boundary resets the run state, as in the Python generator.
+	 * Text of at most 25,000 bytes has at most 25,000 characters: no cut. */
+	if (len <= K3_TOK_RUN_CHARS) {
+		rc = encode_slice(tok, &m, text, len, allow_special, out);
+		i = len;
+	}
 	while (i < len && rc == 0) {
 		size_t chunk_chars = 0, slice_start = i, run = 0;
 		bool run_space = false;
