@@ -882,6 +882,8 @@ int k3_tok_decode(const struct k3_tok *tok, const uint32_t *ids, size_t n,
 	size_t total = 0, w = 0;
 	char *buf;
 
+	if (n > SIZE_MAX / K3_TOK_TOKEN_BYTES_MAX - 1)
+		return k3_err_set(err, -E2BIG, "%zu ids are too many to decode at once", n);
 	for (size_t i = 0; i < n; i++) {
 		if (ids[i] >= tok->n_vocab)
 			return k3_err_set(err, -ERANGE, "id %u at position %zu is outside the vocabulary (%u ids)",

@@ -239,6 +239,21 @@ static void test_synthetic(void)
 		k3_tok_ids_release(&parts);
 		free(s);
 	}
+	/* long non-ASCII word runs go through PCRE2 and need its JIT stack to
+	 * grow: Cyrillic upper-case run then one lower-case letter, 30,001
+	 * chars, no merges → one id per byte */
+	{
+		size_t n = 2 * 30001;
+		char *s = malloc(n);
+		struct k3_tok_ids ids = { 0 };
+		for (size_t i = 0; i + 2 < n; i += 2)
+			memcpy(s + i, "\xd0\x91", 2);
+		memcpy(s + n - 2, "\xd0\xb1", 2);
+		T_EQ_INT(k3_tok_encode(tok, s, n, false, &ids, NULL), 0);
+		T_EQ_INT(ids.n, n);
+		k3_tok_ids_release(&ids);
+		free(s);
+	}
 	/* decode: specials decode to their names */
 	{
 		uint32_t ids[] = { 257, O + 2, 300, 'x' };
