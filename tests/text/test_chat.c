@@ -174,7 +174,7 @@ static void test_parallel(void)
 	struct k3_tok_ids a = { 0 }, b = { 0 };
 	char body[600];
 
-	for (int i = 0; i < 1200; i++) {
+	for (int i = 0; i < 1600; i++) {
 		snprintf(body, sizeof(body), "hello world %d <|sep|> \xe6\x9d\xb1\xe4\xba\xac %0*d", i, 400, i);
 		json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", body));
 	}
