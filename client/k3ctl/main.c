@@ -83,6 +83,7 @@ static const struct {
 			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"
 			"  [--v-head N] [--attn-res-block N] [--shards N]" },
 	{ "inspect", "k3ctl inspect DIR [--ram SIZE] [--json]" },
+	{ "setup", "k3ctl setup [--model-root DIR]" },
 	{ "forward", "k3ctl forward --model DIR --ids ID[,ID...] [--steps N] [--json] [--threads N]\n"
 		     "  [--chunk N] [--reference] [--provider NAME]" },
 	{ "tokenize", "k3ctl tokenize [--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-" },
