@@ -77,3 +77,65 @@ void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
 	int rc = k3_kern_matmul(ctx->pool, &km, 0, rows, T, x, ldx, y, ldy);
 	(void)rc;
 }
+
+struct multi {
+	const struct k3_cpu_job *jobs;
+	uint32_t n;
+	size_t start[65];            /* first global row of each job; start[n] = total */
+};
+
+static void job_rows(const struct k3_cpu_job *j, size_t r0, size_t r1)
+{
+	struct k3_kern_mat km;
+	if (j->W) {
+		km = (struct k3_kern_mat){
+			.dtype = j->W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+			.rows = j->W->rows, .cols = j->W->cols, .data = j->W->data,
+		};
+	} else {
+		km = (struct k3_kern_mat){ .dtype = K3_KERN_DT_MXFP4, .rows = j->rows,
+			.cols = j->cols, .data = j->packed, .scales = j->scale };
+	}
+	int rc = k3_kern_matmul(NULL, &km, r0, r1, j->T, j->x, j->ldx, j->y + r0, j->ldy);
+	(void)rc;
+}
+
+static void multi_task(void *arg, size_t begin, size_t end)
+{
+	const struct multi *m = arg;
+	for (uint32_t i = 0; i < m->n && begin < end; i++) {
+		size_t s = m->start[i], e = m->start[i + 1];
+		if (end <= s || begin >= e)
+			continue;
+		size_t b = begin > s ? begin : s, f = end < e ? end : e;
+		job_rows(&m->jobs[i], b - s, f - s);
+	}
+}
+
+void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, uint32_t n)
+{
+	while (!ctx->reference && n > 64) {
+		k3_cpu_linear_multi(ctx, jobs, 64);
+		jobs += 64;
+		n -= 64;
+	}
+	if (ctx->reference) {
+		for (uint32_t i = 0; i < n; i++) {
+			const struct k3_cpu_job *j = &jobs[i];
+			if (j->W)
+				k3_cpu_linear(ctx, j->W, j->x, j->ldx, j->T, j->y, j->ldy);
+			else
+				k3_cpu_mxfp4_linear(ctx, j->packed, j->scale, j->rows, j->cols,
+						    j->x, j->ldx, j->T, j->y, j->ldy);
+		}
+		return;
+	}
+	struct multi m = { .jobs = jobs, .n = n };
+	size_t total = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		m.start[i] = total;
+		total += jobs[i].W ? jobs[i].W->rows : jobs[i].rows;
+	}
+	m.start[n] = total;
+	k3_kern_pool_for(ctx->pool, total, 16, multi_task, &m);
+}

@@ -55,7 +55,7 @@ struct k3_prov_model {
 	uint32_t P;              /* KDA width */
 	uint32_t qhd;            /* MLA q head dim (nope + rope) */
 	uint32_t wide;           /* widest per-position scratch row */
-	float *sx, *s[7];        /* [max_batch][D], [max_batch][wide] */
+	float *sx, *s[8];        /* [max_batch][D], [max_batch][wide] */
 	float *tmp;              /* [wide] per-position temporaries */
 	float *tmp2;             /* [wide] */
 	float *work;             /* [6 * kda_head_dim] KDA head temporaries */
@@ -64,6 +64,7 @@ struct k3_prov_model {
 	float *ex;               /* [slots][max(latent, moe_inter)] gathered inputs / outputs */
 	float *eg, *eu;          /* [slots][moe_inter] gate / up */
 	uint32_t *eslot;         /* [slots] */
+	struct k3_cpu_job *ejobs;  /* [3 * slots] */
 	uint8_t *edone;          /* [slots] */
 };
 
@@ -199,7 +200,7 @@ static void cpu_close(k3_prov_model *m)
 	free(m->norm);
 	free(m->out_u);
 	free(m->sx);
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 8; i++)
 		free(m->s[i]);
 	free(m->tmp);
 	free(m->tmp2);
@@ -209,6 +210,7 @@ static void cpu_close(k3_prov_model *m)
 	free(m->eg);
 	free(m->eu);
 	free(m->eslot);
+	free(m->ejobs);
 	free(m->edone);
 	k3_cpu_ctx_release(&m->ctx);
 	free(m);
@@ -394,10 +396,11 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->eg = malloc(slots * ew * sizeof(float));
 	m->eu = malloc(slots * ew * sizeof(float));
 	m->eslot = malloc(slots * sizeof(uint32_t));
+	m->ejobs = malloc(3 * slots * sizeof(struct k3_cpu_job));
 	m->edone = malloc(slots);
 	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->ey && m->ex && m->eg && m->eu &&
-	      m->eslot && m->edone) ? 0 : -ENOMEM;
-	for (int i = 0; i < 7; i++) {
+	      m->eslot && m->ejobs && m->edone) ? 0 : -ENOMEM;
+	for (int i = 0; i < 8; i++) {
 		m->s[i] = malloc(B * wide * sizeof(float));
 		if (!m->s[i])
 			rc = -ENOMEM;
@@ -567,6 +570,12 @@ static void linear(k3_prov_model *m, const struct k3_cpu_mat *W, const float *x,
 	k3_cpu_linear(&m->ctx, W, x, W->cols, T, y, W->rows);
 }
 
+#define JOB(Wm, X, LDX, TT, Y, LDY) \
+	((struct k3_cpu_job){ .W = (Wm), .x = (X), .ldx = (LDX), .T = (TT), .y = (Y), .ldy = (LDY) })
+#define MXJOB(P_, S_, R_, C_, X, LDX, TT, Y, LDY) \
+	((struct k3_cpu_job){ .packed = (P_), .scale = (S_), .rows = (R_), .cols = (C_), \
+			      .x = (X), .ldx = (LDX), .T = (TT), .y = (Y), .ldy = (LDY) })
+
 static void store(float *out, const float *y, size_t n, uint32_t flags)
 {
 	if (flags & K3_PROV_OUT_ACCUMULATE)
@@ -714,16 +723,15 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	float *x = m->sx, *qp = m->s[0], *kp = m->s[1], *vp = m->s[2];
 	float *f = m->s[3], *gz = m->s[4], *z = m->s[5], *fa = m->s[6];
 
+	float *bl = m->s[7];
 	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
-	k3_cpu_linear(&m->ctx, &L->q, x, D, T, qp, W);
-	k3_cpu_linear(&m->ctx, &L->k, x, D, T, kp, W);
-	k3_cpu_linear(&m->ctx, &L->v, x, D, T, vp, W);
-	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
-	k3_cpu_linear(&m->ctx, &L->fa, x, D, T, fa, W);
+	const struct k3_cpu_job proj[6] = {
+		JOB(&L->q, x, D, T, qp, W), JOB(&L->k, x, D, T, kp, W),
+		JOB(&L->v, x, D, T, vp, W), JOB(&L->g, x, D, T, gz, W),
+		JOB(&L->fa, x, D, T, fa, W), JOB(&L->b, x, D, T, bl, W),
+	};
+	k3_cpu_linear_multi(&m->ctx, proj, 6);
 	k3_cpu_linear(&m->ctx, &L->fb, fa, W, T, f, W);
-	/* fa is consumed: its rows now take the beta logits */
-	float *bl = fa;
-	k3_cpu_linear(&m->ctx, &L->b, x, D, T, bl, W);
 
 	size_t wstride = (size_t)(K - 1) * P;
 	float *q1 = m->tmp, *k1 = m->tmp2;
@@ -809,11 +817,13 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	size_t esz = L->kvb.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
 
 	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
-	k3_cpu_linear(&m->ctx, &L->qa, x, D, T, cq, W);
+	const struct k3_cpu_job proj[3] = {
+		JOB(&L->qa, x, D, T, cq, W), JOB(&L->kva, x, D, T, ckv, W),
+		JOB(&L->g, x, D, T, gz, W),
+	};
+	k3_cpu_linear_multi(&m->ctx, proj, 3);
 	norm_rows(m, cq, L->qa_norm, T, c->q_lora, c->mla_norm_eps, cq, W, W);
 	k3_cpu_linear(&m->ctx, &L->qb, cq, W, T, Q, W);
-	k3_cpu_linear(&m->ctx, &L->kva, x, D, T, ckv, W);
-	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
 
 	uint32_t len0 = cache->len;
 	for (uint32_t t = 0; t < T; t++) {
@@ -945,39 +955,47 @@ static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, 
 	k3_cpu_linear(&m->ctx, &L->ldown, x, D, T, z, W);
 
 	/* Group the T*K slots by expert so each expert's weights stream once
-	 * per call: gather the inputs of its slots, run W1/W3/W2 over them as
-	 * one batch, scatter the outputs to Y[slot]. The matmuls are batch
-	 * invariant, so a slot's output does not depend on its companions. */
-	float *Y = m->ey, *gx = m->ex, *g = m->eg, *u = m->eu;
-	uint32_t *slot = m->eslot;
+	 * per call: gather the inputs of its slots (group order), run all
+	 * experts' W1/W3 as one parallel region, SiTU, then all W2. The
+	 * matmuls are batch invariant, so a slot's output does not depend on
+	 * its companions. row_of[slot] = the slot's row in the gathered order. */
+	float *gx = m->ex, *g = m->eg, *u = m->eu, *Y = m->ey;
+	uint32_t *row_of = m->eslot;
 	uint8_t *done = m->edone;
+	struct k3_cpu_job *jobs = m->ejobs;
+	uint32_t ng = 0, rows = 0;
 	memset(done, 0, TK);
 	for (size_t i = 0; i < TK; i++) {
 		if (done[i])
 			continue;
-		uint32_t e = ids[i], n = 0;
+		uint32_t e = ids[i], first = rows;
 		for (size_t j = i; j < TK; j++) {
 			if (done[j] || ids[j] != e)
 				continue;
 			done[j] = 1;
-			slot[n] = (uint32_t)j;
-			memcpy(gx + (size_t)n * lat, z + (j / K) * W, lat * sizeof(float));
-			n++;
+			row_of[j] = rows;
+			memcpy(gx + (size_t)rows * lat, z + (j / K) * W, lat * sizeof(float));
+			rows++;
 		}
 		const struct k3_prov_expert *sp = &experts[i];
-		k3_cpu_mxfp4_linear(&m->ctx, sp->w1_packed, sp->w1_scale, I, lat, gx, lat, n, g, I);
-		k3_cpu_mxfp4_linear(&m->ctx, sp->w3_packed, sp->w3_scale, I, lat, gx, lat, n, u, I);
-		for (uint32_t r = 0; r < n; r++)
-			situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
-		/* W2 output lands in gx (inputs are consumed), then scatters */
-		k3_cpu_mxfp4_linear(&m->ctx, sp->w2_packed, sp->w2_scale, lat, I, g, I, n, gx, lat);
-		for (uint32_t r = 0; r < n; r++)
-			memcpy(Y + (size_t)slot[r] * lat, gx + (size_t)r * lat, lat * sizeof(float));
+		uint32_t n = rows - first;
+		jobs[2 * ng] = MXJOB(sp->w1_packed, sp->w1_scale, I, lat, gx + (size_t)first * lat,
+				     lat, n, g + (size_t)first * I, I);
+		jobs[2 * ng + 1] = MXJOB(sp->w3_packed, sp->w3_scale, I, lat, gx + (size_t)first * lat,
+					 lat, n, u + (size_t)first * I, I);
+		/* the W2 job of this group, kept past the W1/W3 pairs */
+		jobs[2 * TK + ng] = MXJOB(sp->w2_packed, sp->w2_scale, lat, I, g + (size_t)first * I,
+					  I, n, Y + (size_t)first * lat, lat);
+		ng++;
 	}
+	k3_cpu_linear_multi(&m->ctx, jobs, 2 * ng);
+	for (uint32_t r = 0; r < rows; r++)
+		situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
+	k3_cpu_linear_multi(&m->ctx, jobs + 2 * TK, ng);
 	for (uint32_t t = 0; t < T; t++) {
 		float *ys = ysum + t * W;
 		for (uint32_t k = 0; k < K; k++) {
-			const float *y = Y + ((size_t)t * K + k) * lat;
+			const float *y = Y + (size_t)row_of[(size_t)t * K + k] * lat;
 			float wk = weights[(size_t)t * K + k];
 			if (k == 0)
 				for (uint32_t i = 0; i < lat; i++)
@@ -1007,8 +1025,8 @@ static int cpu_mlp(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
 	uint32_t D = m->cfg.hidden, I = L->mg.rows;
 	size_t W = m->wide;
 	float *g = m->s[0], *u = m->s[1], *y = m->s[2];
-	k3_cpu_linear(&m->ctx, &L->mg, x, D, T, g, W);
-	k3_cpu_linear(&m->ctx, &L->mu, x, D, T, u, W);
+	const struct k3_cpu_job gu[2] = { JOB(&L->mg, x, D, T, g, W), JOB(&L->mu, x, D, T, u, W) };
+	k3_cpu_linear_multi(&m->ctx, gu, 2);
 	for (uint32_t t = 0; t < T; t++)
 		situ_rows(m, g + t * W, u + t * W, I);
 	k3_cpu_linear(&m->ctx, &L->md, g, W, T, y, W);
