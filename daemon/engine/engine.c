@@ -289,7 +289,8 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 		.struct_size = sizeof(args),
 		.threads = opts->threads,
 		.max_batch = e->chunk,
-		.flags = opts->reference ? K3_PROV_OPEN_REFERENCE : 0,
+		.flags = (opts->reference ? K3_PROV_OPEN_REFERENCE : 0) |
+			 (opts->split_all ? K3_PROV_OPEN_SPLIT_ALL : 0),
 		.config = &e->cfg,
 		.weights = &e->weights,
 	};

@@ -55,8 +55,11 @@ void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,
 		.dtype = W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
 		.rows = W->rows, .cols = W->cols, .ld = 0, .data = W->data,
 	};
+	size_t bytes = (size_t)W->rows * W->cols * (W->dtype == 2 ? 2 : 4);
+	struct k3_kern_pool *pool = ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+		? ctx->pool : NULL;
 	/* shapes were validated at open; a failure here is a provider bug */
-	int rc = k3_kern_matmul(ctx->pool, &km, 0, W->rows, T, x, ldx, y, ldy);
+	int rc = k3_kern_matmul(pool, &km, 0, W->rows, T, x, ldx, y, ldy);
 	(void)rc;
 }
 
@@ -74,7 +77,10 @@ void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
 		.dtype = K3_KERN_DT_MXFP4, .rows = rows, .cols = cols, .ld = 0,
 		.data = packed, .scales = scale,
 	};
-	int rc = k3_kern_matmul(ctx->pool, &km, 0, rows, T, x, ldx, y, ldy);
+	size_t bytes = (size_t)rows * cols / 2;
+	struct k3_kern_pool *pool = ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+		? ctx->pool : NULL;
+	int rc = k3_kern_matmul(pool, &km, 0, rows, T, x, ldx, y, ldy);
 	(void)rc;
 }
 
@@ -131,11 +137,15 @@ void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, 
 		return;
 	}
 	struct multi m = { .jobs = jobs, .n = n };
-	size_t total = 0;
+	size_t total = 0, bytes = 0;
 	for (uint32_t i = 0; i < n; i++) {
+		const struct k3_cpu_job *j = &jobs[i];
 		m.start[i] = total;
-		total += jobs[i].W ? jobs[i].W->rows : jobs[i].rows;
+		total += j->W ? j->W->rows : j->rows;
+		bytes += j->W ? (size_t)j->W->rows * j->W->cols * (j->W->dtype == 2 ? 2 : 4)
+			      : (size_t)j->rows * j->cols / 2;
 	}
 	m.start[n] = total;
-	k3_kern_pool_for(ctx->pool, total, 16, multi_task, &m);
+	k3_kern_pool_for(ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES ? ctx->pool : NULL,
+			 total, 16, multi_task, &m);
 }

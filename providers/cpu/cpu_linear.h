@@ -25,6 +25,7 @@ struct k3_cpu_mat {
 
 struct k3_cpu_ctx {
 	int reference;               /* 1: scalar reference kernels only */
+	int split_all;               /* 1: split even tiny products (tests) */
 	uint32_t threads;            /* >= 1 */
 	struct k3_kern_pool *pool;   /* NULL when threads == 1 or reference */
 };
@@ -64,5 +65,10 @@ struct k3_cpu_job {
  * of one each. Results are identical to running the jobs one by one (each
  * row's reduction is the same). Runs of more than 64 jobs go 64 at a time. */
 void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, uint32_t n);
+
+/* Weight bytes below which a product runs on the calling thread: a pool
+ * dispatch costs a wake-up, which is more than streaming 64 KiB. Where a
+ * product runs never changes its result. */
+enum { K3_CPU_PARALLEL_MIN_BYTES = 64 << 10 };
 
 #endif

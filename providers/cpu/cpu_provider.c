@@ -349,6 +349,7 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->qhd = c->qk_nope + c->qk_rope;
 
 	rc = k3_cpu_ctx_init(&m->ctx, a->threads, m->reference);
+	m->ctx.split_all = (a->flags & K3_PROV_OPEN_SPLIT_ALL) != 0;
 	if (rc) {
 		free(m);
 		return fail(st, rc, "cannot start %u compute threads", a->threads);
