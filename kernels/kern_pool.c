@@ -52,7 +52,7 @@ struct worker_arg {
 	int index;
 };
 
-enum { SPIN_ITERS = 20000 };
+enum { SPIN_ITERS = 2000 };
 
 static inline void cpu_relax(void)
 {

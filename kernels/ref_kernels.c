@@ -55,11 +55,16 @@ static float row_dot_mxfp4(size_t cols, const uint8_t *packed,
 	static const float e2m1[16] = K3_KERN_E2M1_VALUES;
 	float acc = 0.0f;
 
+	float scale = 0.0f;
+
 	for (size_t c = 0; c < cols; c++) {
 		uint8_t byte = packed[c >> 1];
 		unsigned code = (c & 1) ? (byte >> 4) : (byte & 0x0Fu);
-		float w = e2m1[code] * ldexpf(1.0f, (int)scales[c >> 5] - 127);
+		float w;
 
+		if ((c & 31) == 0)   /* §9: 2^(s-127), exact (subnormal for s = 0) */
+			scale = ldexpf(1.0f, (int)scales[c >> 5] - 127);
+		w = e2m1[code] * scale;
 		acc += w * x[c];
 	}
 	return acc;

@@ -88,6 +88,19 @@ int k3_chat_render(const json_t *messages, const struct k3_chat_opts *o, struct 
 int k3_chat_encode(const struct k3_tok *tok, const struct k3_chat *chat, struct k3_tok_ids *ids,
 		   struct k3_err *err);
 
+/* Rendered text size (bytes) from which k3_chat_encode_parallel uses
+ * threads; below it thread start-up costs more than it saves (measured
+ * with tests/bench/bench_tokenizer, see docs/text.md). */
+#define K3_CHAT_PAR_MIN_BYTES (256u << 10)
+
+/* Same ids as k3_chat_encode, in the same order, encoding runs of segments
+ * on up to n_threads threads (segments are independent by construction).
+ * Falls back to the serial path below K3_CHAT_PAR_MIN_BYTES or when
+ * n_threads <= 1. Returns 0, an error of k3_tok_encode, or -EAGAIN
+ * (thread creation failed: nothing appended). */
+int k3_chat_encode_parallel(const struct k3_tok *tok, const struct k3_chat *chat, unsigned n_threads,
+			    struct k3_tok_ids *ids, struct k3_err *err);
+
 /* Frees what k3_chat_render allocated and zeroes *c; NULL is fine. */
 void k3_chat_release(struct k3_chat *c);
 

@@ -46,6 +46,7 @@ struct k3_tok {
 	uint32_t n_trie;
 	uint8_t special_first[256];
 	pcre2_code *re;
+	bool jit;                  /* re is JIT-compiled: call pcre2_jit_match */
 };
 
 /* ---- id arrays ---------------------------------------------------------- */
@@ -423,7 +424,7 @@ static int compile_regex(struct k3_tok *tok, struct k3_err *err)
 	}
 	/* JIT is an optimisation: without it (unsupported CPU) the
 	 * interpreter gives the same matches. */
-	(void)pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE);
+	tok->jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
 	return 0;
 }
 
@@ -452,7 +453,11 @@ static int next_piece(const struct k3_tok *tok, struct matcher *m, const char *s
 		if (!m->md)
 			return -ENOMEM;
 	}
-	rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
+	/* the JIT fast path skips pcre2_match's option checks */
+	if (tok->jit)
+		rc = pcre2_jit_match(tok->re, (PCRE2_SPTR)s, len, off, 0, m->md, m->mc);
+	else
+		rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
 	if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->js) {
 		/* Long word runs recurse per character in the lookahead
 		 * groups; slices are at most 25,000 characters. */

@@ -75,7 +75,7 @@ static void check_table(const struct k3_kern_ops *ops, const struct fixture *f)
 	/* odd row splits: [0,1) [1,6) [6,R) for T = 1 and T = 5 */
 	memset(part, 0, TMAX * R * 4);
 	for (size_t T = 1; T <= 5; T += 4) {
-		size_t cut[4] = { 0, 1, 6, R };
+		size_t cut[4] = { 0, 1, R < 6 ? R : 6, R };
 
 		for (int k = 0; k < 3; k++)
 			ops->matmul_rows(&f->m, cut[k], cut[k + 1], T, f->x, C,
@@ -142,6 +142,8 @@ int main(void)
 		{ K3_KERN_DT_F32, 19, 577 },
 		{ K3_KERN_DT_MXFP4, 37, 288 },
 		{ K3_KERN_DT_MXFP4, 41, 3584 },
+		{ K3_KERN_DT_MXFP4, 9, 4160 },   /* 3 tokens per permuted pass */
+		{ K3_KERN_DT_MXFP4, 5, 16416 },  /* above the permuted-x limit */
 	};
 
 	printf("isa %s\n", k3_kern_isa_name(k3_kern_active_isa()));

@@ -183,7 +183,7 @@ int main(void)
 {
 	static const size_t rows[] = { 1, 2, 3, 4, 5, 9, 17 };
 	static const size_t dcols[] = { 1, 7, 8, 9, 15, 16, 17, 33, 100, 257, 1031 };
-	static const size_t mcols[] = { 32, 64, 96, 160, 3584 };
+	static const size_t mcols[] = { 32, 64, 96, 160, 3584, 4160, 16416 };
 	static const size_t Ts[] = { 1, 2, 3, 4, 5, 7 };
 
 	for (int isa = 1; isa < K3_KERN_ISA_COUNT; isa++) {

@@ -163,6 +163,37 @@ static void test_rules(void)
 	k3_chat_release(&c);
 }
 
+/* long history: parallel encoding gives the serial ids, in order */
+static void test_parallel(void)
+{
+	static const char *const merges[] = { "he", "ll", "hell", "hello", " w", "or", NULL };
+	struct k3_tok *tok = tg_synth(merges, 0, NULL, NULL);
+	json_t *msgs = json_array();
+	struct k3_chat_opts o;
+	struct k3_chat c = { 0 };
+	struct k3_tok_ids a = { 0 }, b = { 0 };
+	char body[600];
+
+	for (int i = 0; i < 1200; i++) {
+		snprintf(body, sizeof(body), "hello world %d <|sep|> \xe6\x9d\xb1\xe4\xba\xac %0*d", i, 400, i);
+		json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", body));
+	}
+	k3_chat_opts_init(&o);
+	T_EQ_INT(k3_chat_render(msgs, &o, &c, NULL), 0);
+	T_OK(c.text_len > K3_CHAT_PAR_MIN_BYTES);
+	T_EQ_INT(k3_chat_encode(tok, &c, &a, NULL), 0);
+	for (unsigned th = 2; th <= 5; th += 3) {
+		b.n = 0;
+		T_EQ_INT(k3_chat_encode_parallel(tok, &c, th, &b, NULL), 0);
+		T_OK(a.n == b.n && a.n > 0 && memcmp(a.v, b.v, a.n * sizeof(uint32_t)) == 0);
+	}
+	k3_tok_ids_release(&a);
+	k3_tok_ids_release(&b);
+	k3_chat_release(&c);
+	json_decref(msgs);
+	k3_tok_free(tok);
+}
+
 int main(void)
 {
 	T_EQ_INT(tg_each_line("golden/text/chat.jsonl", check_line, NULL), 23);
@@ -189,5 +220,6 @@ int main(void)
 	test_injection();
 	test_errors();
 	test_rules();
+	test_parallel();
 	return t_done();
 }
