@@ -84,38 +84,15 @@ void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
 	(void)rc;
 }
 
-struct multi {
-	const struct k3_cpu_job *jobs;
-	uint32_t n;
-	size_t start[65];            /* first global row of each job; start[n] = total */
-};
-
-static void job_rows(const struct k3_cpu_job *j, size_t r0, size_t r1)
+static struct k3_kern_mat job_mat(const struct k3_cpu_job *j)
 {
-	struct k3_kern_mat km;
-	if (j->W) {
-		km = (struct k3_kern_mat){
+	if (j->W)
+		return (struct k3_kern_mat){
 			.dtype = j->W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
 			.rows = j->W->rows, .cols = j->W->cols, .data = j->W->data,
 		};
-	} else {
-		km = (struct k3_kern_mat){ .dtype = K3_KERN_DT_MXFP4, .rows = j->rows,
-			.cols = j->cols, .data = j->packed, .scales = j->scale };
-	}
-	int rc = k3_kern_matmul(NULL, &km, r0, r1, j->T, j->x, j->ldx, j->y + r0, j->ldy);
-	(void)rc;
-}
-
-static void multi_task(void *arg, size_t begin, size_t end)
-{
-	const struct multi *m = arg;
-	for (uint32_t i = 0; i < m->n && begin < end; i++) {
-		size_t s = m->start[i], e = m->start[i + 1];
-		if (end <= s || begin >= e)
-			continue;
-		size_t b = begin > s ? begin : s, f = end < e ? end : e;
-		job_rows(&m->jobs[i], b - s, f - s);
-	}
+	return (struct k3_kern_mat){ .dtype = K3_KERN_DT_MXFP4, .rows = j->rows,
+		.cols = j->cols, .data = j->packed, .scales = j->scale };
 }
 
 void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, uint32_t n)
@@ -136,16 +113,20 @@ void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, 
 		}
 		return;
 	}
-	struct multi m = { .jobs = jobs, .n = n };
-	size_t total = 0, bytes = 0;
+	struct k3_kern_mat mats[64];
+	struct k3_kern_matmul_job kj[64];
+	size_t bytes = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct k3_cpu_job *j = &jobs[i];
-		m.start[i] = total;
-		total += j->W ? j->W->rows : j->rows;
-		bytes += j->W ? (size_t)j->W->rows * j->W->cols * (j->W->dtype == 2 ? 2 : 4)
-			      : (size_t)j->rows * j->cols / 2;
+		mats[i] = job_mat(j);
+		kj[i] = (struct k3_kern_matmul_job){ .w = &mats[i], .row_begin = 0,
+			.row_end = mats[i].rows, .T = j->T, .x = j->x, .ldx = j->ldx,
+			.y = j->y, .ldy = j->ldy };
+		bytes += mats[i].dtype == K3_KERN_DT_MXFP4 ? mats[i].rows * mats[i].cols / 2
+			: mats[i].rows * mats[i].cols * (mats[i].dtype == K3_KERN_DT_BF16 ? 2 : 4);
 	}
-	m.start[n] = total;
-	k3_kern_pool_for(ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES ? ctx->pool : NULL,
-			 total, 16, multi_task, &m);
+	/* shapes were validated at open; a failure here is a provider bug */
+	int rc = k3_kern_matmul_many(ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+				     ? ctx->pool : NULL, n, kj);
+	(void)rc;
 }

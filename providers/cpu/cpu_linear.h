@@ -63,7 +63,8 @@ struct k3_cpu_job {
  * index space split across the threads, so a decode step pays one pool
  * dispatch for, e.g., q/k/v/g projections or all experts of a layer instead
  * of one each. Results are identical to running the jobs one by one (each
- * row's reduction is the same). Runs of more than 64 jobs go 64 at a time. */
+ * row's reduction is the same; k3_kern_matmul_many). Runs of more than 64
+ * jobs go 64 at a time. */
 void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, uint32_t n);
 
 /* Weight bytes below which a product runs on the calling thread: a pool
