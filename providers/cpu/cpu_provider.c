@@ -919,8 +919,9 @@ static int cpu_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t
 					c->routed_scale, it, wt);
 		} else {
 			int32_t idx[64];
+			/* HF renormalizes only when top_k > 1 (spec §8.1) */
 			rc = k3_kern_router_topk(c->n_experts, s, L->rbias, K,
-						 c->moe_renormalize != 0, c->routed_scale,
+						 c->moe_renormalize && K > 1, c->routed_scale,
 						 idx, wt, NULL);
 			if (rc)
 				return fail(st, rc, "layer %u: router top-%u failed", layer, K);
