@@ -58,7 +58,11 @@ struct k3_prov_model {
 	float *sx, *s[8];        /* [max_batch][D], [max_batch][wide] */
 	float *tmp;              /* [wide] per-position temporaries */
 	float *tmp2;             /* [wide] */
-	float *work;             /* [6 * kda_head_dim] KDA head temporaries */
+	float *work;             /* [kda_heads][6 * kda_head_dim] KDA head temporaries */
+	float *mla_q;            /* [mla_heads][kv_lora + qk_rope] absorbed queries */
+	float *mla_cbar;         /* [mla_heads][kv_lora] */
+	float *mla_s;            /* [mla_heads][mla_s_cap] attention scores */
+	uint32_t mla_s_cap;      /* tokens; grows with the largest MLA cache */
 	/* routed experts: [max_batch * top_k] slots */
 	float *ey;               /* [slots][latent] per-slot expert outputs */
 	float *ex;               /* [slots][max(latent, moe_inter)] gathered inputs / outputs */
@@ -205,6 +209,9 @@ static void cpu_close(k3_prov_model *m)
 	free(m->tmp);
 	free(m->tmp2);
 	free(m->work);
+	free(m->mla_q);
+	free(m->mla_cbar);
+	free(m->mla_s);
 	free(m->ey);
 	free(m->ex);
 	free(m->eg);
@@ -391,7 +398,9 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->tmp2 = malloc((size_t)wide * sizeof(float));
 	size_t slots = B * (c->top_k ? c->top_k : 1);
 	size_t ew = umax(umax(c->latent, c->moe_inter), 1);
-	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * sizeof(float));
+	m->mla_q = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + c->qk_rope + 1) * sizeof(float));
+	m->mla_cbar = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + 1) * sizeof(float));
+	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * umax(c->kda_heads, 1) * sizeof(float));
 	m->ey = malloc(slots * ew * sizeof(float));
 	m->ex = malloc(slots * ew * sizeof(float));
 	m->eg = malloc(slots * ew * sizeof(float));
@@ -399,7 +408,7 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->eslot = malloc(slots * sizeof(uint32_t));
 	m->ejobs = malloc(3 * slots * sizeof(struct k3_cpu_job));
 	m->edone = malloc(slots);
-	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->ey && m->ex && m->eg && m->eu &&
+	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->mla_q && m->mla_cbar && m->ey && m->ex && m->eg && m->eu &&
 	      m->eslot && m->ejobs && m->edone) ? 0 : -ENOMEM;
 	for (int i = 0; i < 8; i++) {
 		m->s[i] = malloc(B * wide * sizeof(float));
@@ -486,6 +495,15 @@ static int mla_reserve(k3_prov_mla_cache *c, uint32_t need, struct k3_prov_statu
 		return fail(st, -ENOMEM, "out of memory for an MLA cache of %u tokens", need);
 	c->score = score;
 	c->cap = (uint32_t)cap;
+	/* the provider-wide score rows must hold the longest cache */
+	k3_prov_model *m = c->m;
+	if (m->mla_s_cap < cap) {
+		float *ms = realloc(m->mla_s, (size_t)umax(m->cfg.mla_heads, 1) * cap * sizeof(float));
+		if (!ms)
+			return fail(st, -ENOMEM, "out of memory for MLA scores of %u tokens", need);
+		m->mla_s = ms;
+		m->mla_s_cap = (uint32_t)cap;
+	}
 	return 0;
 }
 
@@ -694,6 +712,27 @@ static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S
 	k3_kern_rmsnorm_gated(dk, o, L->o_norm, gz, c->rms_eps, z);
 }
 
+/* Heads [begin, end) of one KDA position; each head uses its own slice of
+ * m->work, so heads can run on different threads. */
+struct kda_heads_job {
+	const k3_prov_model *m;
+	const struct cpu_layer *L;
+	float *S;
+	const float *q, *k, *v, *f, *b, *gz;
+	float *z;
+};
+
+static void kda_heads_task(void *arg, size_t begin, size_t end)
+{
+	const struct kda_heads_job *j = arg;
+	uint32_t dk = j->m->cfg.kda_head_dim;
+	for (size_t hh = begin; hh < end; hh++) {
+		size_t c0 = hh * dk;
+		kda_head(j->m, j->L, j->S + c0 * dk, (uint32_t)hh, j->q + c0, j->k + c0, j->v + c0,
+			 j->f + c0, j->b[hh], j->gz + c0, j->z + c0, j->m->work + 6 * c0);
+	}
+}
+
 static void conv_step(const k3_prov_model *m, float *win, const float *w, const float *x,
 		      float *y)
 {
@@ -742,12 +781,15 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 		conv_step(m, s->win, L->conv[0], qt, q1);
 		conv_step(m, s->win + wstride, L->conv[1], kt, k1);
 		conv_step(m, s->win + 2 * wstride, L->conv[2], vt, qt);
-		for (uint32_t hh = 0; hh < H; hh++) {
-			size_t c0 = (size_t)hh * dk;
-			kda_head(m, L, s->S + c0 * dk, hh, q1 + c0, k1 + c0, qt + c0,
-				 f + t * W + c0, bl[t * W + hh], gz + t * W + c0,
-				 z + t * W + c0, m->work);
-		}
+		struct kda_heads_job job = { m, L, s->S, q1, k1, qt, f + t * W, bl + t * W,
+					     gz + t * W, z + t * W };
+		/* heads are independent: split them across threads when the
+		 * state is big enough to be worth a dispatch (K3: 6 MB/layer) */
+		size_t state_bytes = (size_t)H * dk * dk * sizeof(float);
+		if (!m->reference && (m->ctx.split_all || state_bytes >= K3_CPU_PARALLEL_MIN_BYTES))
+			k3_kern_pool_for(m->ctx.pool, H, 1, kda_heads_task, &job);
+		else
+			kda_heads_task(&job, 0, H);
 	}
 	float *y = m->s[0];
 	k3_cpu_linear(&m->ctx, &L->o, z, W, T, y, W);
@@ -756,16 +798,13 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	return 0;
 }
 
-/* cbar = sum_s softmax_s(scale * (qa . c(s) + qr . kr(s))) c(s) over the n
- * cached rows (spec §6.5); q = [qa | qr]. */
-static void mla_attend(const k3_prov_model *m, const k3_prov_mla_cache *cache, uint32_t n,
-		       const float *q, float scale, float *cbar)
+/* Reference attention of one head (spec §6.5): cbar = sum_s softmax_s(
+ * scale * (qa . c(s) + qr . kr(s))) c(s) over the n cached rows, q = [qa | qr].
+ * The fast path does all heads at once (cpu_mla). */
+static void mla_attend_ref(const k3_prov_model *m, const k3_prov_mla_cache *cache, uint32_t n,
+			   const float *q, float scale, float *cbar)
 {
 	uint32_t kvl = m->cfg.kv_lora, row = cache->row;
-	if (!m->reference) {
-		k3_kern_mla_attend(n, row, kvl, cache->rows, row, q, scale, cbar, cache->score);
-		return;
-	}
 	float mx = -INFINITY;
 	for (uint32_t sidx = 0; sidx < n; sidx++) {
 		const float *cr = cache->rows + (size_t)sidx * row;
@@ -834,15 +873,17 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	}
 	cache->len = len0 + T;
 
-	float *qcat = m->tmp, *cbar = m->tmp2;
+	float *qall = m->mla_q, *call = m->mla_cbar;
 	for (uint32_t t = 0; t < T; t++) {
 		uint32_t n = len0 + t + 1;      /* causal: positions 0..len0+t */
+		/* 1) absorbed queries qall[h] = [WUK_h^T qn_h | qr_h] (spec §6.5) */
 		for (uint32_t hh = 0; hh < H; hh++) {
 			const float *qn = Q + t * W + (size_t)hh * qhd, *qr = qn + nope;
 			const char *wuk = (const char *)L->kvb.data +
 				(size_t)hh * (nope + vh) * kvl * esz;
-			/* qa = WUK_h^T qn (spec §6.5), summed over d ascending */
+			float *qcat = qall + (size_t)hh * row;
 			if (m->reference) {
+				/* summed over d ascending */
 				for (uint32_t cc = 0; cc < kvl; cc++) {
 					double acc = 0.0;
 					for (uint32_t d = 0; d < nope; d++) {
@@ -862,15 +903,44 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 				k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
 			}
 			memcpy(qcat + kvl, qr, rope * sizeof(float));
-			mla_attend(m, cache, n, qcat, scale, cbar);
-			/* o_h = WUV_h cbar, times the output gate (spec §6.3) */
+		}
+		/* 2) attention over the n cached rows: cbar_h = sum_s p_h(s) c(s) */
+		if (m->reference) {
+			for (uint32_t hh = 0; hh < H; hh++)
+				mla_attend_ref(m, cache, n, qall + (size_t)hh * row, scale,
+					   call + (size_t)hh * kvl);
+		} else {
+			/* All heads share the one latent cache (MLA absorbed is
+			 * multi-query), so each cached row is read once for all
+			 * heads: scores[h][s] = c(s) . q_h as a product with the
+			 * cache as the matrix, then cbar = P C by the transposed
+			 * product. Per (h, s) the reduction order is fixed, so a
+			 * position's result does not depend on the batch. */
+			struct k3_cpu_mat cm = { .data = cache->rows, .dtype = K3_PROV_DTYPE_F32,
+						 .rows = n, .cols = row };
+			float *sc = m->mla_s;
+			k3_cpu_linear(&m->ctx, &cm, qall, row, H, sc, n);
+			for (uint32_t hh = 0; hh < H; hh++) {
+				k3_kern_scale(n, scale, sc + (size_t)hh * n, sc + (size_t)hh * n);
+				k3_kern_softmax(n, sc + (size_t)hh * n);
+			}
+			struct k3_kern_mat cv = { .dtype = K3_KERN_DT_F32, .rows = n, .cols = kvl,
+						  .ld = row, .data = cache->rows };
+			size_t bytes = (size_t)n * kvl * sizeof(float);
+			k3_kern_matmul_t(m->ctx.split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+					 ? m->ctx.pool : NULL, &cv, H, sc, n, call, kvl);
+		}
+		/* 3) o_h = WUV_h cbar_h, times the output gate (spec §6.3) */
+		for (uint32_t hh = 0; hh < H; hh++) {
+			const char *wuk = (const char *)L->kvb.data +
+				(size_t)hh * (nope + vh) * kvl * esz;
 			struct k3_cpu_mat wuv = {
 				.data = wuk + (size_t)nope * kvl * esz, .dtype = L->kvb.dtype,
 				.rows = vh, .cols = kvl,
 			};
 			float *ot = att + t * W + (size_t)hh * vh;
 			struct k3_cpu_ctx serial = { .reference = m->reference, .threads = 1 };
-			k3_cpu_linear(&serial, &wuv, cbar, kvl, 1, ot, vh);
+			k3_cpu_linear(&serial, &wuv, call + (size_t)hh * kvl, kvl, 1, ot, vh);
 			const float *gt = gz + t * W + (size_t)hh * vh;
 			for (uint32_t j = 0; j < vh; j++)
 				ot[j] *= k3_cpu_sigmoid(gt[j]);
