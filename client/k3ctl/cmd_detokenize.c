@@ -85,9 +85,9 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 		k3_tok_ids_release(&ids);
 		return rc;
 	}
-	if (!(tok = text_cli_load("detokenize", &v))) {
+	if ((rc = text_cli_load("detokenize", &v, &tok))) {
 		k3_tok_ids_release(&ids);
-		return K3CTL_EXIT_ERROR;
+		return rc;
 	}
 	if (k3_tok_decode(tok, ids.v, ids.n, &raw, &rawn, &err)) {
 		rc = k3ctl_fail(K3CTL_EXIT_ERROR, "detokenize: %s", err.msg);

@@ -78,10 +78,10 @@ int k3ctl_cmd_render_chat(int argc, char **argv)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "render-chat: %s", err.msg);
 	}
 	if (want_ids) {
-		struct k3_tok *tok = text_cli_load("render-chat", &v);
+		struct k3_tok *tok = NULL;
 		struct k3_tok_ids ids = { 0 };
-		if (!tok) {
-			rc = K3CTL_EXIT_ERROR;
+		if ((rc = text_cli_load("render-chat", &v, &tok))) {
+			/* message printed */
 		} else if (k3_chat_encode(tok, &chat, &ids, &err)) {
 			rc = k3ctl_fail(K3CTL_EXIT_ERROR, "render-chat: %s", err.msg);
 		} else {

@@ -62,8 +62,8 @@ int k3ctl_cmd_tokenize(int argc, char **argv)
 	}
 	if (!arg)
 		return k3ctl_usage("tokenize", "[--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-");
-	if (!(tok = text_cli_load("tokenize", &v)))
-		return K3CTL_EXIT_ERROR;
+	if ((rc = text_cli_load("tokenize", &v, &tok)))
+		return rc;
 	if (!strcmp(arg, "-")) {
 		if (text_cli_read("-", &text, &len)) {
 			k3_tok_free(tok);

@@ -41,27 +41,24 @@ static inline int text_cli_vocab_opt(const char *cmd, int argc, char **argv, int
 	return 1;
 }
 
-/* Loads the tokenizer; prints the error and returns NULL on failure. */
-static inline struct k3_tok *text_cli_load(const char *cmd, const struct text_cli_vocab *v)
+/* Loads the tokenizer into *tok. Returns 0, K3CTL_EXIT_USAGE (no
+ * vocabulary given) or K3CTL_EXIT_ERROR (load failed); prints why. */
+static inline int text_cli_load(const char *cmd, const struct text_cli_vocab *v, struct k3_tok **tok)
 {
-	struct k3_tok *tok = NULL;
 	struct k3_err err = { 0, "" };
 	const char *dir = v->model_dir ? v->model_dir : getenv("K3_MODEL_DIR");
 	int rc;
 
+	*tok = NULL;
 	if (v->vocab)
-		rc = k3_tok_load_files(v->vocab, v->config, &tok, &err);
+		rc = k3_tok_load_files(v->vocab, v->config, tok, &err);
 	else if (dir)
-		rc = k3_tok_load_dir(dir, &tok, &err);
-	else {
-		k3ctl_usage(cmd, "needs --model DIR, --vocab FILE or $K3_MODEL_DIR");
-		return NULL;
-	}
-	if (rc) {
-		k3ctl_fail(K3CTL_EXIT_ERROR, "%s: %s", cmd, err.msg);
-		return NULL;
-	}
-	return tok;
+		rc = k3_tok_load_dir(dir, tok, &err);
+	else
+		return k3ctl_usage(cmd, "needs --model DIR, --vocab FILE or $K3_MODEL_DIR");
+	if (rc)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s: %s", cmd, err.msg);
+	return 0;
 }
 
 /* Reads a file ("-" = stdin) up to K3_LIM_TEXT_MAX bytes into a malloc'ed

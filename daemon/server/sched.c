@@ -818,9 +818,12 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 			return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "reasoning_effort",
 						  "unknown reasoning effort %u", g->reasoning_effort), -EINVAL;
 		}
+		/* Unset effort means "max", as the release's apply_chat_template
+		 * does; thinking stays on unless the request turns it off. */
+		o.thinking_effort = "max";
 		if (g->has_reasoning_effort && g->reasoning_effort == K3_EFFORT_NONE)
 			o.thinking = false;
-		else if (g->has_reasoning_effort)
+		else if (g->has_reasoning_effort && g->reasoning_effort != K3_EFFORT_UNSET)
 			o.thinking_effort = efforts[g->reasoning_effort];
 		if (g->has_tools && !(tools = json_loadb(g->tools.p, g->tools.len, 0, &jerr)))
 			r = k3_err_set(&err, -EINVAL, "tools: %s", jerr.text);
@@ -838,8 +841,9 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		memset(&chat, 0, sizeof(chat));
 		if (r == 0)
 			r = k3_chat_render(msgs, &o, &chat, &err);
+		/* Long histories encode their segments in parallel (same ids). */
 		if (r == 0)
-			r = k3_chat_encode(s->tok, &chat, &j->prompt, &err);
+			r = k3_chat_encode_parallel(s->tok, &chat, 2, &j->prompt, &err);
 		k3_chat_release(&chat);
 		json_decref(msgs);
 		json_decref(tools);

@@ -89,9 +89,10 @@ int k3_chat_encode(const struct k3_tok *tok, const struct k3_chat *chat, struct 
 		   struct k3_err *err);
 
 /* Rendered text size (bytes) from which k3_chat_encode_parallel uses
- * threads; below it thread start-up costs more than it saves (measured
- * with tests/bench/bench_tokenizer, see docs/text.md). */
-#define K3_CHAT_PAR_MIN_BYTES (256u << 10)
+ * threads. Measured with tests/bench/bench_tokenizer on the (shared,
+ * 2-core) build machine: no gain at 281 KiB, 1.4-1.7x from 1.1 MiB; the
+ * crossover lies in between (see docs/text.md). */
+#define K3_CHAT_PAR_MIN_BYTES (512u << 10)
 
 /* Same ids as k3_chat_encode, in the same order, encoding runs of segments
  * on up to n_threads threads (segments are independent by construction).

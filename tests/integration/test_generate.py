@@ -221,6 +221,17 @@ def test_busy_and_queue(k3d):
             pass
         st = generate(d.sock, raw(prompt="second", max_new=2))
         check(st.error and st.error[0] == STATUS["busy"], f"busy with queue 0: {st.error}")
+        # Control requests are answered while the engine is busy decoding.
+        c = connect(d.sock)
+        c.sendall(frame(T["STATUS"], 3) + frame(T["TOKENIZE"], 4, field(1, "hello world")) +
+                  frame(T["MODEL_INFO"], 5))
+        got = {}
+        for _ in range(3):
+            r = read_frame(c, 10)
+            got[r[1]] = NAMES[r[0]]
+        check(got == {3: "STATUS_REPLY", 4: "TOKENIZE_REPLY", 5: "MODEL_INFO_REPLY"},
+              f"control requests answered during decode: {got}")
+        c.close()
         a.close()   # disconnect frees the slot
         for _ in range(100):
             st = generate(d.sock, raw(prompt="third", max_new=2))
