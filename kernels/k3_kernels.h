@@ -10,6 +10,8 @@
  *   K3_KERNELS=avx512   AVX-512F/BW (fails over to the best lower ISA)
  *   K3_KERNELS=neon     aarch64 NEON
  *   unset / "auto"      the best the CPU supports
+ *   anything else       ref (a typo must not silently pick a fast path;
+ *                       callers should log k3_kern_active_isa())
  *
  * BATCH INVARIANCE (issue 8 item 5). Every output element is computed by
  * one thread with a reduction order that depends only on the ISA chosen and
