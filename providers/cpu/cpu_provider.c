@@ -62,6 +62,8 @@ struct k3_prov_model {
 	float *mla_q;            /* [mla_heads][kv_lora + qk_rope] absorbed queries */
 	float *mla_cbar;         /* [mla_heads][kv_lora] */
 	float *mla_s;            /* [mla_heads][mla_s_cap] attention scores */
+	struct k3_cpu_mat *mla_wuv;   /* [mla_heads] WUV_h views */
+	struct k3_cpu_job *mla_jobs;  /* [mla_heads] */
 	uint32_t mla_s_cap;      /* tokens; grows with the largest MLA cache */
 	/* routed experts: [max_batch * top_k] slots */
 	float *ey;               /* [slots][latent] per-slot expert outputs */
@@ -212,6 +214,8 @@ static void cpu_close(k3_prov_model *m)
 	free(m->mla_q);
 	free(m->mla_cbar);
 	free(m->mla_s);
+	free(m->mla_wuv);
+	free(m->mla_jobs);
 	free(m->ey);
 	free(m->ex);
 	free(m->eg);
@@ -399,6 +403,8 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	size_t slots = B * (c->top_k ? c->top_k : 1);
 	size_t ew = umax(umax(c->latent, c->moe_inter), 1);
 	m->mla_q = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + c->qk_rope + 1) * sizeof(float));
+	m->mla_wuv = calloc(umax(c->mla_heads, 1), sizeof(*m->mla_wuv));
+	m->mla_jobs = calloc(umax(c->mla_heads, 1), sizeof(*m->mla_jobs));
 	m->mla_cbar = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + 1) * sizeof(float));
 	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * umax(c->kda_heads, 1) * sizeof(float));
 	m->ey = malloc(slots * ew * sizeof(float));
@@ -408,7 +414,8 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->eslot = malloc(slots * sizeof(uint32_t));
 	m->ejobs = malloc(3 * slots * sizeof(struct k3_cpu_job));
 	m->edone = malloc(slots);
-	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->mla_q && m->mla_cbar && m->ey && m->ex && m->eg && m->eu &&
+	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->mla_q && m->mla_cbar && m->mla_wuv &&
+	      m->mla_jobs && m->ey && m->ex && m->eg && m->eu &&
 	      m->eslot && m->ejobs && m->edone) ? 0 : -ENOMEM;
 	for (int i = 0; i < 8; i++) {
 		m->s[i] = malloc(B * wide * sizeof(float));
@@ -831,6 +838,48 @@ static void mla_attend_ref(const k3_prov_model *m, const k3_prov_mla_cache *cach
 	}
 }
 
+/* Absorbed queries of heads [begin, end) for one position (spec §6.5):
+ * q[h] = [WUK_h^T qn_h | qr_h], WUK_h^T summed over d ascending. */
+struct mla_q_job {
+	const k3_prov_model *m;
+	const struct cpu_layer *L;
+	const float *Q;          /* this position's [H][nope + rope] */
+	float *qall;             /* [H][kv_lora + rope] */
+};
+
+static void mla_q_task(void *arg, size_t begin, size_t end)
+{
+	const struct mla_q_job *j = arg;
+	const struct k3_prov_config *c = &j->m->cfg;
+	uint32_t kvl = c->kv_lora, nope = c->qk_nope, vh = c->v_head, rope = c->qk_rope;
+	uint32_t qhd = nope + rope, row = kvl + rope;
+	size_t esz = j->L->kvb.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
+	for (size_t hh = begin; hh < end; hh++) {
+		const float *qn = j->Q + hh * qhd, *qr = qn + nope;
+		const char *wuk = (const char *)j->L->kvb.data + hh * (nope + vh) * kvl * esz;
+		float *qcat = j->qall + hh * row;
+		if (j->m->reference) {
+			for (uint32_t cc = 0; cc < kvl; cc++) {
+				double acc = 0.0;
+				for (uint32_t d = 0; d < nope; d++) {
+					const char *wr = wuk + ((size_t)d * kvl + cc) * esz;
+					float wv = esz == 2 ? k3_cpu_bf16(*(const uint16_t *)wr)
+							    : *(const float *)wr;
+					acc += (double)qn[d] * wv;
+				}
+				qcat[cc] = (float)acc;
+			}
+		} else {
+			struct k3_kern_mat wm = {
+				.dtype = esz == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+				.rows = nope, .cols = kvl, .ld = kvl, .data = wuk,
+			};
+			k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
+		}
+		memcpy(qcat + kvl, qr, rope * sizeof(float));
+	}
+}
+
 static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 		   k3_prov_mla_cache *cache, float *out, uint32_t flags,
 		   struct k3_prov_status *st)
@@ -876,34 +925,14 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	float *qall = m->mla_q, *call = m->mla_cbar;
 	for (uint32_t t = 0; t < T; t++) {
 		uint32_t n = len0 + t + 1;      /* causal: positions 0..len0+t */
-		/* 1) absorbed queries qall[h] = [WUK_h^T qn_h | qr_h] (spec §6.5) */
-		for (uint32_t hh = 0; hh < H; hh++) {
-			const float *qn = Q + t * W + (size_t)hh * qhd, *qr = qn + nope;
-			const char *wuk = (const char *)L->kvb.data +
-				(size_t)hh * (nope + vh) * kvl * esz;
-			float *qcat = qall + (size_t)hh * row;
-			if (m->reference) {
-				/* summed over d ascending */
-				for (uint32_t cc = 0; cc < kvl; cc++) {
-					double acc = 0.0;
-					for (uint32_t d = 0; d < nope; d++) {
-						const char *wr = wuk + ((size_t)d * kvl + cc) * esz;
-						float wv = esz == 2 ? k3_cpu_bf16(*(const uint16_t *)wr)
-								    : *(const float *)wr;
-						acc += (double)qn[d] * wv;
-					}
-					qcat[cc] = (float)acc;
-				}
-			} else {
-				struct k3_kern_mat wm = {
-					.dtype = L->kvb.dtype == K3_PROV_DTYPE_BF16
-						? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
-					.rows = nope, .cols = kvl, .ld = kvl, .data = wuk,
-				};
-				k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
-			}
-			memcpy(qcat + kvl, qr, rope * sizeof(float));
-		}
+		/* 1) absorbed queries qall[h] = [WUK_h^T qn_h | qr_h] (spec §6.5);
+		 * heads are independent, so they split across threads */
+		struct mla_q_job qj = { m, L, Q + t * W, qall };
+		size_t wuk_bytes = (size_t)H * nope * kvl * esz;
+		if (!m->reference && (m->ctx.split_all || wuk_bytes >= K3_CPU_PARALLEL_MIN_BYTES))
+			k3_kern_pool_for(m->ctx.pool, H, 1, mla_q_task, &qj);
+		else
+			mla_q_task(&qj, 0, H);
 		/* 2) attention over the n cached rows: cbar_h = sum_s p_h(s) c(s) */
 		if (m->reference) {
 			for (uint32_t hh = 0; hh < H; hh++)
@@ -930,17 +959,20 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 			k3_kern_matmul_t(m->ctx.split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
 					 ? m->ctx.pool : NULL, &cv, H, sc, n, call, kvl);
 		}
-		/* 3) o_h = WUV_h cbar_h, times the output gate (spec §6.3) */
+		/* 3) o_h = WUV_h cbar_h (all heads as one parallel region), times
+		 * the output gate (spec §6.3) */
 		for (uint32_t hh = 0; hh < H; hh++) {
-			const char *wuk = (const char *)L->kvb.data +
-				(size_t)hh * (nope + vh) * kvl * esz;
-			struct k3_cpu_mat wuv = {
-				.data = wuk + (size_t)nope * kvl * esz, .dtype = L->kvb.dtype,
-				.rows = vh, .cols = kvl,
+			m->mla_wuv[hh] = (struct k3_cpu_mat){
+				.data = (const char *)L->kvb.data +
+					((size_t)hh * (nope + vh) + nope) * kvl * esz,
+				.dtype = L->kvb.dtype, .rows = vh, .cols = kvl,
 			};
+			m->mla_jobs[hh] = JOB(&m->mla_wuv[hh], call + (size_t)hh * kvl, kvl, 1,
+					      att + t * W + (size_t)hh * vh, vh);
+		}
+		k3_cpu_linear_multi(&m->ctx, m->mla_jobs, H);
+		for (uint32_t hh = 0; hh < H; hh++) {
 			float *ot = att + t * W + (size_t)hh * vh;
-			struct k3_cpu_ctx serial = { .reference = m->reference, .threads = 1 };
-			k3_cpu_linear(&serial, &wuv, call + (size_t)hh * kvl, kvl, 1, ot, vh);
 			const float *gt = gz + t * W + (size_t)hh * vh;
 			for (uint32_t j = 0; j < vh; j++)
 				ot[j] *= k3_cpu_sigmoid(gt[j]);
