@@ -61,6 +61,48 @@ int k3ctl_connect(struct k3ctl_client *c)
 	return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 }
 
+/* Synopses for `k3ctl CMD --help` and `k3ctl help CMD` (k3ctl.1 has the
+ * full text). A command without a row here still runs; it just has no
+ * extra help. */
+static const struct {
+	const char *name, *text;
+} synopses[] = {
+	{ "status", "k3ctl status [--json]" },
+	{ "ping", "k3ctl ping [--json]" },
+	{ "shutdown", "k3ctl shutdown" },
+	{ "run", "k3ctl run [PROMPT] [--chat] [--max-new N] [--stop S]... [--reasoning-effort none|low|high|max]\n"
+		 "          [--prompt-ids ID,ID,...] [--hide-reasoning] [--stats] [--ids] [--json]\n"
+		 "  PROMPT defaults to 'The capital of France is'; --max-new defaults to 128." },
+	{ "chat", "k3ctl chat [--max-new N] [--stop S]... [--reasoning-effort none|low|high|max]\n"
+		  "           [--hide-reasoning] [--stats] [--ids] [--json]\n"
+		  "  One message per line on stdin; Ctrl-C cancels a reply; Ctrl-D or /exit quits." },
+	{ "cancel", "k3ctl cancel JOB_ID" },
+	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench] [--seed N] [--layers N]\n"
+			"  [--hidden N] [--vocab N] [--intermediate N] [--experts N] [--top-k N]\n"
+			"  [--moe-intermediate N] [--latent N] [--shared-experts N] [--kda-heads N]\n"
+			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"
+			"  [--v-head N] [--attn-res-block N] [--shards N]" },
+	{ "inspect", "k3ctl inspect DIR [--ram SIZE] [--json]" },
+	{ "setup", "k3ctl setup [--model-root DIR]" },
+	{ "forward", "k3ctl forward --model DIR --ids ID[,ID...] [--steps N] [--json] [--threads N]\n"
+		     "  [--chunk N] [--reference] [--provider NAME]" },
+	{ "tokenize", "k3ctl tokenize [--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-" },
+	{ "detokenize", "k3ctl detokenize [--model DIR | --vocab FILE] IDS...|-" },
+	{ "render-chat", "k3ctl render-chat FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]" },
+	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify]" },
+	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N]" },
+};
+
+static int command_help(const char *name)
+{
+	for (size_t i = 0; i < sizeof(synopses) / sizeof(synopses[0]); i++)
+		if (strcmp(synopses[i].name, name) == 0) {
+			printf("usage: %s\n\nSee k3ctl(1) for details.\n", synopses[i].text);
+			return K3CTL_EXIT_OK;
+		}
+	return k3ctl_fail(K3CTL_EXIT_USAGE, "no help for '%s'; see k3ctl(1)", name);
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: k3ctl [--socket PATH] [--json] COMMAND [ARGS]\n\nCommands:\n");
@@ -112,9 +154,14 @@ int main(int argc, char **argv)
 		return K3CTL_EXIT_USAGE;
 	}
 	if (strcmp(args[0], "-h") == 0 || strcmp(args[0], "--help") == 0 || strcmp(args[0], "help") == 0) {
+		if (n > 1 && strcmp(args[0], "help") == 0)
+			return command_help(args[1]);
 		usage(stdout);
 		return K3CTL_EXIT_OK;
 	}
+	for (int i = 1; i < n && strcmp(args[i], "--") != 0; i++)
+		if (strcmp(args[i], "--help") == 0 || strcmp(args[i], "-h") == 0)
+			return command_help(args[0]);
 	if (strcmp(args[0], "--version") == 0 || strcmp(args[0], "version") == 0) {
 		printf("k3ctl %s (protocol %u)\n", K3_VERSION, K3_PROTO_VERSION);
 		return K3CTL_EXIT_OK;

@@ -33,7 +33,7 @@ static const struct k3_demo_dims presets[K3_DEMO_PRESET_COUNT] = {
 	},
 	[K3_DEMO_SMALL] = {
 		.layers = 12, .hidden = 512, .vocab = 8448, .intermediate = 1024,
-		.experts = 64, .top_k = 8, .moe_intermediate = 256, .latent = 256, .shared_experts = 2,
+		.experts = 32, .top_k = 8, .moe_intermediate = 128, .latent = 256, .shared_experts = 2,
 		.kda_heads = 8, .kda_head_dim = 64,
 		.mla_heads = 8, .q_lora = 192, .kv_lora = 128, .nope = 64, .rope = 32, .v_head = 64,
 		.attn_res_block = 4,
@@ -73,6 +73,12 @@ int k3_demo_resolve(const struct k3_demo_opts *o, struct k3_demo_dims *d, struct
 	OVR(kda_heads); OVR(kda_head_dim);
 	OVR(mla_heads); OVR(q_lora); OVR(kv_lora); OVR(nope); OVR(rope); OVR(v_head);
 	OVR(attn_res_block); OVR(shards);
+	/* fewer experts than the preset's top-k: route to all of them */
+	if (o->experts && !o->top_k && d->top_k > d->experts)
+		d->top_k = d->experts;
+	/* fewer layers than the preset's AttnRes block: one block */
+	if (o->layers && !o->attn_res_block && d->attn_res_block > d->layers)
+		d->attn_res_block = d->layers;
 	/* shared_experts 0 cannot be requested through OVR; that path is
 	 * not part of K3 anyway */
 	const struct { const char *n; uint32_t v, max; } lim[] = {
@@ -506,9 +512,11 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 	uint8_t pre[8];
 	for (int i = 0; i < 8; i++)
 		pre[i] = (uint8_t)(n >> (8 * i));
-	fwrite(pre, 1, 8, f);
-	fwrite(hdr, 1, hl, f);
-	fwrite("        ", 1, pad, f);
+	if (fwrite(pre, 1, 8, f) != 8 || fwrite(hdr, 1, hl, f) != hl ||
+	    fwrite("        ", 1, pad, f) != pad) {
+		r = k3_err_set(err, -EIO, "%s: write failed", path);
+		goto done;
+	}
 	for (size_t i = 0; i < m; i++) {
 		struct tdesc *scale = NULL;
 		if (v[i]->gen == G_MX_PACKED) {

@@ -22,7 +22,7 @@
 #include <string.h>
 
 /* Ranks learned from the sample at most; the rest are filler tokens. */
-#define LEARN_MAX 16384u
+#define LEARN_MAX 4096u
 
 /* ---- the built-in sample ---- */
 

@@ -200,7 +200,15 @@ struct k3_tensor {
 	                              * that shard file (for pread / O_DIRECT) */
 };
 
-/* ---- the plan (k3-model.md §2, role names as in the checkpoint) ---- */
+/* ---- the plan (k3-model.md §2, role names as in the checkpoint) ----
+ *
+ * dtypes, checked at open: every matrix role (Linear weights, embedding,
+ * lm_head, unquantized experts) is BF16, so GEMM kernels may assume it;
+ * vector roles (norm weights, conv taps, A_log, dt_bias, the routing bias,
+ * AttnRes projections) may be BF16, F16 or F32 (the release stores conv
+ * taps, A_log, dt_bias, o_norm and the routing bias as F32): read them with
+ * k3_tensor_read_f32(); MXFP4 packed/scale tensors are U8. A role whose
+ * feature is switched off by the config is NULL. */
 
 /* One projection of a routed expert. MXFP4 (§9): packed U8 [R, C/2] plus
  * scale U8 [R, C/32], weight NULL. Unquantized: weight BF16/F16/F32 [R, C],

@@ -53,21 +53,13 @@ int k3_mxfp4_check_scales(const uint8_t *scale, size_t n, const char *what,
 }
 
 /* Index of the E2M1 magnitude nearest to a (a >= 0, already divided by the
- * group scale); ties go to the even index, like round-to-nearest-even. */
+ * group scale). The thresholds are the midpoints of {0, .5, 1, 1.5, 2, 3, 4,
+ * 6}; at a midpoint the even index wins (round half to even): hence '>' where
+ * the lower neighbour is even and '>=' where the upper one is. */
 static uint8_t nearest_mag(float a)
 {
-	static const float mag[8] = { 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f };
-	uint8_t best = 0;
-	float bd = INFINITY;
-
-	for (uint8_t i = 0; i < 8; i++) {
-		float d = fabsf(a - mag[i]);
-		if (d < bd || (d == bd && (i & 1u) == 0)) {
-			bd = d;
-			best = i;
-		}
-	}
-	return best;
+	return (uint8_t)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
+			 (a > 2.5f) + (a >= 3.5f) + (a > 5.0f));
 }
 
 int k3_mxfp4_encode_row(const float *in, size_t cols, uint8_t *packed,

@@ -278,6 +278,11 @@ static int cmp_index(const void *a, const void *b)
 		      ((const struct k3_st_index_entry *)b)->name);
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 static bool plain_file_name(const char *s, size_t len)
 {
 	if (len == 0 || len > 255 || strlen(s) != len)
@@ -381,6 +386,29 @@ int k3_st_parse_index(const char *json, size_t len, struct k3_st_index *out,
 		goto out;
 	}
 	qsort(out->v, out->n, sizeof(*out->v), cmp_index);
+	/* Number shards in file-name order (model-00001-of-... first), not in
+	 * the order the weight map happens to mention them. */
+	{
+		uint32_t *rank = malloc(out->n_shards * sizeof(*rank));
+		char **sorted = malloc(out->n_shards * sizeof(*sorted));
+		if (!rank || !sorted) {
+			free(rank);
+			free(sorted);
+			r = k3_err_set(err, -ENOMEM, "%s: out of memory", what);
+			goto out;
+		}
+		memcpy(sorted, out->shards, out->n_shards * sizeof(*sorted));
+		qsort(sorted, out->n_shards, sizeof(*sorted), cmp_name);
+		for (uint32_t i = 0; i < out->n_shards; i++)
+			for (uint32_t j = 0; j < out->n_shards; j++)
+				if (out->shards[i] == sorted[j])
+					rank[i] = j;
+		for (size_t i = 0; i < out->n; i++)
+			out->v[i].shard = rank[out->v[i].shard];
+		free(out->shards);
+		out->shards = sorted;
+		free(rank);
+	}
 out:
 	json_decref(root);
 	if (r)

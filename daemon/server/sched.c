@@ -13,6 +13,7 @@
 #include "server/sched.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -34,6 +35,19 @@
 
 enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS };
 
+/* A sequence state and the ids it has consumed. */
+struct conv_state {
+	struct k3_engine_seq *seq;
+	struct k3_tok_ids ids;
+};
+
+static void conv_state_release(struct conv_state *c)
+{
+	k3_engine_seq_free(c->seq);
+	c->seq = NULL;
+	k3_tok_ids_release(&c->ids);
+}
+
 struct job {
 	struct k3_sched *s;
 	uint64_t id;
@@ -54,9 +68,13 @@ struct job {
 	struct job *next;
 	/* results, written by the engine thread before MSG_FINISHED */
 	uint32_t finish;                /* enum k3_proto_finish */
-	struct k3_engine_seq *branch;   /* state after prompt + generated[:-1] */
-	struct k3_tok_ids state_ids;    /* the ids that branch has consumed */
+	/* Publishable branches: [0] the state right after the prompt, [1] after
+	 * prompt + generated[:-1]. Both are kept because a chat client sends
+	 * the answer back as text, whose re-tokenization may differ from the
+	 * ids the model produced; the prompt-end state still matches then. */
+	struct conv_state branch[2];
 	bool done_sent;
+	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
 	uint32_t n_gen, n_reasoning, n_cached;
 };
 
@@ -68,7 +86,7 @@ struct sched_msg {
 	uint8_t *bytes;
 	size_t len;
 	bool ok;
-	char text[K3_ERR_MSG_MAX];
+	char text[K3_ERR_MSG_MAX + 128];
 	struct sched_msg *next;
 };
 
@@ -97,8 +115,7 @@ struct k3_sched {
 	bool stopping;
 	struct sched_msg *msgs, *msgs_tail;
 	/* the published conversation */
-	struct k3_engine_seq *pub_seq;
-	struct k3_tok_ids pub_ids;
+	struct conv_state pub[2];
 
 	/* loop thread only */
 	bool ready;                     /* MSG_LOADED arrived with success */
@@ -109,41 +126,56 @@ struct k3_sched {
 
 /* ---- messages engine -> loop ---------------------------------------------- */
 
-static void post(struct k3_sched *s, struct sched_msg *m)
+/* Appends m to the loop's inbox; the caller holds s->lock. */
+static void post_locked(struct k3_sched *s, struct sched_msg *m)
 {
-	pthread_mutex_lock(&s->lock);
 	m->next = NULL;
 	if (s->msgs_tail)
 		s->msgs_tail->next = m;
 	else
 		s->msgs = m;
 	s->msgs_tail = m;
+}
+
+static void post(struct k3_sched *s, struct sched_msg *m)
+{
+	pthread_mutex_lock(&s->lock);
+	post_locked(s, m);
 	pthread_mutex_unlock(&s->lock);
 	event_active(s->wake, EV_READ, 0);
 }
 
-/* Encodes a frame for job j and posts it. Engine thread. */
-static void post_frame(struct job *j, uint32_t type, const void *body)
+/* Encodes a frame for job j; NULL when it cannot. Engine thread. */
+static struct sched_msg *encode_frame(struct job *j, uint32_t type, const void *body)
 {
 	struct k3_proto_buf buf;
 	struct sched_msg *m = calloc(1, sizeof(*m));
 	struct k3_proto_err perr;
 
 	if (!m)
-		return;
+		return NULL;
 	k3_proto_buf_init(&buf, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 	if (k3_proto_encode(&buf, type, j->rid, body, &perr) != 0) {
 		k3_log_err("job %llu: cannot encode %s: %s", (unsigned long long)j->id,
 			   k3_proto_type_name(type), perr.msg);
 		k3_proto_buf_release(&buf);
 		free(m);
-		return;
+		return NULL;
 	}
 	m->kind = MSG_FRAME;
 	m->job = j;
 	m->bytes = buf.data;
 	m->len = buf.len;
-	post(j->s, m);
+	return m;
+}
+
+/* Encodes a frame for job j and posts it. Engine thread. */
+static void post_frame(struct job *j, uint32_t type, const void *body)
+{
+	struct sched_msg *m = encode_frame(j, type, body);
+
+	if (m)
+		post(j->s, m);
 }
 
 static void post_kind(struct k3_sched *s, enum sched_msg_kind kind, struct job *j, bool ok,
@@ -391,7 +423,6 @@ static void run_job(struct k3_sched *s, struct job *j)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	t1 = t0;
 	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
-	k3_tok_ids_init(&j->state_ids);
 	j->finish = K3_FINISH_ERROR;
 	r = stage_init(&st, j, &err);
 	if (r == 0 && !logits)
@@ -400,15 +431,26 @@ static void run_job(struct k3_sched *s, struct job *j)
 		goto out;
 	/* Reuse the published conversation when the prompt strictly extends it. */
 	pthread_mutex_lock(&s->lock);
-	if (j->chat && s->pub_seq && s->pub_ids.n < n &&
-	    memcmp(s->pub_ids.v, j->prompt.v, s->pub_ids.n * sizeof(uint32_t)) == 0) {
-		r = k3_engine_seq_clone(s->engine, s->pub_seq, &seq, &err);
-		start = (uint32_t)s->pub_ids.n;
+	for (int k = 0; j->chat && k < 2; k++) {
+		const struct conv_state *p = &s->pub[k];
+
+		if (p->seq && p->ids.n > start && p->ids.n < n &&
+		    memcmp(p->ids.v, j->prompt.v, p->ids.n * sizeof(uint32_t)) == 0) {
+			k3_engine_seq_free(seq);
+			seq = NULL;
+			r = k3_engine_seq_clone(s->engine, p->seq, &seq, &err);
+			if (r < 0)
+				break;
+			start = (uint32_t)p->ids.n;
+		}
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (r < 0)
 		goto out;
-	if (!seq && (r = k3_engine_seq_new(s->engine, n + j->max_new + 1, &seq, &err)) < 0)
+	/* The capacity is a hint (MLA caches grow past it): do not reserve a
+	 * whole context for a request that may stop early. */
+	if (!seq && (r = k3_engine_seq_new(s->engine, n + (j->max_new < 4096 ? j->max_new : 4096) + 1,
+					   &seq, &err)) < 0)
 		goto out;
 	k3_engine_set_cancel(s->engine, &j->cancel);
 	j->n_cached = start;
@@ -433,8 +475,11 @@ static void run_job(struct k3_sched *s, struct job *j)
 		post_frame(j, K3_MSG_PROGRESS, &p);
 	}
 	for (uint32_t i = 0; i < n; i++)
-		if ((r = k3_tok_ids_push(&j->state_ids, j->prompt.v[i])) < 0)
+		if ((r = k3_tok_ids_push(&j->branch[1].ids, j->prompt.v[i])) < 0 ||
+		    (j->chat && (r = k3_tok_ids_push(&j->branch[0].ids, j->prompt.v[i])) < 0))
 			goto out;
+	if (j->chat && (r = k3_engine_seq_clone(s->engine, seq, &j->branch[0].seq, &err)) < 0)
+		goto out;
 	prefill_s = since(&t0);
 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -466,7 +511,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
 		if (r < 0)
 			goto out;
-		if ((r = k3_tok_ids_push(&j->state_ids, tok)) < 0)
+		if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
 			goto out;
 	}
 	r = stage_finish(&st);
@@ -490,7 +535,7 @@ out:
 		memset(&e, 0, sizeof(e));
 		e.status = K3_STATUS_INTERNAL; e.has_status = true;
 		e.message = k3_proto_str_of(err.msg[0] ? err.msg : "engine failure"); e.has_message = true;
-		post_frame(j, K3_MSG_ERROR, &e);
+		j->final = encode_frame(j, K3_MSG_ERROR, &e);
 		k3_engine_seq_free(seq);
 		seq = NULL;
 		j->finish = K3_FINISH_ERROR;
@@ -508,21 +553,24 @@ out:
 		done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
 		done.has_decode_tps = true;
 		done.compute_s = prefill_s + decode_s; done.has_compute_s = true;
-		post_frame(j, K3_MSG_DONE, &done);
-		j->done_sent = true;
+		j->final = encode_frame(j, K3_MSG_DONE, &done);
+		j->done_sent = j->final != NULL;
 	}
 	/* Only a complete answer becomes publishable state. */
-	if (seq && (j->finish == K3_FINISH_STOP || j->finish == K3_FINISH_LENGTH)) {
-		j->branch = seq;
+	if (seq && (j->finish == K3_FINISH_STOP || j->finish == K3_FINISH_LENGTH ||
+		    j->finish == K3_FINISH_TOOL_CALLS)) {
+		j->branch[1].seq = seq;
 	} else {
 		k3_engine_seq_free(seq);
+		conv_state_release(&j->branch[0]);
+		conv_state_release(&j->branch[1]);
 	}
 }
 
 static void load_model(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
-	struct k3_engine_opts eo = { NULL, s->opts->threads, 0, false };
+	struct k3_engine_opts eo = { .threads = s->opts->threads };
 	const char *dir = s->opts->model_dir;
 	const char *base;
 	char msg[K3_ERR_MSG_MAX + 64];
@@ -540,6 +588,29 @@ static void load_model(struct k3_sched *s)
 		snprintf(msg, sizeof(msg), "cannot load model '%s': %s", dir, err.msg);
 		post_kind(s, MSG_LOADED, NULL, false, msg);
 		return;
+	}
+	{
+		size_t n_t = 0;
+		const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
+		uint64_t mapped = 0, weights = 0, rss_kb = 0;
+		char line[256];
+		FILE *f = fopen("/proc/self/status", "r");
+
+		for (uint32_t i = 0; i < k3_model_shard_count(s->model); i++)
+			mapped += k3_model_shard_size(s->model, i);
+		for (size_t i = 0; i < n_t; i++)
+			weights += t[i].nbytes;
+		while (f && fgets(line, sizeof(line), f))
+			if (sscanf(line, "VmRSS: %" SCNu64, &rss_kb) == 1)
+				break;
+		if (f)
+			fclose(f);
+		/* Weights are mapped read-only and paged in on use, so resident
+		 * memory grows with the first tokens, not at load. */
+		k3_log_info("model: %u shards, %.1f MB mapped read-only, %zu tensors with %.1f MB of "
+			    "weights; resident now %.1f MB; per-sequence state is allocated per request",
+			    k3_model_shard_count(s->model), (double)mapped / 1e6, n_t, (double)weights / 1e6,
+			    (double)rss_kb / 1e3);
 	}
 	base = strrchr(dir, '/');
 	base = base && base[1] ? base + 1 : dir;
@@ -569,11 +640,20 @@ static void *engine_main(void *arg)
 		pthread_mutex_unlock(&s->lock);
 		post_kind(s, MSG_STARTED, j, true, NULL);
 		run_job(s, j);
+		/* The slot frees in the same step that queues the final frame, so
+		 * a client that reacts to DONE at once never sees a stale BUSY. */
+		struct sched_msg *fin = calloc(1, sizeof(*fin));
 		pthread_mutex_lock(&s->lock);
 		s->running = NULL;
-		pthread_mutex_unlock(&s->lock);
-		post_kind(s, MSG_FINISHED, j, true, NULL);
-		pthread_mutex_lock(&s->lock);
+		if (j->final)
+			post_locked(s, j->final);
+		j->final = NULL;
+		if (fin) {
+			fin->kind = MSG_FINISHED;
+			fin->job = j;
+			post_locked(s, fin);
+		}
+		event_active(s->wake, EV_READ, 0);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -587,10 +667,10 @@ static void job_free(struct job *j)
 		return;
 	k3_conn_unref(j->conn);
 	k3_tok_ids_release(&j->prompt);
-	k3_tok_ids_release(&j->state_ids);
 	for (uint32_t i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
-	k3_engine_seq_free(j->branch);
+	conv_state_release(&j->branch[0]);
+	conv_state_release(&j->branch[1]);
 	free(j);
 }
 
@@ -600,14 +680,13 @@ static void job_flushed(void *arg, bool written)
 	struct job *j = arg;
 	struct k3_sched *s = j->s;
 
-	if (written && j->branch) {
+	if (written && j->branch[1].seq) {
 		pthread_mutex_lock(&s->lock);
-		k3_engine_seq_free(s->pub_seq);
-		k3_tok_ids_release(&s->pub_ids);
-		s->pub_seq = j->branch;
-		s->pub_ids = j->state_ids;
-		k3_tok_ids_init(&j->state_ids);
-		j->branch = NULL;
+		for (int k = 0; k < 2; k++) {
+			conv_state_release(&s->pub[k]);
+			s->pub[k] = j->branch[k];
+			memset(&j->branch[k], 0, sizeof(j->branch[k]));
+		}
 		pthread_mutex_unlock(&s->lock);
 	}
 	job_free(j);
@@ -739,9 +818,12 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 			return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "reasoning_effort",
 						  "unknown reasoning effort %u", g->reasoning_effort), -EINVAL;
 		}
+		/* Unset effort means "max", as the release's apply_chat_template
+		 * does; thinking stays on unless the request turns it off. */
+		o.thinking_effort = "max";
 		if (g->has_reasoning_effort && g->reasoning_effort == K3_EFFORT_NONE)
 			o.thinking = false;
-		else if (g->has_reasoning_effort)
+		else if (g->has_reasoning_effort && g->reasoning_effort != K3_EFFORT_UNSET)
 			o.thinking_effort = efforts[g->reasoning_effort];
 		if (g->has_tools && !(tools = json_loadb(g->tools.p, g->tools.len, 0, &jerr)))
 			r = k3_err_set(&err, -EINVAL, "tools: %s", jerr.text);
@@ -759,8 +841,9 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		memset(&chat, 0, sizeof(chat));
 		if (r == 0)
 			r = k3_chat_render(msgs, &o, &chat, &err);
+		/* Long histories encode their segments in parallel (same ids). */
 		if (r == 0)
-			r = k3_chat_encode(s->tok, &chat, &j->prompt, &err);
+			r = k3_chat_encode_parallel(s->tok, &chat, 2, &j->prompt, &err);
 		k3_chat_release(&chat);
 		json_decref(msgs);
 		json_decref(tools);
@@ -1019,18 +1102,12 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 	}
 }
 
+/* The peer is gone: its queued jobs go now, its running job stops at the
+ * next layer. The running job keeps its connection reference until it
+ * finishes; frames for a closed connection are dropped. */
 static void hook_conn_closed(void *ctx, struct k3_conn *c)
 {
-	struct k3_sched *s = ctx;
-	struct job *j;
-
-	cancel_where(s, c, false, 0, 0);
-	/* The running job keeps its reference until it finishes; detach it
-	 * so nothing more is written for a peer that is gone. */
-	pthread_mutex_lock(&s->lock);
-	j = s->running;
-	pthread_mutex_unlock(&s->lock);
-	(void)j;
+	cancel_where(ctx, c, false, 0, 0);
 }
 
 static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_status_reply *r)
@@ -1095,7 +1172,6 @@ int k3_sched_new(struct event_base *base, struct k3_server *srv, const struct k3
 	s->opts = opts;
 	s->on_ready = on_ready;
 	s->ready_ctx = ctx;
-	k3_tok_ids_init(&s->pub_ids);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	s->wake = event_new(base, -1, EV_READ, wake_cb, s);
@@ -1140,8 +1216,8 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 		s->queue_head = j->next;
 		job_free(j);
 	}
-	k3_engine_seq_free(s->pub_seq);
-	k3_tok_ids_release(&s->pub_ids);
+	conv_state_release(&s->pub[0]);
+	conv_state_release(&s->pub[1]);
 	k3_engine_free(s->engine);
 	k3_tok_free(s->tok);
 	k3_model_free(s->model);

@@ -7,6 +7,7 @@
 #include "text/text_chat.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -648,6 +649,11 @@ int k3_chat_render(const json_t *messages, const struct k3_chat_opts *o, struct 
 	memset(out, 0, sizeof(*out));
 	if (!json_is_array(messages))
 		return k3_err_set(err, -EINVAL, "'messages' must be a list");
+	/* checked before anything is rendered (the release asserts) */
+	if (o->thinking && o->thinking_effort && strcmp(o->thinking_effort, "low") &&
+	    strcmp(o->thinking_effort, "high") && strcmp(o->thinking_effort, "max"))
+		return k3_err_set(err, -EINVAL, "unsupported thinking_effort '%.40s'; supported values are high, low, max",
+				  o->thinking_effort);
 	n = json_array_size(messages);
 	items = calloc(n ? n : 1, sizeof(*items));
 	if (!items || resort_tools(messages, items)) {
@@ -660,10 +666,6 @@ int k3_chat_render(const json_t *messages, const struct k3_chat_opts *o, struct 
 
 	if (o->thinking && o->thinking_effort) {
 		const char *e = o->thinking_effort;
-		if (strcmp(e, "low") && strcmp(e, "high") && strcmp(e, "max")) {
-			free(items);
-			return k3_err_set(err, -EINVAL, "unsupported thinking_effort '%.40s'; supported values are high, low, max", e);
-		}
 		char body[512];
 		int bl = snprintf(body, sizeof(body),
 			"`thinking_effort` guides on how much to think in your thinking channel "
@@ -754,4 +756,88 @@ int k3_chat_encode(const struct k3_tok *tok, const struct k3_chat *chat, struct 
 		}
 	}
 	return 0;
+}
+
+/* ---- parallel encoding ---------------------------------------------------- */
+
+struct enc_job {
+	const struct k3_tok *tok;
+	const struct k3_chat *chat;
+	size_t first, last;     /* segment range [first, last) */
+	struct k3_tok_ids ids;
+	struct k3_err err;
+	int rc;
+};
+
+static void *enc_run(void *arg)
+{
+	struct enc_job *j = arg;
+
+	for (size_t i = j->first; i < j->last && !j->rc; i++) {
+		const struct k3_chat_seg *s = &j->chat->segs[i];
+		j->rc = k3_tok_encode(j->tok, j->chat->text + s->off, s->len, s->special, &j->ids, &j->err);
+	}
+	return NULL;
+}
+
+int k3_chat_encode_parallel(const struct k3_tok *tok, const struct k3_chat *chat, unsigned n_threads,
+			    struct k3_tok_ids *ids, struct k3_err *err)
+{
+	struct enc_job jobs[64];
+	pthread_t th[64];
+	size_t per, at = 0, total = 0;
+	unsigned n = 0, started = 0;
+	int rc = 0;
+
+	if (n_threads > 64)
+		n_threads = 64;
+	if (n_threads <= 1 || chat->text_len < K3_CHAT_PAR_MIN_BYTES || chat->n_segs < 2)
+		return k3_chat_encode(tok, chat, ids, err);
+	/* contiguous runs of about equal bytes keep the order trivially */
+	per = chat->text_len / n_threads + 1;
+	while (at < chat->n_segs && n < n_threads) {
+		size_t bytes = 0, first = at;
+		while (at < chat->n_segs && (bytes < per || n + 1 == n_threads))
+			bytes += chat->segs[at++].len;
+		jobs[n] = (struct enc_job){ .tok = tok, .chat = chat, .first = first, .last = at };
+		n++;
+	}
+	for (unsigned i = 1; i < n; i++) {
+		if (pthread_create(&th[i], NULL, enc_run, &jobs[i]))
+			break;
+		started = i;
+	}
+	enc_run(&jobs[0]);
+	for (unsigned i = 1; i <= started; i++)
+		pthread_join(th[i], NULL);
+	if (started + 1 < n)
+		rc = k3_err_set(err, -EAGAIN, "cannot start encoder threads");
+	for (unsigned i = 0; i < n && !rc; i++) {
+		if (jobs[i].rc) {
+			rc = jobs[i].rc;
+			if (err)
+				*err = jobs[i].err;
+		}
+		total += jobs[i].ids.n;
+	}
+	if (!rc) {
+		size_t need = ids->n + total;
+		if (need > ids->cap) {
+			uint32_t *v = realloc(ids->v, need * sizeof(*v));
+			if (!v)
+				rc = k3_err_set(err, -ENOMEM, "out of memory joining %zu ids", total);
+			else {
+				ids->v = v;
+				ids->cap = need;
+			}
+		}
+		for (unsigned i = 0; i < n && !rc; i++) {
+			if (jobs[i].ids.n)
+				memcpy(ids->v + ids->n, jobs[i].ids.v, jobs[i].ids.n * sizeof(uint32_t));
+			ids->n += jobs[i].ids.n;
+		}
+	}
+	for (unsigned i = 0; i < n; i++)
+		k3_tok_ids_release(&jobs[i].ids);
+	return rc;
 }

@@ -88,6 +88,20 @@ int k3_chat_render(const json_t *messages, const struct k3_chat_opts *o, struct 
 int k3_chat_encode(const struct k3_tok *tok, const struct k3_chat *chat, struct k3_tok_ids *ids,
 		   struct k3_err *err);
 
+/* Rendered text size (bytes) from which k3_chat_encode_parallel uses
+ * threads. Measured with tests/bench/bench_tokenizer on the (shared,
+ * 2-core) build machine: no gain at 281 KiB, 1.4-1.7x from 1.1 MiB; the
+ * crossover lies in between (see docs/text.md). */
+#define K3_CHAT_PAR_MIN_BYTES (512u << 10)
+
+/* Same ids as k3_chat_encode, in the same order, encoding runs of segments
+ * on up to n_threads threads (segments are independent by construction).
+ * Falls back to the serial path below K3_CHAT_PAR_MIN_BYTES or when
+ * n_threads <= 1. Returns 0, an error of k3_tok_encode, or -EAGAIN
+ * (thread creation failed: nothing appended). */
+int k3_chat_encode_parallel(const struct k3_tok *tok, const struct k3_chat *chat, unsigned n_threads,
+			    struct k3_tok_ids *ids, struct k3_err *err);
+
 /* Frees what k3_chat_render allocated and zeroes *c; NULL is fine. */
 void k3_chat_release(struct k3_chat *c);
 

@@ -46,6 +46,7 @@ struct k3_tok {
 	uint32_t n_trie;
 	uint8_t special_first[256];
 	pcre2_code *re;
+	bool jit;                  /* re is JIT-compiled: call pcre2_jit_match */
 };
 
 /* ---- id arrays ---------------------------------------------------------- */
@@ -423,7 +424,7 @@ static int compile_regex(struct k3_tok *tok, struct k3_err *err)
 	}
 	/* JIT is an optimisation: without it (unsupported CPU) the
 	 * interpreter gives the same matches. */
-	(void)pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE);
+	tok->jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
 	return 0;
 }
 
@@ -452,7 +453,11 @@ static int next_piece(const struct k3_tok *tok, struct matcher *m, const char *s
 		if (!m->md)
 			return -ENOMEM;
 	}
-	rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
+	/* the JIT fast path skips pcre2_match's option checks */
+	if (tok->jit)
+		rc = pcre2_jit_match(tok->re, (PCRE2_SPTR)s, len, off, 0, m->md, m->mc);
+	else
+		rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
 	if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->js) {
 		/* Long word runs recurse per character in the lookahead
 		 * groups; slices are at most 25,000 characters. */
@@ -473,18 +478,203 @@ static int next_piece(const struct k3_tok *tok, struct matcher *m, const char *s
 	return 1;
 }
 
-int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
+/* ---- ASCII fast path ------------------------------------------------------ */
+
+/* A hand-written scanner for the same regex, used while every character
+ * the match depends on is ASCII (where the classes are trivial: letters
+ * A-Z/a-z, digits 0-9, \s = \t\n\v\f\r and space). It tries the eight
+ * alternatives in order with the regex's greedy/backtracking outcome; the
+ * moment a decision would need to classify a non-ASCII character it gives
+ * up (returns 0) and PCRE2 matches that piece instead. Proven equal to the
+ * PCRE2 path on random text by test_tok (k3_tok_split_pieces_ref). */
+enum { A_END, A_NA, A_UP, A_LO, A_DIG, A_NL, A_WS, A_OTH };
+
+static uint8_t ascii_class(uint8_t c)
+{
+	if (c >= 'A' && c <= 'Z') return A_UP;
+	if (c >= 'a' && c <= 'z') return A_LO;
+	if (c >= '0' && c <= '9') return A_DIG;
+	if (c == '\r' || c == '\n') return A_NL;
+	if (c == ' ' || c == '\t' || c == '\v' || c == '\f') return A_WS;
+	return A_OTH;
+}
+
+struct ascan {
+	const uint8_t *s;
+	size_t n;       /* end of the slice */
+	size_t e;       /* first non-ASCII byte at or after the match start */
+	bool bail;
+};
+
+static int acl(struct ascan *a, size_t q)
+{
+	if (q >= a->n)
+		return A_END;
+	if (q >= a->e) {
+		a->bail = true;   /* the regex would look at a non-ASCII char */
+		return A_NA;
+	}
+	return ascii_class(a->s[q]);
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d)? at q: extra length. 'ſ (U+017F) folds to
+ * 's, so a non-ASCII char after the apostrophe needs PCRE2. */
+static size_t contraction(struct ascan *a, size_t q)
+{
+	uint8_t c1, c2;
+
+	if (q >= a->n || q >= a->e || a->s[q] != '\'')
+		return 0;
+	if (acl(a, q + 1) == A_END || a->bail)
+		return 0;
+	c1 = a->s[q + 1] | 0x20;
+	if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+		return 2;
+	if (q + 2 >= a->n || q + 2 >= a->e)
+		return 0;   /* no non-ASCII char folds to e or l */
+	c2 = a->s[q + 2] | 0x20;
+	if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+		return 3;
+	return 0;
+}
+
+/* U* W+ contraction? from t (alternative 2 after its prefix); 0 = no match */
+static size_t word_a(struct ascan *a, size_t t)
+{
+	size_t q = t, k;
+	int c;
+
+	while ((c = acl(a, q)) == A_UP)
+		q++;
+	if (c != A_LO)
+		return 0;
+	while ((c = acl(a, q)) == A_LO)
+		q++;
+	if (a->bail)
+		return 0;
+	k = contraction(a, q);
+	return a->bail ? 0 : q + k - t;
+}
+
+/* U+ W* contraction? from t (alternative 3) */
+static size_t word_b(struct ascan *a, size_t t)
+{
+	size_t q = t, k;
+	int c;
+
+	if (acl(a, q) != A_UP)
+		return 0;
+	while ((c = acl(a, q)) == A_UP)
+		q++;
+	while ((c = acl(a, q)) == A_LO)
+		q++;
+	if (a->bail)
+		return 0;
+	k = contraction(a, q);
+	return a->bail ? 0 : q + k - t;
+}
+
+static size_t ascii_piece(const uint8_t *s, size_t n, size_t p, size_t e)
+{
+	struct ascan a = { s, n, e, false };
+	int c = acl(&a, p);
+	bool prefix = c == A_WS || c == A_OTH;   /* [^\r\n\p{L}\p{N}] */
+	size_t k, q;
+
+	/* 2: word with lower-case tail, with then without the prefix */
+	if (prefix && (k = word_a(&a, p + 1)))
+		return 1 + k;
+	if (a.bail)
+		return 0;
+	if ((k = word_a(&a, p)))
+		return k;
+	if (a.bail)
+		return 0;
+	/* 3: upper-case word */
+	if (prefix && (k = word_b(&a, p + 1)))
+		return 1 + k;
+	if (a.bail)
+		return 0;
+	if ((k = word_b(&a, p)))
+		return k;
+	if (a.bail)
+		return 0;
+	/* 4: \p{N}{1,3} */
+	if (c == A_DIG) {
+		for (q = p; q < p + 3 && acl(&a, q) == A_DIG; q++)
+			;
+		return a.bail ? 0 : q - p;
+	}
+	/* 5:  ?[^\s\p{L}\p{N}]+[\r\n]* */
+	q = p;
+	if (s[p] == ' ' && acl(&a, p + 1) == A_OTH)
+		q = p + 1;
+	if (a.bail)
+		return 0;
+	if (acl(&a, q) == A_OTH) {
+		while (acl(&a, q) == A_OTH)
+			q++;
+		if (a.bail)
+			return 0;
+		while (q < n && q < e && (s[q] == '\r' || s[q] == '\n'))
+			q++;
+		return q - p;
+	}
+	if (c != A_WS && c != A_NL)
+		return 0;   /* unreachable for ASCII; PCRE2 decides */
+	/* 6, 7, 8: a whitespace run */
+	size_t last_nl = SIZE_MAX;
+	for (q = p; (c = acl(&a, q)) == A_WS || c == A_NL; q++)
+		if (c == A_NL)
+			last_nl = q;
+	if (a.bail)
+		return 0;
+	if (last_nl != SIZE_MAX)
+		return last_nl + 1 - p;                 /* \s*[\r\n]+ */
+	if (c == A_END)
+		return q - p;                           /* \s+(?!\S) at the end */
+	if (q - p >= 2)
+		return q - p - 1;                       /* give back one */
+	return 1;                                       /* \s+ */
+}
+
+/* Next piece at or after off; ASCII fast path, else PCRE2. *na caches the
+ * first non-ASCII byte at or after off. */
+static int find_piece(const struct k3_tok *tok, struct matcher *m, const char *s, size_t len, size_t off,
+		      size_t *na, size_t *a, size_t *b)
+{
+	const uint8_t *u = (const uint8_t *)s;
+
+	if (*na < off || *na == SIZE_MAX) {
+		size_t q = off;
+		while (q < len && u[q] < 0x80)
+			q++;
+		*na = q;
+	}
+	if (u[off] < 0x80) {
+		size_t k = ascii_piece(u, len, off, *na);
+		if (k) {
+			*a = off;
+			*b = off + k;
+			return 1;
+		}
+	}
+	return next_piece(tok, m, s, len, off, a, b);
+}
+
+static int split_pieces(const struct k3_tok *tok, const char *text, size_t len, bool fast,
 			k3_tok_piece_fn fn, void *ud, struct k3_err *err)
 {
 	struct matcher m = { 0 };
-	size_t off = 0, bad = k3_tok_utf8_valid_prefix(text, len);
+	size_t off = 0, na = SIZE_MAX, bad = k3_tok_utf8_valid_prefix(text, len);
 	int rc = 0;
 
 	if (bad != len)
 		return k3_err_set(err, -EILSEQ, "invalid UTF-8 at byte %zu", bad);
 	while (off < len) {
 		size_t a, b;
-		rc = next_piece(tok, &m, text, len, off, &a, &b);
+		rc = fast ? find_piece(tok, &m, text, len, off, &na, &a, &b)
+			  : next_piece(tok, &m, text, len, off, &a, &b);
 		if (rc <= 0)
 			break;
 		if ((rc = fn(ud, a, b - a)))
@@ -497,16 +687,28 @@ int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
 	return rc;
 }
 
+int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
+			k3_tok_piece_fn fn, void *ud, struct k3_err *err)
+{
+	return split_pieces(tok, text, len, true, fn, ud, err);
+}
+
+int k3_tok_split_pieces_ref(const struct k3_tok *tok, const char *text, size_t len,
+			    k3_tok_piece_fn fn, void *ud, struct k3_err *err)
+{
+	return split_pieces(tok, text, len, false, fn, ud, err);
+}
+
 /* ---- encoding ------------------------------------------------------------ */
 
 static int encode_ordinary(const struct k3_tok *tok, struct matcher *m, const char *s, size_t len,
 			   struct k3_tok_ids *out)
 {
-	size_t off = 0;
+	size_t off = 0, na = SIZE_MAX;
 
 	while (off < len) {
 		size_t a, b;
-		int rc = next_piece(tok, m, s, len, off, &a, &b);
+		int rc = find_piece(tok, m, s, len, off, &na, &a, &b);
 		if (rc < 0)
 			return rc;
 		if (rc == 0)
@@ -582,7 +784,12 @@ int k3_tok_encode(const struct k3_tok *tok, const char *text, size_t len, bool a
 
 	/* §1.5: 400,000-code-point chunks, then same-class runs of more than
 	 * 25,000 characters are cut; slices are encoded independently. The
-	 * chunk boundary resets the run state, as in the Python generator. */
+	 * chunk boundary resets the run state, as in the Python generator.
+	 * Text of at most 25,000 bytes has at most 25,000 characters: no cut. */
+	if (len <= K3_TOK_RUN_CHARS) {
+		rc = encode_slice(tok, &m, text, len, allow_special, out);
+		i = len;
+	}
 	while (i < len && rc == 0) {
 		size_t chunk_chars = 0, slice_start = i, run = 0;
 		bool run_space = false;
@@ -675,6 +882,8 @@ int k3_tok_decode(const struct k3_tok *tok, const uint32_t *ids, size_t n,
 	size_t total = 0, w = 0;
 	char *buf;
 
+	if (n > SIZE_MAX / K3_TOK_TOKEN_BYTES_MAX - 1)
+		return k3_err_set(err, -E2BIG, "%zu ids are too many to decode at once", n);
 	for (size_t i = 0; i < n; i++) {
 		if (ids[i] >= tok->n_vocab)
 			return k3_err_set(err, -ERANGE, "id %u at position %zu is outside the vocabulary (%u ids)",

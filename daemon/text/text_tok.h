@@ -138,6 +138,11 @@ typedef int (*k3_tok_piece_fn)(void *ud, size_t off, size_t len);
 int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
 			k3_tok_piece_fn fn, void *ud, struct k3_err *err);
 
+/* The same pieces from PCRE2 alone, without the ASCII fast path: the
+ * reference the fast path is tested against. */
+int k3_tok_split_pieces_ref(const struct k3_tok *tok, const char *text, size_t len,
+			    k3_tok_piece_fn fn, void *ud, struct k3_err *err);
+
 /* Byte-pair merges one piece (no regex): appends the ranks of
  * piece[0..len) to *out. Every byte must have a rank (guaranteed by the
  * loader). Returns 0 or -ENOMEM. */

@@ -93,7 +93,9 @@ class Daemon:
         os.chmod(self.dir, sockdir_mode)
         self.sock = os.path.join(self.dir, "k3d.sock")
         self.log = os.path.join(self.dir, "k3d.log")
-        model_args = ["--model", model or os.environ["K3_TEST_MODEL"]]
+        # One compute thread: these tests check behaviour, and a 2-core CI
+        # machine running several suites at once starves a spinning pool.
+        model_args = ["--model", model or os.environ["K3_TEST_MODEL"], "--threads", "1"]
         self.proc = subprocess.Popen([k3d, "--socket", self.sock, "--log-level", "debug",
                                       *model_args, *args],
                                      stderr=open(self.log, "w"), stdin=subprocess.DEVNULL)

@@ -276,6 +276,16 @@ def test_notify(k3d):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_setup():
+    root = tempfile.mkdtemp()
+    r = subprocess.run([K3CTL, "setup", "--model-root", root], capture_output=True, text=True)
+    check(r.returncode == 1 and "hf download moonshotai/Kimi-K3" in r.stdout, "setup explains the download")
+    os.symlink(os.environ["K3_TEST_MODEL"], os.path.join(root, "kimi-k3"))
+    r = subprocess.run([K3CTL, "setup", "--model-root", root], capture_output=True, text=True)
+    check(r.returncode == 0 and "valid" in r.stdout, f"setup validates a checkpoint: {r.stdout}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     d = Daemon(K3D)
@@ -293,6 +303,8 @@ def main():
     test_peer_credentials(K3D)
     print("-- test_lifecycle")
     test_lifecycle(K3D)
+    print("-- test_setup")
+    test_setup()
     print("-- test_notify")
     test_notify(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)

@@ -28,6 +28,35 @@ static void check_line(json_t *line, void *ud)
 		printf("     text differs for %s:\n got  %s\n want %s\n", id, c.text ? c.text : "(null)",
 		       json_string_value(want_text));
 	n_text++;
+	/* vocabulary-free id check: the control ids of the golden prompt are
+	 * exactly our allow_special segments, in order (163586 end_of_msg,
+	 * 163587 open, 163588 close, 163589 sep), and no other special id
+	 * occurs (user text never became a control id) */
+	{
+		json_t *ids = json_object_get(line, "ids");
+		size_t k = 0, i;
+		bool same = true;
+		for (i = 0; i < json_array_size(ids) && same; i++) {
+			json_int_t v = json_integer_value(json_array_get(ids, i));
+			if (v < 163584)
+				continue;
+			while (k < c.n_segs && !c.segs[k].special)
+				k++;
+			if (k == c.n_segs) {
+				same = false;
+				break;
+			}
+			const char *t = c.text + c.segs[k].off;
+			json_int_t want = !strncmp(t, "<|end_of_msg|>", 14) ? 163586 : !strncmp(t, "<|open|>", 8) ? 163587 :
+					  !strncmp(t, "<|close|>", 9) ? 163588 : !strncmp(t, "<|sep|>", 7) ? 163589 : -1;
+			same = v == want;
+			k++;
+		}
+		while (same && k < c.n_segs && !c.segs[k].special)
+			k++;
+		if (!T_OK(same && k == c.n_segs && json_array_size(ids) > 0))
+			printf("     control ids differ for %s\n", id);
+	}
 	if (want_segs) {
 		bool same = c.n_segs == json_array_size(want_segs);
 		for (size_t i = 0; same && i < c.n_segs; i++) {
@@ -163,6 +192,37 @@ static void test_rules(void)
 	k3_chat_release(&c);
 }
 
+/* long history: parallel encoding gives the serial ids, in order */
+static void test_parallel(void)
+{
+	static const char *const merges[] = { "he", "ll", "hell", "hello", " w", "or", NULL };
+	struct k3_tok *tok = tg_synth(merges, 0, NULL, NULL);
+	json_t *msgs = json_array();
+	struct k3_chat_opts o;
+	struct k3_chat c = { 0 };
+	struct k3_tok_ids a = { 0 }, b = { 0 };
+	char body[600];
+
+	for (int i = 0; i < 1600; i++) {
+		snprintf(body, sizeof(body), "hello world %d <|sep|> \xe6\x9d\xb1\xe4\xba\xac %0*d", i, 400, i);
+		json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", body));
+	}
+	k3_chat_opts_init(&o);
+	T_EQ_INT(k3_chat_render(msgs, &o, &c, NULL), 0);
+	T_OK(c.text_len > K3_CHAT_PAR_MIN_BYTES);
+	T_EQ_INT(k3_chat_encode(tok, &c, &a, NULL), 0);
+	for (unsigned th = 2; th <= 5; th += 3) {
+		b.n = 0;
+		T_EQ_INT(k3_chat_encode_parallel(tok, &c, th, &b, NULL), 0);
+		T_OK(a.n == b.n && a.n > 0 && memcmp(a.v, b.v, a.n * sizeof(uint32_t)) == 0);
+	}
+	k3_tok_ids_release(&a);
+	k3_tok_ids_release(&b);
+	k3_chat_release(&c);
+	json_decref(msgs);
+	k3_tok_free(tok);
+}
+
 int main(void)
 {
 	T_EQ_INT(tg_each_line("golden/text/chat.jsonl", check_line, NULL), 23);
@@ -189,5 +249,6 @@ int main(void)
 	test_injection();
 	test_errors();
 	test_rules();
+	test_parallel();
 	return t_done();
 }

@@ -113,6 +113,17 @@ static void test_detok(void)
 	T_EQ_INT(k3_detok_feed(d, k3_tok_special(tok, K3_TOK_SP_END_OF_MSG), &t, &n), 0);
 	T_EQ_INT(n, 0);
 	k3_detok_free(d);
+	/* text already decoded (parser content deltas) gets the same stop
+	 * matching, across calls */
+	o.n = 0;
+	T_EQ_INT(k3_detok_new(tok, stops, lens, 2, 0, &d, NULL), 0);
+	T_EQ_INT(k3_detok_feed_text(d, "x S", 3, &t, &n), 0);
+	k3_sbuf_add(&o, t, n);
+	T_EQ_STR(o.p, "x ");
+	T_EQ_INT(k3_detok_feed_text(d, "TOP y", 5, &t, &n), 1);
+	k3_sbuf_add(&o, t, n);
+	T_EQ_STR(o.p, "x ");
+	k3_detok_free(d);
 	/* bad stop strings */
 	size_t zero = 0;
 	T_EQ_INT(k3_detok_new(tok, stops, &zero, 1, 0, &d, NULL), -EINVAL);

@@ -37,6 +37,42 @@ static void check_pieces(json_t *line, void *ud)
 	n_piece_lines++;
 }
 
+/* Vocabulary-free id check on every golden line with ids: the special
+ * ids (offsets from the first special id) come out in the same order, for
+ * either allow_special, and ordinary text never yields one. The synthetic
+ * vocabulary names the K3 specials at their release offsets. */
+static int n_special_lines;
+
+static void check_special_ids(json_t *line, void *ud)
+{
+	json_t *text = json_object_get(line, "text"), *want = json_object_get(line, "ids");
+	struct k3_tok_ids ids = { 0 };
+	uint32_t base = k3_tok_n_ranks(g_tok);
+	size_t k = 0;
+	bool same = true;
+	(void)ud;
+	/* reserved names spell the absolute id, which only the real base has */
+	if (!text || !want || strstr(json_string_value(text), "<|reserved_token_"))
+		return;
+	T_EQ_INT(k3_tok_encode(g_tok, json_string_value(text), json_string_length(text),
+			       json_is_true(json_object_get(line, "allow_special")), &ids, NULL), 0);
+	for (size_t i = 0; i < json_array_size(want) && same; i++) {
+		json_int_t v = json_integer_value(json_array_get(want, i));
+		if (v < 163584)
+			continue;
+		while (k < ids.n && ids.v[k] < base)
+			k++;
+		same = k < ids.n && ids.v[k] - base == (uint32_t)(v - 163584);
+		k++;
+	}
+	while (same && k < ids.n && ids.v[k] < base)
+		k++;
+	if (!T_OK(same && k >= ids.n))
+		printf("     special ids differ for %s\n", json_string_value(json_object_get(line, "id")));
+	n_special_lines++;
+	k3_tok_ids_release(&ids);
+}
+
 /* decode(encode(x)) == x for every golden text, specials on and off. */
 static void check_roundtrip(json_t *line, void *ud)
 {
@@ -239,6 +275,21 @@ static void test_synthetic(void)
 		k3_tok_ids_release(&parts);
 		free(s);
 	}
+	/* long non-ASCII word runs go through PCRE2 and need its JIT stack to
+	 * grow: Cyrillic upper-case run then one lower-case letter, 30,001
+	 * chars, no merges → one id per byte */
+	{
+		size_t n = 2 * 30001;
+		char *s = malloc(n);
+		struct k3_tok_ids ids = { 0 };
+		for (size_t i = 0; i + 2 < n; i += 2)
+			memcpy(s + i, "\xd0\x91", 2);
+		memcpy(s + n - 2, "\xd0\xb1", 2);
+		T_EQ_INT(k3_tok_encode(tok, s, n, false, &ids, NULL), 0);
+		T_EQ_INT(ids.n, n);
+		k3_tok_ids_release(&ids);
+		free(s);
+	}
 	/* decode: specials decode to their names */
 	{
 		uint32_t ids[] = { 257, O + 2, 300, 'x' };
@@ -261,6 +312,64 @@ static void test_synthetic(void)
 		T_EQ_INT(ids.n, 0);
 	}
 	k3_tok_free(tok);
+}
+
+struct plist { size_t n; size_t v[256][2]; };
+
+static int plist_cb(void *ud, size_t off, size_t len)
+{
+	struct plist *p = ud;
+	if (p->n < 256) {
+		p->v[p->n][0] = off;
+		p->v[p->n][1] = len;
+	}
+	p->n++;
+	return 0;
+}
+
+/* The ASCII fast path gives PCRE2's pieces: random mostly-ASCII strings
+ * (every ASCII byte, heavy on letters/space/quotes/digits) with the
+ * non-ASCII characters that could change an ASCII decision sprinkled in:
+ * 'ſ folds to 's, NBSP/U+0085/U+2028/U+3000 are \s, é/ß/𝐀/ǅ are letters
+ * (ǅ is Lt), U+0301 is a mark, ٣ and Ⅻ are numbers, 東 is Han, ¡ and 😀
+ * are punctuation/symbols. */
+static void test_fast_path(void)
+{
+	static const char *const na[] = { "\xc5\xbf", "\xc2\xa0", "\xc2\x85", "\xe2\x80\xa8", "\xe3\x80\x80",
+		"\xc3\xa9", "\xc3\x9f", "\xf0\x9d\x90\x80", "\xc7\x85", "\xcc\x81", "\xd9\xa3", "\xe2\x85\xab",
+		"\xe6\x9d\xb1", "\xc2\xa1", "\xf0\x9f\x98\x80" };
+	static const char common[] = "aAzZ  'sStTlLdDmMrReEvV0123456789\n\r\t(.,!";
+	int diffs = 0;
+
+	for (int round = 0; round < 4000; round++) {
+		char s[256];
+		size_t n = 0, want = 1 + rnd(40);
+		struct plist a, b;
+		while (n < want && n < 200) {
+			uint32_t r = rnd(100);
+			if (r < 10) {
+				const char *x = na[rnd(sizeof(na) / sizeof(na[0]))];
+				memcpy(s + n, x, strlen(x));
+				n += strlen(x);
+			} else if (r < 25) {
+				s[n++] = (char)rnd(128);
+			} else {
+				s[n++] = common[rnd(sizeof(common) - 1)];
+			}
+		}
+		a.n = b.n = 0;
+		T_EQ_INT(k3_tok_split_pieces(g_tok, s, n, plist_cb, &a, NULL), 0);
+		T_EQ_INT(k3_tok_split_pieces_ref(g_tok, s, n, plist_cb, &b, NULL), 0);
+		if (a.n != b.n || memcmp(a.v, b.v, (a.n < 256 ? a.n : 256) * sizeof(a.v[0])) != 0) {
+			if (diffs++ < 3) {
+				printf("     fast path differs on:");
+				for (size_t i = 0; i < n; i++)
+					printf(" %02x", (unsigned char)s[i]);
+				printf("\n");
+			}
+		}
+	}
+	T_EQ_INT(diffs, 0);
 }
 
 static void test_loader_errors(void)
@@ -326,7 +435,10 @@ int main(void)
 	T_EQ_INT(n, 152);
 	T_EQ_INT(n_piece_lines, 76);
 	tg_each_line("golden/text/tokenizer.jsonl", check_roundtrip, NULL);
+	tg_each_line("golden/text/tokenizer.jsonl", check_special_ids, NULL);
+	T_EQ_INT(n_special_lines, 135);
 	test_bpe_random();
+	test_fast_path();
 	test_synthetic();
 	test_loader_errors();
 	k3_tok_free(g_tok);

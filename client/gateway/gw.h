@@ -1,0 +1,72 @@
+/*
+ * gw.h - k3-gateway's server state shared by main.c (flags, listening),
+ * gw_http.c (routing, handlers, SSE) and gw_metrics.c (Prometheus text).
+ * The gateway is single-threaded: everything runs on one event loop.
+ */
+#ifndef K3_GW_H
+#define K3_GW_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+
+#define GW_MAX_CORS 8
+
+struct gw_config {
+	const char *listen;          /* "HOST:PORT"; default 127.0.0.1:8000 */
+	bool allow_remote;           /* --allow-remote: non-loopback listen */
+	const char *socket_path;     /* --socket: k3d's Unix socket */
+	char *api_key;               /* from --api-key-file; NULL = no auth */
+	const char *cors[GW_MAX_CORS];
+	unsigned n_cors;
+	uint64_t max_body;           /* bytes */
+	unsigned read_timeout_s;     /* headers + body, and write stalls */
+	unsigned keepalive_s;        /* SSE comment interval */
+	unsigned retry_after_s;      /* Retry-After on 429/503 */
+	unsigned daemon_timeout_s;   /* HELLO / control replies from k3d */
+	bool quiet;                  /* no access log on stderr */
+};
+
+enum gw_ep_metric {
+	GW_M_CHAT, GW_M_COMPLETIONS, GW_M_MODELS, GW_M_HEALTH, GW_M_METRICS, GW_M_OTHER, GW_M_COUNT_
+};
+
+#define GW_M_STATUSES 24
+
+struct gw_metrics {
+	/* requests by endpoint and HTTP status (499 = client went away) */
+	struct { int status; uint64_t n; } by_status[GW_M_COUNT_][GW_M_STATUSES];
+	uint64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
+	double prefill_s, decode_s;
+	uint64_t expert_bytes_read, expert_hits, expert_misses;
+	uint64_t cancels_sent;
+	unsigned in_flight;          /* HTTP requests holding a daemon connection */
+};
+
+struct gw {
+	struct gw_config cfg;
+	struct event_base *base;
+	struct evhttp *http;
+	struct gw_metrics m;
+	time_t started;
+};
+
+/* Installs the routing callback and server limits on g->http. */
+void gw_http_setup(struct gw *g);
+
+/* Counts one finished request. */
+void gw_metrics_count(struct gw_metrics *m, enum gw_ep_metric ep, int status);
+
+/*
+ * Appends the Prometheus text exposition of m, plus the daemon's counters
+ * when st is non-NULL (a decoded STATUS_REPLY), to out.
+ */
+struct evbuffer;
+struct k3_msg_status_reply;
+void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_reply *st,
+		       struct evbuffer *out);
+
+#endif

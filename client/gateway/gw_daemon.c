@@ -1,0 +1,227 @@
+/*
+ * gw_daemon.c - k3 protocol client connection on a libevent bufferevent.
+ * Framing and schema checks are libk3proto's; this file only moves bytes.
+ */
+#include "gw_daemon.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+
+struct gw_daemon {
+	struct event_base *base;
+	struct bufferevent *bev;
+	struct event *timer;        /* handshake timeout, then deferred failure */
+	gw_daemon_frame_fn frame_fn;
+	gw_daemon_fail_fn fail_fn;
+	void *arg;
+	bool hello_ok;
+	bool failed;                /* fail_fn ran (or is scheduled): no more callbacks */
+	bool free_pending;          /* gw_daemon_free called inside a callback */
+	unsigned depth;             /* callbacks currently on the stack */
+	char why[256];              /* pending failure reason */
+	union k3_proto_body body;
+};
+
+static void really_free(struct gw_daemon *d)
+{
+	if (d->bev)
+		bufferevent_free(d->bev);
+	if (d->timer)
+		event_free(d->timer);
+	free(d);
+}
+
+/* Reports a failure once; later failures are dropped. */
+static void fail_now(struct gw_daemon *d, const char *why)
+{
+	if (d->failed)
+		return;
+	d->failed = true;
+	if (d->bev)
+		bufferevent_disable(d->bev, EV_READ | EV_WRITE);
+	d->depth++;
+	d->fail_fn(d, why, d->arg);
+	d->depth--;
+	if (d->free_pending && d->depth == 0)
+		really_free(d);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct gw_daemon *d = arg;
+
+	(void)fd;
+	(void)what;
+	if (d->why[0])
+		fail_now(d, d->why);
+	else if (!d->hello_ok)
+		fail_now(d, "k3d did not answer HELLO in time");
+}
+
+/* Fails from the event loop rather than from the caller's stack. */
+static void fail_later(struct gw_daemon *d, const char *why)
+{
+	struct timeval zero = { 0, 0 };
+
+	snprintf(d->why, sizeof(d->why), "%s", why);
+	event_del(d->timer);
+	event_add(d->timer, &zero);
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+	struct gw_daemon *d = arg;
+	struct evbuffer *in = bufferevent_get_input(bev);
+
+	d->depth++;
+	while (!d->failed && !d->free_pending) {
+		size_t have = evbuffer_get_length(in);
+		struct k3_proto_header h;
+		struct k3_proto_err err;
+		const uint8_t *payload;
+		uint8_t *p;
+		int r;
+
+		if (have < K3_PROTO_HEADER_SIZE)
+			break;
+		p = evbuffer_pullup(in, K3_PROTO_HEADER_SIZE);
+		r = k3_proto_frame_split(p, K3_PROTO_HEADER_SIZE, &h, &payload, &err);
+		if (r < 0) {
+			char why[256];
+
+			snprintf(why, sizeof(why), "bad frame from k3d: %s", err.msg);
+			fail_now(d, why);
+			break;
+		}
+		if (have < (size_t)K3_PROTO_HEADER_SIZE + h.length)
+			break;
+		p = evbuffer_pullup(in, (ev_ssize_t)(K3_PROTO_HEADER_SIZE + h.length));
+		if (!p) {
+			fail_now(d, "out of memory reading from k3d");
+			break;
+		}
+		r = k3_proto_frame_split(p, K3_PROTO_HEADER_SIZE + h.length, &h, &payload, &err);
+		if (r > 0)
+			r = k3_proto_decode(h.type, payload, h.length, &d->body, &err);
+		if (r < 0) {
+			char why[256];
+
+			snprintf(why, sizeof(why), "bad frame from k3d: %s", err.msg);
+			fail_now(d, why);
+			break;
+		}
+		if (!d->hello_ok && h.type == K3_MSG_HELLO_OK) {
+			d->hello_ok = true;
+			event_del(d->timer);
+		}
+		d->frame_fn(d, &h, &d->body, d->arg);
+		if (d->free_pending)
+			break;
+		evbuffer_drain(in, K3_PROTO_HEADER_SIZE + h.length);
+	}
+	d->depth--;
+	if (d->free_pending && d->depth == 0)
+		really_free(d);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct gw_daemon *d = arg;
+
+	(void)bev;
+	if (what & BEV_EVENT_CONNECTED)
+		return;
+	if (what & BEV_EVENT_EOF)
+		fail_now(d, "k3d closed the connection");
+	else if (what & BEV_EVENT_ERROR) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "cannot reach k3d: %s",
+			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		fail_now(d, why);
+	}
+}
+
+struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsigned timeout_s,
+				 gw_daemon_frame_fn frame_fn, gw_daemon_fail_fn fail_fn, void *arg)
+{
+	struct gw_daemon *d = calloc(1, sizeof(*d));
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	struct timeval tv = { (time_t)timeout_s, 0 };
+	struct k3_msg_hello hello = { 0 };
+
+	if (!d)
+		return NULL;
+	d->base = base;
+	d->frame_fn = frame_fn;
+	d->fail_fn = fail_fn;
+	d->arg = arg;
+	d->timer = evtimer_new(base, timer_cb, d);
+	d->bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (!d->timer || !d->bev) {
+		really_free(d);
+		return NULL;
+	}
+	bufferevent_setcb(d->bev, read_cb, NULL, event_cb, d);
+	/* A frame is never larger than this; k3d is trusted but bounded anyway. */
+	bufferevent_setwatermark(d->bev, EV_READ, 0, 0);
+	event_add(d->timer, &tv);
+	if (strlen(path) >= sizeof(sun.sun_path)) {
+		fail_later(d, "k3d socket path is too long");
+		return d;
+	}
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	if (bufferevent_socket_connect(d->bev, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "cannot connect to k3d at '%s': %s", path, strerror(errno));
+		fail_later(d, why);
+		return d;
+	}
+	bufferevent_enable(d->bev, EV_READ | EV_WRITE);
+	hello.client = k3_proto_str_of("k3-gateway");
+	hello.has_client = true;
+	hello.version = K3_PROTO_VERSION;
+	hello.has_version = true;
+	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS;
+	hello.has_caps = true;
+	if (gw_daemon_send(d, K3_MSG_HELLO, 0, &hello) < 0)
+		fail_later(d, "cannot encode HELLO");
+	return d;
+}
+
+int gw_daemon_send(struct gw_daemon *d, uint32_t type, uint32_t request_id, const void *body)
+{
+	struct k3_proto_buf buf;
+	struct k3_proto_err err;
+	int r;
+
+	if (d->failed)
+		return -EPIPE;
+	k3_proto_buf_init(&buf, (size_t)K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
+	r = k3_proto_encode(&buf, type, request_id, body, &err);
+	if (r == 0 && bufferevent_write(d->bev, buf.data, buf.len) < 0)
+		r = -ENOMEM;
+	k3_proto_buf_release(&buf);
+	return r;
+}
+
+void gw_daemon_free(struct gw_daemon *d)
+{
+	if (!d)
+		return;
+	if (d->depth) {
+		d->free_pending = true;
+		d->failed = true;
+		return;
+	}
+	really_free(d);
+}

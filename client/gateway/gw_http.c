@@ -1,0 +1,1158 @@
+/*
+ * gw_http.c - routing, authentication, CORS, error bodies and the two
+ * response shapes (JSON and SSE) of k3-gateway, plus the per-request k3
+ * conversation (docs/k3-gateway.md, "Request lifecycle").
+ *
+ * One struct gw_req lives from the moment a request arrives until both
+ * sides are finished: the HTTP reply was sent (or the client went away)
+ * and the k3d connection was closed. Whichever side ends second frees it.
+ */
+#include "gw.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+
+#include "gw_daemon.h"
+#include "gw_openai.h"
+#include "k3_proto.h"
+
+enum gw_kind { K_GENERATE, K_MODELS, K_MODEL_ONE, K_HEALTH, K_METRICS };
+
+enum { RID_HELLO = 0, RID_GENERATE = 1, RID_STATUS = 2 };
+
+/* How long a cancelled job may take to report DONE before the gateway
+ * closes its k3d connection anyway (which cancels it too, rule 6). */
+#define GW_CANCEL_GRACE_S 5
+
+struct gw_req {
+	struct gw *g;
+	struct evhttp_request *req;      /* NULL once the reply is complete or the client left */
+	struct evhttp_connection *evcon;
+	struct event *eof_ev;            /* watches the client socket for EOF */
+	struct event *timer;             /* SSE keep-alive, then cancel grace */
+	struct gw_daemon *d;
+	enum gw_kind kind;
+	enum gw_ep_metric mep;
+	struct gw_oai_request oai;
+	char *model_query;               /* GET /v1/models/{id} */
+	char req_id[40];
+	char cmpl_id[48];
+	long long created;
+	char model[K3_LIM_NAME_MAX + 1];
+	bool generate_sent, accepted, started, done, cancel_sent;
+	struct evbuffer *content, *reasoning;
+	json_t *tool_calls;              /* non-stream: accumulated calls, by index */
+	json_t *tool_seen;               /* stream: indices whose first delta went out */
+	unsigned finish;
+};
+
+static void req_maybe_free(struct gw_req *r);
+static void client_gone(struct gw_req *r);
+
+/* ---- small helpers ----------------------------------------------------- */
+
+static void random_hex(char *out, size_t nbytes)
+{
+	unsigned char b[32];
+	static const char hx[] = "0123456789abcdef";
+
+	if (nbytes > sizeof(b))
+		nbytes = sizeof(b);
+	if (getrandom(b, nbytes, 0) != (ssize_t)nbytes) {
+		/* Ids only need to be unique per process; fall back to a counter. */
+		static unsigned long long ctr;
+		unsigned long long c = ++ctr ^ (unsigned long long)time(NULL) << 20;
+
+		for (size_t i = 0; i < nbytes; i++)
+			b[i] = (unsigned char)(c >> (8 * (i % 8)));
+	}
+	for (size_t i = 0; i < nbytes; i++) {
+		out[2 * i] = hx[b[i] >> 4];
+		out[2 * i + 1] = hx[b[i] & 15];
+	}
+	out[2 * nbytes] = 0;
+}
+
+static const char *method_name(enum evhttp_cmd_type c)
+{
+	switch (c) {
+	case EVHTTP_REQ_GET: return "GET";
+	case EVHTTP_REQ_POST: return "POST";
+	case EVHTTP_REQ_HEAD: return "HEAD";
+	case EVHTTP_REQ_PUT: return "PUT";
+	case EVHTTP_REQ_DELETE: return "DELETE";
+	case EVHTTP_REQ_OPTIONS: return "OPTIONS";
+	case EVHTTP_REQ_TRACE: return "TRACE";
+	case EVHTTP_REQ_CONNECT: return "CONNECT";
+	case EVHTTP_REQ_PATCH: return "PATCH";
+	}
+	return "?";
+}
+
+static const char *cors_origin(struct gw *g, struct evhttp_request *req)
+{
+	const char *o = evhttp_find_header(evhttp_request_get_input_headers(req), "Origin");
+
+	if (!o)
+		return NULL;
+	for (unsigned i = 0; i < g->cfg.n_cors; i++)
+		if (strcmp(g->cfg.cors[i], "*") == 0 || strcmp(g->cfg.cors[i], o) == 0)
+			return o;
+	return NULL;
+}
+
+/* Headers every response carries. */
+static void common_headers(struct gw_req *r)
+{
+	struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
+	const char *o = cors_origin(r->g, r->req);
+	char ka[48];
+
+	evhttp_add_header(h, "x-request-id", r->req_id);
+	snprintf(ka, sizeof(ka), "timeout=%u", r->g->cfg.read_timeout_s > 1 ? r->g->cfg.read_timeout_s - 1 : 1);
+	evhttp_add_header(h, "Keep-Alive", ka);
+	if (o) {
+		evhttp_add_header(h, "Access-Control-Allow-Origin", o);
+		evhttp_add_header(h, "Vary", "Origin");
+		evhttp_add_header(h, "Access-Control-Expose-Headers", "x-request-id, retry-after");
+	}
+}
+
+static void log_access(struct gw_req *r, int status)
+{
+	if (r->g->cfg.quiet)
+		return;
+	fprintf(stderr, "k3-gateway: %s %d\n", r->req_id, status);
+}
+
+/* The HTTP side is finished: count it and forget the request object. */
+static void http_finished(struct gw_req *r, int status)
+{
+	gw_metrics_count(&r->g->m, r->mep, status);
+	log_access(r, status);
+	if (r->evcon)
+		evhttp_connection_set_closecb(r->evcon, NULL, NULL);
+	if (r->eof_ev)
+		event_del(r->eof_ev);
+	r->req = NULL;
+	r->evcon = NULL;
+}
+
+static void send_body(struct gw_req *r, int status, const char *ctype, const char *body, size_t len)
+{
+	struct evbuffer *b = evbuffer_new();
+	struct evhttp_request *req = r->req;
+
+	if (!req) {
+		evbuffer_free(b);
+		return;
+	}
+	common_headers(r);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
+	evbuffer_add(b, body, len);
+	http_finished(r, status);
+	evhttp_send_reply(req, status, NULL, b);
+	evbuffer_free(b);
+}
+
+static void send_json(struct gw_req *r, int status, json_t *v)
+{
+	char *s = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+
+	json_decref(v);
+	if (!s) {
+		static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+					  "\"param\":null,\"code\":null}}";
+		send_body(r, 500, "application/json", oom, sizeof(oom) - 1);
+		return;
+	}
+	send_body(r, status, "application/json", s, strlen(s));
+	free(s);
+}
+
+static json_t *str_or_null(const char *s)
+{
+	return s && s[0] ? json_string(s) : json_null();
+}
+
+static json_t *error_object(const char *type, const char *message, const char *param, const char *code)
+{
+	return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", message, "type", type, "param",
+			 str_or_null(param), "code", str_or_null(code));
+}
+
+static void send_error(struct gw_req *r, int status, const char *type, const char *param, const char *code,
+		       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static void send_error(struct gw_req *r, int status, const char *type, const char *param, const char *code,
+		       const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	if (!r->req)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (status == 429 || status == 503) {
+		char ra[16];
+
+		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
+		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
+	}
+	send_json(r, status, error_object(type, msg, param, code));
+}
+
+/* ---- SSE ---------------------------------------------------------------- */
+
+static void sse_write(struct gw_req *r, const char *data, size_t len)
+{
+	struct evbuffer *b;
+	struct timeval tv = { (time_t)r->g->cfg.keepalive_s, 0 };
+
+	if (!r->req)
+		return;
+	b = evbuffer_new();
+	evbuffer_add(b, data, len);
+	evhttp_send_reply_chunk(r->req, b);
+	evbuffer_free(b);
+	/* Silence is measured from the last byte sent. */
+	event_del(r->timer);
+	event_add(r->timer, &tv);
+}
+
+static void sse_event(struct gw_req *r, json_t *v)
+{
+	char *s = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	struct evbuffer *b;
+	size_t n;
+	char *p;
+
+	json_decref(v);
+	if (!s)
+		return;
+	b = evbuffer_new();
+	evbuffer_add_printf(b, "data: %s\n\n", s);
+	free(s);
+	n = evbuffer_get_length(b);
+	p = (char *)evbuffer_pullup(b, (ev_ssize_t)n);
+	sse_write(r, p, n);
+	evbuffer_free(b);
+}
+
+static json_t *chunk_base(struct gw_req *r)
+{
+	bool chat = r->oai.ep == GW_EP_CHAT;
+	json_t *c = json_pack("{s:s,s:s,s:I,s:s}", "id", r->cmpl_id, "object",
+			      chat ? "chat.completion.chunk" : "text_completion", "created",
+			      (json_int_t)r->created, "model", r->model);
+
+	return c;
+}
+
+/* One chat chunk with delta (stolen) or one legacy chunk with text. */
+static void sse_delta(struct gw_req *r, json_t *delta, const char *text, const char *finish)
+{
+	json_t *c = chunk_base(r), *choice;
+
+	if (r->oai.ep == GW_EP_CHAT)
+		choice = json_pack("{s:i,s:o,s:n,s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
+				   str_or_null(finish));
+	else
+		choice = json_pack("{s:s,s:i,s:n,s:o}", "text", text ? text : "", "index", 0, "logprobs",
+				   "finish_reason", str_or_null(finish));
+	json_object_set_new(c, "choices", json_pack("[o]", choice));
+	if (r->oai.include_usage)
+		json_object_set_new(c, "usage", json_null());
+	sse_event(r, c);
+}
+
+static void keepalive_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct gw_req *r = arg;
+	static const char ka[] = ": keep-alive\n\n";
+
+	(void)fd;
+	(void)what;
+	if (r->req && r->started)
+		sse_write(r, ka, sizeof(ka) - 1);
+}
+
+static void sse_start(struct gw_req *r)
+{
+	struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
+
+	common_headers(r);
+	evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
+	evhttp_add_header(h, "Cache-Control", "no-cache");
+	evhttp_add_header(h, "X-Accel-Buffering", "no");
+	evhttp_send_reply_start(r->req, 200, "OK");
+	r->started = true;
+	if (r->oai.ep == GW_EP_CHAT)
+		sse_delta(r, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
+	else
+		sse_write(r, "", 0);   /* arms the keep-alive timer */
+}
+
+/* Ends an SSE response: the reply is complete on the HTTP side. */
+static void sse_end(struct gw_req *r, int status)
+{
+	struct evhttp_request *req = r->req;
+
+	if (!req)
+		return;
+	event_del(r->timer);
+	http_finished(r, status);
+	evhttp_send_reply_end(req);
+}
+
+/* An error after the headers are out: one error event, then the end. */
+static void sse_fail(struct gw_req *r, const char *message)
+{
+	sse_event(r, error_object("server_error", message, NULL, NULL));
+	sse_end(r, 500);
+}
+
+/* ---- generation results ------------------------------------------------ */
+
+static const char *finish_name(const struct gw_req *r, uint32_t f)
+{
+	switch (f) {
+	case K3_FINISH_STOP: return "stop";
+	case K3_FINISH_LENGTH: return "length";
+	case K3_FINISH_TOOL_CALLS: return r->oai.ep == GW_EP_CHAT ? "tool_calls" : "stop";
+	default: return NULL;
+	}
+}
+
+static json_t *usage_json(const struct k3_msg_done *d)
+{
+	return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)d->prompt_tokens,
+			 "completion_tokens", (json_int_t)d->completion_tokens, "total_tokens",
+			 (json_int_t)d->prompt_tokens + (json_int_t)d->completion_tokens, "prompt_tokens_details",
+			 "cached_tokens", (json_int_t)d->cached_tokens, "completion_tokens_details",
+			 "reasoning_tokens", (json_int_t)d->reasoning_tokens);
+}
+
+static json_t *buf_string(struct evbuffer *b)
+{
+	size_t n = evbuffer_get_length(b);
+	const char *p = n ? (const char *)evbuffer_pullup(b, (ev_ssize_t)n) : "";
+
+	return json_stringn(p, n);
+}
+
+static void on_done(struct gw_req *r, const struct k3_msg_done *d)
+{
+	const char *finish = finish_name(r, d->finish);
+	struct gw_metrics *m = &r->g->m;
+
+	r->done = true;
+	m->prompt_tokens += d->prompt_tokens;
+	m->completion_tokens += d->completion_tokens;
+	m->reasoning_tokens += d->reasoning_tokens;
+	m->cached_tokens += d->cached_tokens;
+	m->prefill_s += d->prefill_s;
+	m->decode_s += d->decode_s;
+	if (!r->req)
+		return;
+	if (!finish) {
+		const char *why = d->finish == K3_FINISH_CANCELLED ? "the generation was cancelled in k3d"
+								   : "the engine failed during generation";
+		if (r->started)
+			sse_fail(r, why);
+		else
+			send_error(r, 500, "server_error", NULL, NULL, "%s", why);
+		return;
+	}
+	if (r->oai.stream) {
+		if (!r->started)
+			sse_start(r);
+		sse_delta(r, json_object(), "", finish);
+		if (r->oai.include_usage) {
+			json_t *c = chunk_base(r);
+
+			json_object_set_new(c, "choices", json_array());
+			json_object_set_new(c, "usage", usage_json(d));
+			sse_event(r, c);
+		}
+		sse_write(r, "data: [DONE]\n\n", 14);
+		sse_end(r, 200);
+		return;
+	}
+	json_t *resp = json_pack("{s:s,s:s,s:I,s:s}", "id", r->cmpl_id, "object",
+				 r->oai.ep == GW_EP_CHAT ? "chat.completion" : "text_completion", "created",
+				 (json_int_t)r->created, "model", r->model);
+	json_t *choice;
+
+	if (r->oai.ep == GW_EP_CHAT) {
+		json_t *msg = json_pack("{s:s}", "role", "assistant");
+		bool calls = r->tool_calls && json_array_size(r->tool_calls);
+
+		json_object_set_new(msg, "content", calls && evbuffer_get_length(r->content) == 0
+							    ? json_null() : buf_string(r->content));
+		json_object_set_new(msg, "refusal", json_null());
+		if (evbuffer_get_length(r->reasoning))
+			json_object_set_new(msg, "reasoning_content", buf_string(r->reasoning));
+		if (calls) {
+			size_t i;
+			json_t *c;
+
+			json_array_foreach(r->tool_calls, i, c)
+				json_object_del(c, "__index");
+			json_object_set(msg, "tool_calls", r->tool_calls);
+		}
+		choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs", "finish_reason",
+				   finish);
+	} else {
+		evbuffer_add_buffer(r->content, r->reasoning);
+		choice = json_pack("{s:o,s:i,s:n,s:s}", "text", buf_string(r->content), "index", 0, "logprobs",
+				   "finish_reason", finish);
+	}
+	json_object_set_new(resp, "choices", json_pack("[o]", choice));
+	json_object_set_new(resp, "usage", usage_json(d));
+	send_json(r, 200, resp);
+}
+
+static void on_token(struct gw_req *r, const struct k3_msg_token *t)
+{
+	bool reasoning = t->has_channel && t->channel == K3_CHANNEL_REASONING;
+
+	if (!r->req || !t->has_text || t->text.len == 0)
+		return;
+	if (!r->oai.stream) {
+		evbuffer_add(reasoning ? r->reasoning : r->content, t->text.p, t->text.len);
+		return;
+	}
+	if (!r->started)
+		sse_start(r);
+	if (r->oai.ep == GW_EP_CHAT) {
+		json_t *delta = json_object();
+
+		json_object_set_new(delta, reasoning ? "reasoning_content" : "content",
+				    json_stringn(t->text.p, t->text.len));
+		sse_delta(r, delta, NULL, NULL);
+	} else {
+		char *s = strndup(t->text.p, t->text.len);
+
+		sse_delta(r, NULL, s, NULL);
+		free(s);
+	}
+}
+
+static void on_tool_call(struct gw_req *r, const struct k3_msg_tool_call *tc)
+{
+	json_t *name = tc->has_name ? json_stringn(tc->name.p, tc->name.len) : NULL;
+	json_t *args = json_stringn(tc->has_arguments ? tc->arguments.p : "", tc->has_arguments ? tc->arguments.len : 0);
+	char idx[16], gen_id[40];
+	json_t *id;
+
+	if (!r->req || r->oai.ep != GW_EP_CHAT) {
+		json_decref(name);
+		json_decref(args);
+		return;
+	}
+	snprintf(idx, sizeof(idx), "%u", tc->index);
+	if (tc->has_id && tc->id.len) {
+		id = json_stringn(tc->id.p, tc->id.len);
+	} else {
+		memcpy(gen_id, "call_", 5);
+		random_hex(gen_id + 5, 12);
+		id = json_string(gen_id);
+	}
+	if (!r->oai.stream) {
+		json_t *call = NULL;
+		size_t i;
+		json_t *c;
+
+		json_array_foreach(r->tool_calls, i, c) {
+			if (json_integer_value(json_object_get(c, "__index")) == (json_int_t)tc->index)
+				call = c;
+		}
+		if (!call) {
+			call = json_pack("{s:I,s:o,s:s,s:{s:s,s:s}}", "__index", (json_int_t)tc->index, "id",
+					 json_incref(id), "type", "function", "function", "name", "", "arguments", "");
+			json_array_append_new(r->tool_calls, call);
+		}
+		json_t *fn = json_object_get(call, "function");
+		if (name)
+			json_object_set(fn, "name", name);
+		char *joined = NULL;
+		if (asprintf(&joined, "%s%s", json_string_value(json_object_get(fn, "arguments")),
+			     json_string_value(args)) >= 0) {
+			json_object_set_new(fn, "arguments", json_string(joined));
+			free(joined);
+		}
+		json_decref(name);
+		json_decref(args);
+		json_decref(id);
+		return;
+	}
+	if (!r->started)
+		sse_start(r);
+	json_t *call = json_pack("{s:I}", "index", (json_int_t)tc->index);
+	json_t *fn = json_object();
+
+	/* id, type and name go out once per call, in its first delta: the SDK
+	 * accumulates string fields, so repeating them would corrupt them. */
+	if (!json_object_get(r->tool_seen, idx)) {
+		json_object_set_new(r->tool_seen, idx, json_true());
+		json_object_set(call, "id", id);
+		json_object_set_new(call, "type", json_string("function"));
+		json_object_set_new(fn, "name", name ? json_incref(name) : json_string(""));
+	}
+	json_object_set(fn, "arguments", args);
+	json_object_set_new(call, "function", fn);
+	sse_delta(r, json_pack("{s:[o]}", "tool_calls", call), NULL, NULL);
+	json_decref(name);
+	json_decref(args);
+	json_decref(id);
+}
+
+/* An ERROR for the GENERATE before any byte went out: its HTTP form. */
+static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
+{
+	char msg[K3_LIM_MESSAGE_MAX + 1], param[K3_LIM_NAME_MAX + 1];
+
+	snprintf(msg, sizeof(msg), "%.*s", (int)e->message.len, e->message.p ? e->message.p : "");
+	snprintf(param, sizeof(param), "%.*s", e->has_param ? (int)e->param.len : 0,
+		 e->has_param ? e->param.p : "");
+	if (r->started) {
+		sse_fail(r, msg);
+		return;
+	}
+	switch (e->status) {
+	case K3_STATUS_BUSY:
+		send_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded",
+			   "k3d is busy: its generation slot and queue are full (%s). Retry after the "
+			   "Retry-After delay.", msg);
+		break;
+	case K3_STATUS_NOT_READY:
+		send_error(r, 503, "server_error", NULL, "model_not_ready", "k3d is still loading the model: %s", msg);
+		break;
+	case K3_STATUS_SHUTTING_DOWN:
+		send_error(r, 503, "server_error", NULL, NULL, "k3d is shutting down: %s", msg);
+		break;
+	case K3_STATUS_CONTEXT_EXCEEDED:
+		send_error(r, 400, "invalid_request_error", param[0] ? param : "messages", "context_length_exceeded",
+			   "%s%s", strstr(msg, "maximum context length") ? "" :
+			   "This model's maximum context length was exceeded: ", msg);
+		break;
+	case K3_STATUS_INVALID_ARGUMENT:
+	case K3_STATUS_BAD_REQUEST:
+		send_error(r, 400, "invalid_request_error", param, "invalid_value", "%s", msg);
+		break;
+	case K3_STATUS_UNSUPPORTED:
+		send_error(r, 400, "invalid_request_error", param, "unsupported_value", "%s", msg);
+		break;
+	case K3_STATUS_TOO_LARGE:
+		send_error(r, 413, "invalid_request_error", param, NULL, "%s", msg);
+		break;
+	default:
+		send_error(r, 500, "server_error", NULL, NULL, "k3d failed: %s", msg);
+		break;
+	}
+}
+
+static void send_generate(struct gw_req *r)
+{
+	struct k3_msg_generate gen;
+	int rc;
+
+	gw_oai_to_generate(&r->oai, &gen);
+	rc = gw_daemon_send(r->d, K3_MSG_GENERATE, RID_GENERATE, &gen);
+	if (rc < 0) {
+		send_error(r, 400, "invalid_request_error", NULL, NULL,
+			   "The request cannot be sent to k3d (%s): a field is over a protocol limit.",
+			   k3_proto_error_name(rc));
+		gw_daemon_free(r->d);
+		r->d = NULL;
+		r->g->m.in_flight--;
+		req_maybe_free(r);
+		return;
+	}
+	r->generate_sent = true;
+}
+
+/* ---- the k3d conversation ----------------------------------------------- */
+
+static void daemon_close(struct gw_req *r)
+{
+	if (!r->d)
+		return;
+	gw_daemon_free(r->d);
+	r->d = NULL;
+	r->g->m.in_flight--;
+}
+
+static void health_reply(struct gw_req *r, bool ready, const char *model)
+{
+	if (!r->req)
+		return;
+	if (ready) {
+		send_json(r, 200, json_pack("{s:s,s:s}", "status", "ok", "model", model));
+	} else {
+		char ra[16];
+
+		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
+		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
+		send_json(r, 503, json_pack("{s:s}", "status", "loading"));
+	}
+}
+
+static void metrics_reply(struct gw_req *r, const struct k3_msg_status_reply *st)
+{
+	struct evbuffer *b = evbuffer_new();
+	size_t n;
+
+	gw_metrics_render(&r->g->m, st, b);
+	n = evbuffer_get_length(b);
+	send_body(r, 200, "text/plain; version=0.0.4; charset=utf-8", (const char *)evbuffer_pullup(b, (ev_ssize_t)n),
+		  n);
+	evbuffer_free(b);
+}
+
+static json_t *model_object(struct gw_req *r)
+{
+	return json_pack("{s:s,s:s,s:I,s:s}", "id", r->model, "object", "model", "created",
+			 (json_int_t)r->g->started, "owned_by", "k3d");
+}
+
+static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
+{
+	bool ready = h->state == K3_STATE_READY;
+
+	snprintf(r->model, sizeof(r->model), "%.*s", h->has_model ? (int)h->model.len : 0,
+		 h->has_model ? h->model.p : "");
+	if (!r->model[0])
+		snprintf(r->model, sizeof(r->model), "kimi-k3");
+	switch (r->kind) {
+	case K_HEALTH:
+		health_reply(r, ready, r->model);
+		daemon_close(r);
+		break;
+	case K_METRICS: {
+		struct k3_msg_status st = { 0 };
+
+		if (gw_daemon_send(r->d, K3_MSG_STATUS, RID_STATUS, &st) < 0) {
+			metrics_reply(r, NULL);
+			daemon_close(r);
+		}
+		break;
+	}
+	case K_MODELS:
+	case K_MODEL_ONE:
+		if (!h->has_model || h->state == K3_STATE_NO_MODEL) {
+			send_error(r, 503, "server_error", NULL, "model_not_ready", "k3d has no model loaded yet.");
+		} else if (r->kind == K_MODELS) {
+			send_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_object(r)));
+		} else if (strcmp(r->model_query, r->model) == 0) {
+			send_json(r, 200, model_object(r));
+		} else {
+			send_error(r, 404, "invalid_request_error", "model", "model_not_found",
+				   "The model `%s` does not exist or you do not have access to it. This server "
+				   "serves `%s`.", r->model_query, r->model);
+		}
+		daemon_close(r);
+		break;
+	case K_GENERATE:
+		if (!ready) {
+			send_error(r, 503, "server_error", NULL, "model_not_ready",
+				   "k3d is not ready (state %u: still loading the model or draining).", h->state);
+			daemon_close(r);
+			break;
+		}
+		send_generate(r);
+		break;
+	}
+}
+
+static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, const union k3_proto_body *b,
+			 void *arg)
+{
+	struct gw_req *r = arg;
+
+	(void)d;
+	switch (h->type) {
+	case K3_MSG_HELLO_OK:
+		on_hello_ok(r, &b->hello_ok);
+		break;
+	case K3_MSG_STATUS_REPLY:
+		if (r->kind == K_METRICS) {
+			metrics_reply(r, &b->status_reply);
+			daemon_close(r);
+		}
+		break;
+	case K3_MSG_ACCEPTED:
+		r->accepted = true;
+		/* Admitted (running or queued): a stream can start now, and its
+		 * keep-alives cover the queue wait and the prefill. */
+		if (r->req && r->oai.stream && !r->started)
+			sse_start(r);
+		break;
+	case K3_MSG_TOKEN:
+		if (h->request_id == RID_GENERATE)
+			on_token(r, &b->token);
+		break;
+	case K3_MSG_TOOL_CALL:
+		if (h->request_id == RID_GENERATE)
+			on_tool_call(r, &b->tool_call);
+		break;
+	case K3_MSG_DONE:
+		if (h->request_id != RID_GENERATE)
+			break;
+		on_done(r, &b->done);
+		daemon_close(r);
+		break;
+	case K3_MSG_ERROR:
+		if (h->request_id == RID_GENERATE && r->generate_sent) {
+			if (r->req)
+				on_generate_error(r, &b->error);
+			r->done = true;
+			daemon_close(r);
+		} else if (h->request_id == RID_HELLO || h->request_id == RID_STATUS) {
+			char why[300];
+
+			snprintf(why, sizeof(why), "k3d refused the %s: %.*s",
+				 h->request_id == RID_HELLO ? "connection" : "status request",
+				 (int)b->error.message.len, b->error.message.p ? b->error.message.p : "");
+			if (r->kind == K_METRICS)
+				metrics_reply(r, NULL);
+			else if (r->kind == K_HEALTH)
+				health_reply(r, false, NULL);
+			else
+				send_error(r, 503, "server_error", NULL, NULL, "%s", why);
+			daemon_close(r);
+		}
+		break;
+	default:
+		break;   /* PROGRESS, OK (the CANCEL's answer), PONG */
+	}
+	req_maybe_free(r);
+}
+
+static void daemon_fail(struct gw_daemon *d, const char *why, void *arg)
+{
+	struct gw_req *r = arg;
+
+	(void)d;
+	if (r->req) {
+		switch (r->kind) {
+		case K_HEALTH:
+			health_reply(r, false, NULL);
+			break;
+		case K_METRICS:
+			metrics_reply(r, NULL);
+			break;
+		default:
+			if (r->started)
+				sse_fail(r, why);
+			else if (r->accepted)
+				send_error(r, 500, "server_error", NULL, NULL, "k3d failed during the request: %s", why);
+			else
+				send_error(r, 503, "server_error", NULL, NULL, "k3d is not available: %s", why);
+		}
+	}
+	daemon_close(r);
+	req_maybe_free(r);
+}
+
+/* ---- client disconnects ------------------------------------------------- */
+
+static void client_gone(struct gw_req *r)
+{
+	struct timeval grace = { GW_CANCEL_GRACE_S, 0 };
+
+	if (!r->req)
+		return;
+	http_finished(r, 499);
+	event_del(r->timer);
+	if (!r->d)
+		return;
+	if (r->kind == K_GENERATE && r->generate_sent && !r->done) {
+		struct k3_msg_cancel c = { 0 };
+
+		/* CANCEL at once; closing the connection after DONE (or after the
+		 * grace) cancels too, so a lost CANCEL cannot keep the slot. */
+		if (gw_daemon_send(r->d, K3_MSG_CANCEL, RID_GENERATE, &c) == 0) {
+			r->cancel_sent = true;
+			r->g->m.cancels_sent++;
+			event_add(r->timer, &grace);
+			return;
+		}
+	}
+	daemon_close(r);
+}
+
+static void on_close(struct evhttp_connection *evcon, void *arg)
+{
+	struct gw_req *r = arg;
+
+	(void)evcon;
+	client_gone(r);
+	req_maybe_free(r);
+}
+
+/* libevent stops reading a connection while its request is processed, so
+ * it would notice a client that leaves only at the next write. This
+ * watcher notices at once, streaming or not. */
+static void eof_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct gw_req *r = arg;
+	char c;
+	ssize_t n;
+
+	(void)what;
+	if (!r->req)
+		return;
+	n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n > 0)
+		return;        /* a pipelined request: not a disconnect; stop watching */
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+		event_add(r->eof_ev, NULL);
+		return;
+	}
+	/* Freeing the connection runs on_close, which cancels the job. */
+	evhttp_connection_free(r->evcon);
+}
+
+static void req_maybe_free(struct gw_req *r)
+{
+	if (r->req || r->d)
+		return;
+	if (r->eof_ev)
+		event_free(r->eof_ev);
+	if (r->timer)
+		event_free(r->timer);
+	gw_oai_request_release(&r->oai);
+	free(r->model_query);
+	if (r->content)
+		evbuffer_free(r->content);
+	if (r->reasoning)
+		evbuffer_free(r->reasoning);
+	json_decref(r->tool_calls);
+	json_decref(r->tool_seen);
+	free(r);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct gw_req *r = arg;
+
+	if (r->req) {
+		keepalive_cb(fd, what, arg);
+		return;
+	}
+	/* Cancel grace over: drop the connection, which cancels (rule 6). */
+	daemon_close(r);
+	req_maybe_free(r);
+}
+
+/* Opens the k3d connection for r; replies 503 itself on failure. */
+static void start_daemon(struct gw_req *r)
+{
+	r->d = gw_daemon_open(r->g->base, r->g->cfg.socket_path, r->g->cfg.daemon_timeout_s, daemon_frame,
+			      daemon_fail, r);
+	if (!r->d) {
+		send_error(r, 503, "server_error", NULL, NULL, "k3d is not available: out of memory");
+		return;
+	}
+	r->g->m.in_flight++;
+	if (r->evcon) {
+		struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
+		evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+
+		evhttp_connection_set_closecb(r->evcon, on_close, r);
+		if (fd >= 0) {
+			r->eof_ev = event_new(r->g->base, fd, EV_READ, eof_cb, r);
+			if (r->eof_ev)
+				event_add(r->eof_ev, NULL);
+		}
+	}
+}
+
+/* ---- request parsing ----------------------------------------------------- */
+
+static bool json_too_deep(json_t *v, unsigned depth)
+{
+	size_t i;
+	const char *k;
+	json_t *c;
+
+	if (depth > K3_LIM_JSON_DEPTH)
+		return true;
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, c)
+			if (json_too_deep(c, depth + 1))
+				return true;
+	} else if (json_is_object(v)) {
+		json_object_foreach(v, k, c)
+			if (json_too_deep(c, depth + 1))
+				return true;
+	}
+	return false;
+}
+
+static bool content_type_json(struct evhttp_request *req)
+{
+	const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
+	size_t n = strlen("application/json");
+
+	if (!ct)
+		return false;
+	while (*ct == ' ')
+		ct++;
+	return strncasecmp(ct, "application/json", n) == 0 && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
+}
+
+static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
+{
+	struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
+	size_t len = evbuffer_get_length(in);
+	struct gw_oai_error e = { 0 };
+	json_error_t je;
+	json_t *body;
+
+	if (!content_type_json(r->req)) {
+		send_error(r, 415, "invalid_request_error", NULL, "unsupported_media_type",
+			   "Unsupported Content-Type: send the body as 'application/json'.");
+		return;
+	}
+	if (len > r->g->cfg.max_body) {
+		send_error(r, 413, "invalid_request_error", NULL, "request_too_large",
+			   "The request body has %zu bytes; this server accepts at most %llu (--max-body).", len,
+			   (unsigned long long)r->g->cfg.max_body);
+		return;
+	}
+	body = json_loadb(len ? (const char *)evbuffer_pullup(in, (ev_ssize_t)len) : "", len,
+			  JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+	if (!body) {
+		send_error(r, 400, "invalid_request_error", NULL, NULL,
+			   "We could not parse the JSON body of your request (%s at line %d, column %d). The "
+			   "body must be valid JSON.", je.text, je.line, je.column);
+		return;
+	}
+	if (json_too_deep(body, 0)) {
+		json_decref(body);
+		send_error(r, 400, "invalid_request_error", NULL, NULL,
+			   "The JSON body nests deeper than %u levels.", K3_LIM_JSON_DEPTH);
+		return;
+	}
+	if (gw_oai_parse(ep, body, &r->oai, &e) < 0) {
+		json_decref(body);
+		send_error(r, e.status, "invalid_request_error", e.param, e.code, "%s", e.message);
+		return;
+	}
+	json_decref(body);
+	memcpy(r->cmpl_id, ep == GW_EP_CHAT ? "chatcmpl-" : "cmpl-", ep == GW_EP_CHAT ? 9 : 5);
+	random_hex(r->cmpl_id + (ep == GW_EP_CHAT ? 9 : 5), 12);
+	r->content = evbuffer_new();
+	r->reasoning = evbuffer_new();
+	r->tool_calls = json_array();
+	r->tool_seen = json_object();
+	start_daemon(r);
+}
+
+/* ---- routing ------------------------------------------------------------- */
+
+static bool authorized(struct gw_req *r)
+{
+	const char *h, *key = r->g->cfg.api_key;
+	size_t kl, hl;
+	unsigned char diff = 0;
+
+	if (!key)
+		return true;
+	h = evhttp_find_header(evhttp_request_get_input_headers(r->req), "Authorization");
+	if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+		return false;
+	h += 7;
+	kl = strlen(key);
+	hl = strlen(h);
+	/* Constant time in the key's length. */
+	for (size_t i = 0; i < kl; i++)
+		diff |= (unsigned char)key[i] ^ (unsigned char)(i < hl ? h[i] : 0);
+	return diff == 0 && hl == kl;
+}
+
+/* Collapses repeated slashes and drops a trailing one: /v1//models/ ->
+ * /v1/models. */
+static void normalize_path(const char *in, char *out, size_t cap)
+{
+	size_t o = 0;
+
+	for (; *in && *in != '?' && *in != '#' && o + 1 < cap; in++) {
+		if (*in == '/' && o && out[o - 1] == '/')
+			continue;
+		out[o++] = *in;
+	}
+	if (o > 1 && out[o - 1] == '/')
+		o--;
+	if (o == 0)
+		out[o++] = '/';
+	out[o] = 0;
+}
+
+struct route {
+	const char *path;
+	bool prefix;                     /* path + "/{id}" */
+	unsigned methods;                /* EVHTTP_REQ_* */
+	const char *allow;
+	enum gw_ep_metric mep;
+};
+
+static const struct route routes[] = {
+	{ "/v1/chat/completions", false, EVHTTP_REQ_POST, "POST, OPTIONS", GW_M_CHAT },
+	{ "/v1/completions", false, EVHTTP_REQ_POST, "POST, OPTIONS", GW_M_COMPLETIONS },
+	{ "/v1/models", false, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "GET, HEAD, OPTIONS", GW_M_MODELS },
+	{ "/v1/models", true, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "GET, HEAD, OPTIONS", GW_M_MODELS },
+	{ "/health", false, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "GET, HEAD, OPTIONS", GW_M_HEALTH },
+	{ "/metrics", false, EVHTTP_REQ_GET, "GET, OPTIONS", GW_M_METRICS },
+};
+
+static void gencb(struct evhttp_request *req, void *arg)
+{
+	struct gw *g = arg;
+	struct gw_req *r = calloc(1, sizeof(*r));
+	/* The raw target, not the parsed URI: "//v1/models" would parse as
+	 * host "v1" and path "/models". */
+	const char *raw = evhttp_request_get_uri(req);
+	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+	const struct route *rt = NULL;
+	char path[1024];
+
+	if (!r) {
+		evhttp_send_reply(req, 500, NULL, NULL);
+		return;
+	}
+	r->g = g;
+	r->req = req;
+	r->evcon = evhttp_request_get_connection(req);
+	r->mep = GW_M_OTHER;
+	r->created = (long long)time(NULL);
+	memcpy(r->req_id, "req_", 4);
+	random_hex(r->req_id + 4, 16);
+	r->timer = evtimer_new(g->base, timer_cb, r);
+	normalize_path(raw && raw[0] ? raw : "/", path, sizeof(path));
+
+	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+		size_t n = strlen(routes[i].path);
+
+		if (!routes[i].prefix ? strcmp(path, routes[i].path) == 0
+				      : strncmp(path, routes[i].path, n) == 0 && path[n] == '/' && path[n + 1]) {
+			rt = &routes[i];
+			break;
+		}
+	}
+	if (!rt) {
+		send_error(r, 404, "invalid_request_error", NULL, NULL, "Invalid URL (%s %s)", method_name(cmd), path);
+		goto out;
+	}
+	r->mep = rt->mep;
+	if (cmd == EVHTTP_REQ_OPTIONS) {
+		struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+		struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+		const char *o = cors_origin(g, req);
+
+		evhttp_add_header(h, "Allow", rt->allow);
+		if (o) {
+			const char *rh = evhttp_find_header(in, "Access-Control-Request-Headers");
+			char hdrs[1024];
+			size_t k = 0;
+
+			/* Echo the requested header names (token characters only):
+			 * the SDK sends x-stainless-*, and '*' would not cover
+			 * Authorization. */
+			for (const char *p = rh ? rh : ""; *p && k + 1 < sizeof(hdrs); p++)
+				if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+				    *p == '-' || *p == '_' || *p == ',' || *p == ' ')
+					hdrs[k++] = *p;
+			hdrs[k] = 0;
+			evhttp_add_header(h, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+			evhttp_add_header(h, "Access-Control-Allow-Headers",
+					  k ? hdrs : "authorization, content-type");
+			evhttp_add_header(h, "Access-Control-Max-Age", "600");
+			if (evhttp_find_header(in, "Access-Control-Request-Private-Network"))
+				evhttp_add_header(h, "Access-Control-Allow-Private-Network", "true");
+		}
+		common_headers(r);
+		http_finished(r, 204);
+		evhttp_send_reply(req, 204, "No Content", NULL);
+		goto out;
+	}
+	if (!(rt->methods & cmd)) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", rt->allow);
+		send_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+			   "Method %s is not allowed on %s; allowed: %s.", method_name(cmd), path, rt->allow);
+		goto out;
+	}
+	if (rt->mep != GW_M_HEALTH && !authorized(r)) {
+		send_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
+			   "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key from "
+			   "k3-gateway's --api-key-file.");
+		goto out;
+	}
+	switch (rt->mep) {
+	case GW_M_CHAT:
+	case GW_M_COMPLETIONS:
+		r->kind = K_GENERATE;
+		handle_generate(r, rt->mep == GW_M_CHAT ? GW_EP_CHAT : GW_EP_COMPLETIONS);
+		break;
+	case GW_M_MODELS:
+		r->kind = rt->prefix ? K_MODEL_ONE : K_MODELS;
+		if (rt->prefix) {
+			char *dec = evhttp_uridecode(path + strlen(rt->path) + 1, 0, NULL);
+
+			r->model_query = dec ? dec : strdup("");
+		}
+		start_daemon(r);
+		break;
+	case GW_M_HEALTH:
+		r->kind = K_HEALTH;
+		start_daemon(r);
+		break;
+	case GW_M_METRICS:
+		r->kind = K_METRICS;
+		start_daemon(r);
+		break;
+	default:
+		break;
+	}
+out:
+	req_maybe_free(r);
+}
+
+void gw_http_setup(struct gw *g)
+{
+	uint64_t backstop = g->cfg.max_body * 2 + (1u << 20);
+
+	evhttp_set_gencb(g->http, gencb, g);
+	/* Every method reaches gencb, so a wrong one gets our JSON 405 rather
+	 * than libevent's HTML 501. */
+	evhttp_set_allowed_methods(g->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+						    EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+						    EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+	/* Our limit answers in JSON from gencb; libevent's cap (which answers
+	 * with its own HTML 413 and no body read) is only a backstop against
+	 * bodies far beyond it. */
+	evhttp_set_max_body_size(g->http, (ev_ssize_t)(backstop > (uint64_t)INT64_MAX / 2 ? (uint64_t)INT64_MAX / 2
+											      : backstop));
+	evhttp_set_max_headers_size(g->http, K3_LIM_HTTP_HEADERS);
+	evhttp_set_timeout(g->http, (int)g->cfg.read_timeout_s);
+	evhttp_set_default_content_type(g->http, "application/json");
+	/* Past the backstop libevent drains the body before its 413, so the
+	 * client still reads the status instead of a reset. */
+	evhttp_set_flags(g->http, EVHTTP_SERVER_LINGERING_CLOSE);
+}

@@ -1,0 +1,81 @@
+/*
+ * gw_openai.h - the OpenAI request policy of k3-gateway: validates a parsed
+ * JSON body of POST /v1/chat/completions or /v1/completions against the
+ * field policy (docs/k3-gateway.8, "FIELD POLICY") and maps it onto the
+ * fields of a k3 GENERATE frame. Pure: no I/O, no globals.
+ *
+ * What the gateway sends k3d in GENERATE (mode CHAT):
+ *   messages   canonical JSON array: every message has "role" (system, user,
+ *              assistant or tool; "developer" becomes "system") and, where
+ *              given, "content" (a string, or an array of {"type":"text",
+ *              "text":...} parts, or null for an assistant), "name",
+ *              "reasoning_content" (from reasoning_content or reasoning),
+ *              "tool_calls" ([{id,type:"function",function:{name,arguments
+ *              (string)}}]) and "tool_call_id". Nothing else.
+ *   tools      the request's tools array (JSON), absent when [] or null.
+ *   tool_choice JSON value: "auto", "none" or "required".
+ *   response_format JSON object, only for json_object / json_schema.
+ *   stop       0..4 strings, each 1..256 bytes (applied by k3d to the
+ *              answer channel only).
+ *   max_new    tokens, reasoning included; absent = until the model stops
+ *              or the context fills.
+ *   thinking / reasoning_effort  from reasoning_effort (none -> thinking
+ *              false; low/high/max -> that effort; absent -> k3d default).
+ * Mode RAW (legacy completions): prompt, stop, max_new (default 16).
+ */
+#ifndef K3_GW_OPENAI_H
+#define K3_GW_OPENAI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "k3_proto.h"
+
+enum gw_endpoint { GW_EP_CHAT = 0, GW_EP_COMPLETIONS = 1 };
+
+/* An OpenAI error to send before any response byte. */
+struct gw_oai_error {
+	int status;             /* HTTP status, 400 for every validation error */
+	char message[512];
+	char param[128];        /* "" = null */
+	char code[64];          /* "" = null */
+};
+
+/* What a valid request asks for. Strings are owned (freed by
+ * gw_oai_request_release). */
+struct gw_oai_request {
+	enum gw_endpoint ep;
+	bool stream;
+	bool include_usage;
+	char *messages;         /* CHAT: canonical messages JSON */
+	char *tools;            /* CHAT: tools JSON or NULL */
+	char *tool_choice;      /* CHAT: JSON or NULL */
+	char *response_format;  /* CHAT: JSON or NULL */
+	char *prompt;           /* RAW */
+	uint32_t n_stop;
+	char *stop[K3_LIM_STOP_COUNT];
+	bool has_max_new;
+	uint32_t max_new;
+	uint32_t effort;        /* enum k3_proto_effort */
+};
+
+/*
+ * Validates body (a parsed JSON value of any type) for endpoint ep and
+ * fills out. Returns 0, or -1 with *e filled (status 400 and OpenAI's
+ * type/param/code conventions). out must be zeroed by the caller; on
+ * failure it may hold partial allocations: release it either way.
+ */
+int gw_oai_parse(enum gw_endpoint ep, json_t *body, struct gw_oai_request *out,
+		 struct gw_oai_error *e);
+
+void gw_oai_request_release(struct gw_oai_request *r);
+
+/*
+ * Fills a GENERATE frame body from a parsed request. The frame's string
+ * views point into r, which must outlive the encode.
+ */
+void gw_oai_to_generate(const struct gw_oai_request *r, struct k3_msg_generate *g);
+
+#endif

@@ -1,0 +1,331 @@
+/*
+ * k3-gateway - OpenAI-compatible HTTP front end of k3d (docs/k3-gateway.8).
+ * Speaks HTTP on one side and the k3 protocol to k3d's Unix socket on the
+ * other. It links only libk3proto, libevent and jansson: a web-facing bug
+ * cannot touch model state.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "gw.h"
+#include "k3_build_config.h"
+#include "k3_limits.h"
+
+#define DEFAULT_SOCKET "/run/k3d/k3d.sock"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: k3-gateway [options]\n"
+		"  --listen HOST:PORT     address to serve HTTP on (default 127.0.0.1:8000;\n"
+		"                         port 0 picks a free one); ignored under systemd\n"
+		"                         socket activation\n"
+		"  --allow-remote         allow a non-loopback --listen address\n"
+		"  --socket PATH          k3d's Unix socket (default $K3D_SOCKET or " DEFAULT_SOCKET ")\n"
+		"  --api-key-file PATH    require 'Authorization: Bearer KEY' (KEY = the file's\n"
+		"                         first line) on every endpoint but /health and OPTIONS\n"
+		"  --cors ORIGIN          answer CORS for ORIGIN ('*' = any; repeatable, %d at most)\n"
+		"  --max-body BYTES       largest request body (default %u)\n"
+		"  --read-timeout SEC     limit for reading a request's headers and body, for\n"
+		"                         a stalled write, and for an idle keep-alive (default 60)\n"
+		"  --keepalive SEC        SSE ': keep-alive' comment after SEC silent seconds (default 15)\n"
+		"  --retry-after SEC      Retry-After on 429 and 503 (default 1)\n"
+		"  --daemon-timeout SEC   limit for k3d's answer to HELLO and STATUS (default 10)\n"
+		"  --quiet                no access log on stderr\n"
+		"  --version, --help\n",
+		GW_MAX_CORS, K3_LIM_HTTP_BODY_DEFAULT);
+}
+
+/* Strict decimal parse: digits only, in [min, max]. */
+static int parse_uint(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t v = 0;
+
+	if (!s || !*s)
+		goto bad;
+	for (const char *p = s; *p; p++) {
+		if (*p < '0' || *p > '9')
+			goto bad;
+		if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+			goto bad;
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	if (v < min || v > max)
+		goto bad;
+	*out = v;
+	return 0;
+bad:
+	fprintf(stderr, "k3-gateway: %s '%s': expected a whole number in [%llu, %llu]\n", flag, s ? s : "",
+		(unsigned long long)min, (unsigned long long)max);
+	return -1;
+}
+
+static char *read_key(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char buf[4096];
+	size_t n;
+
+	if (!f) {
+		fprintf(stderr, "k3-gateway: --api-key-file '%s': %s\n", path, strerror(errno));
+		return NULL;
+	}
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	buf[strcspn(buf, "\r\n")] = 0;
+	while (n && (buf[strlen(buf) - 1] == ' ' || buf[strlen(buf) - 1] == '\t'))
+		buf[strlen(buf) - 1] = 0, n--;
+	if (!buf[0]) {
+		fprintf(stderr, "k3-gateway: --api-key-file '%s' has no key on its first line\n", path);
+		return NULL;
+	}
+	return strdup(buf);
+}
+
+/* Splits HOST:PORT ([v6]:PORT too). */
+static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port)
+{
+	const char *colon = strrchr(s, ':');
+	uint64_t p;
+	size_t hl;
+
+	if (!colon)
+		goto bad;
+	hl = (size_t)(colon - s);
+	if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') {
+		s++;
+		hl -= 2;
+	}
+	if (hl == 0 || hl >= hcap)
+		goto bad;
+	memcpy(host, s, hl);
+	host[hl] = 0;
+	if (parse_uint("--listen port", colon + 1, 0, 65535, &p))
+		return -1;
+	*port = (uint16_t)p;
+	return 0;
+bad:
+	fprintf(stderr, "k3-gateway: --listen '%s': expected HOST:PORT, e.g. 127.0.0.1:8000\n", s);
+	return -1;
+}
+
+/* True when every address host resolves to is loopback. */
+static int host_is_loopback(const char *host)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai, *a;
+	int ok = 1;
+
+	if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+		return 0;
+	for (a = ai; a; a = a->ai_next) {
+		if (a->ai_family == AF_INET) {
+			const struct sockaddr_in *in = (const void *)a->ai_addr;
+
+			ok &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+		} else if (a->ai_family == AF_INET6) {
+			const struct sockaddr_in6 *in6 = (const void *)a->ai_addr;
+
+			ok &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+		} else {
+			ok = 0;
+		}
+	}
+	freeaddrinfo(ai);
+	return ok;
+}
+
+/* systemd socket activation ($LISTEN_PID / $LISTEN_FDS, fds from 3). */
+static int systemd_fds(void)
+{
+	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+	uint64_t p, n;
+
+	if (!pid || !fds)
+		return 0;
+	if (parse_uint("LISTEN_PID", pid, 1, INT32_MAX, &p) || parse_uint("LISTEN_FDS", fds, 0, 64, &n))
+		return -1;
+	if ((pid_t)p != getpid())
+		return 0;
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	return (int)n;
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	(void)sig;
+	(void)what;
+	event_base_loopexit(arg, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_LISTEN = 1, O_REMOTE, O_SOCKET, O_KEY, O_CORS, O_BODY, O_RTO, O_KA, O_RA, O_DTO, O_QUIET, O_VER,
+	       O_HELP };
+	static const struct option opts[] = {
+		{ "listen", required_argument, NULL, O_LISTEN },
+		{ "allow-remote", no_argument, NULL, O_REMOTE },
+		{ "socket", required_argument, NULL, O_SOCKET },
+		{ "api-key-file", required_argument, NULL, O_KEY },
+		{ "cors", required_argument, NULL, O_CORS },
+		{ "max-body", required_argument, NULL, O_BODY },
+		{ "read-timeout", required_argument, NULL, O_RTO },
+		{ "keepalive", required_argument, NULL, O_KA },
+		{ "retry-after", required_argument, NULL, O_RA },
+		{ "daemon-timeout", required_argument, NULL, O_DTO },
+		{ "quiet", no_argument, NULL, O_QUIET },
+		{ "version", no_argument, NULL, O_VER },
+		{ "help", no_argument, NULL, O_HELP },
+		{ NULL, 0, NULL, 0 },
+	};
+	static struct gw g;
+	uint64_t v;
+	int c, nfds;
+	char host[256];
+	uint16_t port;
+
+	g.cfg.listen = "127.0.0.1:8000";
+	g.cfg.socket_path = getenv("K3D_SOCKET") ? getenv("K3D_SOCKET") : DEFAULT_SOCKET;
+	g.cfg.max_body = K3_LIM_HTTP_BODY_DEFAULT;
+	g.cfg.read_timeout_s = 60;
+	g.cfg.keepalive_s = 15;
+	g.cfg.retry_after_s = 1;
+	g.cfg.daemon_timeout_s = 10;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case O_LISTEN: g.cfg.listen = optarg; break;
+		case O_REMOTE: g.cfg.allow_remote = true; break;
+		case O_SOCKET: g.cfg.socket_path = optarg; break;
+		case O_KEY:
+			if (!(g.cfg.api_key = read_key(optarg)))
+				return 2;
+			break;
+		case O_CORS:
+			if (g.cfg.n_cors == GW_MAX_CORS) {
+				fprintf(stderr, "k3-gateway: at most %d --cors origins\n", GW_MAX_CORS);
+				return 2;
+			}
+			g.cfg.cors[g.cfg.n_cors++] = optarg;
+			break;
+		case O_BODY:
+			/* A body must fit one GENERATE frame (k3_limits.h). */
+			if (parse_uint("--max-body", optarg, 1024, K3_LIM_TEXT_MAX, &v))
+				return 2;
+			g.cfg.max_body = v;
+			break;
+		case O_RTO:
+			if (parse_uint("--read-timeout", optarg, 1, 3600, &v))
+				return 2;
+			g.cfg.read_timeout_s = (unsigned)v;
+			break;
+		case O_KA:
+			if (parse_uint("--keepalive", optarg, 1, 3600, &v))
+				return 2;
+			g.cfg.keepalive_s = (unsigned)v;
+			break;
+		case O_RA:
+			if (parse_uint("--retry-after", optarg, 0, 3600, &v))
+				return 2;
+			g.cfg.retry_after_s = (unsigned)v;
+			break;
+		case O_DTO:
+			if (parse_uint("--daemon-timeout", optarg, 1, 3600, &v))
+				return 2;
+			g.cfg.daemon_timeout_s = (unsigned)v;
+			break;
+		case O_QUIET: g.cfg.quiet = true; break;
+		case O_VER: printf("k3-gateway %s\n", K3_VERSION); return 0;
+		case O_HELP: usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "k3-gateway: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	g.started = time(NULL);
+	g.base = event_base_new();
+	g.http = g.base ? evhttp_new(g.base) : NULL;
+	if (!g.http) {
+		fprintf(stderr, "k3-gateway: cannot create the event loop\n");
+		return 1;
+	}
+	gw_http_setup(&g);
+
+	nfds = systemd_fds();
+	if (nfds < 0)
+		return 2;
+	if (nfds > 0) {
+		for (int fd = 3; fd < 3 + nfds; fd++) {
+			evutil_make_socket_nonblocking(fd);
+			if (evhttp_accept_socket(g.http, fd) < 0) {
+				fprintf(stderr, "k3-gateway: cannot serve on systemd socket fd %d\n", fd);
+				return 1;
+			}
+		}
+		fprintf(stderr, "k3-gateway: serving %d systemd socket(s), k3d at %s\n", nfds, g.cfg.socket_path);
+	} else {
+		struct evhttp_bound_socket *bs;
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		char addr[INET6_ADDRSTRLEN] = "?";
+		unsigned bound_port = 0;
+
+		if (split_listen(g.cfg.listen, host, sizeof(host), &port))
+			return 2;
+		if (!g.cfg.allow_remote && !host_is_loopback(host)) {
+			fprintf(stderr, "k3-gateway: --listen '%s' is not a loopback address; add --allow-remote "
+					"to serve other machines (and consider --api-key-file)\n", g.cfg.listen);
+			return 2;
+		}
+		bs = evhttp_bind_socket_with_handle(g.http, host, port);
+		if (!bs) {
+			fprintf(stderr, "k3-gateway: cannot listen on %s: %s\n", g.cfg.listen, strerror(errno));
+			return 1;
+		}
+		if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0) {
+			if (ss.ss_family == AF_INET) {
+				struct sockaddr_in *in = (void *)&ss;
+
+				inet_ntop(AF_INET, &in->sin_addr, addr, sizeof(addr));
+				bound_port = ntohs(in->sin_port);
+			} else if (ss.ss_family == AF_INET6) {
+				struct sockaddr_in6 *in6 = (void *)&ss;
+
+				inet_ntop(AF_INET6, &in6->sin6_addr, addr, sizeof(addr));
+				bound_port = ntohs(in6->sin6_port);
+			}
+		}
+		/* Tests read this line to learn the port when --listen used 0. */
+		fprintf(stderr, "k3-gateway: listening on http://%s%s%s:%u, k3d at %s\n",
+			ss.ss_family == AF_INET6 ? "[" : "", addr, ss.ss_family == AF_INET6 ? "]" : "", bound_port,
+			g.cfg.socket_path);
+	}
+	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, g.base);
+	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, g.base);
+
+	event_add(sigint, NULL);
+	event_add(sigterm, NULL);
+	event_base_dispatch(g.base);
+	event_free(sigint);
+	event_free(sigterm);
+	evhttp_free(g.http);
+	event_base_free(g.base);
+	free(g.cfg.api_key);
+	return 0;
+}

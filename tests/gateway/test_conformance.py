@@ -1,0 +1,727 @@
+"""Conformance of k3-gateway with real OpenAI clients (the official `openai`
+SDK and `langchain-openai`) and raw bytes, against the scripted fake k3d.
+Case numbers refer to openai-gateway.md §3."""
+import json
+import socket
+import threading
+import time
+
+import openai
+import pytest
+
+from gwharness import Stack, fake_msg, raw_stream_socket, read_until, sse_events
+
+CORS_ORIGIN = "http://127.0.0.1:9"
+MAX_BODY = 1 << 20
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def st():
+    with Stack(gw_args=["--keepalive", "1", "--max-body", str(MAX_BODY), "--cors", CORS_ORIGIN,
+                        "--retry-after", "2"]) as s:
+        yield s
+
+
+def chat(st, **kw):
+    kw.setdefault("model", "anything")
+    kw.setdefault("messages", HI)
+    return st.client().chat.completions.create(**kw)
+
+
+def last_generate(st):
+    return st.fake.events("generate")[-1]["fields"]
+
+
+def assert_error_shape(status, hd, body, want_status):
+    assert status == want_status, body
+    assert hd["content-type"] == "application/json"
+    assert hd["x-request-id"].startswith("req_")
+    e = json.loads(body)["error"]
+    assert set(e) == {"message", "type", "param", "code"}
+    return e
+
+
+# ---- A. HTTP surface ------------------------------------------------------
+
+def test_models_list_and_retrieve(st):                           # T01 T02
+    page = st.client().models.list()
+    assert [m.id for m in page.data] == ["kimi-k3-fake"]
+    m = page.data[0]
+    assert m.object == "model" and isinstance(m.created, int) and m.owned_by == "k3d"
+    assert st.client().models.retrieve("kimi-k3-fake").id == "kimi-k3-fake"
+    with pytest.raises(openai.NotFoundError) as ei:
+        st.client().models.retrieve("gpt-4o")
+    assert ei.value.code == "model_not_found"
+
+
+def test_double_slash_and_trailing_slash(st):
+    for path in ("/v1//models", "//v1/models/", "/v1/models/"):
+        status, hd, body = st.raw("GET", path)
+        assert status == 200, path
+        assert json.loads(body)["data"][0]["id"] == "kimi-k3-fake"
+
+
+def test_unknown_path_and_wrong_method(st):                      # T04 T05
+    e = assert_error_shape(*st.raw("POST", "/v1/chat/completion", {}), 404)
+    assert e["message"] == "Invalid URL (POST /v1/chat/completion)"
+    assert_error_shape(*st.raw("GET", "/v1/nope"), 404)
+    status, hd, body = st.raw("GET", "/v1/chat/completions")
+    assert_error_shape(status, hd, body, 405)
+    assert hd["allow"] == "POST, OPTIONS"
+    status, hd, body = st.raw("DELETE", "/v1/models")
+    assert_error_shape(status, hd, body, 405)
+    with pytest.raises(openai.NotFoundError):
+        st.client().post("/chat/completion", body={}, cast_to=object)
+
+
+def test_request_ids_unique(st):                                 # T08
+    ids = set()
+    for path in ("/v1/models", "/nope", "/health"):
+        ids.add(st.raw("GET", path)[1]["x-request-id"])
+    c = chat(st)
+    ids.add(c._request_id)
+    assert len(ids) == 4
+
+
+def test_cors(st):                                               # T06 T07
+    want = ("authorization,content-type,x-stainless-arch,x-stainless-lang,x-stainless-os,"
+            "x-stainless-package-version,x-stainless-retry-count,x-stainless-runtime,"
+            "x-stainless-runtime-version")
+    status, hd, _ = st.raw("OPTIONS", "/v1/chat/completions", headers={
+        "Origin": CORS_ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": want, "Content-Type": None})
+    assert status == 204
+    assert hd["access-control-allow-origin"] == CORS_ORIGIN
+    assert hd["access-control-allow-headers"] == want
+    assert "POST" in hd["access-control-allow-methods"]
+    status, hd, _ = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI},
+                           headers={"Origin": CORS_ORIGIN})
+    assert status == 200 and hd["access-control-allow-origin"] == CORS_ORIGIN
+    assert "x-request-id" in hd["access-control-expose-headers"]
+    status, hd, _ = st.raw("GET", "/v1/models", headers={"Origin": "http://evil.example"})
+    assert status == 200 and "access-control-allow-origin" not in hd
+
+
+# ---- B. parsing and validation --------------------------------------------
+
+def test_malformed_json(st):                                     # T11 T12
+    for body in ('{"model":', "", "[]", '"x"'):
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", body), 400)
+        assert e["type"] == "invalid_request_error"
+    e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", '{"model":'), 400)
+    assert e["param"] is None
+
+
+def test_invalid_utf8_refused(st):                               # T15
+    body = b'{"model":"m","messages":[{"role":"user","content":"\xff\xfe"}]}'
+    assert_error_shape(*st.raw("POST", "/v1/chat/completions", body), 400)
+
+
+def test_content_type(st):                                       # T13 T72
+    ok = json.dumps({"model": "m", "messages": HI})
+    for ct in ("text/plain", "application/x-www-form-urlencoded", None):
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", ok, {"Content-Type": ct}), 415)
+        assert e["code"] == "unsupported_media_type"
+    for ct in ("application/json; charset=utf-8", "Application/JSON"):
+        assert st.raw("POST", "/v1/chat/completions", ok, {"Content-Type": ct})[0] == 200
+
+
+def test_oversized_body(st):                                     # T14
+    pad = "x" * (3 * MAX_BODY)
+    for extra in (1, MAX_BODY):
+        body = json.dumps({"model": "m", "messages": HI, "user": ""})
+        body = body[:-2] + pad[:MAX_BODY + extra - len(body)] + '"}'
+        assert len(body) == MAX_BODY + extra
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", body), 413)
+        assert "--max-body" in e["message"]
+    # Past twice the limit (+1 MiB) libevent refuses on its own, before
+    # reading the body: still a 413, but its body is not JSON (documented).
+    status, hd, body = st.raw("POST", "/v1/chat/completions", pad + pad)
+    assert status == 413
+    assert chat(st).choices[0].message.content == "Hello from fake k3d."
+
+
+def test_unknown_parameter(st):                                  # T22
+    for key in ("foo", "top_k"):
+        with pytest.raises(openai.BadRequestError) as ei:
+            chat(st, extra_body={key: 1})
+        assert ei.value.param == key and ei.value.code == "unknown_parameter"
+
+
+def test_messages_validation(st):                                # T16-T19
+    cases = [
+        ({"messages": HI}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "bot", "content": "x"}]}, "messages.[0].role"),
+        ({"model": "m", "messages": [{"role": "user"}]}, "messages.[0].content"),
+        ({"model": "m", "messages": [{"role": "user", "content": 42}]}, "messages.[0].content"),
+    ]
+    for body, param in cases:
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", body), 400)
+        assert e["param"] == param, (body, e)
+
+
+def test_accepted_message_forms(st):                             # T21 T59
+    msgs = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "system", "content": [{"type": "text", "text": "sys"}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+         "name": "u"},
+        {"role": "assistant", "content": "", "reasoning_content": "thought"},
+        {"role": "assistant", "content": None, "reasoning": "r2"},
+        {"role": "user", "content": "go on"},
+    ]
+    c = chat(st, messages=msgs)
+    assert c.choices[0].message.content == "Hello from fake k3d."
+    sent = last_generate(st)["messages"]
+    assert sent[0] == {"role": "system", "content": "be brief"}
+    assert sent[2]["content"] == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert sent[3]["reasoning_content"] == "thought"
+    assert sent[4] == {"role": "assistant", "content": None, "reasoning_content": "r2"}
+
+
+def test_null_means_absent(st):                                  # T28
+    c = chat(st, extra_body={"temperature": None, "n": None, "stop": None, "max_tokens": None},
+             user="u")
+    assert c.choices[0].finish_reason == "stop"
+
+
+def test_wrong_types(st):                                        # T23 T24
+    for key, val in (("max_tokens", "10"), ("stream", "true"), ("stop", 5), ("temperature", "0")):
+        with pytest.raises(openai.BadRequestError) as ei:
+            chat(st, extra_body={key: val})
+        assert ei.value.param == key and ei.value.code == "invalid_type", key
+    for key, val in (("max_tokens", -1), ("max_tokens", 0), ("max_completion_tokens", 0)):
+        with pytest.raises(openai.BadRequestError) as ei:
+            chat(st, extra_body={key: val})
+        assert ei.value.code == "integer_below_min_value"
+
+
+def test_max_tokens_policy(st):                                  # T25 T39
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(st, max_tokens=5, max_completion_tokens=7)
+    assert ei.value.param == "max_tokens"
+    c = chat(st, max_tokens=2)
+    assert last_generate(st)["max_new"] == 2
+    assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 2
+    assert c.choices[0].message.content == "Hello from"
+    chat(st, max_completion_tokens=3)
+    assert last_generate(st)["max_new"] == 3
+    chat(st, max_tokens=4, max_completion_tokens=4)
+    assert last_generate(st)["max_new"] == 4
+    chat(st)
+    assert "max_new" not in last_generate(st)
+
+
+def test_stream_options_without_stream(st):                      # T27
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(st, stream_options={"include_usage": True})
+    assert ei.value.param == "stream_options"
+
+
+# ---- C. greedy-only and feature refusals ----------------------------------
+
+def test_greedy_accepted_values_change_nothing(st):              # T29 T32 T34
+    texts = set()
+    for kw in ({}, {"temperature": 0}, {"temperature": 0.0}, {"top_p": 1}, {"n": 1}, {"seed": 42},
+               {"presence_penalty": 0}, {"frequency_penalty": 0}, {"logit_bias": {}}):
+        texts.add(chat(st, **kw).choices[0].message.content)
+    assert texts == {"Hello from fake k3d."}
+
+
+@pytest.mark.parametrize("kw,param,code", [
+    ({"temperature": 0.7}, "temperature", "unsupported_value"),
+    ({"temperature": 3}, "temperature", "decimal_above_max_value"),
+    ({"temperature": -1}, "temperature", "decimal_below_min_value"),
+    ({"n": 2}, "n", "unsupported_value"),
+    ({"n": 0}, "n", "integer_below_min_value"),
+    ({"top_p": 1.5}, "top_p", "decimal_above_max_value"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_value"),
+    ({"frequency_penalty": -0.5}, "frequency_penalty", "unsupported_value"),
+    ({"logit_bias": {"1": 5}}, "logit_bias", "unsupported_parameter"),
+    ({"logprobs": True}, "logprobs", "unsupported_value"),
+    ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
+    ({"seed": "x"}, "seed", "invalid_type"),
+    ({"store": True}, "store", "unsupported_value"),
+    ({"modalities": ["text", "audio"]}, "modalities", "unsupported_value"),
+    ({"reasoning_effort": "medium"}, "reasoning_effort", "unsupported_value"),
+    ({"reasoning_effort": "ultra"}, "reasoning_effort", "unsupported_value"),
+    ({"tool_choice": "none"}, "tool_choice", "invalid_value"),
+    ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+])
+def test_refusals(st, kw, param, code):                          # T30 T31 T33 T35-T37 T57
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(st, extra_body=kw)
+    e = ei.value
+    assert e.status_code == 400 and e.param == param and e.code == code and e.type == "invalid_request_error"
+
+
+def test_images_refused(st):                                     # T20
+    for part in ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+                 {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}},
+                 {"type": "file", "file": {"file_id": "f"}}):
+        msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]
+        with pytest.raises(openai.BadRequestError) as ei:
+            chat(st, messages=msgs)
+        assert ei.value.param == "messages.[0].content.[1].type"
+        assert ei.value.body["message"] == \
+            "Invalid content type. %s is only supported by certain models." % part["type"]
+
+
+def test_response_format_forwarded(st):                          # T36
+    chat(st, response_format={"type": "text"})
+    assert "response_format" not in last_generate(st)
+    chat(st, response_format={"type": "json_object"})
+    assert last_generate(st)["response_format"] == {"type": "json_object"}
+    rf = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    chat(st, response_format=rf)
+    assert last_generate(st)["response_format"] == rf
+
+
+# ---- D. non-streaming -------------------------------------------------------
+
+def test_non_stream_shape(st):                                   # T38
+    c = chat(st)
+    assert c.id.startswith("chatcmpl-") and c.object == "chat.completion"
+    assert abs(c.created - time.time()) < 5 and c.model == "kimi-k3-fake"
+    ch = c.choices[0]
+    assert len(c.choices) == 1 and ch.index == 0 and ch.logprobs is None
+    assert ch.message.role == "assistant" and ch.message.refusal is None
+    u = c.usage
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens and u.completion_tokens == 5
+    assert u.completion_tokens_details.reasoning_tokens == 0
+    assert u.prompt_tokens_details.cached_tokens == 0
+
+
+def test_context_overflow(st):                                   # T41 T50
+    script = {"reject": {"status": "CONTEXT_EXCEEDED", "param": "messages",
+                         "message": "This model's maximum context length is 4096 tokens. However, your "
+                                    "messages resulted in 5000 tokens."}}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as ei:
+            chat(st, messages=fake_msg(script), stream=stream)
+        assert ei.value.code == "context_length_exceeded"
+        assert "maximum context length" in ei.value.message
+    status, hd, body = st.raw("POST", "/v1/chat/completions",
+                              {"model": "m", "messages": fake_msg(script), "stream": True})
+    assert status == 400 and hd["content-type"] == "application/json" and not body.startswith(b"data:")
+    from langchain_core.exceptions import ContextOverflowError
+    from langchain_openai import ChatOpenAI
+    lc = ChatOpenAI(model="m", api_key="sk-dummy", base_url=st.base + "/v1", max_retries=0)
+    with pytest.raises(ContextOverflowError):
+        lc.invoke("#fake " + json.dumps(script))
+
+
+def test_stream_validation_error_is_plain_400(st):               # T50
+    status, hd, body = st.raw("POST", "/v1/chat/completions",
+                              {"model": "m", "messages": HI, "stream": True, "temperature": 0.9})
+    assert status == 400 and hd["content-type"] == "application/json"
+    assert json.loads(body)["error"]["param"] == "temperature"
+
+
+# ---- E. streaming -----------------------------------------------------------
+
+def test_sse_bytes_exact(st):                                    # T43
+    status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI, "stream": True})
+    assert status == 200
+    assert hd["content-type"] == "text/event-stream; charset=utf-8"
+    assert hd["cache-control"] == "no-cache" and hd["x-request-id"].startswith("req_")
+    events = sse_events(body)
+    assert events[-1] == "data: [DONE]"
+    assert body.endswith(b"\n\ndata: [DONE]\n\n")
+    datas = [json.loads(e[6:]) for e in events[:-1] if e.startswith("data: ")]
+    assert datas[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    ids = {d["id"] for d in datas}
+    assert len(ids) == 1 and ids.pop().startswith("chatcmpl-")
+    for d in datas:
+        assert list(d) == ["id", "object", "created", "model", "choices"]   # no usage key unasked
+        assert d["object"] == "chat.completion.chunk"
+        assert list(d["choices"][0]) == ["index", "delta", "logprobs", "finish_reason"]
+    assert [d["choices"][0]["finish_reason"] for d in datas] == [None] * (len(datas) - 1) + ["stop"]
+    assert datas[-1]["choices"][0]["delta"] == {}
+    assert "".join(d["choices"][0]["delta"].get("content", "") for d in datas) == "Hello from fake k3d."
+
+
+def test_stream_with_sdk_and_usage(st):                          # T44 T45
+    chunks = list(chat(st, stream=True, stream_options={"include_usage": True}))
+    body = [c for c in chunks if c.choices]
+    assert body[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
+    finals = [c for c in body if c.choices[0].finish_reason is not None]
+    assert len(finals) == 1 and finals[0] is body[-1]
+    assert all(c.usage is None for c in body)
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.total_tokens == last.usage.prompt_tokens + 5
+    # without include_usage: no usage chunk, no usage key
+    chunks = list(chat(st, stream=True))
+    assert all(c.choices for c in chunks)
+    assert all("usage" not in c.model_dump(exclude_unset=True) for c in chunks)
+
+
+def test_stream_equals_non_stream(st):                           # T46 T47
+    msgs = fake_msg({"tokens": [{"r": "think "}, {"r": "hard"}, "The", " answer", " is", " 42."]})
+    c = chat(st, messages=msgs)
+    chunks = list(chat(st, messages=msgs, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == c.choices[0].message.content == "The answer is 42."
+    assert chunks[-1].usage.model_dump() == c.usage.model_dump()
+    with st.client().chat.completions.stream(model="m", messages=msgs) as s:
+        final = s.get_final_completion()
+    assert final.choices[0].message.role == "assistant"
+    assert final.choices[0].message.content == "The answer is 42."
+
+
+def test_utf8_split_across_tokens(st):                           # T48
+    emoji = "\U0001F600".encode()
+    toks = [{"hex": emoji[i:i + 1].hex()} for i in range(4)] + ["\u9f9c"] + \
+           [{"hex": "e9"}, {"hex": "be9c"}] + [{"hex": "f0"}, {"hex": "9f"}, {"hex": "ab"}, {"hex": "a0"}]
+    msgs = fake_msg({"tokens": toks})
+    status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
+    events = sse_events(body)
+    pieces = []
+    for e in events[:-1]:
+        d = json.loads(e[6:])                      # every event parses on its own
+        pieces.append(d["choices"][0]["delta"].get("content", ""))
+    joined = "".join(pieces)
+    assert joined == "\U0001F600\u9f9c\u9f9c\U0001FAE0"
+    assert "\ufffd" not in joined
+    assert chat(st, messages=msgs).choices[0].message.content == joined
+
+
+def test_stop_string_straddling_tokens(st):                      # T49 T40
+    toks = ["one", ",", " two", ", th", "ree", ", four", "."]
+    full = "".join(toks)
+    msgs = fake_msg({"tokens": toks})
+    for stop, cut in ((", three", "one, two"), (["zzz", "e, f"], "one, two, thre"), (".", "one, two, three, four")):
+        c = chat(st, messages=msgs, stop=stop)
+        assert last_generate(st)["stop"] == (stop if isinstance(stop, list) else [stop])
+        assert c.choices[0].message.content == cut and c.choices[0].finish_reason == "stop"
+        chunks = list(chat(st, messages=msgs, stop=stop, stream=True))
+        deltas = [ch.choices[0].delta.content or "" for ch in chunks]
+        assert "".join(deltas) == cut
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chat(st, messages=msgs).choices[0].message.content == full
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(st, stop=["a", "b", "c", "d", "e"])
+    assert ei.value.param == "stop"
+
+
+def test_keepalive_during_silence(st):                           # T52
+    msgs = fake_msg({"prefill": 1.2, "tokens": [{"sleep": 1.5}, "late"]})
+    t0 = time.time()
+    status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
+    events = sse_events(body)
+    comments = [e for e in events if e.startswith(":")]
+    assert len(comments) >= 2 and set(comments) == {": keep-alive"}
+    assert time.time() - t0 >= 2.5
+    chunks = list(chat(st, messages=msgs, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "late"
+
+
+def test_midstream_engine_error(st):                             # T51
+    for bad in ({"error": "GPU fell off"}, {"crash": True}):
+        msgs = fake_msg({"tokens": ["a", "b", bad, "c"]})
+        got = []
+        with pytest.raises(openai.APIError) as ei:
+            for c in chat(st, messages=msgs, stream=True):
+                got.append(c)
+        assert not isinstance(ei.value, openai.APIStatusError)
+        assert "".join(c.choices[0].delta.content or "" for c in got) == "ab"
+        status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
+        events = sse_events(body)
+        assert json.loads(events[-1][6:])["error"]["type"] == "server_error"
+        assert "data: [DONE]" not in events
+        assert chat(st).choices[0].finish_reason == "stop"           # next request served
+    with pytest.raises(openai.InternalServerError):
+        chat(st, messages=fake_msg({"tokens": ["a", {"error": "boom"}]}))
+
+
+def test_legacy_completions(st):                                 # T42 T53
+    c = st.client().completions.create(model="m", prompt="Hi")
+    assert c.object == "text_completion" and c.id.startswith("cmpl-")
+    assert c.choices[0].text == "Hello from fake k3d." and c.choices[0].logprobs is None
+    g = last_generate(st)
+    assert g["mode"] == 0 and g["prompt"] == "Hi" and g["max_new"] == 16
+    c = st.client().completions.create(model="m", prompt=["Hi"], max_tokens=3)
+    assert c.choices[0].finish_reason == "length" and last_generate(st)["max_new"] == 3
+    for kw, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+                      ({"prompt": "a", "best_of": 2}, "best_of"), ({"prompt": "a", "suffix": "z"}, "suffix"),
+                      ({"prompt": [1, 2]}, "prompt")):
+        with pytest.raises(openai.BadRequestError) as ei:
+            st.client().completions.create(model="m", **kw)
+        assert ei.value.param == param
+    chunks = list(st.client().completions.create(model="m", prompt="Hi", stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert all(c.object == "text_completion" for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello from fake k3d."
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+
+
+# ---- F. reasoning --------------------------------------------------------------
+
+def test_reasoning_split(st):                                    # T54 T55 T57 T58
+    toks = [{"r": "Let me"}, {"r": " think."}, "Answer", ": yes"]
+    msgs = fake_msg({"tokens": toks})
+    c = chat(st, messages=msgs)
+    m = c.choices[0].message
+    assert m.content == "Answer: yes" and m.model_extra["reasoning_content"] == "Let me think."
+    assert c.usage.completion_tokens_details.reasoning_tokens == 2 and c.usage.completion_tokens == 4
+    chunks = [ch for ch in chat(st, messages=msgs, stream=True)]
+    kinds = []
+    for ch in chunks:
+        d = ch.choices[0].delta.model_dump(exclude_none=True)
+        if d.get("reasoning_content"):
+            kinds.append("r")
+        if d.get("content"):
+            kinds.append("c")
+    assert kinds == ["r", "r", "c", "c"]
+    rs = "".join(ch.choices[0].delta.model_extra.get("reasoning_content") or "" for ch in chunks)
+    assert rs == "Let me think."
+    # a stop string that only appears in the reasoning does not cut it
+    c = chat(st, messages=msgs, stop=["think"])
+    assert c.choices[0].message.content == "Answer: yes"
+    # reasoning_effort none -> thinking off
+    c = chat(st, messages=msgs, reasoning_effort="none")
+    assert last_generate(st)["thinking"] is False and last_generate(st)["reasoning_effort"] == 1
+    assert "reasoning_content" not in (c.choices[0].message.model_extra or {})
+    assert c.usage.completion_tokens_details.reasoning_tokens == 0
+    chat(st, messages=msgs, reasoning_effort="high")
+    assert last_generate(st)["reasoning_effort"] == 3 and "thinking" not in last_generate(st)
+    # langchain reads reasoning_content from the raw message
+    from langchain_openai import ChatOpenAI
+    lc = ChatOpenAI(model="m", api_key="sk-dummy", base_url=st.base + "/v1", max_retries=0)
+    out = lc.invoke(msgs[0]["content"])
+    assert out.content == "Answer: yes"
+    assert "".join(ch.content for ch in lc.stream(msgs[0]["content"])) == "Answer: yes"
+
+
+def test_length_during_thinking(st):                             # T56
+    c = chat(st, messages=fake_msg({"tokens": [{"r": "a"}, {"r": "b"}, {"r": "c"}, "x"]}), max_tokens=2)
+    assert c.choices[0].finish_reason == "length" and c.choices[0].message.content == ""
+    assert c.choices[0].message.model_extra["reasoning_content"] == "ab"
+
+
+# ---- tools ---------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_tools_round_trip(st):
+    script = {"finish": "tool_calls", "tokens": [
+        {"r": "need weather"},
+        {"tool": {"index": 0, "id": "call_abc", "name": "get_weather", "arguments": "{\"ci"}},
+        {"tool": {"index": 0, "arguments": "ty\": \"Oslo\"}"}},
+        {"tool": {"index": 1, "id": "call_def", "name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}},
+    ]}
+    msgs = fake_msg(script)
+    c = chat(st, messages=msgs, tools=TOOLS, tool_choice="auto")
+    g = last_generate(st)
+    assert g["tools"] == TOOLS and g["tool_choice"] == "auto"
+    ch = c.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    calls = ch.message.tool_calls
+    assert [(t.id, t.type, t.function.name, json.loads(t.function.arguments)) for t in calls] == [
+        ("call_abc", "function", "get_weather", {"city": "Oslo"}),
+        ("call_def", "function", "get_weather", {"city": "Rome"})]
+    # streamed: id/type/name once per call, arguments as deltas; the SDK helper assembles them
+    with st.client().chat.completions.stream(model="m", messages=msgs, tools=TOOLS) as s:
+        final = s.get_final_completion()
+    fc = final.choices[0].message.tool_calls
+    assert [(t.id, t.function.name, t.function.arguments) for t in fc] == [
+        ("call_abc", "get_weather", "{\"city\": \"Oslo\"}"), ("call_def", "get_weather", "{\"city\": \"Rome\"}")]
+    raw = list(chat(st, messages=msgs, tools=TOOLS, stream=True))
+    deltas = [tc for r in raw for tc in (r.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.id, d.type) for d in deltas] == [(0, "call_abc", "function"), (0, None, None),
+                                                         (1, "call_def", "function")]
+    # second turn: assistant tool_calls + tool results go to k3d in canonical form
+    turn2 = [{"role": "user", "content": "weather in Oslo and Rome?"}] + [
+        {"role": "assistant", "content": None, "tool_calls": [t.model_dump() for t in calls]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "12C"},
+        {"role": "tool", "tool_call_id": "call_def", "content": "20C"},
+    ]
+    c2 = chat(st, messages=turn2, tools=TOOLS)
+    assert c2.choices[0].finish_reason == "stop"
+    sent = last_generate(st)["messages"]
+    assert sent[1]["tool_calls"][0] == {"id": "call_abc", "type": "function",
+                                        "function": {"name": "get_weather",
+                                                     "arguments": "{\"city\": \"Oslo\"}"}}
+    assert sent[2] == {"role": "tool", "content": "12C", "tool_call_id": "call_abc"}
+    # tools: [] is absent
+    chat(st, tools=[])
+    assert "tools" not in last_generate(st)
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(st, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert ei.value.param == "tool_choice"
+
+
+# ---- G. concurrency, disconnects --------------------------------------------------
+
+SLOW = fake_msg({"tokens": ["t%d " % i for i in range(200)], "delay": 0.02})
+
+
+def create_retrying_429(st, **kw):
+    """The close of an aborted request may reach the gateway a moment after
+    the next request: allow 1 s of grace before calling the slot leaked."""
+    end = time.time() + 1.0
+    while True:
+        try:
+            return chat(st, **kw)
+        except openai.RateLimitError:
+            if time.time() > end:
+                raise
+            time.sleep(0.02)
+
+
+def test_busy_gives_429_before_body(st):                         # T60
+    s = chat(st, messages=SLOW, stream=True)
+    next(iter(s))
+    with pytest.raises(openai.RateLimitError) as ei:
+        chat(st, max_tokens=4)
+    assert ei.value.response.headers["retry-after"] == "2"
+    assert ei.value.code == "rate_limit_exceeded"
+    status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI, "stream": True})
+    assert status == 429 and hd["content-type"] == "application/json" and hd["retry-after"] == "2"
+    s.close()
+    assert create_retrying_429(st).choices[0].finish_reason == "stop"
+
+
+def test_disconnect_frees_slot_20_times(st):                     # T63
+    st.fake.clear()
+    for i in range(20):
+        s = chat(st, messages=SLOW, stream=True)
+        n = 0
+        for _ in s:
+            n += 1
+            if n == 3:
+                break
+        s.close()
+        c = create_retrying_429(st, max_tokens=2)
+        assert c.choices[0].finish_reason == "length", i
+    cancels = st.fake.events("cancel")
+    assert len(cancels) == 20 and all(c["matched"] for c in cancels)
+
+
+def test_disconnect_non_stream_and_killed_socket(st):            # T63 T64
+    for stream in (False, True):
+        st.fake.clear()
+        s = raw_stream_socket(st.port, {"model": "m", "messages": SLOW, "stream": stream})
+        if stream:
+            assert b"data: " in read_until(s, b"t1 ")
+        else:
+            time.sleep(0.2)
+        s.close()
+        c = create_retrying_429(st, max_tokens=1)
+        assert c.choices[0].finish_reason == "length"
+        assert [e["matched"] for e in st.fake.events("cancel")] == [True]
+    status, hd, body = st.raw("GET", "/metrics")
+    assert b'k3_gateway_requests_total{endpoint="chat_completions",status="499"}' in body
+
+
+def test_metrics(st):
+    status, hd, body = st.raw("GET", "/metrics")
+    text = body.decode()
+    assert status == 200 and hd["content-type"].startswith("text/plain; version=0.0.4")
+    for name in ("k3_gateway_tokens_total{kind=\"prompt\"}", "k3_gateway_tokens_total{kind=\"reasoning\"}",
+                 "k3_gateway_prefill_seconds_total", "k3_gateway_decode_seconds_total",
+                 "k3_daemon_queue_depth 0", "k3_daemon_expert_bytes_read_total 123456",
+                 "k3_daemon_expert_cache_hit_ratio 0.750000", "k3_gateway_daemon_up 1"):
+        assert name in text, name
+
+
+# ---- separate stacks ----------------------------------------------------------------
+
+def test_queue_fifo_then_429():                                  # T62
+    with Stack(fake_args=["--queue", "1"]) as s:
+        results = {}
+        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.05})
+
+        def run(name, delay):
+            time.sleep(delay)
+            try:
+                c = s.client().chat.completions.create(model="m", messages=slow)
+                results[name] = ("ok", time.time(), c.choices[0].message.content)
+            except openai.RateLimitError:
+                results[name] = ("429", time.time(), None)
+        ts = [threading.Thread(target=run, args=(n, d)) for n, d in (("a", 0), ("b", 0.15), ("c", 0.3))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert results["a"][0] == "ok" and results["b"][0] == "ok" and results["c"][0] == "429"
+        assert results["a"][1] < results["b"][1]
+        assert results["c"][1] < results["a"][1]        # refused at once, before the others finish
+        # a queued stream gets its headers and role chunk while it waits
+        st1 = s.client().chat.completions.create(model="m", messages=slow, stream=True)
+        next(iter(st1))
+        st2 = s.client().chat.completions.create(model="m", messages=slow, stream=True)
+        first = next(iter(st2))
+        assert first.choices[0].delta.role == "assistant"
+        st2.close()                                     # leaves the queue
+        st1.close()
+        time.sleep(0.3)
+        assert sum(1 for e in s.fake.events("cancel") if e["matched"]) == 2
+
+
+def test_daemon_down_then_up():                                  # T66
+    with Stack(start_fake=False, gw_args=["--retry-after", "3"]) as s:
+        status, hd, body = s.raw("GET", "/health")
+        assert status == 503 and json.loads(body) == {"status": "loading"} and hd["retry-after"] == "3"
+        with pytest.raises(openai.InternalServerError) as ei:
+            s.client().chat.completions.create(model="m", messages=HI)
+        assert ei.value.status_code == 503 and ei.value.response.headers["retry-after"] == "3"
+        status, hd, body = s.raw("GET", "/metrics")
+        assert status == 200 and b"k3_gateway_daemon_up 0" in body
+        s.fake.start()
+        assert s.raw("GET", "/health")[0] == 200
+        assert s.client().chat.completions.create(model="m", messages=HI).choices[0].finish_reason == "stop"
+
+
+def test_loading_state():
+    with Stack(fake_args=["--state", "loading"]) as s:
+        status, hd, body = s.raw("GET", "/health")
+        assert status == 503 and json.loads(body) == {"status": "loading"}
+        with pytest.raises(openai.InternalServerError) as ei:
+            s.client().chat.completions.create(model="m", messages=HI)
+        assert ei.value.status_code == 503
+
+
+def test_api_key(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("sk-secret-123\n")
+    with Stack(gw_args=["--api-key-file", str(key)]) as s:
+        assert s.raw("GET", "/health")[0] == 200
+        with pytest.raises(openai.AuthenticationError) as ei:
+            s.client().models.list()
+        assert ei.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            s.client(api_key="sk-secret-12").models.list()
+        assert s.client(api_key="sk-secret-123").models.list().data[0].id == "kimi-k3-fake"
+        status, hd, _ = s.raw("OPTIONS", "/v1/chat/completions", headers={"Content-Type": None})
+        assert status == 204
+
+
+def test_refuses_non_loopback_without_flag():
+    import subprocess
+    from gwharness import GW_BIN
+    p = subprocess.run([GW_BIN, "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and "--allow-remote" in p.stderr
+    p = subprocess.run([GW_BIN, "--max-body", "12x"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and "--max-body" in p.stderr
+
+
+def test_slow_client_read_timeout():                             # T65
+    with Stack(gw_args=["--read-timeout", "1"]) as s:
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\":")
+        t0 = time.time()
+        sock.settimeout(5)
+        assert sock.recv(100) == b""               # closed by the gateway
+        assert time.time() - t0 < 4
+        assert s.client().chat.completions.create(model="m", messages=HI).choices[0].finish_reason == "stop"
