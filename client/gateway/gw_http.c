@@ -270,9 +270,11 @@ static void sse_delta(struct gw_req *r, json_t *delta, const char *text, const c
 	if (r->oai.ep == GW_EP_CHAT)
 		choice = json_pack("{s:i,s:o,s:n,s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
 				   str_or_null(finish));
-	else
+	else {
+		json_decref(delta);
 		choice = json_pack("{s:s,s:i,s:n,s:o}", "text", text ? text : "", "index", 0, "logprobs",
 				   "finish_reason", str_or_null(finish));
+	}
 	json_object_set_new(c, "choices", json_pack("[o]", choice));
 	if (r->oai.include_usage)
 		json_object_set_new(c, "usage", json_null());
@@ -799,9 +801,18 @@ static void client_gone(struct gw_req *r)
 static void on_close(struct evhttp_connection *evcon, void *arg)
 {
 	struct gw_req *r = arg;
+	struct evhttp_request *req = r->req;
 
 	(void)evcon;
+	/* When libevent itself failed the connection (a write error or
+	 * timeout mid-reply) it has detached the request and left freeing it
+	 * to us; when we freed the connection (eof_cb) the request is still
+	 * attached and goes with it. */
+	bool detached = req && evhttp_request_get_connection(req) == NULL;
+
 	client_gone(r);
+	if (detached)
+		evhttp_request_free(req);
 	req_maybe_free(r);
 }
 

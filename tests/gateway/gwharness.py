@@ -95,6 +95,11 @@ class Stack:
 
     def client(self, **kw):
         import openai
+        if not kw:
+            # one pooled client per stack: building one costs more than a request
+            if not hasattr(self, "_client"):
+                self._client = self.client(max_retries=0)
+            return self._client
         kw.setdefault("max_retries", 0)
         kw.setdefault("timeout", 20)
         return openai.OpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "sk-dummy"), **kw)

@@ -410,13 +410,14 @@ def test_stop_string_straddling_tokens(st):                      # T49 T40
 
 
 def test_keepalive_during_silence(st):                           # T52
-    msgs = fake_msg({"prefill": 1.2, "tokens": [{"sleep": 1.5}, "late"]})
+    msgs = fake_msg({"prefill": 1.3, "tokens": [{"sleep": 1.3}, "late"]})
     t0 = time.time()
     status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
     events = sse_events(body)
     comments = [e for e in events if e.startswith(":")]
     assert len(comments) >= 2 and set(comments) == {": keep-alive"}
     assert time.time() - t0 >= 2.5
+    msgs = fake_msg({"tokens": [{"sleep": 1.2}, "late"]})
     chunks = list(chat(st, messages=msgs, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "late"
 
