@@ -726,3 +726,18 @@ def test_slow_client_read_timeout():                             # T65
         assert sock.recv(100) == b""               # closed by the gateway
         assert time.time() - t0 < 4
         assert s.client().chat.completions.create(model="m", messages=HI).choices[0].finish_reason == "stop"
+
+
+def test_readme_snippet(st):
+    """The README's Python example, run as written (port swapped in)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "gateway-readme-section.md")).read()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    assert "http://127.0.0.1:8000/v1" in code
+    code = code.replace("http://127.0.0.1:8000/v1", st.base + "/v1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "Hello from fake k3d.\n"
