@@ -224,10 +224,12 @@ static void sse_write(struct gw_req *r, const char *data, size_t len)
 
 	if (!r->req)
 		return;
-	b = evbuffer_new();
-	evbuffer_add(b, data, len);
-	evhttp_send_reply_chunk(r->req, b);
-	evbuffer_free(b);
+	if (len) {
+		b = evbuffer_new();
+		evbuffer_add(b, data, len);
+		evhttp_send_reply_chunk(r->req, b);
+		evbuffer_free(b);
+	}
 	/* Silence is measured from the last byte sent. */
 	event_del(r->timer);
 	event_add(r->timer, &tv);

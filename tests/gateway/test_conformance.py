@@ -741,3 +741,31 @@ def test_readme_snippet(st):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert p.stdout == "Hello from fake k3d.\n"
+
+
+def test_http_details(st):                                       # T03 T09 T10
+    status, hd, body = st.raw("HEAD", "/v1/models")
+    assert status == 200 and body == b"" and hd["content-type"] == "application/json"
+    # two requests on one keep-alive connection, with the Keep-Alive hint
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", st.port, timeout=10)
+    for path in ("/health", "/v1/models"):
+        c.request("GET", path)
+        r = c.getresponse()
+        assert r.status == 200 and r.getheader("Keep-Alive") == "timeout=59"
+        r.read()
+    c.close()
+    # HTTP/1.0 stream: no chunking, ends by close
+    s = socket.create_connection(("127.0.0.1", st.port), timeout=10)
+    body = json.dumps({"model": "m", "messages": HI, "stream": True}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    data = read_until(s, b"data: [DONE]\n\n")
+    s.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    assert rest.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
+    # Expect: 100-continue on a large body
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a" * 500000}], "max_tokens": 1})
+    status, hd, body = st.raw("POST", "/v1/chat/completions", big, {"Expect": "100-continue"})
+    assert status == 200 and json.loads(body)["choices"][0]["finish_reason"] == "length"
