@@ -570,6 +570,15 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 	}
 }
 
+static void daemon_close(struct gw_req *r)
+{
+	if (!r->d)
+		return;
+	gw_daemon_free(r->d);
+	r->d = NULL;
+	r->g->m.in_flight--;
+}
+
 static void send_generate(struct gw_req *r)
 {
 	struct k3_msg_generate gen;
@@ -581,25 +590,13 @@ static void send_generate(struct gw_req *r)
 		send_error(r, 400, "invalid_request_error", NULL, NULL,
 			   "The request cannot be sent to k3d (%s): a field is over a protocol limit.",
 			   k3_proto_error_name(rc));
-		gw_daemon_free(r->d);
-		r->d = NULL;
-		r->g->m.in_flight--;
-		req_maybe_free(r);
+		daemon_close(r);   /* the caller (daemon_frame) frees r */
 		return;
 	}
 	r->generate_sent = true;
 }
 
 /* ---- the k3d conversation ----------------------------------------------- */
-
-static void daemon_close(struct gw_req *r)
-{
-	if (!r->d)
-		return;
-	gw_daemon_free(r->d);
-	r->d = NULL;
-	r->g->m.in_flight--;
-}
 
 static void health_reply(struct gw_req *r, bool ready, const char *model)
 {
