@@ -43,9 +43,6 @@
 /* New tokens one request may ask for. */
 #define K3_LIM_MAX_NEW            (1u << 20)
 
-/* Fields in one payload: bounds decode work on hostile input. */
-#define K3_LIM_FIELDS_MAX         64u
-
 /* Daemon: concurrent client connections, and queued generations. */
 #define K3_LIM_CONNECTIONS        256u
 #define K3_LIM_QUEUE_MAX          1024u

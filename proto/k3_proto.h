@@ -82,9 +82,8 @@ enum k3_proto_error {
 	K3_PROTO_E_TOO_MANY = -15,       /* repeated field past its count */
 	K3_PROTO_E_BAD_UTF8 = -16,
 	K3_PROTO_E_BAD_VALUE = -17,      /* e.g. a bool that is neither 0 nor 1 */
-	K3_PROTO_E_TOO_MANY_FIELDS = -18,
-	K3_PROTO_E_NOMEM = -19,          /* output buffer would pass its max */
-	K3_PROTO_E_COUNT_ = -20
+	K3_PROTO_E_NOMEM = -18,          /* output buffer would pass its max */
+	K3_PROTO_E_COUNT_ = -19
 };
 
 struct k3_proto_err {

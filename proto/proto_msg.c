@@ -1,5 +1,8 @@
 /*
- * proto_msg.c - schema-driven payload codec. The tables below are generated
+ * proto_msg.c - schema-driven payload codec. Decoding work is bounded by
+ * the payload length: each tag may appear once (STRV up to its count), so
+ * a payload holds at most as many fields as its schema has slots.
+ * The tables below are generated
  * from K3_PROTO_MESSAGES / K3_PROTO_FIELDS_* in k3_proto.h, so the decoder,
  * the encoder and the C structs cannot drift apart.
  */
@@ -94,7 +97,7 @@ const char *k3_proto_error_name(int code)
 		"reserved_nonzero", "oversized", "truncated", "trailing_bytes",
 		"field_overrun", "unknown_field", "duplicate_field", "missing_field",
 		"field_size", "too_long", "too_many", "bad_utf8", "bad_value",
-		"too_many_fields", "no_memory",
+		"no_memory",
 	};
 	int i = -code;
 
@@ -207,7 +210,7 @@ int k3_proto_decode(uint32_t type, const uint8_t *payload, size_t len, void *bod
 		    struct k3_proto_err *err)
 {
 	const struct msg_desc *m = msg_find(type);
-	size_t pos = 0, count = 0;
+	size_t pos = 0;
 	int r;
 
 	if (!m)
@@ -231,9 +234,6 @@ int k3_proto_decode(uint32_t type, const uint8_t *payload, size_t len, void *bod
 			return k3_proto_fail(err, K3_PROTO_E_FIELD_OVERRUN,
 					     "%s: field %u claims %u bytes but %zu remain",
 					     m->name, tag, flen, len - pos);
-		if (++count > K3_LIM_FIELDS_MAX)
-			return k3_proto_fail(err, K3_PROTO_E_TOO_MANY_FIELDS, "%s: more than %u fields",
-					     m->name, K3_LIM_FIELDS_MAX);
 		f = field_find(m, tag);
 		if (!f)
 			return k3_proto_fail(err, K3_PROTO_E_UNKNOWN_FIELD, "%s: unknown field tag %u",

@@ -26,6 +26,11 @@ struct k3ctl_globals {
 };
 extern struct k3ctl_globals k3ctl_g;
 
+struct k3ctl_client;
+/* Connects to the daemon named by the globals. Returns 0, or the exit
+ * code to use after printing why (3 when no daemon answers). */
+int k3ctl_connect(struct k3ctl_client *c);
+
 /* Prints "k3ctl <cmd>: message" to stderr and returns K3CTL_EXIT_USAGE. */
 int k3ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "k3ctl: message" to stderr and returns code. */
@@ -34,7 +39,19 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define K3CTL_COMMANDS(X) \
 	X(status,   "show the daemon's state and counters") \
 	X(ping,     "check that the daemon answers") \
-	X(shutdown, "ask the daemon to drain and exit")
+	X(shutdown, "ask the daemon to drain and exit") \
+	X(run,      "generate from PROMPT (or --chat) and stream K3's greedy output") \
+	X(chat,     "interactive multi-turn chat (Ctrl-C cancels a reply)") \
+	X(cancel,   "cancel a queued or running generation by job id") \
+	X(demo_model, "write a synthetic K3 checkpoint (HF layout) to --out DIR") \
+	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory") \
+	X(setup,    "find and validate the Kimi K3 checkpoint, or say how to fetch it") \
+	X(forward,  "run the forward pass offline on token ids (logits, greedy, routes)") \
+	X(tokenize, "encode text to K3 token ids (offline)") \
+	X(detokenize, "decode K3 token ids to text (offline)") \
+	X(render_chat, "render a chat with the K3 XTML renderer (offline)") \
+	X(pack,     "write expert packs for a model directory (--model DIR [--verify])") \
+	X(warm_expert_cache, "rank experts by use in a router trace (--trace FILE [--show N])")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)

@@ -1,0 +1,187 @@
+/* client.c - k3ctl's blocking k3 protocol client (see client.h). */
+#include "client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "k3_build_config.h"
+
+const char *k3ctl_client_default_socket(void)
+{
+	static char buf[108];
+	const char *env = getenv("K3D_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
+	struct stat st;
+
+	if (env && *env)
+		return env;
+	if (xdg && *xdg) {
+		snprintf(buf, sizeof(buf), "%s/k3d.sock", xdg);
+		if (stat(buf, &st) == 0)
+			return buf;
+	}
+	return "/run/k3d/k3d.sock";
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
+		      uint32_t *request_id, struct k3_err *err)
+{
+	struct k3_proto_buf out;
+	struct k3_proto_err perr;
+	uint32_t rid = c->next_request_id++;
+	int r;
+
+	k3_proto_buf_init(&out, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
+	if (k3_proto_encode(&out, type, rid, body, &perr) != 0) {
+		k3_proto_buf_release(&out);
+		return k3_err_set(err, -EINVAL, "%s", perr.msg);
+	}
+	r = write_all(c->fd, out.data, out.len);
+	k3_proto_buf_release(&out);
+	if (r < 0)
+		return k3_err_set(err, r, "cannot send to k3d: %s", strerror(-r));
+	if (request_id)
+		*request_id = rid;
+	return 0;
+}
+
+int k3ctl_client_recv(struct k3ctl_client *c, int timeout_ms, struct k3_proto_header *h,
+		      union k3_proto_body *body, struct k3_err *err)
+{
+	struct k3_proto_err perr;
+	const uint8_t *payload;
+	uint8_t chunk[65536];
+
+	k3_proto_buf_consume(&c->in, c->consumed);
+	c->consumed = 0;
+	for (;;) {
+		struct pollfd pfd = { c->fd, POLLIN, 0 };
+		ssize_t n;
+		int r = k3_proto_frame_split(c->in.data, c->in.len, h, &payload, &perr);
+
+		if (r < 0)
+			return k3_err_set(err, -EPROTO, "bad frame from k3d: %s", perr.msg);
+		if (r > 0) {
+			c->consumed = (size_t)r;
+			if (k3_proto_decode(h->type, payload, h->length, body, &perr) != 0)
+				return k3_err_set(err, -EPROTO, "bad frame from k3d: %s", perr.msg);
+			return 0;
+		}
+		r = poll(&pfd, 1, timeout_ms);
+		if (r < 0 && errno == EINTR)
+			return k3_err_set(err, -EINTR, "interrupted");
+		if (r < 0)
+			return k3_err_set(err, -errno, "poll: %s", strerror(errno));
+		if (r == 0)
+			return k3_err_set(err, -ETIMEDOUT, "k3d did not answer within %d ms", timeout_ms);
+		n = recv(c->fd, chunk, sizeof(chunk), 0);
+		if (n < 0 && errno == EINTR)
+			return k3_err_set(err, -EINTR, "interrupted");
+		if (n < 0)
+			return k3_err_set(err, -errno, "cannot read from k3d: %s", strerror(errno));
+		if (n == 0)
+			return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
+		if (k3_proto_buf_append(&c->in, chunk, (size_t)n) != 0)
+			return k3_err_set(err, -ENOMEM, "frame from k3d too large");
+	}
+}
+
+int k3ctl_client_call(struct k3ctl_client *c, uint32_t type, const void *body, int timeout_ms,
+		      struct k3_proto_header *h, union k3_proto_body *reply, uint32_t *status,
+		      struct k3_err *err)
+{
+	uint32_t rid;
+	int r = k3ctl_client_send(c, type, body, &rid, err);
+
+	while (r == 0) {
+		r = k3ctl_client_recv(c, timeout_ms, h, reply, err);
+		if (r < 0)
+			break;
+		if (h->request_id != rid && h->request_id != 0)
+			continue;   /* an event for another request */
+		if (h->type == K3_MSG_ERROR) {
+			if (status)
+				*status = reply->error.status;
+			return k3_err_set(err, -EREMOTEIO, "%.*s", (int)reply->error.message.len,
+					  reply->error.message.p);
+		}
+		return 0;
+	}
+	return r;
+}
+
+int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *err)
+{
+	struct sockaddr_un sun;
+	struct k3_msg_hello hello;
+	struct k3_proto_header h;
+	union k3_proto_body reply;
+	int r;
+
+	memset(c, 0, sizeof(*c));
+	c->fd = -1;
+	c->next_request_id = 1;
+	k3_proto_buf_init(&c->in, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
+	memset(&sun, 0, sizeof(sun));
+	sun.sun_family = AF_UNIX;
+	if (strlen(path) >= sizeof(sun.sun_path))
+		return k3_err_set(err, -ENAMETOOLONG, "socket path '%s' is too long", path);
+	strcpy(sun.sun_path, path);
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0)
+		return k3_err_set(err, -errno, "socket: %s", strerror(errno));
+	if (connect(c->fd, (struct sockaddr *)&sun, sizeof(sun)) != 0) {
+		r = -errno;
+		k3ctl_client_close(c);
+		return k3_err_set(err, r, "cannot reach k3d at '%s': %s (is it running? "
+				  "start it with 'systemctl start k3d' or 'k3d --socket PATH', "
+				  "or point --socket/K3D_SOCKET at it)", path, strerror(-r));
+	}
+	memset(&hello, 0, sizeof(hello));
+	hello.client = k3_proto_str_of("k3ctl/" K3_VERSION); hello.has_client = true;
+	hello.version = K3_PROTO_VERSION; hello.has_version = true;
+	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; hello.has_caps = true;
+	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, NULL, err);
+	if (r < 0 || h.type != K3_MSG_HELLO_OK) {
+		if (r == 0 || r == -EPROTO || r == -EREMOTEIO)
+			k3_err_prefix(err, "'%s' did not accept k3ctl's HELLO", path);
+		k3ctl_client_close(c);
+		return r < 0 ? (r == -EREMOTEIO ? -EPROTO : r) : -EPROTO;
+	}
+	/* Keep HELLO_OK's strings alive past the next recv. */
+	if (c->consumed <= sizeof(c->hello_frame)) {
+		memcpy(c->hello_frame, c->in.data, c->consumed);
+		k3_proto_decode(h.type, c->hello_frame + K3_PROTO_HEADER_SIZE, h.length, &c->hello, NULL);
+	}
+	return 0;
+}
+
+void k3ctl_client_close(struct k3ctl_client *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	k3_proto_buf_release(&c->in);
+}

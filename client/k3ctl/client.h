@@ -1,0 +1,57 @@
+/*
+ * client.h - k3ctl's blocking connection to k3d: connect, HELLO, send
+ * requests, receive frames. One connection, one thread.
+ */
+#ifndef K3CTL_CLIENT_H
+#define K3CTL_CLIENT_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "k3_proto.h"
+
+struct k3ctl_client {
+	int fd;
+	uint32_t next_request_id;
+	struct k3_proto_buf in;      /* bytes received, frame at the front */
+	size_t consumed;             /* bytes of the frame last returned */
+	struct k3_msg_hello_ok hello;/* valid while the client is open */
+	uint8_t hello_frame[1024];   /* backing bytes for hello's strings */
+};
+
+/*
+ * Connects to the socket at path and exchanges HELLO. Returns 0, or a
+ * negative errno: -ENOENT / -ECONNREFUSED / -EACCES when no daemon can be
+ * reached there (k3ctl exits 3), -EPROTO when the peer is not a k3d that
+ * speaks this version. err names the path and what to do.
+ */
+int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *err);
+void k3ctl_client_close(struct k3ctl_client *c);
+
+/* Sends a request; *request_id (may be NULL) gets its id. */
+int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
+		      uint32_t *request_id, struct k3_err *err);
+
+/*
+ * Waits up to timeout_ms (-1: forever) for the next frame and decodes it
+ * into *body, whose strings point into c's buffer until the next call.
+ * Returns 0, -ETIMEDOUT, -ECONNRESET when the daemon closed the
+ * connection, or -EPROTO for a malformed frame.
+ */
+int k3ctl_client_recv(struct k3ctl_client *c, int timeout_ms, struct k3_proto_header *h,
+		      union k3_proto_body *body, struct k3_err *err);
+
+/*
+ * One request, one reply: sends and waits for the frame answering it. An
+ * ERROR reply becomes -EREMOTEIO with the daemon's message in err (and the
+ * status in *status if non-NULL).
+ */
+int k3ctl_client_call(struct k3ctl_client *c, uint32_t type, const void *body, int timeout_ms,
+		      struct k3_proto_header *h, union k3_proto_body *reply, uint32_t *status,
+		      struct k3_err *err);
+
+/* The socket k3ctl talks to: --socket, else $K3D_SOCKET, else
+ * $XDG_RUNTIME_DIR/k3d.sock when it exists, else /run/k3d/k3d.sock. */
+const char *k3ctl_client_default_socket(void);
+
+#endif

@@ -1,0 +1,112 @@
+/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify]`: writes one
+ * expert pack per MoE layer (store_pack.h), keeps packs that are already up
+ * to date, and with --verify rehashes every span. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "k3ctl.h"
+#include "model/model.h"
+#include "store/store_model.h"
+
+int k3ctl_cmd_pack(int argc, char **argv)
+{
+	const char *model_dir = NULL, *out_dir = NULL;
+	unsigned flags = 0;
+	struct k3_model *m = NULL;
+	struct k3_store_pack_ident *id = NULL;
+	struct k3_err err = { 0, "" };
+	char packdir[4096], path[4096];
+	uint32_t written = 0, kept = 0;
+	uint64_t bytes = 0, verified = 0;
+	size_t n_id = 0;
+	int rc, code = K3CTL_EXIT_ERROR;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+			model_dir = argv[++i];
+		else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
+			out_dir = argv[++i];
+		else if (strcmp(argv[i], "--verify") == 0)
+			flags |= K3_STORE_PACK_VERIFY;
+		else
+			return k3ctl_usage("pack", "usage: k3ctl pack --model DIR [--out DIR] [--verify]"
+					   " (unexpected '%s')", argv[i]);
+	}
+	if (!model_dir)
+		return k3ctl_usage("pack", "--model DIR is required");
+	rc = k3_model_open(model_dir, &m, &err);
+	if (rc)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
+	if (out_dir) {
+		snprintf(packdir, sizeof(packdir), "%s", out_dir);
+	} else {
+		struct stat st;
+		/* A model directory marked read-only (no write bit at all) is
+		 * left alone even when running as root, who could write anyway. */
+		if (stat(k3_model_dir(m), &st) == 0 && (st.st_mode & 0222) == 0) {
+			k3ctl_fail(K3CTL_EXIT_ERROR, "'%s' is read-only (mode %04o); choose where the"
+				   " packs go with --out DIR", k3_model_dir(m),
+				   (unsigned)(st.st_mode & 07777));
+			goto out;
+		}
+		snprintf(packdir, sizeof(packdir), "%s/%s", k3_model_dir(m), K3_STORE_PACK_SUBDIR);
+	}
+	if (mkdir(packdir, 0755) != 0 && errno != EEXIST) {
+		k3ctl_fail(K3CTL_EXIT_ERROR, "cannot create '%s': %s", packdir, strerror(errno));
+		goto out;
+	}
+	rc = k3_store_model_idents(m, &id, &n_id, &err);
+	if (rc) {
+		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
+		goto out;
+	}
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	for (uint32_t l = 0; l < plan->n_layers; l++) {
+		struct k3_store_pack_result res;
+		struct k3_store_source *src;
+
+		if (!plan->layers[l].is_moe)
+			continue;
+		src = k3_store_source_new(K3_STORE_DIRECT_AUTO);
+		if (!src) {
+			k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
+			goto out;
+		}
+		rc = k3_store_source_add_model(src, m, l, &err);
+		if (rc == 0)
+			rc = k3_store_pack_path(path, sizeof(path), packdir, l);
+		if (rc == 0)
+			rc = k3_store_pack_write(path, src, id, n_id, flags, &res, &err);
+		k3_store_source_free(src);
+		if (rc) {
+			k3ctl_fail(K3CTL_EXIT_ERROR, "layer %" PRIu32 ": %s", l, err.msg);
+			goto out;
+		}
+		written += res.written;
+		kept += !res.written;
+		bytes += res.payload_bytes;
+		verified += res.verified_bytes;
+		if (!k3ctl_g.json)
+			printf("layer %3" PRIu32 ": %s %zu experts, %" PRIu64 " bytes%s\n", l,
+			       res.written ? (res.replaced ? "rewrote" : "wrote") : "kept",
+			       res.n_experts, res.file_bytes,
+			       res.verified_bytes ? ", every span verified" : "");
+	}
+	if (k3ctl_g.json)
+		printf("{\"ok\":true,\"dir\":\"%s\",\"written\":%" PRIu32 ",\"kept\":%" PRIu32
+		       ",\"payload_bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64 "}\n",
+		       packdir, written, kept, bytes, verified);
+	else
+		printf("%s: %" PRIu32 " packs written, %" PRIu32 " kept, %" PRIu64
+		       " expert bytes, %" PRIu64 " bytes verified\n", packdir, written, kept, bytes,
+		       verified);
+	code = K3CTL_EXIT_OK;
+out:
+	free(id);
+	k3_model_free(m);
+	return code;
+}

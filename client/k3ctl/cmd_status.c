@@ -1,0 +1,93 @@
+/* cmd_status.c - `k3ctl status`: the daemon's state and counters. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "client.h"
+#include "k3ctl.h"
+
+static const char *state_name(uint32_t s)
+{
+	static const char *const names[] = { "loading", "ready", "draining", "no-model" };
+
+	return s < 4 ? names[s] : "unknown";
+}
+
+static json_t *jstr(struct k3_proto_str s)
+{
+	return json_stringn(s.p ? s.p : "", s.len);
+}
+
+int k3ctl_cmd_status(int argc, char **argv)
+{
+	struct k3ctl_client c;
+	struct k3_msg_status req;
+	struct k3_proto_header h;
+	union k3_proto_body reply;
+	const struct k3_msg_status_reply *s = &reply.status_reply;
+	struct k3_err err = { 0, "" };
+	int r;
+
+	(void)argv;
+	if (argc > 1)
+		return k3ctl_usage("status", "takes no arguments");
+	if ((r = k3ctl_connect(&c)) != 0)
+		return r;
+	memset(&req, 0, sizeof(req));
+	r = k3ctl_client_call(&c, K3_MSG_STATUS, &req, 10000, &h, &reply, NULL, &err);
+	if (r < 0 || h.type != K3_MSG_STATUS_REPLY) {
+		k3ctl_client_close(&c);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "status: %s", r < 0 ? err.msg : "unexpected reply");
+	}
+	if (k3ctl_g.json) {
+		json_t *o = json_object();
+		char *text;
+
+		json_object_set_new(o, "version", jstr(s->version));
+		json_object_set_new(o, "state", json_string(state_name(s->state)));
+		json_object_set_new(o, "status", jstr(s->status_text));
+		json_object_set_new(o, "model", s->has_model ? jstr(s->model) : json_null());
+		json_object_set_new(o, "pid", json_integer(s->pid));
+		json_object_set_new(o, "uptime_s", json_real(s->uptime_s));
+		json_object_set_new(o, "connections", json_integer(s->connections));
+		json_object_set_new(o, "running", json_integer(s->running));
+		json_object_set_new(o, "queued", json_integer(s->queued));
+		json_object_set_new(o, "queue_max", json_integer(s->queue_max));
+		json_object_set_new(o, "requests_total", json_integer((json_int_t)s->requests_total));
+		json_object_set_new(o, "prompt_tokens_total", json_integer((json_int_t)s->prompt_tokens_total));
+		json_object_set_new(o, "completion_tokens_total",
+				    json_integer((json_int_t)s->completion_tokens_total));
+		json_object_set_new(o, "expert_bytes_read", json_integer((json_int_t)s->expert_bytes_read));
+		json_object_set_new(o, "expert_hits", json_integer((json_int_t)s->expert_hits));
+		json_object_set_new(o, "expert_misses", json_integer((json_int_t)s->expert_misses));
+		json_object_set_new(o, "prefetch_issued", json_integer((json_int_t)s->prefetch_issued));
+		json_object_set_new(o, "prefetch_used", json_integer((json_int_t)s->prefetch_used));
+		json_object_set_new(o, "prefetch_wasted_bytes",
+				    json_integer((json_int_t)s->prefetch_wasted_bytes));
+		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		puts(text ? text : "{}");
+		free(text);
+		json_decref(o);
+	} else {
+		printf("k3d %.*s, pid %u, up %.1f s\n", (int)s->version.len, s->version.p, s->pid, s->uptime_s);
+		printf("state:       %s%s%.*s\n", state_name(s->state), s->has_status_text ? " - " : "",
+		       (int)s->status_text.len, s->status_text.p ? s->status_text.p : "");
+		printf("model:       %.*s\n", s->has_model ? (int)s->model.len : 6,
+		       s->has_model ? s->model.p : "(none)");
+		printf("connections: %u\n", s->connections);
+		printf("generation:  %u running, %u/%u queued\n", s->running, s->queued, s->queue_max);
+		if (s->has_requests_total)
+			printf("requests:    %llu (prompt %llu tokens, completion %llu tokens)\n",
+			       (unsigned long long)s->requests_total,
+			       (unsigned long long)s->prompt_tokens_total,
+			       (unsigned long long)s->completion_tokens_total);
+		if (s->has_expert_bytes_read)
+			printf("experts:     %llu bytes read, %llu hits, %llu misses\n",
+			       (unsigned long long)s->expert_bytes_read, (unsigned long long)s->expert_hits,
+			       (unsigned long long)s->expert_misses);
+	}
+	k3ctl_client_close(&c);
+	return K3CTL_EXIT_OK;
+}

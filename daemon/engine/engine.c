@@ -1,0 +1,578 @@
+/*
+ * engine.c - the K3 layer program over a provider (see engine.h).
+ *
+ * Residual stream bookkeeping (spec §4.3): `pool` holds n_blocks + 1
+ * buffers of [chunk][D]. pool[0..nB-1] are the block snapshots B, pool[nB]
+ * is the running sum P; a block start bumps nB, which both snapshots the
+ * old P and starts a fresh one, with no copy. AttnRes candidates are
+ * therefore always the contiguous prefix pool[0..nB].
+ */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "provider_registry.h"
+
+struct k3_engine {
+	const struct k3_model *model;
+	const struct k3_provider *prov;
+	k3_prov_model *pm;
+	struct k3_prov_config cfg;
+	struct k3_prov_weights weights;
+	struct k3_prov_layer_weights *lw;
+	struct k3_expert_source src;
+	const atomic_bool *cancel;   /* polled between layers; may be NULL */
+	uint32_t chunk, n_blocks, n_moe, K, D, V;
+	uint32_t moe_layers[K3_PROV_MAX_LAYERS];
+	int32_t moe_index[K3_PROV_MAX_LAYERS];   /* layer -> MoE ordinal, -1 */
+	/* chunk scratch */
+	float **pool;                /* [n_blocks + 1] of [chunk][D] */
+	const float **cands;         /* [n_blocks + 1] */
+	float *h, *x, *mb, *z;       /* [chunk][D] */
+	uint32_t *ids;               /* [chunk][K] */
+	float *w;                    /* [chunk][K] */
+	struct k3_prov_expert *spans;  /* [chunk][K] */
+};
+
+struct k3_engine_seq {
+	struct k3_engine *e;
+	uint32_t len;
+	bool poisoned;
+	k3_prov_kda_state **kda;     /* [L], NULL for MLA layers */
+	k3_prov_mla_cache **mla;     /* [L], NULL for KDA layers */
+};
+
+static int prov_err(const struct k3_engine *e, struct k3_err *err, int rc,
+		    const struct k3_prov_status *st)
+{
+	return k3_err_set(err, rc ? rc : -EIO, "provider '%s': %s", e->prov->name,
+			  st->msg[0] ? st->msg : "failed");
+}
+
+/* ---------------------------------------------------------------- model -> ABI */
+
+static struct k3_prov_tensor tensor(const struct k3_tensor *t)
+{
+	struct k3_prov_tensor o = { 0 };
+	if (!t)
+		return o;
+	switch (t->dtype) {
+	case K3_DTYPE_BF16: o.dtype = K3_PROV_DTYPE_BF16; break;
+	case K3_DTYPE_F32: o.dtype = K3_PROV_DTYPE_F32; break;
+	case K3_DTYPE_U8: o.dtype = K3_PROV_DTYPE_U8; break;
+	default: o.dtype = K3_PROV_DTYPE_NONE; break;   /* refused by the provider */
+	}
+	if (t->ndim < 1 || t->ndim > 3) {
+		o.dtype = K3_PROV_DTYPE_NONE;
+		return o;
+	}
+	o.data = t->data;
+	o.ndim = t->ndim;
+	for (uint32_t i = 0; i < 3; i++)
+		o.shape[i] = i < t->ndim ? t->shape[i] : 1;
+	return o;
+}
+
+static int build_config(const struct k3_model_config *mc, struct k3_prov_config *c,
+			struct k3_err *err)
+{
+	const char *why = NULL;
+	if (!mc->attn_res_block_size)
+		why = "attn_res_block_size null (plain residual)";
+	else if (mc->hidden_act != K3_ACT_SITU)
+		why = "hidden_act other than \"situ\"";
+	else if (mc->num_hidden_layers > K3_PROV_MAX_LAYERS)
+		why = "more layers than the provider ABI allows";
+	else if (mc->n_kda && (!mc->gate_lower_bound_set || !mc->use_full_rank_gate))
+		why = "KDA without gate_lower_bound or use_full_rank_gate";
+	else if (mc->n_mla && (!mc->q_lora_rank || !mc->mla_use_output_gate))
+		why = "MLA without q_lora_rank or mla_use_output_gate";
+	else if (mc->n_moe && (!mc->routed_expert_hidden_size || !mc->latent_moe_use_norm ||
+			       mc->moe_router_activation_func != K3_ROUTER_SIGMOID ||
+			       (mc->num_expert_group > 1 && mc->num_expert_group > mc->topk_group)))
+		why = "MoE without latent experts + norm, with a softmax router or grouped top-k";
+	if (why)
+		return k3_err_set(err, -EINVAL, "model uses %s, which the engine does not support "
+				  "(Kimi K3 configuration expected)", why);
+	memset(c, 0, sizeof(*c));
+	c->struct_size = sizeof(*c);
+	c->hidden = mc->hidden_size;
+	c->n_layers = mc->num_hidden_layers;
+	c->vocab = mc->vocab_size;
+	c->dense_inter = mc->intermediate_size;
+	c->shared_inter = mc->shared_width;
+	c->moe_inter = mc->moe_intermediate_size;
+	c->latent = mc->routed_expert_hidden_size;
+	c->n_experts = mc->num_experts;
+	c->top_k = mc->num_experts_per_token;
+	c->attn_res_block = mc->attn_res_block_size;
+	c->kda_heads = mc->kda_num_heads;
+	c->kda_head_dim = mc->kda_head_dim;
+	c->conv_kernel = mc->short_conv_kernel_size;
+	c->mla_heads = mc->num_attention_heads;
+	c->q_lora = mc->q_lora_rank;
+	c->kv_lora = mc->kv_lora_rank;
+	c->qk_nope = mc->qk_nope_head_dim;
+	c->qk_rope = mc->qk_rope_head_dim;
+	c->v_head = mc->v_head_dim;
+	c->moe_renormalize = mc->moe_renormalize;
+	c->rms_eps = mc->rms_norm_eps;
+	c->mla_norm_eps = 1e-6f;     /* HF constructs these norms without eps (spec §3.1) */
+	c->situ_beta1 = mc->situ_beta;
+	c->situ_beta2 = mc->situ_linear_beta_set ? mc->situ_linear_beta : 0.0f;
+	c->gate_lower_bound = mc->gate_lower_bound;
+	c->routed_scale = mc->routed_scaling_factor;
+	for (uint32_t l = 0; l < mc->num_hidden_layers; l++) {
+		c->attn_kind[l] = mc->is_kda[l] ? K3_PROV_ATTN_KDA : K3_PROV_ATTN_MLA;
+		c->ffn_kind[l] = mc->is_moe[l] ? K3_PROV_FFN_MOE : K3_PROV_FFN_DENSE;
+	}
+	return 0;
+}
+
+static void build_layer(const struct k3_layer_plan *p, struct k3_prov_layer_weights *w)
+{
+	memset(w, 0, sizeof(*w));
+	w->input_norm = tensor(p->input_layernorm);
+	w->post_attn_norm = tensor(p->post_attention_layernorm);
+	w->attn_res_norm = tensor(p->self_attention_res_norm);
+	w->attn_res_proj = tensor(p->self_attention_res_proj);
+	w->mlp_res_norm = tensor(p->mlp_res_norm);
+	w->mlp_res_proj = tensor(p->mlp_res_proj);
+	if (p->is_kda) {
+		const struct k3_kda_plan *k = &p->kda;
+		w->q_proj = tensor(k->q_proj);
+		w->k_proj = tensor(k->k_proj);
+		w->v_proj = tensor(k->v_proj);
+		w->q_conv = tensor(k->q_conv1d);
+		w->k_conv = tensor(k->k_conv1d);
+		w->v_conv = tensor(k->v_conv1d);
+		w->f_a_proj = tensor(k->f_a_proj);
+		w->f_b_proj = tensor(k->f_b_proj);
+		w->a_log = tensor(k->a_log);
+		w->dt_bias = tensor(k->dt_bias);
+		w->b_proj = tensor(k->b_proj);
+		w->g_proj = tensor(k->g_proj);
+		w->o_norm = tensor(k->o_norm);
+		w->o_proj = tensor(k->o_proj);
+	} else {
+		const struct k3_mla_plan *a = &p->mla;
+		w->q_a_proj = tensor(a->q_a_proj);
+		w->q_a_norm = tensor(a->q_a_layernorm);
+		w->q_b_proj = tensor(a->q_b_proj);
+		w->kv_a_proj = tensor(a->kv_a_proj_with_mqa);
+		w->kv_a_norm = tensor(a->kv_a_layernorm);
+		w->kv_b_proj = tensor(a->kv_b_proj);
+		w->g_proj = tensor(a->g_proj);
+		w->o_proj = tensor(a->o_proj);
+	}
+	const struct k3_mlp_plan *mlp = p->is_moe ? &p->moe.shared_experts : &p->mlp;
+	w->mlp_gate = tensor(mlp->gate_proj);
+	w->mlp_up = tensor(mlp->up_proj);
+	w->mlp_down = tensor(mlp->down_proj);
+	if (p->is_moe) {
+		w->router = tensor(p->moe.gate);
+		w->router_bias = tensor(p->moe.e_score_correction_bias);
+		w->lat_down = tensor(p->moe.routed_expert_down_proj);
+		w->lat_norm = tensor(p->moe.routed_expert_norm);
+		w->lat_up = tensor(p->moe.routed_expert_up_proj);
+	}
+}
+
+/* The default expert source: the model's mmapped MXFP4 tensors. */
+static int model_acquire(void *ctx, uint32_t layer, uint32_t expert,
+			 struct k3_prov_expert *out, struct k3_err *err)
+{
+	const struct k3_model_plan *plan = k3_model_plan(ctx);
+	if (layer >= plan->n_layers || !plan->layers[layer].is_moe ||
+	    expert >= plan->layers[layer].moe.n_experts)
+		return k3_err_set(err, -EINVAL, "no expert %u in layer %u", expert, layer);
+	const struct k3_expert *x = &plan->layers[layer].moe.experts[expert];
+	if (!x->w1.mxfp4 || !x->w2.mxfp4 || !x->w3.mxfp4)
+		return k3_err_set(err, -EINVAL, "layer %u expert %u is not MXFP4 (unsupported)",
+				  layer, expert);
+	out->w1_packed = x->w1.packed->data;
+	out->w1_scale = x->w1.scale->data;
+	out->w3_packed = x->w3.packed->data;
+	out->w3_scale = x->w3.scale->data;
+	out->w2_packed = x->w2.packed->data;
+	out->w2_scale = x->w2.scale->data;
+	return 0;
+}
+
+static void model_release(void *ctx, uint32_t layer, uint32_t expert)
+{
+	(void)ctx;
+	(void)layer;
+	(void)expert;
+}
+
+/* ---------------------------------------------------------------- engine */
+
+void k3_engine_free(struct k3_engine *e)
+{
+	if (!e)
+		return;
+	if (e->pm)
+		e->prov->close(e->pm);
+	if (e->pool)
+		for (uint32_t i = 0; i <= e->n_blocks; i++)
+			free(e->pool[i]);
+	free(e->pool);
+	free(e->cands);
+	free(e->h);
+	free(e->x);
+	free(e->mb);
+	free(e->z);
+	free(e->ids);
+	free(e->w);
+	free(e->spans);
+	free(e->lw);
+	free(e);
+}
+
+int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *opts,
+		   struct k3_engine **out, struct k3_err *err)
+{
+	struct k3_engine_opts def = { 0 };
+	if (!opts)
+		opts = &def;
+	const struct k3_provider *prov = k3_provider_find(opts->provider ? opts->provider : "cpu", err);
+	if (!prov)
+		return err ? err->code : -ENOENT;
+	if (opts->max_chunk > 4096)
+		return k3_err_set(err, -EINVAL, "chunk of %u positions exceeds 4096", opts->max_chunk);
+
+	struct k3_engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	e->model = model;
+	e->prov = prov;
+	const struct k3_model_config *mc = k3_model_config(model);
+	const struct k3_model_plan *plan = k3_model_plan(model);
+	int rc = build_config(mc, &e->cfg, err);
+	if (rc)
+		goto fail;
+	e->chunk = opts->max_chunk ? opts->max_chunk : 64;
+	e->D = e->cfg.hidden;
+	e->V = e->cfg.vocab;
+	e->K = e->cfg.top_k;
+	e->n_blocks = (e->cfg.n_layers + e->cfg.attn_res_block - 1) / e->cfg.attn_res_block;
+	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+		e->moe_index[l] = -1;
+		if (e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE) {
+			e->moe_index[l] = (int32_t)e->n_moe;
+			e->moe_layers[e->n_moe++] = l;
+		}
+	}
+
+	e->lw = calloc(plan->n_layers, sizeof(*e->lw));
+	if (!e->lw) {
+		rc = k3_err_set(err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (uint32_t l = 0; l < plan->n_layers; l++)
+		build_layer(&plan->layers[l], &e->lw[l]);
+	e->weights = (struct k3_prov_weights){
+		.struct_size = sizeof(e->weights),
+		.n_layers = plan->n_layers,
+		.embed = tensor(plan->embed_tokens),
+		.lm_head = tensor(plan->lm_head),
+		.norm = tensor(plan->norm),
+		.out_res_norm = tensor(plan->output_attn_res_norm),
+		.out_res_proj = tensor(plan->output_attn_res_proj),
+		.layers = e->lw,
+	};
+	struct k3_prov_open_args args = {
+		.struct_size = sizeof(args),
+		.threads = opts->threads,
+		.max_batch = e->chunk,
+		.flags = opts->reference ? K3_PROV_OPEN_REFERENCE : 0,
+		.config = &e->cfg,
+		.weights = &e->weights,
+	};
+	struct k3_prov_status st = { 0 };
+	rc = prov->open(&args, &e->pm, &st);
+	if (rc) {
+		prov_err(e, err, rc, &st);
+		goto fail;
+	}
+	k3_engine_set_expert_source(e, NULL);
+
+	size_t rowb = (size_t)e->chunk * e->D * sizeof(float);
+	e->pool = calloc(e->n_blocks + 1, sizeof(*e->pool));
+	e->cands = calloc(e->n_blocks + 1, sizeof(*e->cands));
+	e->h = malloc(rowb);
+	e->x = malloc(rowb);
+	e->mb = malloc(rowb);
+	e->z = malloc(rowb);
+	e->ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->ids));
+	e->w = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->w));
+	e->spans = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->spans));
+	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->ids && e->w &&
+	      e->spans) ? 0 : -ENOMEM;
+	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
+		if (!(e->pool[i] = malloc(rowb)))
+			rc = -ENOMEM;
+	if (rc) {
+		k3_err_set(err, rc, "out of memory for a %u-position chunk", e->chunk);
+		goto fail;
+	}
+	*out = e;
+	return 0;
+fail:
+	k3_engine_free(e);
+	return rc;
+}
+
+void k3_engine_set_expert_source(struct k3_engine *e, const struct k3_expert_source *src)
+{
+	if (src)
+		e->src = *src;
+	else
+		e->src = (struct k3_expert_source){ .ctx = (void *)e->model,
+			.acquire = model_acquire, .release = model_release };
+}
+
+void k3_engine_set_cancel(struct k3_engine *e, const atomic_bool *flag)
+{
+	e->cancel = flag;
+}
+
+int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *err)
+{
+	struct k3_prov_status st = { 0 };
+	int rc = e->prov->set_threads(e->pm, threads, &st);
+	return rc ? prov_err(e, err, rc, &st) : 0;
+}
+
+uint32_t k3_engine_vocab(const struct k3_engine *e) { return e->V; }
+uint32_t k3_engine_top_k(const struct k3_engine *e) { return e->K; }
+uint32_t k3_engine_n_moe(const struct k3_engine *e) { return e->n_moe; }
+const uint32_t *k3_engine_moe_layers(const struct k3_engine *e) { return e->moe_layers; }
+
+/* ---------------------------------------------------------------- sequences */
+
+void k3_engine_seq_free(struct k3_engine_seq *s)
+{
+	if (!s)
+		return;
+	const struct k3_provider *p = s->e->prov;
+	for (uint32_t l = 0; l < s->e->cfg.n_layers; l++) {
+		if (s->kda)
+			p->kda_state_free(s->kda[l]);
+		if (s->mla)
+			p->mla_cache_free(s->mla[l]);
+	}
+	free(s->kda);
+	free(s->mla);
+	free(s);
+}
+
+int k3_engine_seq_new(struct k3_engine *e, uint32_t capacity, struct k3_engine_seq **out,
+		      struct k3_err *err)
+{
+	struct k3_engine_seq *s = calloc(1, sizeof(*s));
+	if (!s)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	s->e = e;
+	s->kda = calloc(e->cfg.n_layers, sizeof(*s->kda));
+	s->mla = calloc(e->cfg.n_layers, sizeof(*s->mla));
+	if (!s->kda || !s->mla) {
+		k3_engine_seq_free(s);
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	}
+	struct k3_prov_status st = { 0 };
+	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+		int rc = e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA
+			? e->prov->kda_state_new(e->pm, l, &s->kda[l], &st)
+			: e->prov->mla_cache_new(e->pm, l, capacity, &s->mla[l], &st);
+		if (rc) {
+			k3_engine_seq_free(s);
+			return prov_err(e, err, rc, &st);
+		}
+	}
+	*out = s;
+	return 0;
+}
+
+int k3_engine_seq_clone(struct k3_engine *e, const struct k3_engine_seq *src,
+			struct k3_engine_seq **out, struct k3_err *err)
+{
+	if (src->e != e)
+		return k3_err_set(err, -EINVAL, "sequence belongs to another engine");
+	struct k3_engine_seq *s;
+	int rc = k3_engine_seq_new(e, src->len, &s, err);
+	if (rc)
+		return rc;
+	struct k3_prov_status st = { 0 };
+	for (uint32_t l = 0; !rc && l < e->cfg.n_layers; l++)
+		rc = src->kda[l] ? e->prov->kda_state_copy(s->kda[l], src->kda[l], &st)
+				 : e->prov->mla_cache_copy(s->mla[l], src->mla[l], &st);
+	if (rc) {
+		k3_engine_seq_free(s);
+		return prov_err(e, err, rc, &st);
+	}
+	s->len = src->len;
+	s->poisoned = src->poisoned;
+	*out = s;
+	return 0;
+}
+
+uint32_t k3_engine_seq_len(const struct k3_engine_seq *s)
+{
+	return s->len;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+#define PCALL(call) do { rc = (call); if (rc) return prov_err(e, err, rc, &st); } while (0)
+
+/* The routed path of MoE layer l for n positions: router, expert spans
+ * from the source, shared experts, routed experts, into e->mb. */
+static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
+		     const struct k3_engine_out *out, struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t K = e->K, mi = (uint32_t)e->moe_index[l];
+	int rc;
+
+	PCALL(p->router(e->pm, l, e->x, n, e->ids, e->w, &st));
+	size_t got = 0;
+	for (; got < (size_t)n * K; got++) {
+		rc = e->src.acquire(e->src.ctx, l, e->ids[got], &e->spans[got], err);
+		if (rc)
+			break;
+	}
+	if (!rc) {
+		rc = p->mlp(e->pm, l, e->x, n, e->mb, &st);
+		if (!rc)
+			rc = p->routed_experts(e->pm, l, e->x, n, e->ids, e->w, e->spans, e->mb, &st);
+		if (rc)
+			prov_err(e, err, rc, &st);
+	}
+	for (size_t i = 0; i < got; i++)
+		e->src.release(e->src.ctx, l, e->ids[i]);
+	if (rc)
+		return rc;
+	if (out && (out->route_ids || out->route_weights)) {
+		for (uint32_t t = 0; t < n; t++) {
+			size_t dst = ((size_t)(pos0 + t) * e->n_moe + mi) * K;
+			if (out->route_ids)
+				memcpy(out->route_ids + dst, e->ids + (size_t)t * K, K * sizeof(uint32_t));
+			if (out->route_weights)
+				memcpy(out->route_weights + dst, e->w + (size_t)t * K, K * sizeof(float));
+		}
+	}
+	return 0;
+}
+
+/* One chunk of n positions; pos0 = index of its first position in the
+ * caller's output arrays; last = the call's final chunk. */
+static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
+		     uint32_t n, uint32_t pos0, bool last, const struct k3_engine_out *out,
+		     struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t D = e->D, S = e->cfg.attn_res_block, nB = 0;
+	size_t nd = (size_t)n * D;
+	int rc;
+
+	PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
+	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+		const float *hin = e->pool[0];
+		/* Cancellation is honoured between layers: a K3 layer step is the
+		 * longest the caller waits (the sequence is poisoned after this). */
+		if (e->cancel && atomic_load(e->cancel))
+			return k3_err_set(err, -ECANCELED, "cancelled before layer %u", l);
+		/* 1) attention input: AR over B and P, or the embedding at l = 0 */
+		if (nB > 0) {
+			for (uint32_t j = 0; j <= nB; j++)
+				e->cands[j] = e->pool[j];
+			PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_ATTN, l, e->cands, nB + 1, n, e->h, &st));
+			hin = e->h;
+		}
+		/* 2) block start: snapshot P (it becomes B[nB]) and restart P */
+		uint32_t flags = K3_PROV_OUT_ACCUMULATE;
+		if (l % S == 0) {
+			nB++;
+			flags = 0;
+		}
+		float *P = e->pool[nB];
+		/* 3) attention sub-layer, P := a or P + a */
+		if (e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA)
+			PCALL(p->kda(e->pm, l, hin, n, s->kda[l], P, flags, &st));
+		else
+			PCALL(p->mla(e->pm, l, hin, n, s->mla[l], P, flags, &st));
+		/* 4) FFN input: AR over the new B and P */
+		for (uint32_t j = 0; j <= nB; j++)
+			e->cands[j] = e->pool[j];
+		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_MLP, l, e->cands, nB + 1, n, e->h, &st));
+		PCALL(p->ffn_norm(e->pm, l, e->h, n, e->x, &st));
+		if (e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE) {
+			rc = moe_layer(e, l, n, pos0, out, err);
+			if (rc)
+				return rc;
+		} else {
+			PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
+		}
+		PCALL(p->add(e->pm, P, e->mb, nd, &st));
+	}
+	/* 5) output AttnRes, final norm, lm_head (spec §10) */
+	if (!out || !out->logits)
+		return 0;
+	if (out->logits_mode == K3_ENGINE_LOGITS_ALL) {
+		for (uint32_t j = 0; j <= nB; j++)
+			e->cands[j] = e->pool[j];
+		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, n, e->z, &st));
+		PCALL(p->logits(e->pm, e->z, n, out->logits + (size_t)pos0 * e->V, &st));
+	} else if (out->logits_mode == K3_ENGINE_LOGITS_LAST && last) {
+		for (uint32_t j = 0; j <= nB; j++)
+			e->cands[j] = e->pool[j] + (size_t)(n - 1) * D;
+		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, 1, e->z, &st));
+		PCALL(p->logits(e->pm, e->z, 1, out->logits, &st));
+	}
+	return 0;
+}
+
+int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
+		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
+		      struct k3_err *err)
+{
+	if (s->e != e)
+		return k3_err_set(err, -EINVAL, "sequence belongs to another engine");
+	if (s->poisoned)
+		return k3_err_set(err, -EINVAL, "sequence failed earlier; start a new one");
+	if (T == 0)
+		return k3_err_set(err, -EINVAL, "forward of zero tokens");
+	if ((uint64_t)s->len + T > UINT32_MAX / 2)
+		return k3_err_set(err, -E2BIG, "sequence too long");
+	for (uint32_t t = 0; t < T; t++)
+		if (ids[t] < 0 || (uint32_t)ids[t] >= e->V)
+			return k3_err_set(err, -EINVAL, "token id %d at position %u not in 0..%u",
+					  ids[t], t, e->V - 1);
+	for (uint32_t done = 0; done < T;) {
+		uint32_t n = T - done < e->chunk ? T - done : e->chunk;
+		int rc = run_chunk(e, s, ids + done, n, done, done + n == T, out, err);
+		if (rc) {
+			s->poisoned = true;
+			return rc;
+		}
+		done += n;
+		s->len += n;
+	}
+	return 0;
+}
+
+uint32_t k3_engine_argmax(const float *logits, uint32_t n)
+{
+	uint32_t best = 0;
+	for (uint32_t i = 1; i < n; i++)
+		if (logits[i] > logits[best])
+			best = i;
+	return best;
+}

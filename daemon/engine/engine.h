@@ -1,0 +1,121 @@
+/*
+ * engine.h - the Kimi K3 layer program (design/k3-model.md §4.3) driving a
+ * provider (providers/k3_provider.h), and the per-sequence state it
+ * advances.
+ *
+ * The engine does no arithmetic: it decides the schedule (which layer,
+ * which AttnRes candidates, which experts, which state) and asks the
+ * provider to compute. It returns the logits and, for every MoE layer and
+ * position, the route (expert ids in selection order + fp32 weights).
+ *
+ * Threads: an engine and its sequences are used by one thread at a time
+ * (the engine thread); the provider parallelizes inside each op.
+ *
+ * Determinism: the logits and route of a position are bit-identical
+ * whether it runs alone, inside a prefill chunk, or in a multi-token batch,
+ * and for any thread count (providers fix reduction orders; the engine
+ * never makes a result depend on the batch). Verified by tests/engine.
+ */
+#ifndef K3_ENGINE_ENGINE_H
+#define K3_ENGINE_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "k3_provider.h"
+
+struct k3_model;
+struct k3_engine;
+struct k3_engine_seq;
+
+struct k3_engine_opts {
+	const char *provider;        /* "cpu" when NULL */
+	uint32_t threads;            /* compute threads; 0 = online cores */
+	uint32_t max_chunk;          /* positions per provider call; 0 = 64 */
+	bool reference;              /* provider's scalar reference path */
+};
+
+/*
+ * Where routed-expert bytes come from. The engine decides which experts
+ * run (the router's ids) and asks the source for their spans; the provider
+ * only computes. acquire fills *out with the six MXFP4 arrays of expert
+ * `expert` of layer `layer`, valid until the matching release (called
+ * after the layer's routed_experts op). Default: the model's mmapped
+ * tensors. The store (RAM cache via pread) supplies its own.
+ */
+struct k3_expert_source {
+	void *ctx;
+	int (*acquire)(void *ctx, uint32_t layer, uint32_t expert,
+		       struct k3_prov_expert *out, struct k3_err *err);
+	void (*release)(void *ctx, uint32_t layer, uint32_t expert);
+};
+
+/* Opens a provider over model (which must outlive the engine) and sizes
+ * its scratch. Returns 0, -ENOENT (unknown provider), -EINVAL (the model
+ * uses a feature the provider lacks, message says which), -ENOMEM. */
+int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *opts,
+		   struct k3_engine **out, struct k3_err *err);
+void k3_engine_free(struct k3_engine *e);
+
+/* Replaces the expert source (NULL restores the model's mmapped tensors).
+ * src is copied; src->ctx must outlive its use. */
+void k3_engine_set_expert_source(struct k3_engine *e, const struct k3_expert_source *src);
+
+/* Polls *flag (may be NULL: never) before every layer of later forward
+ * calls; when it is set, the call returns -ECANCELED and poisons its
+ * sequence. The flag must outlive its use. */
+void k3_engine_set_cancel(struct k3_engine *e, const atomic_bool *flag);
+
+/* Compute threads for later calls (1..256). */
+int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *err);
+
+uint32_t k3_engine_vocab(const struct k3_engine *e);
+uint32_t k3_engine_top_k(const struct k3_engine *e);
+/* Number of MoE layers and their 0-based layer indices, ascending. */
+uint32_t k3_engine_n_moe(const struct k3_engine *e);
+const uint32_t *k3_engine_moe_layers(const struct k3_engine *e);
+
+/* A fresh sequence (zero KDA state, empty MLA caches) with room for
+ * `capacity` tokens before an MLA cache reallocates. */
+int k3_engine_seq_new(struct k3_engine *e, uint32_t capacity,
+		      struct k3_engine_seq **out, struct k3_err *err);
+/* NULL-safe. */
+void k3_engine_seq_free(struct k3_engine_seq *s);
+/* *out := an independent copy of src (for branching). */
+int k3_engine_seq_clone(struct k3_engine *e, const struct k3_engine_seq *src,
+			struct k3_engine_seq **out, struct k3_err *err);
+/* Tokens consumed so far. */
+uint32_t k3_engine_seq_len(const struct k3_engine_seq *s);
+
+enum k3_engine_logits {
+	K3_ENGINE_LOGITS_NONE = 0,   /* no logits (prefill of a prefix) */
+	K3_ENGINE_LOGITS_LAST = 1,   /* logits[V] of the last position */
+	K3_ENGINE_LOGITS_ALL = 2,    /* logits[T][V], one row per position */
+};
+
+/* Caller-owned outputs of one forward call (any pointer may be NULL). */
+struct k3_engine_out {
+	enum k3_engine_logits logits_mode;
+	float *logits;               /* see logits_mode */
+	uint32_t *route_ids;         /* [T][n_moe][top_k], selection order */
+	float *route_weights;        /* [T][n_moe][top_k] */
+};
+
+/*
+ * Runs T >= 1 tokens through the model after the s's tokens (prefill when
+ * T > 1, decode when T == 1), in chunks of max_chunk, advancing s.
+ * Returns 0; -EINVAL (bad id, T == 0, or s failed earlier), -ENOMEM, or a
+ * provider/expert-source error. After a failure s is poisoned (every later
+ * call returns -EINVAL) because its state may be partly advanced: free it.
+ * Allocates nothing once the sequence's MLA caches hold its length.
+ */
+int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
+		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
+		      struct k3_err *err);
+
+/* Index of the largest of n logits, lowest index on ties (greedy). */
+uint32_t k3_engine_argmax(const float *logits, uint32_t n);
+
+#endif

@@ -1,0 +1,433 @@
+/*
+ * model.c - opening a checkpoint directory: config, index, shard headers,
+ * read-only mappings, the sorted tensor table (see model.h).
+ */
+#include "model/model_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Reads a whole small file (at most max bytes) into a malloc'd buffer. */
+static int read_small(const char *path, size_t max, char **out, size_t *len, struct k3_err *err)
+{
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int r = 0;
+
+	*out = NULL;
+	if (fd < 0)
+		return k3_err_set(err, -errno, "%s: %s", path, strerror(errno));
+	if (fstat(fd, &st) < 0) {
+		r = k3_err_set(err, -errno, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		r = k3_err_set(err, -EINVAL, "%s: not a regular file", path);
+		goto out;
+	}
+	if ((uint64_t)st.st_size > max) {
+		r = k3_err_set(err, -EINVAL, "%s: %lld bytes exceeds the %zu byte limit", path,
+			       (long long)st.st_size, max);
+		goto out;
+	}
+	*out = malloc((size_t)st.st_size + 1);
+	if (!*out) {
+		r = k3_err_set(err, -ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
+	size_t got = 0;
+	while (got < (size_t)st.st_size) {
+		ssize_t n = read(fd, *out + got, (size_t)st.st_size - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			r = k3_err_set(err, n < 0 ? -errno : -EIO, "%s: read failed", path);
+			free(*out);
+			*out = NULL;
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	(*out)[got] = '\0';
+	*len = got;
+out:
+	close(fd);
+	return r;
+}
+
+static char *join(const char *a, const char *b)
+{
+	size_t n = strlen(a) + strlen(b) + 2;
+	char *s = malloc(n);
+
+	if (s)
+		snprintf(s, n, "%s/%s", a, b);
+	return s;
+}
+
+/* Opens, checks and maps one shard. The resolved path must stay inside the
+ * model directory: a symlink may point within it, never out of it. */
+static int shard_open(struct k3_model *m, const char *name, struct k3_shard *sh,
+		      struct k3_err *err)
+{
+	char *p = join(m->dir, name);
+	char real[PATH_MAX];
+	struct stat st;
+	int fd = -1, r = 0;
+
+	if (!p)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	if (!realpath(p, real)) {
+		r = k3_err_set(err, -errno, "shard '%s': %s", name, strerror(errno));
+		goto out;
+	}
+	size_t dl = strlen(m->dir);
+	if (strncmp(real, m->dir, dl) != 0 || real[dl] != '/') {
+		r = k3_err_set(err, -EXDEV,
+			       "shard '%s' resolves to '%s', outside the model directory '%s' (symlinks must stay inside it)",
+			       name, real, m->dir);
+		goto out;
+	}
+	fd = open(real, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		r = k3_err_set(err, -errno, "shard '%s': %s", name, strerror(errno));
+		goto out;
+	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		r = k3_err_set(err, -EINVAL, "shard '%s': not a regular file", name);
+		goto out;
+	}
+	sh->size = (uint64_t)st.st_size;
+	if (!(sh->path = strdup(real))) {
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	uint8_t pre[8];
+	ssize_t n = sh->size >= 8 ? pread(fd, pre, 8, 0) : 0;
+	uint64_t hl;
+	r = k3_st_parse_prefix(pre, n > 0 ? (size_t)n : 0, sh->size, name, &hl, err);
+	if (r)
+		goto out;
+	if (sh->size > SIZE_MAX) {
+		r = k3_err_set(err, -EFBIG, "shard '%s': too large to map", name);
+		goto out;
+	}
+	void *map = mmap(NULL, (size_t)sh->size, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		r = k3_err_set(err, -errno, "shard '%s': mmap: %s", name, strerror(errno));
+		goto out;
+	}
+	sh->map = map;
+	sh->data_start = 8 + hl;
+	r = k3_st_parse_header((const char *)sh->map + 8, (size_t)hl, sh->size - sh->data_start,
+			       name, &sh->hdr, err);
+out:
+	if (fd >= 0)
+		close(fd);
+	free(p);
+	return r;
+}
+
+static int cmp_tensor(const void *a, const void *b)
+{
+	return strcmp(((const struct k3_tensor *)a)->name, ((const struct k3_tensor *)b)->name);
+}
+
+/* Merges every shard header into one sorted table and checks it against
+ * the index: each listed tensor is in the shard the index names, and every
+ * stored tensor is listed. */
+static int build_table(struct k3_model *m, const struct k3_st_index *ix, struct k3_err *err)
+{
+	size_t total = 0;
+
+	for (uint32_t s = 0; s < m->n_shards; s++)
+		total += m->shards[s].hdr.n;
+	if (total > K3_MODEL_MAX_TENSORS)
+		return k3_err_set(err, -EINVAL, "%zu tensors exceed the limit of %u", total, K3_MODEL_MAX_TENSORS);
+	m->tensors = calloc(total ? total : 1, sizeof(*m->tensors));
+	if (!m->tensors)
+		return k3_err_set(err, -ENOMEM, "out of memory for %zu tensors", total);
+	for (uint32_t s = 0; s < m->n_shards; s++) {
+		const struct k3_shard *sh = &m->shards[s];
+		for (size_t i = 0; i < sh->hdr.n; i++) {
+			const struct k3_st_entry *e = &sh->hdr.v[i];
+			struct k3_tensor *t = &m->tensors[m->n_tensors++];
+			t->name = e->name;
+			t->dtype = e->dtype;
+			t->ndim = e->ndim;
+			memcpy(t->shape, e->shape, sizeof(t->shape));
+			t->nelem = e->nelem;
+			t->nbytes = e->nbytes;
+			t->shard = s;
+			t->file_offset = sh->data_start + e->begin;
+			t->data = sh->map + t->file_offset;
+		}
+	}
+	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), cmp_tensor);
+	for (size_t i = 1; i < m->n_tensors; i++)
+		if (strcmp(m->tensors[i - 1].name, m->tensors[i].name) == 0)
+			return k3_err_set(err, -EINVAL, "tensor '%s' is stored twice (in '%s' and '%s')",
+					  m->tensors[i].name, m->shards[m->tensors[i - 1].shard].path,
+					  m->shards[m->tensors[i].shard].path);
+	if (!ix)
+		return 0;
+	/* Both lists are sorted by name: one merge pass. The index's shard
+	 * numbers are the order shards were opened in (same as ix->shards). */
+	size_t a = 0, b = 0;
+	while (a < ix->n || b < m->n_tensors) {
+		int c = a == ix->n ? 1 : b == m->n_tensors ? -1 : strcmp(ix->v[a].name, m->tensors[b].name);
+		if (c < 0)
+			return k3_err_set(err, -EINVAL,
+					  "missing tensor: '%s' is listed in the index under '%s' but that shard does not store it",
+					  ix->v[a].name, ix->shards[ix->v[a].shard]);
+		if (c > 0)
+			return k3_err_set(err, -EINVAL, "tensor '%s' in shard '%s' is not listed in the index",
+					  m->tensors[b].name, m->shards[m->tensors[b].shard].path);
+		if (ix->v[a].shard != m->tensors[b].shard)
+			return k3_err_set(err, -EINVAL, "tensor '%s': the index names shard '%s' but it is stored in '%s'",
+					  ix->v[a].name, ix->shards[ix->v[a].shard],
+					  m->shards[m->tensors[b].shard].path);
+		a++;
+		b++;
+	}
+	return 0;
+}
+
+/* Scans every MXFP4 scale tensor for the forbidden byte 255 (§9) when the
+ * total is small enough to read at open. */
+static int check_scales(struct k3_model *m, struct k3_err *err)
+{
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const char *n = m->tensors[i].name;
+		size_t l = strlen(n);
+		if (l > 13 && strcmp(n + l - 13, ".weight_scale") == 0)
+			total += m->tensors[i].nbytes;
+	}
+	if (total > K3_MODEL_SCALE_SCAN_MAX)
+		return 0;   /* the store checks each span it reads */
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct k3_tensor *t = &m->tensors[i];
+		size_t l = strlen(t->name);
+		if (l > 13 && strcmp(t->name + l - 13, ".weight_scale") == 0) {
+			int r = k3_mxfp4_check_scales(t->data, (size_t)t->nbytes, t->name, err);
+			if (r)
+				return r;
+		}
+	}
+	return 0;
+}
+
+int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
+{
+	struct k3_model *m;
+	struct k3_st_index ix = { 0 };
+	bool have_index = false;
+	char *text = NULL, *p = NULL;
+	size_t len;
+	int r;
+
+	*out = NULL;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	char real[PATH_MAX];
+	if (!realpath(dir, real)) {
+		r = k3_err_set(err, -errno, "model directory '%s': %s", dir, strerror(errno));
+		goto fail;
+	}
+	if (!(m->dir = strdup(real))) {
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+
+	if (!(p = join(m->dir, "config.json"))) {
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	r = read_small(p, K3_MODEL_CONFIG_MAX, &text, &len, err);
+	if (r)
+		goto fail;
+	r = k3_model_config_parse(text, len, &m->cfg, err);
+	free(text);
+	text = NULL;
+	free(p);
+	p = NULL;
+	if (r)
+		goto fail;
+
+	if (!(p = join(m->dir, "model.safetensors.index.json"))) {
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	if (access(p, F_OK) == 0) {
+		r = read_small(p, K3_MODEL_INDEX_MAX, &text, &len, err);
+		if (!r)
+			r = k3_st_parse_index(text, len, &ix, err);
+		free(text);
+		text = NULL;
+		if (r)
+			goto fail;
+		have_index = true;
+	} else {
+		/* A single-file checkpoint has no index. */
+		free(p);
+		p = NULL;
+		if (!(p = join(m->dir, "model.safetensors"))) {
+			r = k3_err_set(err, -ENOMEM, "out of memory");
+			goto fail;
+		}
+		if (access(p, F_OK) != 0) {
+			r = k3_err_set(err, -ENOENT,
+				       "'%s' has neither model.safetensors.index.json nor model.safetensors",
+				       m->dir);
+			goto fail;
+		}
+	}
+	free(p);
+	p = NULL;
+
+	m->n_shards = have_index ? ix.n_shards : 1;
+	m->shards = calloc(m->n_shards, sizeof(*m->shards));
+	if (!m->shards) {
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (uint32_t s = 0; s < m->n_shards; s++) {
+		r = shard_open(m, have_index ? ix.shards[s] : "model.safetensors", &m->shards[s], err);
+		if (r)
+			goto fail;
+	}
+	r = build_table(m, have_index ? &ix : NULL, err);
+	if (r)
+		goto fail;
+	k3_st_index_release(&ix);
+	r = k3_model_plan_build(m, err);
+	if (r)
+		goto fail;
+	r = check_scales(m, err);
+	if (r)
+		goto fail;
+	*out = m;
+	return 0;
+fail:
+	free(p);
+	free(text);
+	k3_st_index_release(&ix);
+	k3_model_free(m);
+	return r;
+}
+
+void k3_model_free(struct k3_model *m)
+{
+	if (!m)
+		return;
+	for (uint32_t s = 0; s < m->n_shards; s++) {
+		struct k3_shard *sh = &m->shards[s];
+		if (sh->map)
+			munmap((void *)sh->map, (size_t)sh->size);
+		k3_st_header_release(&sh->hdr);
+		free(sh->path);
+	}
+	free(m->shards);
+	free(m->tensors);
+	free(m->layers);
+	free(m->experts);
+	free(m->dir);
+	free(m);
+}
+
+const struct k3_model_config *k3_model_config(const struct k3_model *m)
+{
+	return &m->cfg;
+}
+
+const struct k3_model_plan *k3_model_plan(const struct k3_model *m)
+{
+	return &m->plan;
+}
+
+const struct k3_tensor *k3_model_tensor(const struct k3_model *m, const char *name)
+{
+	struct k3_tensor key = { .name = name };
+
+	return bsearch(&key, m->tensors, m->n_tensors, sizeof(key), cmp_tensor);
+}
+
+const struct k3_tensor *k3_model_tensors(const struct k3_model *m, size_t *n_out)
+{
+	*n_out = m->n_tensors;
+	return m->tensors;
+}
+
+const char *k3_model_dir(const struct k3_model *m)
+{
+	return m->dir;
+}
+
+uint32_t k3_model_shard_count(const struct k3_model *m)
+{
+	return m->n_shards;
+}
+
+const char *k3_model_shard_path(const struct k3_model *m, uint32_t i)
+{
+	return i < m->n_shards ? m->shards[i].path : NULL;
+}
+
+uint64_t k3_model_shard_size(const struct k3_model *m, uint32_t i)
+{
+	return i < m->n_shards ? m->shards[i].size : 0;
+}
+
+/* IEEE half -> float, exact (every half is representable in float). */
+static float half_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+	uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+	float f;
+
+	if (exp == 0) {
+		/* zero or subnormal: man * 2^-24 */
+		f = (float)man * 0x1p-24f;
+		return sign ? -f : f;
+	}
+	if (exp == 31)
+		u = sign | 0x7f800000u | (man << 13);
+	else
+		u = sign | ((exp + 112u) << 23) | (man << 13);
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+int k3_tensor_read_f32(const struct k3_tensor *t, uint64_t first, size_t n, float *out)
+{
+	const uint8_t *p = t->data;
+
+	if (first > t->nelem || n > t->nelem - first)
+		return -ERANGE;
+	switch (t->dtype) {
+	case K3_DTYPE_BF16:
+		k3_bf16_to_f32_row(p + 2 * first, out, n);
+		return 0;
+	case K3_DTYPE_F16:
+		for (size_t i = 0; i < n; i++) {
+			const uint8_t *q = p + 2 * (first + i);
+			out[i] = half_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+		}
+		return 0;
+	case K3_DTYPE_F32:
+		memcpy(out, p + 4 * first, n * sizeof(float));
+		return 0;
+	default:
+		return -EINVAL;
+	}
+}

@@ -1,0 +1,46 @@
+/*
+ * options.h - k3d's effective configuration: defaults < command line.
+ * (A config file layer joins later; the table keeps one row per key so
+ * that --help, parsing and the start-up log cannot disagree.)
+ */
+#ifndef K3_SERVER_OPTIONS_H
+#define K3_SERVER_OPTIONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/err.h"
+
+enum { K3_OPTIONS_MAX_IDS = 32 };
+
+struct k3_options {
+	char socket_path[108];        /* sockaddr_un limit; "" = decide at start */
+	bool socket_from_systemd;     /* sockets were passed (LISTEN_FDS) */
+	uid_t allow_uid[K3_OPTIONS_MAX_IDS];
+	unsigned n_allow_uid;
+	gid_t allow_gid[K3_OPTIONS_MAX_IDS];
+	unsigned n_allow_gid;
+	const char *model_dir;        /* --model; NULL = none yet */
+	unsigned queue_max;           /* --queue: generations waiting beyond the running one */
+	unsigned threads;             /* --threads: compute threads, 0 = cores */
+	double drain_timeout_s;       /* how long SIGTERM waits for running work */
+	int log_level;                /* enum k3_log_level */
+};
+
+/*
+ * Parses argv into opts (defaults first). Returns 0; 1 when --help or
+ * --version was printed (caller exits 0); or -EINVAL with err naming the
+ * bad option (caller prints it and exits 2).
+ */
+int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_err *err);
+
+/* Resolves the default socket path when none was given: $RUNTIME_DIRECTORY
+ * (systemd's RuntimeDirectory=, i.e. /run/k3d), else $XDG_RUNTIME_DIR,
+ * each + "/k3d.sock". Returns -ENOENT with a hint when neither is set. */
+int k3_options_default_socket(struct k3_options *opts, struct k3_err *err);
+
+/* Logs the effective configuration, one line per key (INFO). */
+void k3_options_log(const struct k3_options *opts);
+
+#endif

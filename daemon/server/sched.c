@@ -1,0 +1,1230 @@
+/*
+ * sched.c - model loading, the engine thread, the job FIFO and the
+ * published conversation (see sched.h).
+ *
+ * Ownership. A job is created and freed on the loop thread. The engine
+ * thread reads its inputs and writes its results (finish reason, counters,
+ * the state branch) before posting MSG_FINISHED, after which it never
+ * touches the job again. Frames travel engine -> loop as encoded bytes in
+ * struct sched_msg; the loop writes them if the job's connection is still
+ * open. Cancellation is one atomic flag per job, polled by the engine
+ * thread between prefill chunks and decode steps.
+ */
+#include "server/sched.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "base/log.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "text/text_chat.h"
+#include "text/text_detok.h"
+#include "text/text_parse.h"
+#include "text/text_tok.h"
+
+enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS };
+
+/* A sequence state and the ids it has consumed. */
+struct conv_state {
+	struct k3_engine_seq *seq;
+	struct k3_tok_ids ids;
+};
+
+static void conv_state_release(struct conv_state *c)
+{
+	k3_engine_seq_free(c->seq);
+	c->seq = NULL;
+	k3_tok_ids_release(&c->ids);
+}
+
+struct job {
+	struct k3_sched *s;
+	uint64_t id;
+	uint32_t rid;
+	struct k3_conn *conn;           /* ref held; loop thread only */
+	bool chat;
+	bool thinking;                  /* chat prompt ends inside the think channel */
+	struct k3_tok_ids prompt;       /* prompt ids (owned) */
+	uint32_t max_new;
+	uint32_t n_stop;
+	char *stop[K3_LIM_STOP_COUNT];  /* owned copies */
+	uint32_t n_end;
+	uint32_t end_ids[N_END_IDS];    /* ids that end generation */
+	struct timespec t_submit;
+	atomic_bool cancel;
+	bool queued;                    /* in s->queue (loop view) */
+	uint32_t queue_pos_sent;
+	struct job *next;
+	/* results, written by the engine thread before MSG_FINISHED */
+	uint32_t finish;                /* enum k3_proto_finish */
+	/* Publishable branches: [0] the state right after the prompt, [1] after
+	 * prompt + generated[:-1]. Both are kept because a chat client sends
+	 * the answer back as text, whose re-tokenization may differ from the
+	 * ids the model produced; the prompt-end state still matches then. */
+	struct conv_state branch[2];
+	bool done_sent;
+	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
+	uint32_t n_gen, n_reasoning, n_cached;
+};
+
+enum sched_msg_kind { MSG_FRAME, MSG_STARTED, MSG_FINISHED, MSG_LOADED };
+
+struct sched_msg {
+	enum sched_msg_kind kind;
+	struct job *job;
+	uint8_t *bytes;
+	size_t len;
+	bool ok;
+	char text[K3_ERR_MSG_MAX + 128];
+	struct sched_msg *next;
+};
+
+struct k3_sched {
+	struct event_base *base;
+	struct k3_server *srv;
+	const struct k3_options *opts;
+	void (*on_ready)(void *ctx, bool ok, const char *message);
+	void *ready_ctx;
+	struct event *wake;
+	pthread_t thread;
+	bool thread_started;
+
+	/* set once by the engine thread before MSG_LOADED, read-only after */
+	struct k3_model *model;
+	struct k3_engine *engine;
+	struct k3_tok *tok;
+	char model_id[K3_LIM_NAME_MAX];
+	bool loaded;
+
+	pthread_mutex_t lock;           /* guards everything below */
+	pthread_cond_t cond;
+	struct job *queue_head, *queue_tail;
+	unsigned n_queued;
+	struct job *running;
+	bool stopping;
+	struct sched_msg *msgs, *msgs_tail;
+	/* the published conversation */
+	struct conv_state pub[2];
+
+	/* loop thread only */
+	bool ready;                     /* MSG_LOADED arrived with success */
+	uint64_t next_job_id;
+	bool draining;
+	struct k3_msg_status_reply totals;
+};
+
+/* ---- messages engine -> loop ---------------------------------------------- */
+
+/* Appends m to the loop's inbox; the caller holds s->lock. */
+static void post_locked(struct k3_sched *s, struct sched_msg *m)
+{
+	m->next = NULL;
+	if (s->msgs_tail)
+		s->msgs_tail->next = m;
+	else
+		s->msgs = m;
+	s->msgs_tail = m;
+}
+
+static void post(struct k3_sched *s, struct sched_msg *m)
+{
+	pthread_mutex_lock(&s->lock);
+	post_locked(s, m);
+	pthread_mutex_unlock(&s->lock);
+	event_active(s->wake, EV_READ, 0);
+}
+
+/* Encodes a frame for job j; NULL when it cannot. Engine thread. */
+static struct sched_msg *encode_frame(struct job *j, uint32_t type, const void *body)
+{
+	struct k3_proto_buf buf;
+	struct sched_msg *m = calloc(1, sizeof(*m));
+	struct k3_proto_err perr;
+
+	if (!m)
+		return NULL;
+	k3_proto_buf_init(&buf, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
+	if (k3_proto_encode(&buf, type, j->rid, body, &perr) != 0) {
+		k3_log_err("job %llu: cannot encode %s: %s", (unsigned long long)j->id,
+			   k3_proto_type_name(type), perr.msg);
+		k3_proto_buf_release(&buf);
+		free(m);
+		return NULL;
+	}
+	m->kind = MSG_FRAME;
+	m->job = j;
+	m->bytes = buf.data;
+	m->len = buf.len;
+	return m;
+}
+
+/* Encodes a frame for job j and posts it. Engine thread. */
+static void post_frame(struct job *j, uint32_t type, const void *body)
+{
+	struct sched_msg *m = encode_frame(j, type, body);
+
+	if (m)
+		post(j->s, m);
+}
+
+static void post_kind(struct k3_sched *s, enum sched_msg_kind kind, struct job *j, bool ok,
+		      const char *text)
+{
+	struct sched_msg *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return;
+	m->kind = kind;
+	m->job = j;
+	m->ok = ok;
+	if (text)
+		snprintf(m->text, sizeof(m->text), "%s", text);
+	post(s, m);
+}
+
+static double since(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* ---- the engine thread ------------------------------------------------------ */
+
+/*
+ * Turns generated ids into protocol events. Raw mode: the detokenizer
+ * (special ids skipped, stop strings held back). Chat mode: the output
+ * parser splits reasoning, content and tool calls; content then passes
+ * through the detokenizer's stop-string matcher, so stop strings apply to
+ * the answer only and are never partly emitted.
+ */
+struct out_stage {
+	struct job *j;
+	struct k3_detok *detok;
+	struct k3_parse *parse;
+	struct k3_sbuf reasoning, content;   /* text produced by the current id */
+	enum k3_proto_channel channel;       /* channel of the latest text */
+	bool stopped;                        /* a stop string or END arrived */
+	bool any_tool;
+	int err;
+};
+
+static void post_tool(struct job *j, unsigned index, const char *id, const char *name,
+		      const char *args, size_t args_len)
+{
+	struct k3_msg_tool_call t;
+
+	memset(&t, 0, sizeof(t));
+	t.index = index; t.has_index = true;
+	if (id) {
+		t.id = k3_proto_str_of(id);
+		t.has_id = true;
+	}
+	if (name) {
+		t.name = k3_proto_str_of(name);
+		t.has_name = true;
+	}
+	if (args) {
+		t.arguments.p = args;
+		t.arguments.len = (uint32_t)args_len;
+		t.has_arguments = true;
+	}
+	post_frame(j, K3_MSG_TOOL_CALL, &t);
+}
+
+static int stage_parse_cb(void *ud, const struct k3_parse_event *ev)
+{
+	struct out_stage *st = ud;
+	const char *t;
+	size_t n;
+	int r;
+
+	switch (ev->type) {
+	case K3_PARSE_REASONING:
+		k3_sbuf_add(&st->reasoning, ev->text, ev->len);
+		st->channel = K3_CHANNEL_REASONING;
+		break;
+	case K3_PARSE_CONTENT:
+		if (st->stopped)
+			break;
+		r = k3_detok_feed_text(st->detok, ev->text, ev->len, &t, &n);
+		if (r < 0)
+			return r;
+		k3_sbuf_add(&st->content, t, n);
+		st->channel = K3_CHANNEL_CONTENT;
+		if (r == 1)
+			st->stopped = true;
+		break;
+	case K3_PARSE_TOOL_START:
+		st->any_tool = true;
+		post_tool(st->j, ev->tool_index, ev->id, ev->name, NULL, 0);
+		break;
+	case K3_PARSE_TOOL_ARGS:
+		post_tool(st->j, ev->tool_index, NULL, NULL, ev->text, ev->len);
+		break;
+	case K3_PARSE_TOOL_END:
+		break;
+	case K3_PARSE_END:
+		st->stopped = true;
+		break;
+	}
+	return 0;
+}
+
+/* Posts the text the current id produced: reasoning first, then content.
+ * The id rides on the first frame; an id that produced no text still gets
+ * a TOKEN so clients can count and trace ids. */
+static void stage_post(struct out_stage *st, const uint32_t *id)
+{
+	struct k3_msg_token t;
+	struct k3_sbuf *bufs[2] = { &st->reasoning, &st->content };
+	const enum k3_proto_channel chans[2] = { K3_CHANNEL_REASONING, K3_CHANNEL_CONTENT };
+	bool sent = false;
+
+	for (int i = 0; i < 2; i++) {
+		if (!bufs[i]->n)
+			continue;
+		memset(&t, 0, sizeof(t));
+		t.ids.n = id && !sent ? 1 : 0;
+		t.ids.v = id;
+		t.has_ids = true;
+		t.text.p = bufs[i]->p;
+		t.text.len = (uint32_t)bufs[i]->n;
+		t.has_text = true;
+		t.channel = chans[i]; t.has_channel = true;
+		post_frame(st->j, K3_MSG_TOKEN, &t);
+		sent = true;
+		bufs[i]->n = 0;
+	}
+	if (!sent && id) {
+		memset(&t, 0, sizeof(t));
+		t.ids.n = 1;
+		t.ids.v = id;
+		t.has_ids = true;
+		t.channel = st->channel; t.has_channel = true;
+		post_frame(st->j, K3_MSG_TOKEN, &t);
+	}
+}
+
+static int stage_init(struct out_stage *st, struct job *j, struct k3_err *err)
+{
+	struct k3_sched *s = j->s;
+	size_t lens[K3_LIM_STOP_COUNT];
+	int r;
+
+	memset(st, 0, sizeof(*st));
+	st->j = j;
+	st->channel = j->thinking ? K3_CHANNEL_REASONING : K3_CHANNEL_CONTENT;
+	if (!s->tok)
+		return 0;   /* ids-only model: TOKEN events carry ids, no text */
+	for (uint32_t i = 0; i < j->n_stop; i++)
+		lens[i] = strlen(j->stop[i]);
+	r = k3_detok_new(s->tok, (const char *const *)j->stop, lens, j->n_stop,
+			 j->chat ? 0 : K3_DETOK_SKIP_SPECIAL, &st->detok, err);
+	if (r == 0 && j->chat) {
+		struct k3_parse_opts o;
+
+		k3_parse_opts_init(&o);
+		o.thinking = j->thinking;
+		o.id_seed = j->id;
+		r = k3_parse_new(s->tok, &o, stage_parse_cb, st, &st->parse, err);
+	}
+	return r;
+}
+
+/* Feeds one generated id; returns 1 when generation should stop. */
+static int stage_feed(struct out_stage *st, uint32_t id)
+{
+	const char *t;
+	size_t n;
+	int r;
+
+	if (st->parse) {
+		r = k3_parse_feed_id(st->parse, id);
+	} else if (!st->detok) {
+		r = 0;
+	} else {
+		r = k3_detok_feed(st->detok, id, &t, &n);
+		if (r >= 0) {
+			k3_sbuf_add(&st->content, t, n);
+			if (r == 1)
+				st->stopped = true;
+			r = 0;
+		}
+	}
+	if (r < 0)
+		return r;
+	stage_post(st, &id);
+	return st->stopped ? 1 : 0;
+}
+
+/* End of generation: flush what parser and detokenizer hold. */
+static int stage_finish(struct out_stage *st)
+{
+	const char *t;
+	size_t n;
+	int r = 0;
+
+	if (st->parse && !st->stopped)
+		r = k3_parse_finish(st->parse);
+	if (r >= 0 && !st->stopped && st->detok) {
+		r = k3_detok_flush(st->detok, &t, &n);
+		if (r >= 0)
+			k3_sbuf_add(&st->content, t, n);
+	}
+	stage_post(st, NULL);
+	return r < 0 ? r : 0;
+}
+
+static void stage_release(struct out_stage *st)
+{
+	k3_parse_free(st->parse);
+	k3_detok_free(st->detok);
+	k3_sbuf_release(&st->reasoning);
+	k3_sbuf_release(&st->content);
+}
+
+static bool is_end(const struct job *j, uint32_t id)
+{
+	for (uint32_t i = 0; i < j->n_end; i++)
+		if (j->end_ids[i] == id)
+			return true;
+	return false;
+}
+
+static void run_job(struct k3_sched *s, struct job *j)
+{
+	const uint32_t V = k3_engine_vocab(s->engine);
+	struct k3_engine_seq *seq = NULL;
+	struct k3_err err = { 0, "" };
+	struct k3_msg_done done;
+	struct k3_engine_out out_none = { K3_ENGINE_LOGITS_NONE, NULL, NULL, NULL };
+	struct k3_engine_out out_last;
+	struct timespec t0, t1;
+	struct out_stage st;
+	float *logits = malloc((size_t)V * sizeof(float));
+	uint32_t start = 0, n = (uint32_t)j->prompt.n, tok;
+	double queued_s = since(&j->t_submit), prefill_s = 0, decode_s = 0;
+	int r = 0;
+
+	memset(&done, 0, sizeof(done));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t1 = t0;
+	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
+	j->finish = K3_FINISH_ERROR;
+	r = stage_init(&st, j, &err);
+	if (r == 0 && !logits)
+		r = k3_err_set(&err, -ENOMEM, "out of memory");
+	if (r < 0)
+		goto out;
+	/* Reuse the published conversation when the prompt strictly extends it. */
+	pthread_mutex_lock(&s->lock);
+	for (int k = 0; j->chat && k < 2; k++) {
+		const struct conv_state *p = &s->pub[k];
+
+		if (p->seq && p->ids.n > start && p->ids.n < n &&
+		    memcmp(p->ids.v, j->prompt.v, p->ids.n * sizeof(uint32_t)) == 0) {
+			k3_engine_seq_free(seq);
+			seq = NULL;
+			r = k3_engine_seq_clone(s->engine, p->seq, &seq, &err);
+			if (r < 0)
+				break;
+			start = (uint32_t)p->ids.n;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (r < 0)
+		goto out;
+	/* The capacity is a hint (MLA caches grow past it): do not reserve a
+	 * whole context for a request that may stop early. */
+	if (!seq && (r = k3_engine_seq_new(s->engine, n + (j->max_new < 4096 ? j->max_new : 4096) + 1,
+					   &seq, &err)) < 0)
+		goto out;
+	k3_engine_set_cancel(s->engine, &j->cancel);
+	j->n_cached = start;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (uint32_t pos = start; pos < n;) {
+		uint32_t c = n - pos < PREFILL_CHUNK ? n - pos : PREFILL_CHUNK;
+		struct k3_msg_progress p;
+
+		if (atomic_load(&j->cancel)) {
+			j->finish = K3_FINISH_CANCELLED;
+			goto out;
+		}
+		r = k3_engine_forward(s->engine, seq, (const int32_t *)j->prompt.v + pos, c,
+				      pos + c == n ? &out_last : &out_none, &err);
+		if (r < 0)
+			goto out;
+		pos += c;
+		memset(&p, 0, sizeof(p));
+		p.done = pos; p.has_done = true;
+		p.total = n; p.has_total = true;
+		post_frame(j, K3_MSG_PROGRESS, &p);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if ((r = k3_tok_ids_push(&j->branch[1].ids, j->prompt.v[i])) < 0 ||
+		    (j->chat && (r = k3_tok_ids_push(&j->branch[0].ids, j->prompt.v[i])) < 0))
+			goto out;
+	if (j->chat && (r = k3_engine_seq_clone(s->engine, seq, &j->branch[0].seq, &err)) < 0)
+		goto out;
+	prefill_s = since(&t0);
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	j->finish = K3_FINISH_LENGTH;
+	while (j->n_gen < j->max_new) {
+		if (atomic_load(&j->cancel)) {
+			j->finish = K3_FINISH_CANCELLED;
+			break;
+		}
+		tok = k3_engine_argmax(logits, V);
+		j->n_gen++;
+		if (is_end(j, tok)) {
+			j->finish = K3_FINISH_STOP;
+			break;
+		}
+		r = stage_feed(&st, tok);
+		if (r < 0) {
+			k3_err_set(&err, r, "output stage failed on id %u", tok);
+			goto out;
+		}
+		if (st.channel == K3_CHANNEL_REASONING)
+			j->n_reasoning++;
+		if (r == 1) {
+			j->finish = K3_FINISH_STOP;
+			break;
+		}
+		if (j->n_gen == j->max_new)
+			break;
+		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
+		if (r < 0)
+			goto out;
+		if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
+			goto out;
+	}
+	r = stage_finish(&st);
+	if (st.any_tool && j->finish == K3_FINISH_STOP)
+		j->finish = K3_FINISH_TOOL_CALLS;
+	decode_s = since(&t1);
+out:
+	stage_release(&st);
+	free(logits);
+	k3_engine_set_cancel(s->engine, NULL);
+	if (r == -ECANCELED) {
+		/* Stopped between layers: the branch is half-advanced, drop it. */
+		r = 0;
+		j->finish = K3_FINISH_CANCELLED;
+		decode_s = since(&t1);
+	}
+	if (r < 0) {
+		struct k3_msg_error e;
+
+		k3_log_err("job %llu failed: %s", (unsigned long long)j->id, err.msg);
+		memset(&e, 0, sizeof(e));
+		e.status = K3_STATUS_INTERNAL; e.has_status = true;
+		e.message = k3_proto_str_of(err.msg[0] ? err.msg : "engine failure"); e.has_message = true;
+		j->final = encode_frame(j, K3_MSG_ERROR, &e);
+		k3_engine_seq_free(seq);
+		seq = NULL;
+		j->finish = K3_FINISH_ERROR;
+	} else {
+		done.finish = j->finish; done.has_finish = true;
+		done.prompt_tokens = n; done.has_prompt_tokens = true;
+		done.completion_tokens = j->n_gen; done.has_completion_tokens = true;
+		done.reasoning_tokens = j->n_reasoning; done.has_reasoning_tokens = true;
+		done.cached_tokens = j->n_cached; done.has_cached_tokens = true;
+		done.queued_s = queued_s; done.has_queued_s = true;
+		done.prefill_s = prefill_s; done.has_prefill_s = true;
+		done.decode_s = decode_s; done.has_decode_s = true;
+		done.prefill_tps = prefill_s > 0 ? (double)(n - start) / prefill_s : 0;
+		done.has_prefill_tps = true;
+		done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
+		done.has_decode_tps = true;
+		done.compute_s = prefill_s + decode_s; done.has_compute_s = true;
+		j->final = encode_frame(j, K3_MSG_DONE, &done);
+		j->done_sent = j->final != NULL;
+	}
+	/* Only a complete answer becomes publishable state. */
+	if (seq && (j->finish == K3_FINISH_STOP || j->finish == K3_FINISH_LENGTH ||
+		    j->finish == K3_FINISH_TOOL_CALLS)) {
+		j->branch[1].seq = seq;
+	} else {
+		k3_engine_seq_free(seq);
+		conv_state_release(&j->branch[0]);
+		conv_state_release(&j->branch[1]);
+	}
+}
+
+static void load_model(struct k3_sched *s)
+{
+	struct k3_err err = { 0, "" };
+	struct k3_engine_opts eo = { NULL, s->opts->threads, 0, false };
+	const char *dir = s->opts->model_dir;
+	const char *base;
+	char msg[K3_ERR_MSG_MAX + 64];
+	int r;
+
+	r = k3_model_open(dir, &s->model, &err);
+	snprintf(msg, sizeof(msg), "%s/tiktoken.model", dir);
+	if (r == 0 && access(msg, F_OK) == 0)
+		r = k3_tok_load_dir(dir, &s->tok, &err);
+	else if (r == 0)
+		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
+	if (r == 0)
+		r = k3_engine_open(s->model, &eo, &s->engine, &err);
+	if (r < 0) {
+		snprintf(msg, sizeof(msg), "cannot load model '%s': %s", dir, err.msg);
+		post_kind(s, MSG_LOADED, NULL, false, msg);
+		return;
+	}
+	{
+		size_t n_t = 0;
+		const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
+		uint64_t mapped = 0, weights = 0, rss_kb = 0;
+		char line[256];
+		FILE *f = fopen("/proc/self/status", "r");
+
+		for (uint32_t i = 0; i < k3_model_shard_count(s->model); i++)
+			mapped += k3_model_shard_size(s->model, i);
+		for (size_t i = 0; i < n_t; i++)
+			weights += t[i].nbytes;
+		while (f && fgets(line, sizeof(line), f))
+			if (sscanf(line, "VmRSS: %" SCNu64, &rss_kb) == 1)
+				break;
+		if (f)
+			fclose(f);
+		/* Weights are mapped read-only and paged in on use, so resident
+		 * memory grows with the first tokens, not at load. */
+		k3_log_info("model: %u shards, %.1f MB mapped read-only, %zu tensors with %.1f MB of "
+			    "weights; resident now %.1f MB; per-sequence state is allocated per request",
+			    k3_model_shard_count(s->model), (double)mapped / 1e6, n_t, (double)weights / 1e6,
+			    (double)rss_kb / 1e3);
+	}
+	base = strrchr(dir, '/');
+	base = base && base[1] ? base + 1 : dir;
+	snprintf(s->model_id, sizeof(s->model_id), "%s", base);
+	s->loaded = true;
+	post_kind(s, MSG_LOADED, NULL, true, NULL);
+}
+
+static void *engine_main(void *arg)
+{
+	struct k3_sched *s = arg;
+
+	load_model(s);
+	pthread_mutex_lock(&s->lock);
+	while (!s->stopping) {
+		struct job *j = s->queue_head;
+
+		if (!j || !s->loaded) {
+			pthread_cond_wait(&s->cond, &s->lock);
+			continue;
+		}
+		s->queue_head = j->next;
+		if (!s->queue_head)
+			s->queue_tail = NULL;
+		s->n_queued--;
+		s->running = j;
+		pthread_mutex_unlock(&s->lock);
+		post_kind(s, MSG_STARTED, j, true, NULL);
+		run_job(s, j);
+		/* The slot frees in the same step that queues the final frame, so
+		 * a client that reacts to DONE at once never sees a stale BUSY. */
+		struct sched_msg *fin = calloc(1, sizeof(*fin));
+		pthread_mutex_lock(&s->lock);
+		s->running = NULL;
+		if (j->final)
+			post_locked(s, j->final);
+		j->final = NULL;
+		if (fin) {
+			fin->kind = MSG_FINISHED;
+			fin->job = j;
+			post_locked(s, fin);
+		}
+		event_active(s->wake, EV_READ, 0);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* ---- the loop thread ---------------------------------------------------------- */
+
+static void job_free(struct job *j)
+{
+	if (!j)
+		return;
+	k3_conn_unref(j->conn);
+	k3_tok_ids_release(&j->prompt);
+	for (uint32_t i = 0; i < j->n_stop; i++)
+		free(j->stop[i]);
+	conv_state_release(&j->branch[0]);
+	conv_state_release(&j->branch[1]);
+	free(j);
+}
+
+/* DONE reached the kernel (or not): publish the branch, or drop it. */
+static void job_flushed(void *arg, bool written)
+{
+	struct job *j = arg;
+	struct k3_sched *s = j->s;
+
+	if (written && j->branch[1].seq) {
+		pthread_mutex_lock(&s->lock);
+		for (int k = 0; k < 2; k++) {
+			conv_state_release(&s->pub[k]);
+			s->pub[k] = j->branch[k];
+			memset(&j->branch[k], 0, sizeof(j->branch[k]));
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	job_free(j);
+}
+
+static void send_positions(struct k3_sched *s)
+{
+	uint32_t pos = 1;
+
+	pthread_mutex_lock(&s->lock);
+	for (struct job *j = s->queue_head; j; j = j->next, pos++) {
+		if (j->queue_pos_sent != pos && j->conn && k3_conn_is_open(j->conn)) {
+			struct k3_msg_accepted a;
+
+			memset(&a, 0, sizeof(a));
+			a.job_id = j->id; a.has_job_id = true;
+			a.queue_position = pos; a.has_queue_position = true;
+			k3_conn_send(j->conn, K3_MSG_ACCEPTED, j->rid, &a);
+			j->queue_pos_sent = pos;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct k3_sched *s = arg;
+	struct sched_msg *m, *next;
+
+	(void)fd; (void)what;
+	pthread_mutex_lock(&s->lock);
+	m = s->msgs;
+	s->msgs = s->msgs_tail = NULL;
+	pthread_mutex_unlock(&s->lock);
+	for (; m; m = next) {
+		struct job *j = m->job;
+
+		next = m->next;
+		switch (m->kind) {
+		case MSG_FRAME:
+			if (j->conn && k3_conn_send_raw(j->conn, m->bytes, m->len) < 0)
+				atomic_store(&j->cancel, true);   /* nobody is listening */
+			break;
+		case MSG_STARTED:
+			send_positions(s);
+			break;
+		case MSG_FINISHED:
+			s->totals.requests_total++;
+			s->totals.prompt_tokens_total += j->prompt.n;
+			s->totals.completion_tokens_total += j->n_gen;
+			s->totals.reasoning_tokens_total += j->n_reasoning;
+			if (j->conn && j->done_sent && k3_conn_when_flushed(j->conn, job_flushed, j) == 0)
+				break;
+			job_free(j);
+			break;
+		case MSG_LOADED:
+			if (m->ok)
+				k3_log_notice("model '%s' loaded (%u layers, vocab %u)", s->model_id,
+					      k3_model_config(s->model)->num_hidden_layers,
+					      k3_engine_vocab(s->engine));
+			s->ready = m->ok;
+			s->on_ready(s->ready_ctx, m->ok, m->ok ? s->model_id : m->text);
+			break;
+		}
+		if (m->kind == MSG_FINISHED && s->draining) {
+			pthread_mutex_lock(&s->lock);
+			bool idle = !s->running;
+			pthread_mutex_unlock(&s->lock);
+			if (idle)
+				k3_server_drain_done(s->srv);
+		}
+		free(m->bytes);
+		free(m);
+	}
+}
+
+/* Copies the request into a job: ids from prompt text, prompt ids or the
+ * rendered chat. Answers with an ERROR and returns < 0 when it cannot. */
+static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
+		       const struct k3_msg_generate *g, struct job *j)
+{
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	uint64_t ctx = mc->max_position_embeddings ? mc->max_position_embeddings : 4096;
+	struct k3_err err = { 0, "" };
+	int r = 0;
+
+	j->chat = g->mode == K3_MODE_CHAT;
+	if (!s->tok && (j->chat || g->has_prompt || g->has_stop))
+		return k3_conn_send_error(c, rid, K3_STATUS_UNSUPPORTED, j->chat ? "messages" : "prompt",
+					  "this model has no tokenizer (tiktoken.model): send prompt_ids"), -ENOTSUP;
+	if (g->mode > K3_MODE_CHAT)
+		return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "mode", "unknown mode %u", g->mode), -EINVAL;
+	if (!j->chat) {
+		if (g->has_prompt == g->has_prompt_ids)
+			return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "prompt",
+						  "a raw GENERATE needs exactly one of prompt and prompt_ids"), -EINVAL;
+		if (g->has_prompt)
+			r = k3_tok_encode(s->tok, g->prompt.p, g->prompt.len, false, &j->prompt, &err);
+		for (uint32_t i = 0; r == 0 && g->has_prompt_ids && i < g->prompt_ids.n; i++) {
+			uint32_t id = k3_proto_ids_at(&g->prompt_ids, i);
+
+			if (id >= k3_engine_vocab(s->engine))
+				return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "prompt_ids",
+							  "token id %u is outside the vocabulary (%u ids)", id,
+							  k3_engine_vocab(s->engine)), -EINVAL;
+			r = k3_tok_ids_push(&j->prompt, id);
+		}
+	} else {
+		struct k3_chat_opts o;
+		struct k3_chat chat;
+		json_t *msgs, *tools = NULL, *choice = NULL, *fmt = NULL;
+		json_error_t jerr;
+		static const char *const efforts[] = { NULL, NULL, "low", "high", "max" };
+
+		if (!g->has_messages || g->has_prompt || g->has_prompt_ids)
+			return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "messages",
+						  "a chat GENERATE needs messages and no prompt"), -EINVAL;
+		msgs = json_loadb(g->messages.p, g->messages.len, JSON_REJECT_DUPLICATES, &jerr);
+		if (!msgs || !json_is_array(msgs)) {
+			json_decref(msgs);
+			return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "messages",
+						  "messages must be a JSON array: %s", msgs ? "not an array" : jerr.text), -EINVAL;
+		}
+		k3_chat_opts_init(&o);
+		if (g->has_thinking)
+			o.thinking = g->thinking;
+		if (g->has_reasoning_effort && g->reasoning_effort > K3_EFFORT_MAX) {
+			json_decref(msgs);
+			return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "reasoning_effort",
+						  "unknown reasoning effort %u", g->reasoning_effort), -EINVAL;
+		}
+		/* Unset effort means "max", as the release's apply_chat_template
+		 * does; thinking stays on unless the request turns it off. */
+		o.thinking_effort = "max";
+		if (g->has_reasoning_effort && g->reasoning_effort == K3_EFFORT_NONE)
+			o.thinking = false;
+		else if (g->has_reasoning_effort && g->reasoning_effort != K3_EFFORT_UNSET)
+			o.thinking_effort = efforts[g->reasoning_effort];
+		if (g->has_tools && !(tools = json_loadb(g->tools.p, g->tools.len, 0, &jerr)))
+			r = k3_err_set(&err, -EINVAL, "tools: %s", jerr.text);
+		if (r == 0 && g->has_tool_choice &&
+		    !(choice = json_loadb(g->tool_choice.p, g->tool_choice.len, JSON_DECODE_ANY, &jerr)))
+			r = k3_err_set(&err, -EINVAL, "tool_choice: %s", jerr.text);
+		if (r == 0 && g->has_response_format &&
+		    !(fmt = json_loadb(g->response_format.p, g->response_format.len, JSON_DECODE_ANY, &jerr)))
+			r = k3_err_set(&err, -EINVAL, "response_format: %s", jerr.text);
+		o.tools = tools;
+		o.tool_choice = choice;
+		o.response_format = fmt;
+		o.add_generation_prompt = !(g->has_no_generation_prompt && g->no_generation_prompt);
+		j->thinking = o.thinking && o.add_generation_prompt;
+		memset(&chat, 0, sizeof(chat));
+		if (r == 0)
+			r = k3_chat_render(msgs, &o, &chat, &err);
+		/* Long histories encode their segments in parallel (same ids). */
+		if (r == 0)
+			r = k3_chat_encode_parallel(s->tok, &chat, 2, &j->prompt, &err);
+		k3_chat_release(&chat);
+		json_decref(msgs);
+		json_decref(tools);
+		json_decref(choice);
+		json_decref(fmt);
+		if (r < 0)
+			return k3_conn_send_error(c, rid, r == -ENOTSUP ? K3_STATUS_UNSUPPORTED :
+						  K3_STATUS_INVALID_ARGUMENT, "messages", "%s", err.msg), r;
+	}
+	if (r < 0)
+		return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "prompt", "%s", err.msg), r;
+	if (j->prompt.n == 0)
+		return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "prompt",
+					  "the prompt is empty"), -EINVAL;
+	if (j->prompt.n >= ctx)
+		return k3_conn_send_error(c, rid, K3_STATUS_CONTEXT_EXCEEDED, "messages",
+					  "the prompt has %zu tokens; the context holds %llu", j->prompt.n,
+					  (unsigned long long)ctx), -E2BIG;
+	j->max_new = g->has_max_new ? g->max_new : (uint32_t)(ctx - j->prompt.n);
+	if (j->max_new > K3_LIM_MAX_NEW)
+		j->max_new = K3_LIM_MAX_NEW;
+	if ((uint64_t)j->prompt.n + j->max_new > ctx)
+		return k3_conn_send_error(c, rid, K3_STATUS_CONTEXT_EXCEEDED, "max_new",
+					  "prompt (%zu tokens) + max_new (%u) exceed the context of %llu",
+					  j->prompt.n, j->max_new, (unsigned long long)ctx), -E2BIG;
+	if (s->tok) {
+		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_END_OF_MSG);
+		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_EOS);
+	} else if (mc->eos_token_id >= 0) {
+		j->end_ids[j->n_end++] = (uint32_t)mc->eos_token_id;
+	}
+	for (uint32_t i = 0; g->has_stop_ids && i < g->stop_ids.n; i++)
+		j->end_ids[j->n_end++] = k3_proto_ids_at(&g->stop_ids, i);
+	for (uint32_t i = 0; g->has_stop && i < g->stop.n; i++) {
+		if (g->stop.v[i].len == 0)
+			return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "stop",
+						  "stop strings must not be empty"), -EINVAL;
+		j->stop[i] = strndup(g->stop.v[i].p, g->stop.v[i].len);
+		if (!j->stop[i])
+			return k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory"), -ENOMEM;
+		j->n_stop = i + 1;
+	}
+	return 0;
+}
+
+static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
+			    const struct k3_msg_generate *g)
+{
+	struct k3_msg_accepted a;
+	struct job *j;
+	unsigned ahead;
+
+	if (s->draining) {
+		k3_conn_send_error(c, rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");
+		return;
+	}
+	pthread_mutex_lock(&s->lock);
+	ahead = s->n_queued + (s->running ? 1 : 0);
+	pthread_mutex_unlock(&s->lock);
+	if (ahead > s->opts->queue_max) {
+		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
+				   "engine busy: 1 generation running and %u/%u queued; retry later",
+				   ahead - 1, s->opts->queue_max);
+		return;
+	}
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
+		return;
+	}
+	j->s = s;
+	j->rid = rid;
+	k3_tok_ids_init(&j->prompt);
+	if (job_prepare(s, c, rid, g, j) < 0) {
+		job_free(j);
+		return;
+	}
+	j->conn = k3_conn_ref(c);
+	j->id = ++s->next_job_id;
+	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
+	pthread_mutex_lock(&s->lock);
+	if (s->queue_tail)
+		s->queue_tail->next = j;
+	else
+		s->queue_head = j;
+	s->queue_tail = j;
+	s->n_queued++;
+	j->queue_pos_sent = ahead;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	memset(&a, 0, sizeof(a));
+	a.job_id = j->id; a.has_job_id = true;
+	a.queue_position = ahead; a.has_queue_position = true;
+	a.prompt_tokens = (uint32_t)j->prompt.n; a.has_prompt_tokens = true;
+	k3_conn_send(c, K3_MSG_ACCEPTED, rid, &a);
+}
+
+/* Marks matching jobs cancelled; queued ones are removed and answered at
+ * once, the running one stops at its next step. Returns how many matched. */
+static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool by_rid, uint32_t rid,
+			     uint64_t job_id)
+{
+	struct job **pp, *gone = NULL;
+	unsigned n = 0;
+
+	pthread_mutex_lock(&s->lock);
+	for (pp = &s->queue_head; *pp;) {
+		struct job *j = *pp;
+		bool match = job_id ? j->id == job_id : (j->conn == c && (!by_rid || j->rid == rid));
+
+		if (match) {
+			*pp = j->next;
+			s->n_queued--;
+			j->next = gone;
+			gone = j;
+			n++;
+		} else {
+			pp = &j->next;
+		}
+	}
+	s->queue_tail = NULL;
+	for (struct job *j = s->queue_head; j; j = j->next)
+		s->queue_tail = j;
+	if (s->running) {
+		struct job *j = s->running;
+		bool match = job_id ? j->id == job_id : (j->conn == c && (!by_rid || j->rid == rid));
+
+		if (match) {
+			atomic_store(&j->cancel, true);
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	while (gone) {
+		struct job *j = gone;
+		struct k3_msg_done d;
+
+		gone = j->next;
+		memset(&d, 0, sizeof(d));
+		d.finish = K3_FINISH_CANCELLED; d.has_finish = true;
+		d.prompt_tokens = (uint32_t)j->prompt.n; d.has_prompt_tokens = true;
+		d.completion_tokens = 0; d.has_completion_tokens = true;
+		d.queued_s = since(&j->t_submit); d.has_queued_s = true;
+		if (k3_conn_is_open(j->conn))
+			k3_conn_send(j->conn, K3_MSG_DONE, j->rid, &d);
+		job_free(j);
+	}
+	send_positions(s);
+	return n;
+}
+
+static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_header *h,
+			const union k3_proto_body *body)
+{
+	struct k3_sched *s = ctx;
+
+	if (!s->ready) {
+		k3_conn_send_error(c, h->request_id, K3_STATUS_NOT_READY, NULL,
+				   "the model is still loading; retry when k3ctl status says ready");
+		return -EAGAIN;
+	}
+	if (!s->tok && (h->type == K3_MSG_TOKENIZE || h->type == K3_MSG_DETOKENIZE)) {
+		k3_conn_send_error(c, h->request_id, K3_STATUS_UNSUPPORTED, NULL,
+				   "this model has no tokenizer (tiktoken.model)");
+		return -ENOTSUP;
+	}
+	switch (h->type) {
+	case K3_MSG_GENERATE:
+		handle_generate(s, c, h->request_id, &body->generate);
+		return 0;
+	case K3_MSG_CANCEL: {
+		const struct k3_msg_cancel *m = &body->cancel;
+		unsigned n = cancel_where(s, c, true, h->request_id, m->has_job_id ? m->job_id : 0);
+		struct k3_msg_ok ok;
+
+		if (n == 0) {
+			k3_conn_send_error(c, h->request_id, K3_STATUS_NOT_FOUND, "job_id",
+					   "no queued or running generation matches");
+			return -ENOENT;
+		}
+		memset(&ok, 0, sizeof(ok));
+		k3_conn_send(c, K3_MSG_OK, h->request_id, &ok);
+		return 0;
+	}
+	case K3_MSG_TOKENIZE: {
+		const struct k3_msg_tokenize *m = &body->tokenize;
+		struct k3_tok_ids ids;
+		struct k3_msg_tokenize_reply r;
+		struct k3_err err = { 0, "" };
+		int rc;
+
+		k3_tok_ids_init(&ids);
+		rc = k3_tok_encode(s->tok, m->text.p, m->text.len, m->has_special && m->special, &ids, &err);
+		if (rc == 0 && ids.n > K3_LIM_IDS_MAX)
+			rc = k3_err_set(&err, -E2BIG, "%zu ids exceed the limit of %u", ids.n, K3_LIM_IDS_MAX);
+		if (rc < 0) {
+			k3_conn_send_error(c, h->request_id, K3_STATUS_INVALID_ARGUMENT, "text", "%s", err.msg);
+		} else {
+			memset(&r, 0, sizeof(r));
+			r.ids.n = (uint32_t)ids.n;
+			r.ids.v = ids.v;
+			r.has_ids = true;
+			k3_conn_send(c, K3_MSG_TOKENIZE_REPLY, h->request_id, &r);
+		}
+		k3_tok_ids_release(&ids);
+		return rc;
+	}
+	case K3_MSG_DETOKENIZE: {
+		const struct k3_msg_detokenize *m = &body->detokenize;
+		uint32_t *ids = malloc((m->ids.n ? m->ids.n : 1) * sizeof(uint32_t));
+		struct k3_msg_detokenize_reply r;
+		struct k3_err err = { 0, "" };
+		char *text = NULL;
+		size_t len = 0;
+		int rc = ids ? 0 : -ENOMEM;
+
+		for (uint32_t i = 0; ids && i < m->ids.n; i++)
+			ids[i] = k3_proto_ids_at(&m->ids, i);
+		if (rc == 0)
+			rc = k3_tok_decode(s->tok, ids, m->ids.n, &text, &len, &err);
+		if (rc < 0) {
+			k3_conn_send_error(c, h->request_id, K3_STATUS_INVALID_ARGUMENT, "ids", "%s",
+					   err.msg[0] ? err.msg : "out of memory");
+		} else {
+			memset(&r, 0, sizeof(r));
+			r.bytes.p = text;
+			r.bytes.len = (uint32_t)len;
+			r.has_bytes = true;
+			k3_conn_send(c, K3_MSG_DETOKENIZE_REPLY, h->request_id, &r);
+		}
+		free(text);
+		free(ids);
+		return rc;
+	}
+	case K3_MSG_MODEL_INFO: {
+		const struct k3_model_config *mc = k3_model_config(s->model);
+		struct k3_msg_model_info_reply r;
+
+		memset(&r, 0, sizeof(r));
+		r.id = k3_proto_str_of(s->model_id); r.has_id = true;
+		r.path = k3_proto_str_of(s->opts->model_dir); r.has_path = true;
+		r.provider = k3_proto_str_of("cpu"); r.has_provider = true;
+		r.context_length = (uint32_t)(mc->max_position_embeddings > UINT32_MAX ? UINT32_MAX :
+					      mc->max_position_embeddings);
+		r.has_context_length = true;
+		r.vocab_size = k3_engine_vocab(s->engine); r.has_vocab_size = true;
+		r.n_layers = mc->num_hidden_layers; r.has_n_layers = true;
+		r.hidden_size = mc->hidden_size; r.has_hidden_size = true;
+		r.n_experts = mc->num_experts; r.has_n_experts = true;
+		r.experts_per_token = mc->num_experts_per_token; r.has_experts_per_token = true;
+		k3_conn_send(c, K3_MSG_MODEL_INFO_REPLY, h->request_id, &r);
+		return 0;
+	}
+	default:
+		return -EINVAL;
+	}
+}
+
+/* The peer is gone: its queued jobs go now, its running job stops at the
+ * next layer. The running job keeps its connection reference until it
+ * finishes; frames for a closed connection are dropped. */
+static void hook_conn_closed(void *ctx, struct k3_conn *c)
+{
+	cancel_where(ctx, c, false, 0, 0);
+}
+
+static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_status_reply *r)
+{
+	struct k3_sched *s = ctx;
+
+	pthread_mutex_lock(&s->lock);
+	info->running = s->running ? 1 : 0;
+	info->queued = s->n_queued;
+	pthread_mutex_unlock(&s->lock);
+	r->requests_total = s->totals.requests_total; r->has_requests_total = true;
+	r->prompt_tokens_total = s->totals.prompt_tokens_total; r->has_prompt_tokens_total = true;
+	r->completion_tokens_total = s->totals.completion_tokens_total;
+	r->has_completion_tokens_total = true;
+	r->reasoning_tokens_total = s->totals.reasoning_tokens_total;
+	r->has_reasoning_tokens_total = true;
+}
+
+static unsigned hook_drain(void *ctx)
+{
+	struct k3_sched *s = ctx;
+	struct job *gone;
+	unsigned running;
+
+	s->draining = true;
+	pthread_mutex_lock(&s->lock);
+	gone = s->queue_head;
+	s->queue_head = s->queue_tail = NULL;
+	s->n_queued = 0;
+	running = s->running ? 1 : 0;
+	pthread_mutex_unlock(&s->lock);
+	while (gone) {
+		struct job *j = gone;
+
+		gone = j->next;
+		if (k3_conn_is_open(j->conn))
+			k3_conn_send_error(j->conn, j->rid, K3_STATUS_SHUTTING_DOWN, NULL,
+					   "k3d is shutting down");
+		job_free(j);
+	}
+	return running;
+}
+
+struct k3_server_hooks k3_sched_hooks(struct k3_sched *s)
+{
+	struct k3_server_hooks h = { s, hook_request, hook_conn_closed, hook_status, hook_drain };
+
+	return h;
+}
+
+int k3_sched_new(struct event_base *base, struct k3_server *srv, const struct k3_options *opts,
+		 void (*on_ready)(void *ctx, bool ok, const char *message), void *ctx,
+		 struct k3_sched **out, struct k3_err *err)
+{
+	struct k3_sched *s = calloc(1, sizeof(*s));
+	int r;
+
+	if (!s)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	s->base = base;
+	s->srv = srv;
+	s->opts = opts;
+	s->on_ready = on_ready;
+	s->ready_ctx = ctx;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	s->wake = event_new(base, -1, EV_READ, wake_cb, s);
+	if (!s->wake) {
+		k3_sched_free(s);
+		return k3_err_set(err, -ENOMEM, "cannot create the engine wake-up event");
+	}
+	r = pthread_create(&s->thread, NULL, engine_main, s);
+	if (r != 0) {
+		k3_sched_free(s);
+		return k3_err_set(err, -r, "cannot start the engine thread: %s", strerror(r));
+	}
+	s->thread_started = true;
+	*out = s;
+	return 0;
+}
+
+struct k3_sched *k3_sched_free(struct k3_sched *s)
+{
+	struct sched_msg *m, *next;
+
+	if (!s)
+		return NULL;
+	pthread_mutex_lock(&s->lock);
+	s->stopping = true;
+	if (s->running)
+		atomic_store(&s->running->cancel, true);
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	if (s->thread_started)
+		pthread_join(s->thread, NULL);
+	for (m = s->msgs; m; m = next) {
+		next = m->next;
+		if (m->kind == MSG_FINISHED)
+			job_free(m->job);
+		free(m->bytes);
+		free(m);
+	}
+	while (s->queue_head) {
+		struct job *j = s->queue_head;
+
+		s->queue_head = j->next;
+		job_free(j);
+	}
+	conv_state_release(&s->pub[0]);
+	conv_state_release(&s->pub[1]);
+	k3_engine_free(s->engine);
+	k3_tok_free(s->tok);
+	k3_model_free(s->model);
+	if (s->wake)
+		event_free(s->wake);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s);
+	return NULL;
+}

@@ -1,0 +1,192 @@
+/* store_model.c - expert sources and packs from an opened model (see store_model.h). */
+#include "store/store_model.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
+			  size_t *n, struct k3_err *err)
+{
+	uint32_t ns = k3_model_shard_count(m);
+	struct k3_store_pack_ident *id = calloc(ns ? ns : 1, sizeof(*id));
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	if (!id)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < ns; i++) {
+		const char *path = k3_model_shard_path(m, i);
+		const char *slash = strrchr(path, '/');
+		rc = k3_store_pack_ident(path, slash ? slash + 1 : path, 0, &id[i], err);
+		if (rc) {
+			free(id);
+			return rc;
+		}
+	}
+	*out = id;
+	*n = ns;
+	return 0;
+}
+
+static int add_tensor(struct k3_store_extent *x, const struct k3_tensor *t, uint32_t base)
+{
+	if (!t)
+		return -ENOTSUP;
+	x->file = base + t->shard;
+	x->offset = t->file_offset;
+	x->length = t->nbytes;
+	return 0;
+}
+
+/* Adds the experts of one layer; shard i is file base + i of src. */
+static int add_layer(struct k3_store_source *src, const struct k3_layer_plan *lp,
+		     uint32_t base, struct k3_err *err)
+{
+	for (uint32_t e = 0; e < lp->moe.n_experts; e++) {
+		const struct k3_expert *x = &lp->moe.experts[e];
+		struct k3_store_expert se = { .layer = lp->index, .expert = e };
+		int rc;
+
+		if (!x->w1.mxfp4 || !x->w2.mxfp4 || !x->w3.mxfp4 ||
+		    add_tensor(&se.ext[K3_STORE_W1_PACKED], x->w1.packed, base) ||
+		    add_tensor(&se.ext[K3_STORE_W1_SCALE], x->w1.scale, base) ||
+		    add_tensor(&se.ext[K3_STORE_W2_PACKED], x->w2.packed, base) ||
+		    add_tensor(&se.ext[K3_STORE_W2_SCALE], x->w2.scale, base) ||
+		    add_tensor(&se.ext[K3_STORE_W3_PACKED], x->w3.packed, base) ||
+		    add_tensor(&se.ext[K3_STORE_W3_SCALE], x->w3.scale, base))
+			return k3_err_set(err, -ENOTSUP, "expert (%" PRIu32 ", %" PRIu32 ") is not"
+					  " MXFP4; the store streams only MXFP4 experts",
+					  lp->index, e);
+		rc = k3_store_source_add_expert(src, &se, err);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int add_shards(struct k3_store_source *src, const struct k3_model *m,
+		      struct k3_err *err)
+{
+	for (uint32_t i = 0; i < k3_model_shard_count(m); i++) {
+		uint32_t f;
+		int rc = k3_store_source_add_file(src, k3_model_shard_path(m, i), &f, err);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
+			      uint32_t layer, struct k3_err *err)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	int rc;
+
+	if (k3_store_source_file_count(src) != 0)
+		return k3_err_set(err, -EINVAL, "the expert source must be empty");
+	rc = add_shards(src, m, err);
+	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++)
+		if (plan->layers[l].is_moe && (layer == UINT32_MAX || layer == l))
+			rc = add_layer(src, &plan->layers[l], 0, err);
+	return rc;
+}
+
+int k3_store_pack_path(char *buf, size_t size, const char *pack_dir, uint32_t layer)
+{
+	int n = snprintf(buf, size, "%s/experts-L%03" PRIu32 ".k3pack", pack_dir, layer);
+	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+/* A pack must hold exactly this layer's experts with the model's sizes. */
+static int pack_fits_layer(const struct k3_store_pack *pack, const struct k3_layer_plan *lp,
+			   const char *path, struct k3_err *err)
+{
+	uint64_t len[K3_STORE_ARRAYS];
+	uint32_t layer, expert;
+
+	if (k3_store_pack_expert_count(pack) != lp->moe.n_experts)
+		return k3_err_set(err, -ESTALE, "'%s' holds %zu experts, layer %" PRIu32 " has %"
+				  PRIu32, path, k3_store_pack_expert_count(pack), lp->index,
+				  lp->moe.n_experts);
+	for (uint32_t e = 0; e < lp->moe.n_experts; e++) {
+		const struct k3_expert *x = &lp->moe.experts[e];
+		k3_store_pack_entry(pack, e, &layer, &expert, len);
+		if (layer != lp->index || expert != e || !x->w1.mxfp4 || !x->w2.mxfp4 ||
+		    !x->w3.mxfp4 ||
+		    len[K3_STORE_W1_PACKED] != x->w1.packed->nbytes ||
+		    len[K3_STORE_W1_SCALE] != x->w1.scale->nbytes ||
+		    len[K3_STORE_W2_PACKED] != x->w2.packed->nbytes ||
+		    len[K3_STORE_W2_SCALE] != x->w2.scale->nbytes ||
+		    len[K3_STORE_W3_PACKED] != x->w3.packed->nbytes ||
+		    len[K3_STORE_W3_SCALE] != x->w3.scale->nbytes)
+			return k3_err_set(err, -ESTALE, "'%s' entry %" PRIu32 " does not match expert"
+					  " (%" PRIu32 ", %" PRIu32 ") of the model", path, e,
+					  lp->index, e);
+	}
+	return 0;
+}
+
+int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
+			       enum k3_store_direct direct, struct k3_store_source **out,
+			       struct k3_store_open_report *rep, struct k3_err *err)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	struct k3_store_open_report r0;
+	struct k3_store_pack_ident *id = NULL;
+	struct k3_store_source *src;
+	size_t n_id = 0;
+	char path[4096];
+	int rc;
+
+	*out = NULL;
+	if (!rep)
+		rep = &r0;
+	memset(rep, 0, sizeof(*rep));
+	src = k3_store_source_new(direct);
+	if (!src)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	rc = add_shards(src, m, err);
+	if (rc == 0 && pack_dir)
+		rc = k3_store_model_idents(m, &id, &n_id, err);
+	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++) {
+		struct k3_store_pack *pack = NULL;
+		struct k3_err perr = { 0 };
+		int prc = -ENOENT;
+
+		if (!plan->layers[l].is_moe)
+			continue;
+		if (pack_dir) {
+			rc = k3_store_pack_path(path, sizeof(path), pack_dir, l);
+			if (rc) {
+				k3_err_set(err, rc, "pack directory '%s' is too long", pack_dir);
+				break;
+			}
+			prc = k3_store_pack_open(path, id, n_id, 0, &pack, &perr);
+			if (prc == 0 && (prc = pack_fits_layer(pack, &plan->layers[l], path, &perr))) {
+				k3_store_pack_free(pack);
+				pack = NULL;
+			}
+		}
+		if (prc == 0) {
+			rc = k3_store_pack_add_to_source(pack, path, src, err);
+			rep->layers_packed++;
+		} else {
+			if (prc != -ENOENT && rep->packs_rejected++ == 0)
+				snprintf(rep->first_rejection, sizeof(rep->first_rejection), "%s", perr.msg);
+			rc = add_layer(src, &plan->layers[l], 0, err);
+			rep->layers_shards++;
+		}
+		k3_store_pack_free(pack);
+	}
+	free(id);
+	if (rc) {
+		k3_store_source_free(src);
+		return rc;
+	}
+	*out = src;
+	return 0;
+}

@@ -1,0 +1,57 @@
+/*
+ * store_model.h - the store's bridge to an opened checkpoint (model.h):
+ * build an expert source from the shards, write per-layer packs, and open
+ * the source the engine reads from (valid packs where present, shards
+ * elsewhere). Packs live in one directory, one file per MoE layer:
+ * <pack_dir>/experts-L<layer, 3 digits>.k3pack, each naming every shard of
+ * the checkpoint as its source.
+ */
+#ifndef K3_STORE_MODEL_H
+#define K3_STORE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "model/model.h"
+#include "store/store_pack.h"
+#include "store/store_source.h"
+
+/* Default pack directory inside the model directory. */
+#define K3_STORE_PACK_SUBDIR "k3-packs"
+
+/* Identities of every shard of m (index = shard index). *out is malloc'd
+ * (free it); *n gets the shard count. Hashes each shard's header. */
+int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
+			  size_t *n, struct k3_err *err);
+
+/* Adds every shard of m to src as files 0..shards-1 (src must be empty),
+ * then the routed experts of layer `layer` (UINT32_MAX: every MoE layer)
+ * with their six tensors as extents. Returns 0, -EINVAL when src is not
+ * empty, -ENOTSUP for an expert that is not MXFP4 (the store streams only
+ * the six-array MXFP4 layout), or what the source calls return. */
+int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
+			      uint32_t layer, struct k3_err *err);
+
+/* Writes <pack_dir>/experts-Lnnn.k3pack for the experts of `layer` of m. */
+int k3_store_pack_path(char *buf, size_t size, const char *pack_dir, uint32_t layer);
+
+struct k3_store_open_report {
+	uint32_t layers_packed;     /* MoE layers read from a valid pack */
+	uint32_t layers_shards;     /* MoE layers read from the shards */
+	uint32_t packs_rejected;    /* packs present but stale or malformed */
+	char first_rejection[K3_ERR_MSG_MAX];   /* why the first one was refused */
+};
+
+/* Opens the source the engine streams experts from: for each MoE layer the
+ * pack in pack_dir when it is valid for these shards (header, directory,
+ * identity; span hashes are checked by k3ctl pack --verify, not here),
+ * otherwise the shard tensors. pack_dir NULL: shards only. rep may be NULL.
+ * Returns 0 or a negative errno; a rejected pack is not an error (it is
+ * reported in rep and the shards are used). */
+int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
+			       enum k3_store_direct direct, struct k3_store_source **out,
+			       struct k3_store_open_report *rep, struct k3_err *err);
+
+#endif

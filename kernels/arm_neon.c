@@ -1,0 +1,377 @@
+/*
+ * arm_neon.c - the aarch64 Advanced SIMD ISA (NEON is mandatory on
+ * aarch64, so this file is built on every aarch64 host and always runnable
+ * there).
+ *
+ * Fixed reduction orders (kern_ops.h batch-invariance contract):
+ *
+ *  BF16/F32 row . x: four 4-lane accumulators over 16-column steps
+ *    (acc_k += cols 16i+4k..16i+4k+3, FMA); the remaining whole 4-blocks go
+ *    to acc0, acc1, acc2 in turn, a last partial block (zero-padded) to
+ *    acc3; then (acc0 + acc1) + (acc2 + acc3) and a pairwise lane sum.
+ *  MXFP4 row . x: per 32-column group the eight decoded 4-lane vectors
+ *    w0..w7 (E2M1 x 2 as exact integers, column order) give
+ *    q_k = w_2k x + w_2k+1 x (mul, FMA), p = (q0 + q1) + (q2 + q3),
+ *    acc = fma(p, 2^(s-128), acc); pairwise lane sum at the end.
+ *  One inline row kernel serves every rows x tokens block, so a y element
+ *  does not depend on T, the row range or the thread split.
+ *
+ * Only freestanding headers are used (builtins for memcpy/fmaf/ldexpf), so
+ * the file can be syntax-checked with a cross compiler that has no target
+ * libc (docs/kernels.md).
+ */
+#include <arm_neon.h>
+
+#include "kern_ops.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define K3_UNROLL _Pragma("GCC unroll 8")
+
+INLINE float hsum4(float32x4_t v)
+{
+	return vaddvq_f32(v);
+}
+
+INLINE float32x4_t load_bf16x4(const uint16_t *p)
+{
+	return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
+
+INLINE float32x4_t load_bf16_part(const uint16_t *p, size_t n)
+{
+	uint16_t tmp[4] = { 0, 0, 0, 0 };
+
+	__builtin_memcpy(tmp, p, n * sizeof(*p));
+	return load_bf16x4(tmp);
+}
+
+INLINE float32x4_t load_f32x4(const float *p)
+{
+	return vld1q_f32(p);
+}
+
+INLINE float32x4_t load_f32_part(const float *p, size_t n)
+{
+	float tmp[4] = { 0, 0, 0, 0 };
+
+	__builtin_memcpy(tmp, p, n * sizeof(*p));
+	return vld1q_f32(tmp);
+}
+
+#define DEF_ROWS_DENSE(NAME, WT, LOAD4, LOADPART)                            \
+INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
+	const float *const *xt, float *out, size_t ldo)                       \
+{                                                                            \
+	float32x4_t a[8][4];                                                     \
+	size_t c = 0, k4 = 0;                                                    \
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)                           \
+		for (int j = 0; j < 4; j++)                                          \
+			a[k][j] = vdupq_n_f32(0.0f);                                     \
+	for (; c + 16 <= cols; c += 16) {                                        \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                          \
+			float32x4_t w0 = LOAD4(wr[i] + c), w1 = LOAD4(wr[i] + c + 4);    \
+			float32x4_t w2 = LOAD4(wr[i] + c + 8), w3 = LOAD4(wr[i] + c + 12);\
+			K3_UNROLL for (size_t t = 0; t < nt; t++) {                      \
+				float32x4_t *A = a[i * nt + t];                              \
+				A[0] = vfmaq_f32(A[0], w0, vld1q_f32(xt[t] + c));            \
+				A[1] = vfmaq_f32(A[1], w1, vld1q_f32(xt[t] + c + 4));        \
+				A[2] = vfmaq_f32(A[2], w2, vld1q_f32(xt[t] + c + 8));        \
+				A[3] = vfmaq_f32(A[3], w3, vld1q_f32(xt[t] + c + 12));       \
+			}                                                                \
+		}                                                                    \
+	}                                                                        \
+	for (; c + 4 <= cols; c += 4, k4++) {                                    \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                          \
+			float32x4_t w0 = LOAD4(wr[i] + c);                               \
+			K3_UNROLL for (size_t t = 0; t < nt; t++)                        \
+				a[i * nt + t][k4] = vfmaq_f32(a[i * nt + t][k4], w0,         \
+					vld1q_f32(xt[t] + c));                                   \
+		}                                                                    \
+	}                                                                        \
+	if (c < cols) {                                                          \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                          \
+			float32x4_t w0 = LOADPART(wr[i] + c, cols - c);                  \
+			K3_UNROLL for (size_t t = 0; t < nt; t++)                        \
+				a[i * nt + t][3] = vfmaq_f32(a[i * nt + t][3], w0,           \
+					load_f32_part(xt[t] + c, cols - c));                     \
+		}                                                                    \
+	}                                                                        \
+	K3_UNROLL for (size_t i = 0; i < nr; i++)                                \
+		K3_UNROLL for (size_t t = 0; t < nt; t++) {                          \
+			float32x4_t *A = a[i * nt + t];                                  \
+			out[t * ldo + i] = hsum4(vaddq_f32(vaddq_f32(A[0], A[1]),        \
+				vaddq_f32(A[2], A[3])));                                     \
+		}                                                                    \
+}
+
+DEF_ROWS_DENSE(rows_bf16, uint16_t, load_bf16x4, load_bf16_part)
+DEF_ROWS_DENSE(rows_f32, float, load_f32x4, load_f32_part)
+
+static const int8_t e2m1x2[16] = { 0, 1, 2, 3, 4, 6, 8, 12,
+	0, -1, -2, -3, -4, -6, -8, -12 };
+
+INLINE float group_scale(uint8_t s)
+{
+	uint32_t bits;
+	float f;
+
+	if (s < 2)      /* subnormal 2^(s-128) */
+		return __builtin_ldexpf(1.0f, (int)s - 128);
+	bits = (uint32_t)(s - 1) << 23;
+	__builtin_memcpy(&f, &bits, sizeof(f));
+	return f;
+}
+
+INLINE float32x4_t cvt_s16_lo(int16x8_t v)
+{
+	return vcvtq_f32_s32(vmovl_s16(vget_low_s16(v)));
+}
+
+INLINE float32x4_t cvt_s16_hi(int16x8_t v)
+{
+	return vcvtq_f32_s32(vmovl_high_s16(v));
+}
+
+/* 16 packed bytes (32 columns) -> eight 4-lane vectors in column order. */
+INLINE void decode_group(const uint8_t *p, int8x16_t lut, float32x4_t w[8])
+{
+	uint8x16_t v = vld1q_u8(p);
+	int8x16_t lo = vqtbl1q_s8(lut, vandq_u8(v, vdupq_n_u8(0x0F)));
+	int8x16_t hi = vqtbl1q_s8(lut, vshrq_n_u8(v, 4));
+	int8x16_t a = vzip1q_s8(lo, hi);      /* columns 0..15 */
+	int8x16_t b = vzip2q_s8(lo, hi);      /* columns 16..31 */
+	int16x8_t a0 = vmovl_s8(vget_low_s8(a)), a1 = vmovl_high_s8(a);
+	int16x8_t b0 = vmovl_s8(vget_low_s8(b)), b1 = vmovl_high_s8(b);
+
+	w[0] = cvt_s16_lo(a0);
+	w[1] = cvt_s16_hi(a0);
+	w[2] = cvt_s16_lo(a1);
+	w[3] = cvt_s16_hi(a1);
+	w[4] = cvt_s16_lo(b0);
+	w[5] = cvt_s16_hi(b0);
+	w[6] = cvt_s16_lo(b1);
+	w[7] = cvt_s16_hi(b1);
+}
+
+INLINE float32x4_t group_dot(const float32x4_t w[8], const float *x)
+{
+	float32x4_t q[4];
+
+	for (int k = 0; k < 4; k++) {
+		q[k] = vmulq_f32(w[2 * k], vld1q_f32(x + 8 * k));
+		q[k] = vfmaq_f32(q[k], w[2 * k + 1], vld1q_f32(x + 8 * k + 4));
+	}
+	return vaddq_f32(vaddq_f32(q[0], q[1]), vaddq_f32(q[2], q[3]));
+}
+
+INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
+	const uint8_t *const *pr, const uint8_t *const *sr,
+	const float *const *xt, float *out, size_t ldo)
+{
+	const int8x16_t lut = vld1q_s8(e2m1x2);
+	float32x4_t acc[8];
+
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
+		acc[k] = vdupq_n_f32(0.0f);
+	for (size_t g = 0; g < cols / 32; g++) {
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {
+			float32x4_t w[8];
+			float s = group_scale(sr[i][g]);
+
+			decode_group(pr[i] + 16 * g, lut, w);
+			K3_UNROLL for (size_t t = 0; t < nt; t++)
+				acc[i * nt + t] = vfmaq_n_f32(acc[i * nt + t],
+					group_dot(w, xt[t] + 32 * g), s);
+		}
+	}
+	K3_UNROLL for (size_t i = 0; i < nr; i++)
+		K3_UNROLL for (size_t t = 0; t < nt; t++)
+			out[t * ldo + i] = hsum4(acc[i * nt + t]);
+}
+
+#define BLOCK(FN, NR, NT) do {                                                \
+	switch ((NR) * 8 + (NT)) {                                                \
+	case 4 * 8 + 1: FN(4, 1); break;                                          \
+	case 1 * 8 + 4: FN(1, 4); break;                                          \
+	case 1 * 8 + 3: FN(1, 3); break;                                          \
+	case 1 * 8 + 2: FN(1, 2); break;                                          \
+	default: FN(1, 1); break;                                                 \
+	}                                                                         \
+} while (0)
+
+static void neon_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
+	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
+{
+	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
+	size_t r = r0;
+
+	while (r < r1) {
+		size_t nr = (T == 1 && r + 4 <= r1) ? 4 : 1;
+
+		for (size_t t = 0; t < T; ) {
+			size_t nt = T - t >= 4 ? 4 : T - t;
+			const float *xt[4] = { 0 };
+			float *out = y + t * ldy + (r - r0);
+
+			if (nr > 1)
+				nt = 1;
+			for (size_t k = 0; k < nt; k++)
+				xt[k] = x + (t + k) * ldx;
+			if (w->dtype == K3_KERN_DT_MXFP4) {
+				const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
+
+				for (size_t i = 0; i < nr; i++) {
+					pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
+					sr[i] = w->scales + (r + i) * (cols / 32);
+				}
+#define MX(NR_, NT_) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy)
+				BLOCK(MX, nr, nt);
+#undef MX
+			} else if (w->dtype == K3_KERN_DT_BF16) {
+				const uint16_t *wr[4] = { 0 };
+
+				for (size_t i = 0; i < nr; i++)
+					wr[i] = (const uint16_t *)w->data + (r + i) * ld;
+#define BF(NR_, NT_) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy)
+				BLOCK(BF, nr, nt);
+#undef BF
+			} else {
+				const float *wr[4] = { 0 };
+
+				for (size_t i = 0; i < nr; i++)
+					wr[i] = (const float *)w->data + (r + i) * ld;
+#define FF(NR_, NT_) rows_f32(NR_, NT_, cols, wr, xt, out, ldy)
+				BLOCK(FF, nr, nt);
+#undef FF
+			}
+			t += nt;
+		}
+		r += nr;
+	}
+}
+
+static float bf16_f32(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	__builtin_memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static void neon_matmul_t_cols(const struct k3_kern_mat *w, size_t c0,
+	size_t c1, size_t T, const float *x, size_t ldx, float *y, size_t ldy)
+{
+	size_t ld = w->ld ? w->ld : w->cols;
+	bool bf = w->dtype == K3_KERN_DT_BF16;
+
+	for (size_t t = 0; t < T; t++) {
+		const float *xt = x + t * ldx;
+		float *yt = y + t * ldy;
+		size_t c = c0;
+
+		for (; c + 16 <= c1; c += 16) {
+			float32x4_t a[4] = { vdupq_n_f32(0), vdupq_n_f32(0),
+				vdupq_n_f32(0), vdupq_n_f32(0) };
+
+			for (size_t r = 0; r < w->rows; r++) {
+				for (int k = 0; k < 4; k++) {
+					float32x4_t wv = bf ? load_bf16x4((const uint16_t *)w->data + r * ld + c + 4 * k)
+						: vld1q_f32((const float *)w->data + r * ld + c + 4 * k);
+
+					a[k] = vfmaq_n_f32(a[k], wv, xt[r]);
+				}
+			}
+			for (int k = 0; k < 4; k++)
+				vst1q_f32(yt + c + 4 * k, a[k]);
+		}
+		for (; c < c1; c++) {
+			float acc = 0.0f;
+
+			for (size_t r = 0; r < w->rows; r++) {
+				float wv = bf ? bf16_f32(((const uint16_t *)w->data)[r * ld + c])
+					: ((const float *)w->data)[r * ld + c];
+
+				acc = __builtin_fmaf(wv, xt[r], acc);
+			}
+			yt[c] = acc;
+		}
+	}
+}
+
+static float neon_dot(size_t n, const float *a, const float *b)
+{
+	const float *wr[1] = { a }, *xt[1] = { b };
+	float out;
+
+	rows_f32(1, 1, n, wr, xt, &out, 1);
+	return out;
+}
+
+static float neon_sumsq(size_t n, const float *x)
+{
+	return neon_dot(n, x, x);
+}
+
+static void neon_axpy(size_t n, float a, const float *x, float *y)
+{
+	size_t i = 0;
+
+	for (; i + 4 <= n; i += 4)
+		vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+	for (; i < n; i++)
+		y[i] = __builtin_fmaf(a, x[i], y[i]);
+}
+
+static void neon_kda_step(size_t dk, size_t dv, float *S, const float *q,
+	const float *k, const float *v, const float *alpha, float beta,
+	float *o, float *scratch)
+{
+	float *pred = scratch, *u = scratch + dv;
+	size_t j;
+
+	for (j = 0; j < dv; j++)
+		pred[j] = 0.0f;
+	for (size_t i = 0; i < dk; i++) {
+		float *Si = S + i * dv;
+
+		for (j = 0; j + 4 <= dv; j += 4) {
+			float32x4_t s = vmulq_n_f32(vld1q_f32(Si + j), alpha[i]);
+
+			vst1q_f32(Si + j, s);
+			vst1q_f32(pred + j, vfmaq_n_f32(vld1q_f32(pred + j), s, k[i]));
+		}
+		for (; j < dv; j++) {
+			Si[j] *= alpha[i];
+			pred[j] = __builtin_fmaf(k[i], Si[j], pred[j]);
+		}
+	}
+	for (j = 0; j < dv; j++) {
+		u[j] = beta * (v[j] - pred[j]);
+		o[j] = 0.0f;
+	}
+	for (size_t i = 0; i < dk; i++) {
+		float *Si = S + i * dv;
+
+		for (j = 0; j + 4 <= dv; j += 4) {
+			float32x4_t s = vfmaq_n_f32(vld1q_f32(Si + j), vld1q_f32(u + j), k[i]);
+
+			vst1q_f32(Si + j, s);
+			vst1q_f32(o + j, vfmaq_n_f32(vld1q_f32(o + j), s, q[i]));
+		}
+		for (; j < dv; j++) {
+			Si[j] = __builtin_fmaf(k[i], u[j], Si[j]);
+			o[j] = __builtin_fmaf(q[i], Si[j], o[j]);
+		}
+	}
+}
+
+const struct k3_kern_ops k3_kern_ops_neon = {
+	.isa = K3_KERN_ISA_NEON,
+	.matmul_rows = neon_matmul_rows,
+	.matmul_t_cols = neon_matmul_t_cols,
+	.dot = neon_dot,
+	.sumsq = neon_sumsq,
+	.axpy = neon_axpy,
+	.kda_step = neon_kda_step,
+};

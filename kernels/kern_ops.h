@@ -1,0 +1,60 @@
+/*
+ * kern_ops.h - internal: the per-ISA function table behind k3_kernels.h.
+ *
+ * Each ISA file (ref_*.c, x86_avx2.c, x86_avx512.c, arm_neon.c) defines one
+ * `const struct k3_kern_ops k3_kern_ops_<isa>` and nothing else public, and
+ * depends only on libc/libm, so the per-ISA static libraries can be linked
+ * in any order after the common one. Tests use k3_kern_ops_for() to run
+ * two ISAs side by side in one process; production code goes through the
+ * public k3_kern_* functions, which use the one table chosen at start.
+ */
+#ifndef K3_KERN_OPS_H
+#define K3_KERN_OPS_H
+
+#include "k3_kernels.h"
+
+/*
+ * matmul_rows: y[t * ldy + (r - r0)] = sum_c W[r][c] x[t * ldx + c] for
+ * r in [r0, r1), t < T. Contract: the value of each y element depends only
+ * on W row r, x row t and cols: never on r0, r1, T (batch invariance).
+ *
+ * matmul_t_cols: y[t * ldy + c] = sum_{r < rows} W[r][c] x[t * ldx + r]
+ * for c in [c0, c1): r ascending, each element independent of c0, c1, T.
+ */
+struct k3_kern_ops {
+	enum k3_kern_isa isa;
+	void (*matmul_rows)(const struct k3_kern_mat *w, size_t r0, size_t r1,
+		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
+	void (*matmul_t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
+		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
+	float (*dot)(size_t n, const float *a, const float *b);
+	float (*sumsq)(size_t n, const float *x);
+	void (*axpy)(size_t n, float a, const float *x, float *y);
+	void (*kda_step)(size_t dk, size_t dv, float *S, const float *q,
+		const float *k, const float *v, const float *alpha, float beta,
+		float *o, float *scratch);
+};
+
+extern const struct k3_kern_ops k3_kern_ops_ref;
+#if defined(K3_KERN_HAVE_AVX2)
+extern const struct k3_kern_ops k3_kern_ops_avx2;
+#endif
+#if defined(K3_KERN_HAVE_AVX512)
+extern const struct k3_kern_ops k3_kern_ops_avx512;
+#endif
+#if defined(K3_KERN_HAVE_NEON)
+extern const struct k3_kern_ops k3_kern_ops_neon;
+#endif
+
+/* The table for an ISA, or NULL when not built in or not runnable here. */
+const struct k3_kern_ops *k3_kern_ops_for(enum k3_kern_isa isa);
+
+/* The table chosen for this process (see k3_kernels.h). */
+const struct k3_kern_ops *k3_kern_ops_active(void);
+
+/* E2M1 code -> value (§9), shared by every ISA's decoder. */
+#define K3_KERN_E2M1_VALUES \
+	{ 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, \
+	  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f }
+
+#endif

@@ -1,0 +1,519 @@
+/*
+ * x86_avx2.c - the AVX2 + FMA ISA (built with -mavx2 -mfma; chosen at run
+ * time only when cpuid reports both).
+ *
+ * Fixed reduction orders (the batch-invariance contract of kern_ops.h):
+ *
+ *  BF16/F32 row . x: two 8-lane accumulators over 16-column steps
+ *    (acc0 += cols 16i..16i+7, acc1 += cols 16i+8..16i+15, FMA); a
+ *    remaining 8-block goes to acc0, a final partial block (zero-padded) to
+ *    acc1; then (acc0 + acc1) is folded 8 -> 4 -> 2 -> 1 (hsum8).
+ *  MXFP4 row . x: per 32-column group g, four decoded 8-lane vectors
+ *    w0..w3 give p = (w0 x0 + w1 x1) + (w2 x2 + w3 x3) (mul then FMA,
+ *    pairwise add) and acc = fma(p, group scale, acc): one scale multiply
+ *    per group; hsum8 at the end. For cols <= 16384 (all K3 MXFP4) the
+ *    vectors hold the group's columns in the fixed permuted lane order of
+ *    perm_col() (bf16-pattern decode, no int->float conversions); wider
+ *    matrices use the column-order int8 decode (rows_mxfp4).
+ *  The same inline row kernel serves every (rows x tokens) block size, so a
+ *  y element is the same bits whether T = 1 or T = 64 and however the rows
+ *  are split among threads.
+ *  Transposed product, axpy, KDA step: elementwise FMA chains in row order;
+ *  column tails use fmaf (the same single rounding as vfmadd), so a column's
+ *  value does not depend on where a thread's column range starts.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kern_ops.h"
+
+#define INLINE static inline __attribute__((always_inline))
+/* Full unrolling of the rows x tokens loops keeps every accumulator in a
+ * register (block sizes are compile-time constants at each call site). */
+#define K3_UNROLL _Pragma("GCC unroll 8")
+
+INLINE float hsum8(__m256 v)
+{
+	__m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+	a = _mm_add_ss(a, _mm_movehdup_ps(a));
+	return _mm_cvtss_f32(a);
+}
+
+/* Lanes [0, n) all-ones, the rest zero (n in 0..8). */
+INLINE __m256i tail_mask(size_t n)
+{
+	static const int32_t m[16] = { -1, -1, -1, -1, -1, -1, -1, -1,
+		0, 0, 0, 0, 0, 0, 0, 0 };
+
+	return _mm256_loadu_si256((const __m256i *)(m + 8 - n));
+}
+
+INLINE __m256 load_bf16x8(const uint16_t *p)
+{
+	__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+
+	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+INLINE __m256 load_bf16_part(const uint16_t *p, size_t n)
+{
+	uint16_t tmp[8] = { 0 };
+
+	memcpy(tmp, p, n * sizeof(*p));
+	return load_bf16x8(tmp);
+}
+
+/* ------------------------------------------------------------------ */
+/* BF16 / F32 rows: NR rows x NT tokens per call, 2 accumulators each.  */
+
+#define DEF_ROWS_DENSE(NAME, WT, LOAD8, LOADPART)                            \
+INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
+	const float *const *xt, float *out, size_t ldo)                       \
+{                                                                            \
+	__m256 a0[8], a1[8];                                                     \
+	size_t c = 0;                                                            \
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++) {                                   \
+		a0[k] = _mm256_setzero_ps();                                         \
+		a1[k] = _mm256_setzero_ps();                                         \
+	}                                                                        \
+	for (; c + 16 <= cols; c += 16) {                                        \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
+			__m256 w0 = LOAD8(wr[i] + c), w1 = LOAD8(wr[i] + c + 8);         \
+			K3_UNROLL for (size_t t = 0; t < nt; t++) {                                \
+				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
+					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
+				a1[i * nt + t] = _mm256_fmadd_ps(w1,                         \
+					_mm256_loadu_ps(xt[t] + c + 8), a1[i * nt + t]);          \
+			}                                                                \
+		}                                                                    \
+	}                                                                        \
+	if (c + 8 <= cols) {                                                     \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
+			__m256 w0 = LOAD8(wr[i] + c);                                    \
+			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
+				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
+					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
+		}                                                                    \
+		c += 8;                                                              \
+	}                                                                        \
+	if (c < cols) {                                                          \
+		__m256i m = tail_mask(cols - c);                                     \
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
+			__m256 w0 = LOADPART(wr[i] + c, cols - c);                       \
+			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
+				a1[i * nt + t] = _mm256_fmadd_ps(w0,                         \
+					_mm256_maskload_ps(xt[t] + c, m), a1[i * nt + t]);        \
+		}                                                                    \
+	}                                                                        \
+	K3_UNROLL for (size_t i = 0; i < nr; i++)                                          \
+		K3_UNROLL for (size_t t = 0; t < nt; t++)                                      \
+			out[t * ldo + i] = hsum8(_mm256_add_ps(a0[i * nt + t],           \
+				a1[i * nt + t]));                                            \
+}
+
+INLINE __m256 load_f32_part(const float *p, size_t n)
+{
+	return _mm256_maskload_ps(p, tail_mask(n));
+}
+
+DEF_ROWS_DENSE(rows_bf16, uint16_t, load_bf16x8, load_bf16_part)
+DEF_ROWS_DENSE(rows_f32, float, _mm256_loadu_ps, load_f32_part)
+
+/* ------------------------------------------------------------------ */
+/* MXFP4 rows                                                           */
+
+/* 2 x E2M1 (§9) as int8, so the decode is exact integer work; the 1/2 is
+ * folded into the group scale 2^(s-128). */
+static const int8_t e2m1x2[16] = { 0, 1, 2, 3, 4, 6, 8, 12,
+	0, -1, -2, -3, -4, -6, -8, -12 };
+
+/* 2^(s-128) for every E8M0 byte s, so a group's scale is one broadcast
+ * load (no integer-to-vector move on the hot path). Exact powers of two,
+ * subnormal for s < 2 (k3-model.md §9: do not flush to zero). */
+static float scale_tab[257];
+static pthread_once_t scale_once = PTHREAD_ONCE_INIT;
+
+static void scale_init(void)
+{
+	for (int s = 0; s < 257; s++)        /* [256] = 2^128 = inf (s = 255) */
+		scale_tab[s] = ldexpf(1.0f, s - 128);
+}
+
+/* 16 packed bytes (32 columns) -> four 8-lane vectors in column order. */
+INLINE void decode_group(const uint8_t *p, __m128i lut, __m256 w[4])
+{
+	const __m128i m = _mm_set1_epi8(0x0F);
+	__m128i v = _mm_loadu_si128((const __m128i *)p);
+	__m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m));
+	__m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m));
+	__m128i a = _mm_unpacklo_epi8(lo, hi);     /* columns 0..15 */
+	__m128i b = _mm_unpackhi_epi8(lo, hi);     /* columns 16..31 */
+
+	w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a));
+	w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8)));
+	w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+	w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+
+INLINE __m256 group_dot(const __m256 w[4], const float *x)
+{
+	__m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+	__m256 p1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(x + 16));
+
+	p0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), p0);
+	p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), p1);
+	return _mm256_add_ps(p0, p1);
+}
+
+INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
+	const uint8_t *const *pr, const uint8_t *const *sr,
+	const float *const *xt, float *out, size_t ldo)
+{
+	const __m128i lut = _mm_loadu_si128((const __m128i *)e2m1x2);
+	__m256 acc[8];
+
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
+		acc[k] = _mm256_setzero_ps();
+	for (size_t g = 0; g < cols / 32; g++) {
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {
+			__m256 w[4];
+			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g]]);
+
+			_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
+			decode_group(pr[i] + 16 * g, lut, w);
+			K3_UNROLL for (size_t t = 0; t < nt; t++)
+				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xt[t] + 32 * g),
+					s, acc[i * nt + t]);
+		}
+	}
+	K3_UNROLL for (size_t i = 0; i < nr; i++)
+		K3_UNROLL for (size_t t = 0; t < nt; t++)
+			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+}
+
+/*
+ * Permuted-x MXFP4 path (cols <= PERM_SCRATCH: every K3 MXFP4 matrix).
+ * No int->float conversion at all: two pshufb LUTs give the high and low
+ * bytes of each code's bf16 bit pattern (E2M1 values are exact in bf16:
+ * 0.5 = 0x3F00 ... 6 = 0x40C0, sign in bit 15), one byte-unpack forms the
+ * bf16 words, and a shift / an AND turn word pairs into fp32 lanes. One
+ * group of 32 columns: idx = [low nibbles | high nibbles] (even | odd
+ * columns), then four vectors A_lo, B_lo, A_hi, B_hi whose lane order is
+ * fixed by perm_col(); x is copied into that order once per call.
+ * Reduction per group: p = (A_lo x + B_lo x) + (A_hi x + B_hi x) (mul,
+ * FMA, add), acc = fma(p, 2^(s-127), acc); hsum8 at the end.
+ */
+/* Stack scratch for permuted x, in floats: 4 tokens of up to 4096 columns
+ * or fewer tokens of wider rows (the token-group size never changes an
+ * element's arithmetic). */
+enum { PERM_SCRATCH = 16384 };
+
+/* Column (within its group) of lane k (0..7) of vector v (0..3). */
+static inline size_t perm_col(int v, int k)
+{
+	int j = 8 * (v >> 1) + 2 * (k & 3) + (v & 1);   /* nibble index 0..15 */
+
+	return (size_t)(2 * j + (k >> 2));               /* lanes 4..7: odd */
+}
+
+static void perm_x(size_t cols, const float *x, float *xp)
+{
+	for (size_t g = 0; g < cols / 32; g++)
+		for (int v = 0; v < 4; v++)
+			for (int k = 0; k < 8; k++)
+				xp[32 * g + 8 * v + k] = x[32 * g + perm_col(v, k)];
+}
+
+/* high and low bytes of bf16(E2M1[code]) */
+static const uint8_t e2m1_hb[16] = { 0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
+	0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0 };
+static const uint8_t e2m1_lb[16] = { 0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
+	0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0 };
+
+INLINE void decode_perm(const uint8_t *p, __m256i lut_hb, __m256i lut_lb,
+	__m256 w[4])
+{
+	const __m256i m = _mm256_set1_epi8(0x0F);
+	const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+	__m128i v = _mm_loadu_si128((const __m128i *)p);
+	__m256i idx = _mm256_and_si256(_mm256_inserti128_si256(
+		_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), m);
+	__m256i hb = _mm256_shuffle_epi8(lut_hb, idx);
+	__m256i lb = _mm256_shuffle_epi8(lut_lb, idx);
+	__m256i wlo = _mm256_unpacklo_epi8(lb, hb);    /* nibbles 0..7 as bf16 */
+	__m256i whi = _mm256_unpackhi_epi8(lb, hb);    /* nibbles 8..15 */
+
+	w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(wlo, 16));
+	w[1] = _mm256_castsi256_ps(_mm256_and_si256(wlo, hi16));
+	w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(whi, 16));
+	w[3] = _mm256_castsi256_ps(_mm256_and_si256(whi, hi16));
+}
+
+INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
+	const uint8_t *const *pr, const uint8_t *const *sr,
+	const float *const *xp, float *out, size_t ldo)
+{
+	const __m256i lut_hb = _mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)e2m1_hb));
+	const __m256i lut_lb = _mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)e2m1_lb));
+	__m256 acc[8];
+
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
+		acc[k] = _mm256_setzero_ps();
+	for (size_t g = 0; g < cols / 32; g++) {
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {
+			__m256 w[4];
+			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g] + 1]);
+
+			_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
+			decode_perm(pr[i] + 16 * g, lut_hb, lut_lb, w);
+			K3_UNROLL for (size_t t = 0; t < nt; t++)
+				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xp[t] + 32 * g),
+					s, acc[i * nt + t]);
+		}
+	}
+	K3_UNROLL for (size_t i = 0; i < nr; i++)
+		K3_UNROLL for (size_t t = 0; t < nt; t++)
+			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+}
+
+/* ------------------------------------------------------------------ */
+
+/* Block shapes: T = 1 takes 4 rows at once (independent FMA chains hide
+ * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
+ * once per 4 tokens). Both call the same row kernel, so results match. */
+#define BLOCK(FN, NR, NT, ...) do {                                           \
+	switch ((NR) * 8 + (NT)) {                                                \
+	case 4 * 8 + 1: FN(4, 1, __VA_ARGS__); break;                             \
+	case 1 * 8 + 4: FN(1, 4, __VA_ARGS__); break;                             \
+	case 1 * 8 + 3: FN(1, 3, __VA_ARGS__); break;                             \
+	case 1 * 8 + 2: FN(1, 2, __VA_ARGS__); break;                             \
+	default: FN(1, 1, __VA_ARGS__); break;                                    \
+	}                                                                         \
+} while (0)
+
+/* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
+ * up to 4, so a group's permuted x is made once per tile and reused by the
+ * tile's rows. Loop order never changes an element's arithmetic. */
+enum { ROW_TILE = 256 };
+
+static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
+	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
+{
+	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
+	/* token slots of permuted x (64 KiB of stack, no allocation) */
+	float xperm[PERM_SCRATCH] __attribute__((aligned(32)));
+	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
+	size_t slots = PERM_SCRATCH / cols > 4 ? 4 : PERM_SCRATCH / cols;
+	bool perm = w->dtype == K3_KERN_DT_MXFP4 && slots >= 1;
+	size_t max_nt = perm ? slots : 4;
+
+	if (w->dtype == K3_KERN_DT_MXFP4)
+		pthread_once(&scale_once, scale_init);
+	for (size_t tile = r0; tile < r1; tile += ROW_TILE) {
+		size_t tile_end = r1 - tile > ROW_TILE ? tile + ROW_TILE : r1;
+
+		for (size_t t = 0; t < T; ) {
+			size_t nt = T - t >= max_nt ? max_nt : T - t;
+			const float *xt[4] = { 0 };
+
+			for (size_t k = 0; k < nt; k++) {
+				xt[k] = x + (t + k) * ldx;
+				if (perm) {
+					if (perm_tok[k] != t + k) {
+						perm_x(cols, xt[k], xperm + k * cols);
+						perm_tok[k] = t + k;
+					}
+					xt[k] = xperm + k * cols;
+				}
+			}
+			for (size_t r = tile; r < tile_end; ) {
+				/* one token: 4 rows at once; more: 1 row x nt tokens */
+				size_t nr = (nt == 1 && r + 4 <= tile_end) ? 4 : 1;
+				float *out = y + t * ldy + (r - r0);
+
+				if (w->dtype == K3_KERN_DT_MXFP4) {
+					const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
+
+					for (size_t i = 0; i < nr; i++) {
+						pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
+						sr[i] = w->scales + (r + i) * (cols / 32);
+					}
+					if (perm) {
+#define MXP(NR_, NT_, ...) rows_mxfp4_perm(NR_, NT_, cols, pr, sr, xt, out, ldy)
+						BLOCK(MXP, nr, nt, 0);
+#undef MXP
+					} else {
+#define MX(NR_, NT_, ...) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy)
+						BLOCK(MX, nr, nt, 0);
+#undef MX
+					}
+				} else if (w->dtype == K3_KERN_DT_BF16) {
+					const uint16_t *wr[4] = { 0 };
+
+					for (size_t i = 0; i < nr; i++)
+						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
+#define BF(NR_, NT_, ...) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy)
+					BLOCK(BF, nr, nt, 0);
+#undef BF
+				} else {
+					const float *wr[4] = { 0 };
+
+					for (size_t i = 0; i < nr; i++)
+						wr[i] = (const float *)w->data + (r + i) * ld;
+#define FF(NR_, NT_, ...) rows_f32(NR_, NT_, cols, wr, xt, out, ldy)
+					BLOCK(FF, nr, nt, 0);
+#undef FF
+				}
+				r += nr;
+			}
+			t += nt;
+		}
+	}
+}
+
+static void avx2_matmul_t_cols(const struct k3_kern_mat *w, size_t c0,
+	size_t c1, size_t T, const float *x, size_t ldx, float *y, size_t ldy)
+{
+	size_t ld = w->ld ? w->ld : w->cols;
+	bool bf = w->dtype == K3_KERN_DT_BF16;
+
+	for (size_t t = 0; t < T; t++) {
+		const float *xt = x + t * ldx;
+		float *yt = y + t * ldy;
+		size_t c = c0;
+
+		for (; c + 32 <= c1; c += 32) {
+			__m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(),
+				_mm256_setzero_ps(), _mm256_setzero_ps() };
+
+			for (size_t r = 0; r < w->rows; r++) {
+				__m256 xr = _mm256_set1_ps(xt[r]);
+
+				for (int k = 0; k < 4; k++) {
+					__m256 wv = bf ? load_bf16x8((const uint16_t *)w->data + r * ld + c + 8 * k)
+						: _mm256_loadu_ps((const float *)w->data + r * ld + c + 8 * k);
+
+					a[k] = _mm256_fmadd_ps(wv, xr, a[k]);
+				}
+			}
+			for (int k = 0; k < 4; k++)
+				_mm256_storeu_ps(yt + c + 8 * k, a[k]);
+		}
+		for (; c < c1; c++) {
+			float acc = 0.0f;
+
+			for (size_t r = 0; r < w->rows; r++) {
+				float wv;
+
+				if (bf) {
+					uint32_t u = (uint32_t)((const uint16_t *)w->data)[r * ld + c] << 16;
+
+					memcpy(&wv, &u, sizeof(wv));
+				} else {
+					wv = ((const float *)w->data)[r * ld + c];
+				}
+				acc = fmaf(wv, xt[r], acc);
+			}
+			yt[c] = acc;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Vector ops                                                          */
+
+static float avx2_dot(size_t n, const float *a, const float *b)
+{
+	const float *wr[1] = { a }, *xt[1] = { b };
+	float out;
+
+	rows_f32(1, 1, n, wr, xt, &out, 1);
+	return out;
+}
+
+static float avx2_sumsq(size_t n, const float *x)
+{
+	return avx2_dot(n, x, x);
+}
+
+static void avx2_axpy(size_t n, float a, const float *x, float *y)
+{
+	__m256 av = _mm256_set1_ps(a);
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i),
+			_mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void avx2_kda_step(size_t dk, size_t dv, float *S, const float *q,
+	const float *k, const float *v, const float *alpha, float beta,
+	float *o, float *scratch)
+{
+	float *pred = scratch, *u = scratch + dv;
+	size_t j;
+
+	for (j = 0; j < dv; j++)
+		pred[j] = 0.0f;
+	for (size_t i = 0; i < dk; i++) {
+		float *Si = S + i * dv;
+		__m256 al = _mm256_set1_ps(alpha[i]), kv = _mm256_set1_ps(k[i]);
+
+		for (j = 0; j + 8 <= dv; j += 8) {
+			__m256 s = _mm256_mul_ps(_mm256_loadu_ps(Si + j), al);
+
+			_mm256_storeu_ps(Si + j, s);
+			_mm256_storeu_ps(pred + j, _mm256_fmadd_ps(kv, s,
+				_mm256_loadu_ps(pred + j)));
+		}
+		for (; j < dv; j++) {
+			Si[j] *= alpha[i];
+			pred[j] = fmaf(k[i], Si[j], pred[j]);
+		}
+	}
+	for (j = 0; j < dv; j++) {
+		u[j] = beta * (v[j] - pred[j]);
+		o[j] = 0.0f;
+	}
+	for (size_t i = 0; i < dk; i++) {
+		float *Si = S + i * dv;
+		__m256 kv = _mm256_set1_ps(k[i]), qv = _mm256_set1_ps(q[i]);
+
+		for (j = 0; j + 8 <= dv; j += 8) {
+			__m256 s = _mm256_fmadd_ps(kv, _mm256_loadu_ps(u + j),
+				_mm256_loadu_ps(Si + j));
+
+			_mm256_storeu_ps(Si + j, s);
+			_mm256_storeu_ps(o + j, _mm256_fmadd_ps(qv, s, _mm256_loadu_ps(o + j)));
+		}
+		for (; j < dv; j++) {
+			Si[j] = fmaf(k[i], u[j], Si[j]);
+			o[j] = fmaf(q[i], Si[j], o[j]);
+		}
+	}
+}
+
+#if defined(K3_KERN_AVX512_BUILD)
+const struct k3_kern_ops k3_kern_ops_avx512 = {
+	.isa = K3_KERN_ISA_AVX512,
+#else
+const struct k3_kern_ops k3_kern_ops_avx2 = {
+	.isa = K3_KERN_ISA_AVX2,
+#endif
+	.matmul_rows = avx2_matmul_rows,
+	.matmul_t_cols = avx2_matmul_t_cols,
+	.dot = avx2_dot,
+	.sumsq = avx2_sumsq,
+	.axpy = avx2_axpy,
+	.kda_step = avx2_kda_step,
+};

@@ -1,0 +1,47 @@
+/*
+ * cpu_linear.h - the cpu provider's matrix products and compute threads
+ * (internal to providers/cpu): the reference path runs the scalar loops of
+ * cpu_ref.c on the calling thread; the fast path runs kernels/
+ * (k3_kern_matmul, run-time ISA, thread pool).
+ *
+ * Batch invariance rule (both paths): y[t][r] is computed by one thread,
+ * from row r of W and x[t], with a reduction order that depends only on the
+ * number of columns, never on T, the row split or the thread count.
+ */
+#ifndef K3_CPU_LINEAR_H
+#define K3_CPU_LINEAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3_kernels.h"
+
+/* A borrowed weight matrix [rows][cols] (row stride cols), bf16 (2) or f32 (1). */
+struct k3_cpu_mat {
+	const void *data;
+	uint32_t dtype;
+	uint32_t rows, cols;
+};
+
+struct k3_cpu_ctx {
+	int reference;               /* 1: scalar reference kernels only */
+	uint32_t threads;            /* >= 1 */
+	struct k3_kern_pool *pool;   /* NULL when threads == 1 or reference */
+};
+
+/* threads 0 = online cores. Returns 0 or -errno. */
+int k3_cpu_ctx_init(struct k3_cpu_ctx *ctx, uint32_t threads, int reference);
+int k3_cpu_ctx_set_threads(struct k3_cpu_ctx *ctx, uint32_t threads);
+void k3_cpu_ctx_release(struct k3_cpu_ctx *ctx);
+
+/* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c] for t < T, r < W->rows. */
+void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,
+		   const float *x, size_t ldx, uint32_t T, float *y, size_t ldy);
+
+/* The same for an MXFP4 matrix (spec §9): packed [rows][cols/2], scale
+ * [rows][cols/32], cols % 32 == 0. */
+void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
+			 const uint8_t *scale, uint32_t rows, uint32_t cols,
+			 const float *x, size_t ldx, uint32_t T, float *y, size_t ldy);
+
+#endif

@@ -1,0 +1,1078 @@
+/*
+ * cpu_provider.c - the "cpu" provider: the complete Kimi K3 text forward
+ * in fp32 on the host (design/k3-model.md, "spec §n"), behind the ABI of
+ * providers/k3_provider.h.
+ *
+ * Weights stay where the loader mapped them (bf16 / MXFP4 bytes, read in
+ * place); only small vectors (norm weights, AttnRes score vectors, conv
+ * taps, decay parameters) are converted to fp32 copies at open. Scratch for
+ * max_batch positions is allocated at open, the MLA score row with its
+ * cache, so the per-token path does not allocate.
+ *
+ * Batch invariance: every op computes position t from position t's inputs
+ * (and, for KDA/MLA, the sequence state) with a loop order that does not
+ * depend on T or on threads; cpu_linear's reduction order is fixed per
+ * output element (see cpu_linear.c).
+ */
+#include "k3_provider.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_linear.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_layer {
+	uint32_t attn, ffn;
+	float *input_norm, *post_norm, *attn_u, *mlp_u;
+	/* KDA */
+	struct k3_cpu_mat q, k, v, fa, fb, b, g, o;
+	float *conv[3];          /* [P][K] taps for q, k, v */
+	float *a_exp;            /* [H] exp(A_log[h]) */
+	float *dt_bias;          /* [P] */
+	float *o_norm;           /* [dk] */
+	/* MLA (g, o above are shared with KDA) */
+	struct k3_cpu_mat qa, qb, kva, kvb;
+	float *qa_norm, *kva_norm;
+	/* dense MLP or shared experts */
+	struct k3_cpu_mat mg, mu, md;
+	/* MoE */
+	struct k3_cpu_mat router, ldown, lup;
+	float *rbias, *lnorm;
+};
+
+struct k3_prov_model {
+	struct k3_prov_config cfg;
+	uint32_t max_batch;
+	int reference;
+	struct k3_cpu_ctx ctx;
+	struct k3_cpu_mat embed, lm_head;
+	float *norm, *out_u;
+	struct cpu_layer *layers;
+	uint32_t P;              /* KDA width */
+	uint32_t qhd;            /* MLA q head dim (nope + rope) */
+	uint32_t wide;           /* widest per-position scratch row */
+	float *sx, *s[7];        /* [max_batch][D], [max_batch][wide] */
+	float *tmp;              /* [wide] per-position temporaries */
+	float *tmp2;             /* [wide] */
+	float *work;             /* [6 * kda_head_dim] KDA head temporaries */
+	/* routed experts: [max_batch * top_k] slots */
+	float *ey;               /* [slots][latent] per-slot expert outputs */
+	float *ex;               /* [slots][max(latent, moe_inter)] gathered inputs / outputs */
+	float *eg, *eu;          /* [slots][moe_inter] gate / up */
+	uint32_t *eslot;         /* [slots] */
+	uint8_t *edone;          /* [slots] */
+};
+
+struct k3_prov_kda_state {
+	k3_prov_model *m;
+	uint32_t layer;
+	float *win;              /* [3 streams][K-1][P] raw projections */
+	float *S;                /* [H][dk][dk], row = key channel */
+	size_t n_win, n_S;
+};
+
+struct k3_prov_mla_cache {
+	k3_prov_model *m;
+	uint32_t layer, len, cap, row;   /* row = kv_lora + qk_rope */
+	float *rows;             /* [cap][row] */
+	float *score;            /* [cap] */
+};
+
+static int fail(struct k3_prov_status *st, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(struct k3_prov_status *st, int code, const char *fmt, ...)
+{
+	if (st) {
+		va_list ap;
+		va_start(ap, fmt);
+		st->code = code;
+		vsnprintf(st->msg, sizeof(st->msg), fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+/* ---------------------------------------------------------------- open */
+
+static int get_mat(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
+		   struct k3_cpu_mat *out, const char *name, uint32_t layer,
+		   struct k3_prov_status *st)
+{
+	if (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32)
+		return fail(st, -EINVAL, "layer %u tensor '%s': dtype %u is not bf16 or f32",
+			    layer, name, t->dtype);
+	if (!t->data || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+		return fail(st, -EINVAL, "layer %u tensor '%s': shape [%llu, %llu] (ndim %u), want [%u, %u]",
+			    layer, name, (unsigned long long)t->shape[0],
+			    (unsigned long long)t->shape[1], t->ndim, rows, cols);
+	if ((uintptr_t)t->data % (t->dtype == K3_PROV_DTYPE_BF16 ? 2 : 4))
+		return fail(st, -EINVAL, "layer %u tensor '%s': payload not aligned to its element size",
+			    layer, name);
+	out->data = t->data;
+	out->dtype = t->dtype;
+	out->rows = rows;
+	out->cols = cols;
+	return 0;
+}
+
+static uint64_t numel(const struct k3_prov_tensor *t)
+{
+	uint64_t n = 1;
+	for (uint32_t i = 0; i < t->ndim && i < 3; i++)
+		n *= t->shape[i];
+	return n;
+}
+
+/* fp32 copy of the first n values of a small tensor (bf16 or f32); the
+ * tensor must hold exactly n values, or at least n when at_least. */
+static int get_vec(const struct k3_prov_tensor *t, uint32_t n, int at_least,
+		   float **out, const char *name, uint32_t layer, struct k3_prov_status *st)
+{
+	uint64_t have = numel(t);
+	if (!t->data || t->ndim < 1 || t->ndim > 3 ||
+	    (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32) ||
+	    (at_least ? have < n : have != n))
+		return fail(st, -EINVAL, "layer %u tensor '%s': want %s%u bf16/f32 values, have %llu (dtype %u)",
+			    layer, name, at_least ? ">= " : "", n,
+			    (unsigned long long)have, t->dtype);
+	float *v = malloc((size_t)n * sizeof(float));
+	if (!v)
+		return fail(st, -ENOMEM, "out of memory for '%s'", name);
+	/* memcpy: small tensors carry no alignment promise */
+	for (uint32_t i = 0; i < n; i++) {
+		if (t->dtype == K3_PROV_DTYPE_BF16) {
+			uint16_t b;
+			memcpy(&b, (const char *)t->data + 2 * (size_t)i, 2);
+			v[i] = k3_cpu_bf16(b);
+		} else {
+			memcpy(&v[i], (const char *)t->data + 4 * (size_t)i, 4);
+		}
+	}
+	*out = v;
+	return 0;
+}
+
+/* u = nw * pw, the folded AttnRes score vector (spec §4.2). */
+static int get_mix(const struct k3_prov_tensor *nw, const struct k3_prov_tensor *pw,
+		   uint32_t D, float **out, const char *name, uint32_t layer,
+		   struct k3_prov_status *st)
+{
+	float *a = NULL, *b = NULL;
+	int rc = get_vec(nw, D, 0, &a, name, layer, st);
+	if (!rc)
+		rc = get_vec(pw, D, 0, &b, name, layer, st);
+	if (!rc)
+		for (uint32_t d = 0; d < D; d++)
+			a[d] *= b[d];
+	free(b);
+	if (rc) {
+		free(a);
+		return rc;
+	}
+	*out = a;
+	return 0;
+}
+
+static void free_layer(struct cpu_layer *L)
+{
+	free(L->input_norm); free(L->post_norm); free(L->attn_u); free(L->mlp_u);
+	for (int i = 0; i < 3; i++)
+		free(L->conv[i]);
+	free(L->a_exp); free(L->dt_bias); free(L->o_norm);
+	free(L->qa_norm); free(L->kva_norm);
+	free(L->rbias); free(L->lnorm);
+}
+
+static void cpu_close(k3_prov_model *m)
+{
+	if (!m)
+		return;
+	if (m->layers)
+		for (uint32_t l = 0; l < m->cfg.n_layers; l++)
+			free_layer(&m->layers[l]);
+	free(m->layers);
+	free(m->norm);
+	free(m->out_u);
+	free(m->sx);
+	for (int i = 0; i < 7; i++)
+		free(m->s[i]);
+	free(m->tmp);
+	free(m->tmp2);
+	free(m->work);
+	free(m->ey);
+	free(m->ex);
+	free(m->eg);
+	free(m->eu);
+	free(m->eslot);
+	free(m->edone);
+	k3_cpu_ctx_release(&m->ctx);
+	free(m);
+}
+
+static int check_config(const struct k3_prov_config *c, struct k3_prov_status *st)
+{
+	if (c->struct_size < sizeof(*c))
+		return fail(st, -EPROTO, "config struct_size %u < %zu", c->struct_size, sizeof(*c));
+	if (!c->hidden || !c->n_layers || c->n_layers > K3_PROV_MAX_LAYERS || !c->vocab)
+		return fail(st, -EINVAL, "config: hidden, layers (1..%d) and vocab must be set",
+			    K3_PROV_MAX_LAYERS);
+	if (!c->attn_res_block ||
+	    (c->n_layers + c->attn_res_block - 1) / c->attn_res_block + 2 > K3_KERN_ATTNRES_MAX_CAND)
+		return fail(st, -EINVAL, "config: attn_res_block %u gives too many AttnRes candidates",
+			    c->attn_res_block);
+	if (c->n_experts > 1024 || c->top_k > c->n_experts)
+		return fail(st, -EINVAL, "config: %u experts top-%u unsupported (<= 1024 experts)",
+			    c->n_experts, c->top_k);
+	if (c->latent % 32 || c->moe_inter % 32)
+		return fail(st, -EINVAL, "config: MXFP4 expert dims %u, %u must be multiples of 32",
+			    c->latent, c->moe_inter);
+	if (!c->kda_head_dim || c->kda_head_dim > 1024 || c->top_k > 64)
+		return fail(st, -EINVAL, "config: KDA head dim %u (1..1024) or top-k %u (<= 64) unsupported",
+			    c->kda_head_dim, c->top_k);
+	if (!c->conv_kernel || c->conv_kernel > 16)
+		return fail(st, -EINVAL, "config: conv kernel %u unsupported", c->conv_kernel);
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		if (c->attn_kind[l] != K3_PROV_ATTN_KDA && c->attn_kind[l] != K3_PROV_ATTN_MLA)
+			return fail(st, -EINVAL, "config: layer %u attention kind %u", l, c->attn_kind[l]);
+		if (c->ffn_kind[l] != K3_PROV_FFN_DENSE && c->ffn_kind[l] != K3_PROV_FFN_MOE)
+			return fail(st, -EINVAL, "config: layer %u ffn kind %u", l, c->ffn_kind[l]);
+		if (c->ffn_kind[l] == K3_PROV_FFN_MOE && (!c->n_experts || !c->top_k || !c->latent))
+			return fail(st, -EINVAL, "config: layer %u is MoE without experts/latent", l);
+	}
+	return 0;
+}
+
+static uint32_t umax(uint32_t a, uint32_t b)
+{
+	return a > b ? a : b;
+}
+
+static int open_layer(k3_prov_model *m, uint32_t l, const struct k3_prov_layer_weights *w,
+		      struct k3_prov_status *st)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	struct cpu_layer *L = &m->layers[l];
+	uint32_t D = c->hidden, P = m->P;
+	int rc;
+
+	L->attn = c->attn_kind[l];
+	L->ffn = c->ffn_kind[l];
+#define TRY(x) do { if ((rc = (x)) != 0) return rc; } while (0)
+	TRY(get_vec(&w->input_norm, D, 0, &L->input_norm, "input_layernorm", l, st));
+	TRY(get_vec(&w->post_attn_norm, D, 0, &L->post_norm, "post_attention_layernorm", l, st));
+	if (l > 0)
+		TRY(get_mix(&w->attn_res_norm, &w->attn_res_proj, D, &L->attn_u,
+			    "self_attention_res_{norm,proj}", l, st));
+	TRY(get_mix(&w->mlp_res_norm, &w->mlp_res_proj, D, &L->mlp_u, "mlp_res_{norm,proj}", l, st));
+
+	if (L->attn == K3_PROV_ATTN_KDA) {
+		uint32_t H = c->kda_heads, dk = c->kda_head_dim, K = c->conv_kernel;
+		TRY(get_mat(&w->q_proj, P, D, &L->q, "q_proj", l, st));
+		TRY(get_mat(&w->k_proj, P, D, &L->k, "k_proj", l, st));
+		TRY(get_mat(&w->v_proj, P, D, &L->v, "v_proj", l, st));
+		TRY(get_mat(&w->f_a_proj, dk, D, &L->fa, "f_a_proj", l, st));
+		TRY(get_mat(&w->f_b_proj, P, dk, &L->fb, "f_b_proj", l, st));
+		TRY(get_mat(&w->b_proj, H, D, &L->b, "b_proj", l, st));
+		TRY(get_mat(&w->g_proj, P, D, &L->g, "g_proj", l, st));
+		TRY(get_mat(&w->o_proj, D, P, &L->o, "o_proj", l, st));
+		TRY(get_vec(&w->q_conv, P * K, 0, &L->conv[0], "q_conv1d", l, st));
+		TRY(get_vec(&w->k_conv, P * K, 0, &L->conv[1], "k_conv1d", l, st));
+		TRY(get_vec(&w->v_conv, P * K, 0, &L->conv[2], "v_conv1d", l, st));
+		/* A_log: stored padded (K3: [128] for 96 heads); first H are per head. */
+		TRY(get_vec(&w->a_log, H, 1, &L->a_exp, "A_log", l, st));
+		for (uint32_t h = 0; h < H; h++)
+			L->a_exp[h] = expf(L->a_exp[h]);
+		TRY(get_vec(&w->dt_bias, P, 0, &L->dt_bias, "dt_bias", l, st));
+		TRY(get_vec(&w->o_norm, dk, 0, &L->o_norm, "o_norm", l, st));
+	} else {
+		uint32_t H = c->mla_heads;
+		TRY(get_mat(&w->q_a_proj, c->q_lora, D, &L->qa, "q_a_proj", l, st));
+		TRY(get_vec(&w->q_a_norm, c->q_lora, 0, &L->qa_norm, "q_a_layernorm", l, st));
+		TRY(get_mat(&w->q_b_proj, H * m->qhd, c->q_lora, &L->qb, "q_b_proj", l, st));
+		TRY(get_mat(&w->kv_a_proj, c->kv_lora + c->qk_rope, D, &L->kva,
+			    "kv_a_proj_with_mqa", l, st));
+		TRY(get_vec(&w->kv_a_norm, c->kv_lora, 0, &L->kva_norm, "kv_a_layernorm", l, st));
+		TRY(get_mat(&w->kv_b_proj, H * (c->qk_nope + c->v_head), c->kv_lora, &L->kvb,
+			    "kv_b_proj", l, st));
+		TRY(get_mat(&w->g_proj, H * c->v_head, D, &L->g, "g_proj", l, st));
+		TRY(get_mat(&w->o_proj, D, H * c->v_head, &L->o, "o_proj", l, st));
+	}
+
+	uint32_t inter = L->ffn == K3_PROV_FFN_DENSE ? c->dense_inter : c->shared_inter;
+	TRY(get_mat(&w->mlp_gate, inter, D, &L->mg, "gate_proj", l, st));
+	TRY(get_mat(&w->mlp_up, inter, D, &L->mu, "up_proj", l, st));
+	TRY(get_mat(&w->mlp_down, D, inter, &L->md, "down_proj", l, st));
+	if (L->ffn == K3_PROV_FFN_MOE) {
+		TRY(get_mat(&w->router, c->n_experts, D, &L->router, "gate", l, st));
+		TRY(get_vec(&w->router_bias, c->n_experts, 0, &L->rbias, "e_score_correction_bias", l, st));
+		TRY(get_mat(&w->lat_down, c->latent, D, &L->ldown, "routed_expert_down_proj", l, st));
+		TRY(get_vec(&w->lat_norm, c->latent, 0, &L->lnorm, "routed_expert_norm", l, st));
+		TRY(get_mat(&w->lat_up, D, c->latent, &L->lup, "routed_expert_up_proj", l, st));
+	}
+#undef TRY
+	return 0;
+}
+
+static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
+		    struct k3_prov_status *st)
+{
+	if (!a || a->struct_size < sizeof(*a))
+		return fail(st, -EPROTO, "open args struct too small");
+	if (!a->config || !a->weights)
+		return fail(st, -EINVAL, "open args: config and weights are required");
+	int rc = check_config(a->config, st);
+	if (rc)
+		return rc;
+	const struct k3_prov_weights *w = a->weights;
+	if (w->struct_size < sizeof(*w) || w->n_layers != a->config->n_layers || !w->layers)
+		return fail(st, -EINVAL, "weights: %u layers for a %u-layer config",
+			    w->n_layers, a->config->n_layers);
+	if (!a->max_batch || a->max_batch > 65536)
+		return fail(st, -EINVAL, "max_batch %u not in 1..65536", a->max_batch);
+
+	k3_prov_model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return fail(st, -ENOMEM, "out of memory");
+	m->cfg = *a->config;
+	m->max_batch = a->max_batch;
+	m->reference = (a->flags & K3_PROV_OPEN_REFERENCE) != 0;
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t D = c->hidden;
+	m->P = c->kda_heads * c->kda_head_dim;
+	m->qhd = c->qk_nope + c->qk_rope;
+
+	rc = k3_cpu_ctx_init(&m->ctx, a->threads, m->reference);
+	if (rc) {
+		free(m);
+		return fail(st, rc, "cannot start %u compute threads", a->threads);
+	}
+	m->layers = calloc(c->n_layers, sizeof(*m->layers));
+	if (!m->layers) {
+		rc = fail(st, -ENOMEM, "out of memory");
+		goto err;
+	}
+	rc = get_mat(&w->embed, c->vocab, D, &m->embed, "embed_tokens", 0, st);
+	if (!rc)
+		rc = get_mat(&w->lm_head, c->vocab, D, &m->lm_head, "lm_head", 0, st);
+	if (!rc)
+		rc = get_vec(&w->norm, D, 0, &m->norm, "model.norm", 0, st);
+	if (!rc)
+		rc = get_mix(&w->out_res_norm, &w->out_res_proj, D, &m->out_u,
+			     "output_attn_res_{norm,proj}", 0, st);
+	for (uint32_t l = 0; !rc && l < c->n_layers; l++)
+		rc = open_layer(m, l, &w->layers[l], st);
+	if (rc)
+		goto err;
+
+	uint32_t wide = D;
+	wide = umax(wide, m->P);
+	wide = umax(wide, c->mla_heads * m->qhd);
+	wide = umax(wide, c->mla_heads * c->v_head);
+	wide = umax(wide, c->mla_heads * (c->qk_nope + c->v_head));
+	wide = umax(wide, c->dense_inter);
+	wide = umax(wide, c->shared_inter);
+	wide = umax(wide, c->q_lora);
+	wide = umax(wide, c->kv_lora + c->qk_rope);
+	wide = umax(wide, c->latent);
+	wide = umax(wide, c->moe_inter);
+	wide = umax(wide, c->n_experts);
+	m->wide = wide;
+	size_t B = m->max_batch;
+	m->sx = malloc(B * D * sizeof(float));
+	m->tmp = malloc((size_t)wide * sizeof(float));
+	m->tmp2 = malloc((size_t)wide * sizeof(float));
+	size_t slots = B * (c->top_k ? c->top_k : 1);
+	size_t ew = umax(umax(c->latent, c->moe_inter), 1);
+	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * sizeof(float));
+	m->ey = malloc(slots * ew * sizeof(float));
+	m->ex = malloc(slots * ew * sizeof(float));
+	m->eg = malloc(slots * ew * sizeof(float));
+	m->eu = malloc(slots * ew * sizeof(float));
+	m->eslot = malloc(slots * sizeof(uint32_t));
+	m->edone = malloc(slots);
+	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->ey && m->ex && m->eg && m->eu &&
+	      m->eslot && m->edone) ? 0 : -ENOMEM;
+	for (int i = 0; i < 7; i++) {
+		m->s[i] = malloc(B * wide * sizeof(float));
+		if (!m->s[i])
+			rc = -ENOMEM;
+	}
+	if (rc) {
+		fail(st, rc, "out of memory for scratch (%zu x %u floats)", B, wide);
+		goto err;
+	}
+	*out = m;
+	return 0;
+err:
+	cpu_close(m);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- state */
+
+static int cpu_kda_state_new(k3_prov_model *m, uint32_t layer, k3_prov_kda_state **out,
+			     struct k3_prov_status *st)
+{
+	if (layer >= m->cfg.n_layers || m->cfg.attn_kind[layer] != K3_PROV_ATTN_KDA)
+		return fail(st, -EINVAL, "layer %u is not a KDA layer", layer);
+	k3_prov_kda_state *s = calloc(1, sizeof(*s));
+	if (!s)
+		return fail(st, -ENOMEM, "out of memory");
+	s->m = m;
+	s->layer = layer;
+	s->n_win = (size_t)3 * (m->cfg.conv_kernel - 1) * m->P;
+	s->n_S = (size_t)m->cfg.kda_heads * m->cfg.kda_head_dim * m->cfg.kda_head_dim;
+	s->win = calloc(s->n_win + 1, sizeof(float));
+	s->S = calloc(s->n_S, sizeof(float));
+	if (!s->win || !s->S) {
+		free(s->win);
+		free(s->S);
+		free(s);
+		return fail(st, -ENOMEM, "out of memory for KDA state");
+	}
+	*out = s;
+	return 0;
+}
+
+static void cpu_kda_state_free(k3_prov_kda_state *s)
+{
+	if (!s)
+		return;
+	free(s->win);
+	free(s->S);
+	free(s);
+}
+
+static void cpu_kda_state_reset(k3_prov_kda_state *s)
+{
+	memset(s->win, 0, s->n_win * sizeof(float));
+	memset(s->S, 0, s->n_S * sizeof(float));
+}
+
+static int cpu_kda_state_copy(k3_prov_kda_state *dst, const k3_prov_kda_state *src,
+			      struct k3_prov_status *st)
+{
+	if (dst->m != src->m || dst->layer != src->layer)
+		return fail(st, -EINVAL, "KDA state copy across layers %u -> %u", src->layer, dst->layer);
+	memcpy(dst->win, src->win, src->n_win * sizeof(float));
+	memcpy(dst->S, src->S, src->n_S * sizeof(float));
+	return 0;
+}
+
+static int mla_reserve(k3_prov_mla_cache *c, uint32_t need, struct k3_prov_status *st)
+{
+	if (need <= c->cap)
+		return 0;
+	uint64_t cap = c->cap ? c->cap : 16;
+	while (cap < need)
+		cap *= 2;
+	if (cap > (1u << 24))
+		return fail(st, -E2BIG, "MLA cache of %u tokens exceeds the limit of %u", need, 1u << 24);
+	float *rows = realloc(c->rows, cap * c->row * sizeof(float));
+	if (!rows)
+		return fail(st, -ENOMEM, "out of memory for an MLA cache of %u tokens", need);
+	c->rows = rows;
+	float *score = realloc(c->score, cap * sizeof(float));
+	if (!score)
+		return fail(st, -ENOMEM, "out of memory for an MLA cache of %u tokens", need);
+	c->score = score;
+	c->cap = (uint32_t)cap;
+	return 0;
+}
+
+static void cpu_mla_cache_free(k3_prov_mla_cache *c)
+{
+	if (!c)
+		return;
+	free(c->rows);
+	free(c->score);
+	free(c);
+}
+
+static int cpu_mla_cache_new(k3_prov_model *m, uint32_t layer, uint32_t capacity,
+			     k3_prov_mla_cache **out, struct k3_prov_status *st)
+{
+	if (layer >= m->cfg.n_layers || m->cfg.attn_kind[layer] != K3_PROV_ATTN_MLA)
+		return fail(st, -EINVAL, "layer %u is not an MLA layer", layer);
+	k3_prov_mla_cache *c = calloc(1, sizeof(*c));
+	if (!c)
+		return fail(st, -ENOMEM, "out of memory");
+	c->m = m;
+	c->layer = layer;
+	c->row = m->cfg.kv_lora + m->cfg.qk_rope;
+	int rc = mla_reserve(c, capacity ? capacity : 16, st);
+	if (rc) {
+		cpu_mla_cache_free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+static uint32_t cpu_mla_cache_len(const k3_prov_mla_cache *c)
+{
+	return c->len;
+}
+
+static void cpu_mla_cache_truncate(k3_prov_mla_cache *c, uint32_t n)
+{
+	if (n < c->len)
+		c->len = n;
+}
+
+static int cpu_mla_cache_copy(k3_prov_mla_cache *dst, const k3_prov_mla_cache *src,
+			      struct k3_prov_status *st)
+{
+	if (dst->m != src->m || dst->layer != src->layer)
+		return fail(st, -EINVAL, "MLA cache copy across layers %u -> %u", src->layer, dst->layer);
+	int rc = mla_reserve(dst, src->len, st);
+	if (rc)
+		return rc;
+	memcpy(dst->rows, src->rows, (size_t)src->len * src->row * sizeof(float));
+	dst->len = src->len;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- ops */
+
+static int check_T(k3_prov_model *m, uint32_t T, struct k3_prov_status *st)
+{
+	if (T == 0 || T > m->max_batch)
+		return fail(st, -EINVAL, "batch of %u positions not in 1..%u", T, m->max_batch);
+	return 0;
+}
+
+static int check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
+		       struct k3_prov_status *st)
+{
+	if (layer >= m->cfg.n_layers)
+		return fail(st, -EINVAL, "layer %u out of range (%u layers)", layer, m->cfg.n_layers);
+	if (attn && m->layers[layer].attn != attn)
+		return fail(st, -EINVAL, "layer %u has attention kind %u, not %u",
+			    layer, m->layers[layer].attn, attn);
+	if (ffn && m->layers[layer].ffn != ffn)
+		return fail(st, -EINVAL, "layer %u has ffn kind %u, not %u",
+			    layer, m->layers[layer].ffn, ffn);
+	return 0;
+}
+
+static void linear(k3_prov_model *m, const struct k3_cpu_mat *W, const float *x,
+		   uint32_t T, float *y)
+{
+	k3_cpu_linear(&m->ctx, W, x, W->cols, T, y, W->rows);
+}
+
+static void store(float *out, const float *y, size_t n, uint32_t flags)
+{
+	if (flags & K3_PROV_OUT_ACCUMULATE)
+		for (size_t i = 0; i < n; i++)
+			out[i] += y[i];
+	else
+		memcpy(out, y, n * sizeof(float));
+}
+
+static int cpu_embed(k3_prov_model *m, const int32_t *ids, uint32_t T, float *out,
+		     struct k3_prov_status *st)
+{
+	uint32_t D = m->cfg.hidden;
+	for (uint32_t t = 0; t < T; t++) {
+		if (ids[t] < 0 || (uint32_t)ids[t] >= m->cfg.vocab)
+			return fail(st, -EINVAL, "token id %d not in 0..%u", ids[t], m->cfg.vocab - 1);
+		size_t off = (size_t)ids[t] * D;
+		for (uint32_t d = 0; d < D; d++)
+			out[(size_t)t * D + d] = m->embed.dtype == K3_PROV_DTYPE_BF16
+				? k3_cpu_bf16(((const uint16_t *)m->embed.data)[off + d])
+				: ((const float *)m->embed.data)[off + d];
+	}
+	return 0;
+}
+
+static int cpu_attnres_mix(k3_prov_model *m, uint32_t site, uint32_t layer,
+			   const float *const *cands, uint32_t n, uint32_t T,
+			   float *out, struct k3_prov_status *st)
+{
+	const float *u;
+	uint32_t D = m->cfg.hidden;
+
+	if (n == 0 || n > K3_KERN_ATTNRES_MAX_CAND)
+		return fail(st, -EINVAL, "AttnRes mix of %u candidates not in 1..%d",
+			    n, K3_KERN_ATTNRES_MAX_CAND);
+	if (site == K3_PROV_MIX_OUTPUT) {
+		u = m->out_u;
+	} else {
+		int rc = check_layer(m, layer, 0, 0, st);
+		if (rc)
+			return rc;
+		u = site == K3_PROV_MIX_ATTN ? m->layers[layer].attn_u
+		  : site == K3_PROV_MIX_MLP ? m->layers[layer].mlp_u : NULL;
+		if (!u)
+			return fail(st, -EINVAL, "layer %u has no AttnRes site %u", layer, site);
+	}
+	const float *row[K3_KERN_ATTNRES_MAX_CAND];
+	for (uint32_t t = 0; t < T; t++) {
+		for (uint32_t j = 0; j < n; j++)
+			row[j] = cands[j] + (size_t)t * D;
+		if (m->reference)
+			k3_cpu_ref_attnres(row, n, D, u, m->cfg.rms_eps, out + (size_t)t * D);
+		else
+			k3_kern_attnres(D, n, row, u, m->cfg.rms_eps, out + (size_t)t * D);
+	}
+	return 0;
+}
+
+static void rmsnorm(const k3_prov_model *m, const float *x, const float *w, uint32_t n,
+		    float eps, float *y)
+{
+	if (m->reference)
+		k3_cpu_ref_rmsnorm(x, w, n, eps, y);
+	else
+		k3_kern_rmsnorm(n, x, w, eps, y);
+}
+
+static void norm_rows(const k3_prov_model *m, const float *h, const float *w, uint32_t T,
+		      uint32_t n, float eps, float *x, size_t ld_in, size_t ld_out)
+{
+	for (uint32_t t = 0; t < T; t++)
+		rmsnorm(m, h + t * ld_in, w, n, eps, x + t * ld_out);
+}
+
+static void situ_rows(const k3_prov_model *m, float *g, const float *u, uint32_t n)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	if (m->reference)
+		for (uint32_t i = 0; i < n; i++)
+			g[i] = k3_cpu_situ(g[i], u[i], c->situ_beta1, c->situ_beta2);
+	else
+		k3_kern_situ_glu(n, g, u, c->situ_beta1, c->situ_beta2, g);
+}
+
+/* One KDA position of head hh (spec §5.3-5.6): q, k, v post-conv, f decay
+ * logits, b beta logit, gz gate logits; writes z[dk]. */
+static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S,
+		     uint32_t hh, const float *q, const float *k, const float *v,
+		     const float *f, float b, const float *gz, float *z, float *work)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t dk = c->kda_head_dim;
+	size_t c0 = (size_t)hh * dk;
+	float *alpha = work, *o = work + dk, *qn = work + 2 * dk, *kn = work + 3 * dk;
+	float *scratch = work + 4 * dk;
+	float beta = k3_cpu_sigmoid(b);
+
+	if (m->reference) {
+		for (uint32_t i = 0; i < dk; i++)
+			alpha[i] = expf(c->gate_lower_bound *
+				k3_cpu_sigmoid(L->a_exp[hh] * (f[i] + L->dt_bias[c0 + i])));
+		k3_cpu_ref_kda_head(S, dk, dk, q, k, v, alpha, beta, o);
+		double ss = 0.0;
+		for (uint32_t j = 0; j < dk; j++)
+			ss += (double)o[j] * o[j];
+		float r = (float)(1.0 / sqrt(ss / dk + c->rms_eps));
+		for (uint32_t j = 0; j < dk; j++)
+			z[j] = o[j] * r * L->o_norm[j] * k3_cpu_sigmoid(gz[j]);
+		return;
+	}
+	k3_kern_kda_decay(dk, f, L->dt_bias + c0, L->a_exp[hh], c->gate_lower_bound, alpha);
+	k3_kern_l2norm(dk, q, 1e-6f, 1.0f / sqrtf((float)dk), qn);
+	k3_kern_l2norm(dk, k, 1e-6f, 1.0f, kn);
+	k3_kern_kda_step(dk, dk, S, qn, kn, v, alpha, beta, o, scratch);
+	k3_kern_rmsnorm_gated(dk, o, L->o_norm, gz, c->rms_eps, z);
+}
+
+static void conv_step(const k3_prov_model *m, float *win, const float *w, const float *x,
+		      float *y)
+{
+	uint32_t K = m->cfg.conv_kernel;
+	if (m->reference || K != 4)
+		k3_cpu_ref_conv_step(win, w, m->P, K, x, y);
+	else
+		k3_kern_kda_conv_silu(m->P, w, win, x, y);
+}
+
+static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+		   k3_prov_kda_state *s, float *out, uint32_t flags,
+		   struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (!rc)
+		rc = check_layer(m, layer, K3_PROV_ATTN_KDA, 0, st);
+	if (rc)
+		return rc;
+	if (s->m != m || s->layer != layer)
+		return fail(st, -EINVAL, "KDA state of layer %u used for layer %u", s->layer, layer);
+
+	const struct k3_prov_config *c = &m->cfg;
+	const struct cpu_layer *L = &m->layers[layer];
+	uint32_t D = c->hidden, P = m->P, H = c->kda_heads, dk = c->kda_head_dim;
+	uint32_t K = c->conv_kernel;
+	size_t W = m->wide;
+	float *x = m->sx, *qp = m->s[0], *kp = m->s[1], *vp = m->s[2];
+	float *f = m->s[3], *gz = m->s[4], *z = m->s[5], *fa = m->s[6];
+
+	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
+	k3_cpu_linear(&m->ctx, &L->q, x, D, T, qp, W);
+	k3_cpu_linear(&m->ctx, &L->k, x, D, T, kp, W);
+	k3_cpu_linear(&m->ctx, &L->v, x, D, T, vp, W);
+	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
+	k3_cpu_linear(&m->ctx, &L->fa, x, D, T, fa, W);
+	k3_cpu_linear(&m->ctx, &L->fb, fa, W, T, f, W);
+	/* fa is consumed: its rows now take the beta logits */
+	float *bl = fa;
+	k3_cpu_linear(&m->ctx, &L->b, x, D, T, bl, W);
+
+	size_t wstride = (size_t)(K - 1) * P;
+	float *q1 = m->tmp, *k1 = m->tmp2;
+	for (uint32_t t = 0; t < T; t++) {
+		float *qt = qp + t * W, *kt = kp + t * W, *vt = vp + t * W;
+		/* q -> tmp, k -> tmp2, v -> the consumed raw-q row */
+		conv_step(m, s->win, L->conv[0], qt, q1);
+		conv_step(m, s->win + wstride, L->conv[1], kt, k1);
+		conv_step(m, s->win + 2 * wstride, L->conv[2], vt, qt);
+		for (uint32_t hh = 0; hh < H; hh++) {
+			size_t c0 = (size_t)hh * dk;
+			kda_head(m, L, s->S + c0 * dk, hh, q1 + c0, k1 + c0, qt + c0,
+				 f + t * W + c0, bl[t * W + hh], gz + t * W + c0,
+				 z + t * W + c0, m->work);
+		}
+	}
+	float *y = m->s[0];
+	k3_cpu_linear(&m->ctx, &L->o, z, W, T, y, W);
+	for (uint32_t t = 0; t < T; t++)
+		store(out + (size_t)t * D, y + t * W, D, flags);
+	return 0;
+}
+
+/* cbar = sum_s softmax_s(scale * (qa . c(s) + qr . kr(s))) c(s) over the n
+ * cached rows (spec §6.5); q = [qa | qr]. */
+static void mla_attend(const k3_prov_model *m, const k3_prov_mla_cache *cache, uint32_t n,
+		       const float *q, float scale, float *cbar)
+{
+	uint32_t kvl = m->cfg.kv_lora, row = cache->row;
+	if (!m->reference) {
+		k3_kern_mla_attend(n, row, kvl, cache->rows, row, q, scale, cbar, cache->score);
+		return;
+	}
+	float mx = -INFINITY;
+	for (uint32_t sidx = 0; sidx < n; sidx++) {
+		const float *cr = cache->rows + (size_t)sidx * row;
+		double a = 0.0;
+		for (uint32_t cc = 0; cc < row; cc++)
+			a += (double)q[cc] * cr[cc];
+		float sc = (float)(a * scale);
+		cache->score[sidx] = sc;
+		if (sc > mx)
+			mx = sc;
+	}
+	double sum = 0.0;
+	for (uint32_t sidx = 0; sidx < n; sidx++) {
+		cache->score[sidx] = expf(cache->score[sidx] - mx);
+		sum += cache->score[sidx];
+	}
+	for (uint32_t sidx = 0; sidx < n; sidx++)
+		cache->score[sidx] = (float)(cache->score[sidx] / sum);
+	for (uint32_t cc = 0; cc < kvl; cc++) {
+		double acc = 0.0;
+		for (uint32_t sidx = 0; sidx < n; sidx++)
+			acc += (double)cache->score[sidx] * cache->rows[(size_t)sidx * row + cc];
+		cbar[cc] = (float)acc;
+	}
+}
+
+static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+		   k3_prov_mla_cache *cache, float *out, uint32_t flags,
+		   struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (!rc)
+		rc = check_layer(m, layer, K3_PROV_ATTN_MLA, 0, st);
+	if (rc)
+		return rc;
+	if (cache->m != m || cache->layer != layer)
+		return fail(st, -EINVAL, "MLA cache of layer %u used for layer %u", cache->layer, layer);
+	rc = mla_reserve(cache, cache->len + T, st);
+	if (rc)
+		return rc;
+
+	const struct k3_prov_config *c = &m->cfg;
+	const struct cpu_layer *L = &m->layers[layer];
+	uint32_t D = c->hidden, H = c->mla_heads, kvl = c->kv_lora, rope = c->qk_rope;
+	uint32_t nope = c->qk_nope, vh = c->v_head, qhd = m->qhd, row = cache->row;
+	size_t W = m->wide;
+	float *x = m->sx, *cq = m->s[0], *Q = m->s[1], *ckv = m->s[2];
+	float *gz = m->s[3], *att = m->s[4];
+	float scale = 1.0f / sqrtf((float)qhd);
+	size_t esz = L->kvb.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
+
+	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
+	k3_cpu_linear(&m->ctx, &L->qa, x, D, T, cq, W);
+	norm_rows(m, cq, L->qa_norm, T, c->q_lora, c->mla_norm_eps, cq, W, W);
+	k3_cpu_linear(&m->ctx, &L->qb, cq, W, T, Q, W);
+	k3_cpu_linear(&m->ctx, &L->kva, x, D, T, ckv, W);
+	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
+
+	uint32_t len0 = cache->len;
+	for (uint32_t t = 0; t < T; t++) {
+		float *dst = cache->rows + (size_t)(len0 + t) * row;
+		rmsnorm(m, ckv + t * W, L->kva_norm, kvl, c->mla_norm_eps, dst);
+		memcpy(dst + kvl, ckv + t * W + kvl, rope * sizeof(float));
+	}
+	cache->len = len0 + T;
+
+	float *qcat = m->tmp, *cbar = m->tmp2;
+	for (uint32_t t = 0; t < T; t++) {
+		uint32_t n = len0 + t + 1;      /* causal: positions 0..len0+t */
+		for (uint32_t hh = 0; hh < H; hh++) {
+			const float *qn = Q + t * W + (size_t)hh * qhd, *qr = qn + nope;
+			const char *wuk = (const char *)L->kvb.data +
+				(size_t)hh * (nope + vh) * kvl * esz;
+			/* qa = WUK_h^T qn (spec §6.5), summed over d ascending */
+			if (m->reference) {
+				for (uint32_t cc = 0; cc < kvl; cc++) {
+					double acc = 0.0;
+					for (uint32_t d = 0; d < nope; d++) {
+						const char *wr = wuk + ((size_t)d * kvl + cc) * esz;
+						float wv = esz == 2 ? k3_cpu_bf16(*(const uint16_t *)wr)
+								    : *(const float *)wr;
+						acc += (double)qn[d] * wv;
+					}
+					qcat[cc] = (float)acc;
+				}
+			} else {
+				struct k3_kern_mat wm = {
+					.dtype = L->kvb.dtype == K3_PROV_DTYPE_BF16
+						? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+					.rows = nope, .cols = kvl, .ld = kvl, .data = wuk,
+				};
+				k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
+			}
+			memcpy(qcat + kvl, qr, rope * sizeof(float));
+			mla_attend(m, cache, n, qcat, scale, cbar);
+			/* o_h = WUV_h cbar, times the output gate (spec §6.3) */
+			struct k3_cpu_mat wuv = {
+				.data = wuk + (size_t)nope * kvl * esz, .dtype = L->kvb.dtype,
+				.rows = vh, .cols = kvl,
+			};
+			float *ot = att + t * W + (size_t)hh * vh;
+			struct k3_cpu_ctx serial = { .reference = m->reference, .threads = 1 };
+			k3_cpu_linear(&serial, &wuv, cbar, kvl, 1, ot, vh);
+			const float *gt = gz + t * W + (size_t)hh * vh;
+			for (uint32_t j = 0; j < vh; j++)
+				ot[j] *= k3_cpu_sigmoid(gt[j]);
+		}
+	}
+	float *y = m->s[0];
+	k3_cpu_linear(&m->ctx, &L->o, att, W, T, y, W);
+	for (uint32_t t = 0; t < T; t++)
+		store(out + (size_t)t * D, y + t * W, D, flags);
+	return 0;
+}
+
+static int cpu_ffn_norm(k3_prov_model *m, uint32_t layer, const float *h2, uint32_t T,
+			float *x, struct k3_prov_status *st)
+{
+	int rc = check_layer(m, layer, 0, 0, st);
+	if (rc)
+		return rc;
+	uint32_t D = m->cfg.hidden;
+	norm_rows(m, h2, m->layers[layer].post_norm, T, D, m->cfg.rms_eps, x, D, D);
+	return 0;
+}
+
+static int cpu_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+		      uint32_t *ids, float *weights, struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (!rc)
+		rc = check_layer(m, layer, 0, K3_PROV_FFN_MOE, st);
+	if (rc)
+		return rc;
+	const struct cpu_layer *L = &m->layers[layer];
+	const struct k3_prov_config *c = &m->cfg;
+	size_t W = m->wide;
+	uint32_t K = c->top_k;
+	float *lg = m->s[0];
+	k3_cpu_linear(&m->ctx, &L->router, x, c->hidden, T, lg, W);
+	for (uint32_t t = 0; t < T; t++) {
+		float *s = lg + t * W;
+		uint32_t *it = ids + (size_t)t * K;
+		float *wt = weights + (size_t)t * K;
+		if (m->reference) {
+			for (uint32_t e = 0; e < c->n_experts; e++)
+				s[e] = k3_cpu_sigmoid(s[e]);
+			k3_cpu_ref_topk(s, L->rbias, c->n_experts, K, (int)c->moe_renormalize,
+					c->routed_scale, it, wt);
+		} else {
+			int32_t idx[64];
+			rc = k3_kern_router_topk(c->n_experts, s, L->rbias, K,
+						 c->moe_renormalize != 0, c->routed_scale,
+						 idx, wt, NULL);
+			if (rc)
+				return fail(st, rc, "layer %u: router top-%u failed", layer, K);
+			for (uint32_t j = 0; j < K; j++)
+				it[j] = (uint32_t)idx[j];
+		}
+	}
+	return 0;
+}
+
+static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+			      const uint32_t *ids, const float *weights,
+			      const struct k3_prov_expert *experts, float *out,
+			      struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (!rc)
+		rc = check_layer(m, layer, 0, K3_PROV_FFN_MOE, st);
+	if (rc)
+		return rc;
+	const struct cpu_layer *L = &m->layers[layer];
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t D = c->hidden, lat = c->latent, I = c->moe_inter, K = c->top_k;
+	size_t W = m->wide, TK = (size_t)T * K;
+	for (size_t i = 0; i < TK; i++) {
+		const struct k3_prov_expert *e = &experts[i];
+		if (ids[i] >= c->n_experts || !e->w1_packed || !e->w1_scale || !e->w2_packed ||
+		    !e->w2_scale || !e->w3_packed || !e->w3_scale)
+			return fail(st, -EINVAL, "layer %u: expert slot %zu (id %u) has no span",
+				    layer, i, ids[i]);
+	}
+	float *z = m->s[0], *ysum = m->s[1];
+	k3_cpu_linear(&m->ctx, &L->ldown, x, D, T, z, W);
+
+	/* Group the T*K slots by expert so each expert's weights stream once
+	 * per call: gather the inputs of its slots, run W1/W3/W2 over them as
+	 * one batch, scatter the outputs to Y[slot]. The matmuls are batch
+	 * invariant, so a slot's output does not depend on its companions. */
+	float *Y = m->ey, *gx = m->ex, *g = m->eg, *u = m->eu;
+	uint32_t *slot = m->eslot;
+	uint8_t *done = m->edone;
+	memset(done, 0, TK);
+	for (size_t i = 0; i < TK; i++) {
+		if (done[i])
+			continue;
+		uint32_t e = ids[i], n = 0;
+		for (size_t j = i; j < TK; j++) {
+			if (done[j] || ids[j] != e)
+				continue;
+			done[j] = 1;
+			slot[n] = (uint32_t)j;
+			memcpy(gx + (size_t)n * lat, z + (j / K) * W, lat * sizeof(float));
+			n++;
+		}
+		const struct k3_prov_expert *sp = &experts[i];
+		k3_cpu_mxfp4_linear(&m->ctx, sp->w1_packed, sp->w1_scale, I, lat, gx, lat, n, g, I);
+		k3_cpu_mxfp4_linear(&m->ctx, sp->w3_packed, sp->w3_scale, I, lat, gx, lat, n, u, I);
+		for (uint32_t r = 0; r < n; r++)
+			situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
+		/* W2 output lands in gx (inputs are consumed), then scatters */
+		k3_cpu_mxfp4_linear(&m->ctx, sp->w2_packed, sp->w2_scale, lat, I, g, I, n, gx, lat);
+		for (uint32_t r = 0; r < n; r++)
+			memcpy(Y + (size_t)slot[r] * lat, gx + (size_t)r * lat, lat * sizeof(float));
+	}
+	for (uint32_t t = 0; t < T; t++) {
+		float *ys = ysum + t * W;
+		for (uint32_t k = 0; k < K; k++) {
+			const float *y = Y + ((size_t)t * K + k) * lat;
+			float wk = weights[(size_t)t * K + k];
+			if (k == 0)
+				for (uint32_t i = 0; i < lat; i++)
+					ys[i] = wk * y[i];
+			else
+				for (uint32_t i = 0; i < lat; i++)
+					ys[i] += wk * y[i];
+		}
+		rmsnorm(m, ys, L->lnorm, lat, c->rms_eps, ys);
+	}
+	float *r = m->s[2];
+	k3_cpu_linear(&m->ctx, &L->lup, ysum, W, T, r, W);
+	for (uint32_t t = 0; t < T; t++)
+		store(out + (size_t)t * D, r + t * W, D, K3_PROV_OUT_ACCUMULATE);
+	return 0;
+}
+
+static int cpu_mlp(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+		   float *out, struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (!rc)
+		rc = check_layer(m, layer, 0, 0, st);
+	if (rc)
+		return rc;
+	const struct cpu_layer *L = &m->layers[layer];
+	uint32_t D = m->cfg.hidden, I = L->mg.rows;
+	size_t W = m->wide;
+	float *g = m->s[0], *u = m->s[1], *y = m->s[2];
+	k3_cpu_linear(&m->ctx, &L->mg, x, D, T, g, W);
+	k3_cpu_linear(&m->ctx, &L->mu, x, D, T, u, W);
+	for (uint32_t t = 0; t < T; t++)
+		situ_rows(m, g + t * W, u + t * W, I);
+	k3_cpu_linear(&m->ctx, &L->md, g, W, T, y, W);
+	for (uint32_t t = 0; t < T; t++)
+		memcpy(out + (size_t)t * D, y + t * W, D * sizeof(float));
+	return 0;
+}
+
+static int cpu_add(k3_prov_model *m, float *dst, const float *src, size_t n,
+		   struct k3_prov_status *st)
+{
+	(void)m;
+	(void)st;
+	for (size_t i = 0; i < n; i++)
+		dst[i] += src[i];
+	return 0;
+}
+
+static int cpu_logits(k3_prov_model *m, const float *z, uint32_t T, float *out,
+		      struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (rc)
+		return rc;
+	uint32_t D = m->cfg.hidden;
+	norm_rows(m, z, m->norm, T, D, m->cfg.rms_eps, m->sx, D, D);
+	linear(m, &m->lm_head, m->sx, T, out);
+	return 0;
+}
+
+static int cpu_set_threads(k3_prov_model *m, uint32_t threads, struct k3_prov_status *st)
+{
+	if (threads < 1 || threads > 256)
+		return fail(st, -EINVAL, "threads %u not in 1..256", threads);
+	int rc = k3_cpu_ctx_set_threads(&m->ctx, threads);
+	if (rc)
+		return fail(st, rc, "cannot start %u compute threads", threads);
+	return 0;
+}
+
+const struct k3_provider k3_provider_cpu = {
+	.abi_version = K3_PROVIDER_ABI_VERSION,
+	.struct_size = sizeof(struct k3_provider),
+	.name = "cpu",
+	.open = cpu_open,
+	.close = cpu_close,
+	.kda_state_new = cpu_kda_state_new,
+	.kda_state_free = cpu_kda_state_free,
+	.kda_state_reset = cpu_kda_state_reset,
+	.kda_state_copy = cpu_kda_state_copy,
+	.mla_cache_new = cpu_mla_cache_new,
+	.mla_cache_free = cpu_mla_cache_free,
+	.mla_cache_len = cpu_mla_cache_len,
+	.mla_cache_truncate = cpu_mla_cache_truncate,
+	.mla_cache_copy = cpu_mla_cache_copy,
+	.embed = cpu_embed,
+	.attnres_mix = cpu_attnres_mix,
+	.kda = cpu_kda,
+	.mla = cpu_mla,
+	.ffn_norm = cpu_ffn_norm,
+	.router = cpu_router,
+	.routed_experts = cpu_routed_experts,
+	.mlp = cpu_mlp,
+	.add = cpu_add,
+	.logits = cpu_logits,
+	.set_threads = cpu_set_threads,
+};

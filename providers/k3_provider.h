@@ -1,0 +1,239 @@
+/*
+ * k3_provider.h - the provider ABI: how the engine (daemon/engine) drives
+ * the arithmetic of one Kimi K3 forward pass without doing any itself.
+ *
+ * The engine owns the schedule (which layer, which experts, which
+ * snapshots feed which mix); a provider owns the weights' in-memory form and
+ * every floating-point operation, as coarse sub-layer operations
+ * (architecture.md, "Providers"). Math references are to
+ * design/k3-model.md ("spec §n").
+ *
+ * ABI rules (version 1):
+ *  - Every struct crossing the ABI starts with its size (struct_size) or is
+ *    versioned by K3_PROVIDER_ABI_VERSION; a provider refuses an older or
+ *    newer version and a struct shorter than the one it was built with.
+ *  - Handles are opaque; each `*_new` has a matching `*_free` that accepts
+ *    NULL. Nothing throws or longjmps across the ABI: every fallible call
+ *    returns 0 or a negative errno and, on failure, fills
+ *    `struct k3_prov_status` (may be NULL) with a message for a person.
+ *  - Activations cross as host fp32 arrays, row-major [T][width] for T
+ *    positions. A device provider keeps its own mirrors.
+ *  - Batch invariance (architecture.md): the result for position t of every
+ *    operation is bit-identical whatever T is, whichever other positions
+ *    share the call, and whatever the thread count. Providers fix each
+ *    output element's reduction order.
+ *  - Weights are borrowed: tensors handed to open() must outlive the model
+ *    handle (they are normally mmapped checkpoint bytes). Expert spans
+ *    handed to routed_experts() need only live for that call.
+ */
+#ifndef K3_PROVIDER_H
+#define K3_PROVIDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define K3_PROVIDER_ABI_VERSION 1u
+
+enum { K3_PROV_MSG_MAX = 256 };
+
+struct k3_prov_status {
+	int32_t code;                /* negative errno; 0 when unset */
+	char msg[K3_PROV_MSG_MAX];   /* NUL-terminated */
+};
+
+enum k3_prov_dtype {
+	K3_PROV_DTYPE_NONE = 0,      /* tensor absent */
+	K3_PROV_DTYPE_F32 = 1,
+	K3_PROV_DTYPE_BF16 = 2,
+	K3_PROV_DTYPE_U8 = 3,
+};
+
+/* A borrowed, dense, row-major tensor. Unused trailing dims are 1. */
+struct k3_prov_tensor {
+	const void *data;
+	uint32_t dtype;              /* enum k3_prov_dtype */
+	uint32_t ndim;               /* 1..3 */
+	uint64_t shape[3];
+};
+
+enum k3_prov_attn_kind { K3_PROV_ATTN_KDA = 1, K3_PROV_ATTN_MLA = 2 };
+enum k3_prov_ffn_kind { K3_PROV_FFN_DENSE = 1, K3_PROV_FFN_MOE = 2 };
+
+enum { K3_PROV_MAX_LAYERS = 512 };
+
+/* Model hyper-parameters, already validated by the model loader
+ * (spec §1). Only the K3 branches are supported: AttnRes on, latent MoE,
+ * lower-bounded full-rank-gated KDA, q_lora MLA with NoPE and output gate,
+ * sigmoid router. */
+struct k3_prov_config {
+	uint32_t struct_size;        /* sizeof(struct k3_prov_config) */
+	uint32_t hidden;             /* D */
+	uint32_t n_layers;           /* L <= K3_PROV_MAX_LAYERS */
+	uint32_t vocab;              /* V */
+	uint32_t dense_inter;        /* dense MLP width (intermediate_size) */
+	uint32_t shared_inter;       /* moe_intermediate_size * num_shared_experts */
+	uint32_t moe_inter;          /* expert width */
+	uint32_t latent;             /* routed_expert_hidden_size */
+	uint32_t n_experts;
+	uint32_t top_k;
+	uint32_t attn_res_block;     /* S */
+	uint32_t kda_heads, kda_head_dim, conv_kernel;
+	uint32_t mla_heads, q_lora, kv_lora, qk_nope, qk_rope, v_head;
+	uint32_t moe_renormalize;    /* 0/1 */
+	float rms_eps;               /* rms_norm_eps */
+	float mla_norm_eps;          /* q_a/kv_a layernorm eps (1e-6, spec §3.1) */
+	float situ_beta1;            /* activation_situ_beta (1 when null) */
+	float situ_beta2;            /* activation_situ_linear_beta; 0 = no cap */
+	float gate_lower_bound;      /* -5 for K3 */
+	float routed_scale;          /* routed_scaling_factor */
+	uint8_t attn_kind[K3_PROV_MAX_LAYERS];  /* enum k3_prov_attn_kind */
+	uint8_t ffn_kind[K3_PROV_MAX_LAYERS];   /* enum k3_prov_ffn_kind */
+};
+
+/* Tensors of one layer (spec §2.2-2.6); fields of the other kinds stay
+ * K3_PROV_DTYPE_NONE. Routed experts are not here: they arrive per call. */
+struct k3_prov_layer_weights {
+	struct k3_prov_tensor input_norm, post_attn_norm;
+	struct k3_prov_tensor attn_res_norm, attn_res_proj;
+	struct k3_prov_tensor mlp_res_norm, mlp_res_proj;
+	/* KDA */
+	struct k3_prov_tensor q_proj, k_proj, v_proj;
+	struct k3_prov_tensor q_conv, k_conv, v_conv;
+	struct k3_prov_tensor f_a_proj, f_b_proj, a_log, dt_bias, b_proj;
+	struct k3_prov_tensor g_proj, o_norm, o_proj;   /* g_proj/o_proj: MLA too */
+	/* MLA */
+	struct k3_prov_tensor q_a_proj, q_a_norm, q_b_proj;
+	struct k3_prov_tensor kv_a_proj, kv_a_norm, kv_b_proj;
+	/* dense MLP (layer 0) or shared experts (MoE layers) */
+	struct k3_prov_tensor mlp_gate, mlp_up, mlp_down;
+	/* MoE */
+	struct k3_prov_tensor router, router_bias;
+	struct k3_prov_tensor lat_down, lat_norm, lat_up;
+};
+
+struct k3_prov_weights {
+	uint32_t struct_size;        /* sizeof(struct k3_prov_weights) */
+	uint32_t n_layers;
+	struct k3_prov_tensor embed, lm_head, norm, out_res_norm, out_res_proj;
+	const struct k3_prov_layer_weights *layers;   /* [n_layers] */
+};
+
+/* One routed expert's MXFP4 arrays (spec §9): w1 gate and w3 up
+ * [moe_inter][latent/2] packed + [moe_inter][latent/32] E8M0 scales, w2 down
+ * [latent][moe_inter/2] + [latent][moe_inter/32]. */
+struct k3_prov_expert {
+	const uint8_t *w1_packed, *w1_scale;
+	const uint8_t *w3_packed, *w3_scale;
+	const uint8_t *w2_packed, *w2_scale;
+};
+
+struct k3_prov_open_args {
+	uint32_t struct_size;        /* sizeof(struct k3_prov_open_args) */
+	uint32_t threads;            /* compute threads; 0 = online cores */
+	uint32_t max_batch;          /* largest T any op will see (scratch size) */
+	uint32_t flags;              /* K3_PROV_OPEN_* */
+	const struct k3_prov_config *config;
+	const struct k3_prov_weights *weights;
+};
+
+/* Use the scalar reference kernels for every op (slow; the oracle). */
+#define K3_PROV_OPEN_REFERENCE 0x1u
+
+/* AttnRes mix sites (spec §4.2): which layer's norm/proj pair scores. */
+enum k3_prov_mix_site {
+	K3_PROV_MIX_ATTN = 1,        /* self_attention_res_{norm,proj} of layer */
+	K3_PROV_MIX_MLP = 2,         /* mlp_res_{norm,proj} of layer */
+	K3_PROV_MIX_OUTPUT = 3,      /* output_attn_res_{norm,proj}; layer ignored */
+};
+
+/* Sub-layer output mode: overwrite `out` or add into it (P := P + a). */
+#define K3_PROV_OUT_ACCUMULATE 0x1u
+
+typedef struct k3_prov_model k3_prov_model;
+typedef struct k3_prov_kda_state k3_prov_kda_state;
+typedef struct k3_prov_mla_cache k3_prov_mla_cache;
+
+struct k3_provider {
+	uint32_t abi_version;        /* K3_PROVIDER_ABI_VERSION */
+	uint32_t struct_size;        /* sizeof(struct k3_provider) */
+	const char *name;
+
+	/* Validates every shape and dtype against config and builds the
+	 * provider's view. Returns 0, -EINVAL (shape/dtype/unsupported
+	 * config, message names the tensor), -ENOMEM, -EPROTO (ABI). */
+	int (*open)(const struct k3_prov_open_args *args, k3_prov_model **out,
+		    struct k3_prov_status *st);
+	void (*close)(k3_prov_model *m);
+
+	/* KDA per-layer sequence state (spec §5.8): conv windows and the
+	 * recurrent matrices, zero after new/reset. copy: dst := src, both of
+	 * the same layer. */
+	int (*kda_state_new)(k3_prov_model *m, uint32_t layer,
+			     k3_prov_kda_state **out, struct k3_prov_status *st);
+	void (*kda_state_free)(k3_prov_kda_state *s);
+	void (*kda_state_reset)(k3_prov_kda_state *s);
+	int (*kda_state_copy)(k3_prov_kda_state *dst, const k3_prov_kda_state *src,
+			      struct k3_prov_status *st);
+
+	/* MLA latent cache (spec §6.5): 576-style rows (kv_lora normalized
+	 * latent + qk_rope raw) per past token. `capacity` tokens are
+	 * reserved up front so appends do not allocate; growing past it
+	 * reallocates (geometric). truncate keeps the first n tokens. */
+	int (*mla_cache_new)(k3_prov_model *m, uint32_t layer, uint32_t capacity,
+			     k3_prov_mla_cache **out, struct k3_prov_status *st);
+	void (*mla_cache_free)(k3_prov_mla_cache *c);
+	uint32_t (*mla_cache_len)(const k3_prov_mla_cache *c);
+	void (*mla_cache_truncate)(k3_prov_mla_cache *c, uint32_t n);
+	int (*mla_cache_copy)(k3_prov_mla_cache *dst, const k3_prov_mla_cache *src,
+			      struct k3_prov_status *st);
+
+	/* out[T][D] := embed_tokens rows (spec §4.1). -EINVAL on an id >= V. */
+	int (*embed)(k3_prov_model *m, const int32_t *ids, uint32_t T, float *out,
+		     struct k3_prov_status *st);
+	/* out[T][D] := AR(cands[0][t], ..., cands[n-1][t]) per position with the
+	 * site's norm/proj (spec §4.2). Each cands[j] is [T][D]. */
+	int (*attnres_mix)(k3_prov_model *m, uint32_t site, uint32_t layer,
+			   const float *const *cands, uint32_t n, uint32_t T,
+			   float *out, struct k3_prov_status *st);
+	/* KDA sub-layer, including input_layernorm: out[T][D] (:= or +=)
+	 * ATTN(RMSNorm(h)) for T consecutive positions of one sequence,
+	 * advancing s (spec §5). */
+	int (*kda)(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+		   k3_prov_kda_state *s, float *out, uint32_t flags,
+		   struct k3_prov_status *st);
+	/* MLA sub-layer, including input_layernorm: appends the T positions'
+	 * latents to c, then attends causally (spec §6). */
+	int (*mla)(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+		   k3_prov_mla_cache *c, float *out, uint32_t flags,
+		   struct k3_prov_status *st);
+	/* x[T][D] := RMSNorm(h2; post_attention_layernorm). */
+	int (*ffn_norm)(k3_prov_model *m, uint32_t layer, const float *h2,
+			uint32_t T, float *x, struct k3_prov_status *st);
+	/* Router of a MoE layer (spec §8.1): ids[T][top_k] (selection order:
+	 * biased score descending, ties lowest id) and weights[T][top_k]
+	 * (renormalized unbiased sigmoid, scaled). */
+	int (*router)(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+		      uint32_t *ids, float *weights, struct k3_prov_status *st);
+	/* Latent routed path (spec §8.2): out[T][D] += Wup(RMSNorm(sum_k
+	 * weights[t][k] * E_k(Wdown x))), with experts[t*top_k + k] the span of
+	 * expert ids[t][k]. */
+	int (*routed_experts)(k3_prov_model *m, uint32_t layer, const float *x,
+			      uint32_t T, const uint32_t *ids, const float *weights,
+			      const struct k3_prov_expert *experts, float *out,
+			      struct k3_prov_status *st);
+	/* out[T][D] := SiTU-GLU MLP (spec §7.2): dense MLP on dense layers,
+	 * shared experts on MoE layers. */
+	int (*mlp)(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+		   float *out, struct k3_prov_status *st);
+	/* dst[n] += src[n] (P := P + m, spec §4.3). */
+	int (*add)(k3_prov_model *m, float *dst, const float *src, size_t n,
+		   struct k3_prov_status *st);
+	/* logits[T][V] := lm_head RMSNorm(z; model.norm) (spec §10). */
+	int (*logits)(k3_prov_model *m, const float *z, uint32_t T, float *out,
+		      struct k3_prov_status *st);
+	/* Compute threads for later calls (1..256). */
+	int (*set_threads)(k3_prov_model *m, uint32_t threads,
+			   struct k3_prov_status *st);
+};
+
+#endif

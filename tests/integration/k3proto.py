@@ -1,0 +1,140 @@
+"""Minimal k3 protocol codec for tests (docs/protocol.md). Stdlib only.
+
+Deliberately independent of libk3proto: the integration tests check the
+daemon against the normative byte layout, not against our own encoder.
+"""
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+
+MAGIC = 0x5033334B
+HEADER = struct.Struct("<IHHHHII")
+T = dict(HELLO=1, HELLO_OK=2, ERROR=3, OK=4, PING=5, PONG=6, STATUS=7,
+         STATUS_REPLY=8, MODEL_INFO=9, MODEL_INFO_REPLY=10, TOKENIZE=11,
+         TOKENIZE_REPLY=12, DETOKENIZE=13, DETOKENIZE_REPLY=14, GENERATE=15,
+         ACCEPTED=16, PROGRESS=17, TOKEN=18, TOOL_CALL=19, DONE=20, CANCEL=21,
+         SHUTDOWN=22)
+STATUS = dict(ok=0, bad_request=1, unsupported_version=2, unknown_type=3,
+              too_large=4, busy=5, not_found=6, cancelled=7, unauthorized=8,
+              shutting_down=9, not_ready=10)
+
+
+def field(tag, value):
+    if isinstance(value, int):
+        value = struct.pack("<I", value)
+    elif isinstance(value, str):
+        value = value.encode()
+    return struct.pack("<HI", tag, len(value)) + value
+
+
+def frame(mtype, rid=1, payload=b"", version=1, flags=0, reserved=0, length=None):
+    if length is None:
+        length = len(payload)
+    return HEADER.pack(MAGIC, version, mtype, flags, reserved, rid, length) + payload
+
+
+def hello(rid=1, version=1):
+    return frame(T["HELLO"], rid, field(1, "test/1") + field(2, version))
+
+
+def parse_fields(payload):
+    out, pos = {}, 0
+    while pos < len(payload):
+        tag, n = struct.unpack_from("<HI", payload, pos)
+        pos += 6
+        out.setdefault(tag, []).append(payload[pos:pos + n])
+        pos += n
+    return out
+
+
+def read_frame(sock, timeout=5.0):
+    """Returns (type, request_id, fields) or None when the peer closed."""
+    sock.settimeout(timeout)
+    buf = b""
+    while len(buf) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    magic, ver, mtype, flags, res, rid, length = HEADER.unpack(buf)
+    assert magic == MAGIC, hex(magic)
+    body = b""
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return mtype, rid, parse_fields(body)
+
+
+def u32(fields, tag):
+    return struct.unpack("<I", fields[tag][0])[0]
+
+
+def connect(path, do_hello=True):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    if do_hello:
+        s.sendall(hello())
+        t, rid, f = read_frame(s)
+        assert t == T["HELLO_OK"], t
+    return s
+
+
+class Daemon:
+    """Starts the real k3d in a private temporary directory."""
+
+    def __init__(self, k3d, *args, sockdir_mode=0o700, model=None):
+        self.dir = tempfile.mkdtemp(prefix="k3d-test-")
+        os.chmod(self.dir, sockdir_mode)
+        self.sock = os.path.join(self.dir, "k3d.sock")
+        self.log = os.path.join(self.dir, "k3d.log")
+        # One compute thread: these tests check behaviour, and a 2-core CI
+        # machine running several suites at once starves a spinning pool.
+        model_args = ["--model", model or os.environ["K3_TEST_MODEL"], "--threads", "1"]
+        self.proc = subprocess.Popen([k3d, "--socket", self.sock, "--log-level", "debug",
+                                      *model_args, *args],
+                                     stderr=open(self.log, "w"), stdin=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while "ready:" not in self.log_text():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("k3d did not start: " + self.log_text())
+            time.sleep(0.02)
+
+    def log_text(self):
+        with open(self.log) as f:
+            return f.read()
+
+    def fds(self):
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def rss_kb(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return self.proc.returncode
+
+
+def make_model(k3ctl, preset="nano"):
+    """Writes a demo model into a fresh temporary directory (k3ctl demo-model)."""
+    d = tempfile.mkdtemp(prefix="k3-model-")
+    path = os.path.join(d, preset)
+    subprocess.run([k3ctl, "demo-model", "--out", path, "--preset", preset], check=True,
+                   capture_output=True)
+    return path

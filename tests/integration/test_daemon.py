@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Integration tests: the real k3d in a temporary directory, driven by the
+real k3ctl and by raw sockets that send hostile bytes.
+
+usage: test_daemon.py K3D K3CTL
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from k3proto import (T, STATUS, Daemon, connect, field, frame, hello,  # noqa: E402
+                     make_model, read_frame, u32)
+
+K3D, K3CTL = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def k3ctl(sock, *args, user=None):
+    cmd = [K3CTL, "--socket", sock, *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def expect_error(sock, status, what, closes=True):
+    r = read_frame(sock)
+    check(r is not None and r[0] == T["ERROR"], f"{what}: ERROR frame (got {r and r[0]})")
+    if r and r[0] == T["ERROR"]:
+        got = u32(r[2], 1)
+        check(got == STATUS[status], f"{what}: status {status} (got {got})")
+        check(len(r[2][2][0]) > 0, f"{what}: message present")
+    if closes:
+        check(read_frame(sock) is None, f"{what}: connection closed after the error")
+
+
+def test_k3ctl_basics(d):
+    r = k3ctl(d.sock, "status")
+    check(r.returncode == 0 and "state:" in r.stdout and "ready" in r.stdout,
+          f"status prints state: {r.stdout!r} {r.stderr!r}")
+    r = k3ctl(d.sock, "status", "--json")
+    j = json.loads(r.stdout)
+    check(j["state"] == "ready" and j["pid"] == d.proc.pid and j["model"] == "nano",
+          f"status --json: {j}")
+    check(j["connections"] == 1, "status counts its own connection")
+    r = k3ctl(d.sock, "--json", "ping")
+    check(r.returncode == 0 and json.loads(r.stdout)["ok"] is True, "ping --json")
+    r = k3ctl(d.sock, "nonsense")
+    check(r.returncode == 2, f"unknown command exits 2 (got {r.returncode})")
+    r = k3ctl(d.sock, "status", "extra")
+    check(r.returncode == 2, "extra argument exits 2")
+    r = k3ctl(os.path.join(d.dir, "nope.sock"), "status")
+    check(r.returncode == 3 and "cannot reach k3d" in r.stderr, "no daemon exits 3 with a hint")
+    r = subprocess.run([K3CTL, "status"], capture_output=True, text=True,
+                       env={**os.environ, "K3D_SOCKET": d.sock})
+    check(r.returncode == 0, "K3D_SOCKET is honoured")
+
+
+def test_bad_frames(d):
+    s = connect(d.sock, do_hello=False)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    expect_error(s, "bad_request", "HTTP request on the socket")
+
+    s = connect(d.sock, do_hello=False)
+    s.sendall(frame(T["STATUS"]))
+    expect_error(s, "bad_request", "first frame not HELLO")
+
+    s = connect(d.sock, do_hello=False)
+    s.sendall(hello(version=7))
+    expect_error(s, "unsupported_version", "HELLO with version 7")
+
+    s = connect(d.sock, do_hello=False)
+    s.sendall(frame(T["PING"], version=2))
+    expect_error(s, "unsupported_version", "frame version 2")
+
+    s = connect(d.sock)
+    s.sendall(frame(999))
+    expect_error(s, "unknown_type", "unknown type")
+
+    # 4 GiB length: refused from the header alone, nothing else sent.
+    s = connect(d.sock)
+    s.sendall(frame(T["GENERATE"], length=0xFFFFFFFF))
+    expect_error(s, "too_large", "length overflow")
+
+    s = connect(d.sock)
+    s.sendall(frame(T["TOKENIZE"], 2, field(1, b"\xc3\x28")))
+    expect_error(s, "bad_request", "bad UTF-8")
+
+    s = connect(d.sock)
+    s.sendall(frame(T["PONG"], 2, field(1, 1) + b"\x00\x00"))
+    expect_error(s, "bad_request", "trailing bytes / reply sent as request")
+
+    s = connect(d.sock)
+    s.sendall(frame(T["STATUS"], 3, field(9, 1)))
+    expect_error(s, "bad_request", "unknown field")
+
+    s = connect(d.sock)
+    s.sendall(frame(T["GENERATE"], 4, field(1, 0)))
+    expect_error(s, "bad_request", "raw GENERATE without a prompt", closes=False)
+    s.sendall(frame(T["PING"], 5))
+    r = read_frame(s)
+    check(r and r[0] == T["PONG"] and r[1] == 5, "connection still usable after a refused request")
+
+
+def test_no_stall(d):
+    """A client stuck halfway through a frame does not delay anyone."""
+    slow = connect(d.sock)
+    slow.sendall(frame(T["TOKENIZE"], 9, length=1000)[:30])
+    t0 = time.time()
+    r = k3ctl(d.sock, "ping")
+    check(r.returncode == 0 and time.time() - t0 < 5, "ping while another client stalls")
+    # Byte-at-a-time frames still work.
+    s = connect(d.sock)
+    for b in frame(T["PING"], 77):
+        s.send(bytes([b]))
+    r = read_frame(s)
+    check(r and r[0] == T["PONG"] and r[1] == 77, "frame split across 20 writes")
+    slow.close()
+
+
+def test_garbage_storm(d):
+    """Random bytes on many connections: no crash, no fd or memory growth."""
+    rng = random.Random(1234)
+    base_fds = d.fds()
+    for i in range(300):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(d.sock)
+        if i % 3 == 0:
+            s.sendall(hello())
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
+        if i % 5 == 0:   # valid header prefix, garbage after
+            junk = frame(rng.randrange(1, 30), length=rng.randrange(0, 100)) + junk
+        try:
+            s.sendall(junk)
+        except OSError:
+            pass
+        s.close()
+    time.sleep(0.5)
+    check(d.proc.poll() is None, "k3d survived 300 garbage connections")
+    r = k3ctl(d.sock, "ping")
+    check(r.returncode == 0, "k3d still answers after the storm")
+    time.sleep(0.2)
+    check(d.fds() <= base_fds + 1, f"no fd leak ({base_fds} -> {d.fds()})")
+
+
+def test_many_requests(d):
+    """Pipelined requests on one connection, answered in order with ids."""
+    s = connect(d.sock)
+    s.sendall(b"".join(frame(T["PING"], 100 + i) for i in range(500)))
+    ids = []
+    for _ in range(500):
+        r = read_frame(s)
+        ids.append(r[1])
+    check(ids == list(range(100, 600)), "500 pipelined PINGs answered in order")
+
+
+def test_peer_credentials(k3d):
+    """Peers outside the allow list are refused with a logged reason."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        print("skip: peer credential tests need root and setpriv")
+        return
+    d = Daemon(k3d, sockdir_mode=0o755)
+    try:
+        os.chmod(d.sock, 0o666)   # let the file mode pass so SO_PEERCRED decides
+        r = k3ctl(d.sock, "ping", user=65534)
+        check(r.returncode != 0, "uid 65534 refused")
+        time.sleep(0.1)
+        check("refusing connection from uid 65534" in d.log_text(), "refusal logged with uid")
+    finally:
+        d.stop()
+    d = Daemon(k3d, "--allow-gid", "65534", sockdir_mode=0o755)
+    try:
+        os.chmod(d.sock, 0o666)
+        r = k3ctl(d.sock, "ping", user=65534)
+        check(r.returncode == 0, f"--allow-gid admits the group: {r.stderr}")
+        r = k3ctl(d.sock, "shutdown", user=65534)
+        check(r.returncode == 1 and "may not shut" in r.stderr, "group member may not shut down")
+        check(d.proc.poll() is None, "daemon still running after refused shutdown")
+    finally:
+        d.stop()
+
+
+def test_lifecycle(k3d):
+    d = Daemon(k3d)
+    # A second daemon on the same live socket refuses to start.
+    p = subprocess.run([k3d, "--socket", d.sock, "--model", os.environ["K3_TEST_MODEL"]],
+                       capture_output=True, text=True, timeout=10)
+    check(p.returncode == 1 and "already serving" in p.stderr, f"second k3d refused: {p.stderr}")
+    # Stale socket after a crash is replaced.
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    check(os.path.exists(d.sock), "stale socket left by SIGKILL")
+    p = subprocess.Popen([k3d, "--socket", d.sock, "--model", os.environ["K3_TEST_MODEL"]],
+                         stderr=subprocess.PIPE)
+    for _ in range(200):
+        if k3ctl(d.sock, "ping").returncode == 0:
+            break
+        time.sleep(0.05)
+    check(k3ctl(d.sock, "ping").returncode == 0, "restart over a stale socket")
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(10)
+    err = p.stderr.read().decode()
+    check(rc == 0 and "draining" in err, f"SIGTERM drains and exits 0: {rc}")
+    check(not os.path.exists(d.sock), "socket removed on exit")
+    d.stop()
+    # k3ctl shutdown: OK, then exit 0.
+    d2 = Daemon(k3d)
+    r = k3ctl(d2.sock, "shutdown")
+    check(r.returncode == 0, "k3ctl shutdown")
+    check(d2.proc.wait(10) == 0, "daemon exits 0 after SHUTDOWN")
+    # Unsafe socket directory is refused.
+    bad = tempfile.mkdtemp()
+    os.chmod(bad, 0o777)
+    p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock"), "--model",
+                        os.environ["K3_TEST_MODEL"]], capture_output=True, text=True, timeout=10)
+    check(p.returncode == 1 and "writable by others" in p.stderr, "world-writable dir refused")
+    p = subprocess.run([k3d, "--queue", "x"], capture_output=True, text=True, timeout=10)
+    check(p.returncode == 2 and "--queue" in p.stderr, "bad option exits 2 naming it")
+    p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock")], capture_output=True,
+                       text=True, timeout=10, env={**os.environ, "STATE_DIRECTORY": bad})
+    check(p.returncode == 1 and "k3ctl demo-model" in p.stderr and "k3ctl setup" in p.stderr,
+          f"no model: refuses naming demo-model and setup: {p.stderr}")
+    good = tempfile.mkdtemp()
+    p = subprocess.run([k3d, "--socket", os.path.join(good, "k.sock"), "--model", bad],
+                       capture_output=True, text=True, timeout=10)
+    shutil.rmtree(good, ignore_errors=True)
+    check(p.returncode == 1 and "cannot load model" in p.stderr, f"bad model dir: {p.stderr}")
+    shutil.rmtree(bad, ignore_errors=True)
+
+
+def test_notify(k3d):
+    """sd_notify protocol: READY=1 after listening, WATCHDOG=1 at half of
+    WATCHDOG_USEC, STOPPING=1 on SIGTERM (what k3d.service relies on)."""
+    tmp = tempfile.mkdtemp()
+    os.chmod(tmp, 0o700)
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(os.path.join(tmp, "notify"))
+    ns.settimeout(5)
+    env = {**os.environ, "NOTIFY_SOCKET": os.path.join(tmp, "notify"), "WATCHDOG_USEC": "200000"}
+    p = subprocess.Popen([k3d, "--socket", os.path.join(tmp, "k3d.sock"), "--model",
+                          os.environ["K3_TEST_MODEL"]], env=env,
+                         stderr=subprocess.DEVNULL)
+    msgs = []
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline and sum("WATCHDOG=1" in m for m in msgs) < 2:
+            msgs.append(ns.recv(4096).decode())
+        check(any("READY=1" in m for m in msgs), f"READY=1 sent: {msgs}")
+        check(any("STATUS=Loading model" in m for m in msgs) and
+              any("STATUS=Serving model" in m for m in msgs), f"STATUS= lines sent: {msgs}")
+        check(sum("WATCHDOG=1" in m for m in msgs) >= 2, "WATCHDOG=1 pings")
+        p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 5
+        while time.time() < deadline and not any("STOPPING=1" in m for m in msgs):
+            msgs.append(ns.recv(4096).decode())
+        check(any("STOPPING=1" in m for m in msgs), "STOPPING=1 on SIGTERM")
+        check(p.wait(10) == 0, "exit 0 after SIGTERM")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        ns.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_setup():
+    root = tempfile.mkdtemp()
+    r = subprocess.run([K3CTL, "setup", "--model-root", root], capture_output=True, text=True)
+    check(r.returncode == 1 and "hf download moonshotai/Kimi-K3" in r.stdout, "setup explains the download")
+    os.symlink(os.environ["K3_TEST_MODEL"], os.path.join(root, "kimi-k3"))
+    r = subprocess.run([K3CTL, "setup", "--model-root", root], capture_output=True, text=True)
+    check(r.returncode == 0 and "valid" in r.stdout, f"setup validates a checkpoint: {r.stdout}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def main():
+    os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
+    d = Daemon(K3D)
+    try:
+        for t in (test_k3ctl_basics, test_bad_frames, test_no_stall, test_many_requests,
+                  test_garbage_storm):
+            print("--", t.__name__)
+            t(d)
+        check(d.proc.poll() is None, "daemon alive at the end")
+        check("<3>" not in d.log_text(), "no error-level log lines")
+    finally:
+        rc = d.stop()
+    check(rc == 0, f"clean exit on SIGTERM (rc {rc})")
+    print("-- test_peer_credentials")
+    test_peer_credentials(K3D)
+    print("-- test_lifecycle")
+    test_lifecycle(K3D)
+    print("-- test_setup")
+    test_setup()
+    print("-- test_notify")
+    test_notify(K3D)
+    shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

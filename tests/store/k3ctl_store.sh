@@ -1,0 +1,42 @@
+#!/bin/sh
+# k3ctl pack and warm-expert-cache end to end on a golden checkpoint.
+# Usage: k3ctl_store.sh K3CTL SHARED_DIR
+set -eu
+k3ctl=$1
+model=$2/golden/forward/k3tiny_b/model
+[ -r "$model/config.json" ] || { echo "SKIP: no golden model"; exit 77; }
+t=$(mktemp -d "${TMPDIR:-/tmp}/k3ctl-store.XXXXXX")
+trap 'rm -rf "$t"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$k3ctl" pack --model "$model" --out "$t/packs")
+echo "$out" | grep -q "12 packs written, 0 kept" || fail "first run: $out"
+out=$("$k3ctl" pack --model "$model" --out "$t/packs")
+echo "$out" | grep -q "0 packs written, 12 kept" || fail "re-run: $out"
+out=$("$k3ctl" --json pack --model "$model" --out "$t/packs" --verify)
+echo "$out" | grep -q '"written":0,"kept":12' || fail "verify: $out"
+echo "$out" | grep -q '"verified_bytes":0' && fail "verify rehashed nothing: $out"
+[ "$(ls "$t/packs" | wc -l)" = 12 ] || fail "temp files left: $(ls "$t/packs")"
+# One damaged byte in a span: --verify fails and names the expert.
+printf '\377' | dd of="$t/packs/experts-L005.k3pack" bs=1 seek=20000 conv=notrunc 2>/dev/null
+if out=$("$k3ctl" pack --model "$model" --out "$t/packs" --verify 2>&1); then
+	fail "damage not detected: $out"
+fi
+echo "$out" | grep -q "layer 5: .*fails its SHA-256 check" || fail "damage message: $out"
+# Read-only model directories are not written into without --out.
+if "$k3ctl" pack --model "$model" 2>"$t/err"; then fail "wrote into the model dir"; fi
+grep -q "read-only" "$t/err" || fail "read-only message: $(cat "$t/err")"
+
+# warm-expert-cache ranks a trace.
+for pos in 0 1 2; do
+	echo "{\"request\":1,\"position\":$pos,\"layer\":2,\"ids\":[7,3],\"weights\":[\"3f000000\",\"3f000000\"]}"
+	echo "{\"request\":1,\"position\":$pos,\"layer\":3,\"ids\":[7,$pos],\"weights\":[\"3f000000\",\"3f000000\"]}"
+done >"$t/trace.jsonl"
+out=$("$k3ctl" warm-expert-cache --trace "$t/trace.jsonl" --show 3)
+echo "$out" | grep -q "6 routing records, 6 distinct experts" || fail "rank: $out"
+echo "$out" | sed -n 3p | grep -Eq "^ +1 +2 +3 +3 " || fail "rank order: $out"
+out=$("$k3ctl" --json warm-expert-cache --trace "$t/trace.jsonl" --show 1)
+[ "$out" = '{"records":6,"experts":6,"top":[{"layer":2,"expert":3,"uses":3,"weight_sum":1.5}]}' ] ||
+	fail "json: $out"
+"$k3ctl" warm-expert-cache --trace "$t/nope.jsonl" 2>/dev/null && fail "missing trace accepted"
+echo "ok"

@@ -1,0 +1,387 @@
+/* The store: identical bytes for O_DIRECT on/off and 1 vs 2 I/O threads,
+ * pinning (a step needing more than the cache fails clearly and never
+ * evicts a pinned expert), eviction order, prefetch cancel, honest
+ * counters. */
+#include "t.h"
+
+#include <errno.h>
+
+#include "store/store.h"
+#include "store/store_pack.h"
+#include "fixture.h"
+
+static struct fixture fx;
+static uint64_t slot_bytes;
+
+static struct k3_store *mk(struct k3_store_source *src, uint64_t slots, unsigned threads,
+			   enum k3_store_policy pol)
+{
+	struct k3_store_config cfg = {
+		.cache_bytes = slots * k3_store_source_slot_bytes(src),
+		.io_threads = threads,
+		.policy = pol,
+		.prefetch_slots = -1,
+	};
+	struct k3_store *s = NULL;
+	struct k3_err err = { 0 };
+	int rc = k3_store_new(src, &cfg, &s, &err);
+
+	if (rc)
+		printf("store_new: %s\n", err.msg);
+	T_EQ_INT(rc, 0);
+	slot_bytes = k3_store_source_slot_bytes(src);
+	return s;
+}
+
+/* Number of views whose bytes differ from the shard bytes. */
+static int view_errors(const struct k3_store_view *v, size_t n)
+{
+	int bad = 0;
+	for (size_t k = 0; k < n; k++) {
+		size_t i = fx_find(&fx, v[k].layer, v[k].expert);
+		if (i == (size_t)-1)
+			return 1000;
+		for (int a = 0; a < K3_STORE_ARRAYS; a++)
+			bad += v[k].length[a] != fx_len[a] ||
+			       memcmp(v[k].array[a], fx_array(&fx, i, a), fx_len[a]) != 0;
+	}
+	return bad;
+}
+
+/* Every expert, layer by layer, through a store: O_DIRECT on/off, 1 or 2
+ * threads, shards or pack; all must give the shard bytes. */
+static void test_identical_bytes(struct k3_store_source *src, unsigned threads)
+{
+	struct k3_store *s = mk(src, 4, threads, K3_STORE_POLICY_LRU);
+	struct k3_store_view v[FX_EXPERTS];
+	uint32_t ids[FX_EXPERTS];
+	struct k3_err err = { 0 };
+	int bad = 0;
+
+	if (!s)
+		return;
+	for (int round = 0; round < 2; round++)
+		for (uint32_t l = 1; l <= FX_LAYERS; l++) {
+			/* Three at a time: the cache holds four. */
+			for (uint32_t e0 = 0; e0 < FX_EXPERTS; e0 += 3) {
+				for (uint32_t k = 0; k < 3; k++)
+					ids[k] = (e0 + k) * 3;
+				k3_store_step_begin(s);
+				T_EQ_INT(k3_store_acquire(s, l, ids, 3, v, &err), 0);
+				bad += view_errors(v, 3);
+				k3_store_release(s, v, 3);
+			}
+		}
+	T_EQ_INT(bad, 0);
+	k3_store_free(s);
+}
+
+static void test_pinning(struct k3_store_source *src)
+{
+	struct k3_store *s = mk(src, 4, 2, K3_STORE_POLICY_LRU);
+	struct k3_store_view v[8], w[8];
+	struct k3_store_info info;
+	struct k3_err err = { 0 };
+	uint32_t five[5] = { 0, 3, 6, 9, 12 };
+	uint32_t three[3] = { 0, 3, 6 }, two[2] = { 9, 12 };
+
+	if (!s)
+		return;
+	/* One step needs five experts, the cache holds four: a clear error. */
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 1, five, 5, v, &err), -ENOSPC);
+	T_OK(strstr(err.msg, "cannot hold") != NULL);
+	k3_store_info_get(s, &info);
+	T_EQ_INT(info.pinned, 0);
+	T_EQ_INT(info.n_slots, 4);
+
+	/* Three pinned; two more cannot fit; the pinned three keep their bytes. */
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 1, three, 3, v, &err), 0);
+	k3_store_step_begin(s);
+	memset(&err, 0, sizeof(err));
+	T_EQ_INT(k3_store_acquire(s, 2, two, 2, w, &err), -ENOSPC);
+	T_OK(strstr(err.msg, "while 3 slots are pinned") != NULL);
+	T_EQ_INT(view_errors(v, 3), 0);
+	T_OK(k3_store_resident(s, 1, 0) && k3_store_resident(s, 1, 3) && k3_store_resident(s, 1, 6));
+	k3_store_info_get(s, &info);
+	T_EQ_INT(info.pinned, 3);
+	/* Released, the same request succeeds. */
+	k3_store_release(s, v, 3);
+	T_EQ_INT(k3_store_acquire(s, 2, two, 2, w, &err), 0);
+	T_EQ_INT(view_errors(w, 2), 0);
+	k3_store_release(s, w, 2);
+
+	/* Duplicates share one slot and one read. */
+	struct k3_store_stats a, b, d;
+	uint32_t dup[4] = { 15, 15, 15, 15 };
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 3, dup, 4, v, &err), 0);
+	T_EQ_INT(view_errors(v, 4), 0);
+	T_OK(v[0].array[0] == v[3].array[0]);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.reads, 1);
+	T_EQ_U64(d.demand_misses, 1);
+	T_EQ_U64(d.demand_hits, 0);
+	k3_store_release(s, v, 4);
+	k3_store_info_get(s, &info);
+	T_EQ_INT(info.pinned, 0);
+
+	/* Unknown experts are an error, not a skip. */
+	uint32_t nope = 4;
+	T_EQ_INT(k3_store_acquire(s, 1, &nope, 1, v, &err), -ENOENT);
+	k3_store_free(s);
+}
+
+static void touch(struct k3_store *s, uint32_t layer, uint32_t expert)
+{
+	struct k3_store_view v;
+	struct k3_err err = { 0 };
+
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, layer, &expert, 1, &v, &err), 0);
+	T_EQ_INT(view_errors(&v, 1), 0);
+	k3_store_release(s, &v, 1);
+}
+
+static void test_eviction(struct k3_store_source *src)
+{
+	struct k3_store *s = mk(src, 4, 1, K3_STORE_POLICY_LRU);
+	struct k3_store_stats st;
+
+	if (!s)
+		return;
+	touch(s, 1, 0);
+	touch(s, 1, 3);
+	touch(s, 1, 6);
+	touch(s, 1, 9);
+	touch(s, 1, 0);     /* hit; 3 is now the least recent */
+	touch(s, 1, 12);    /* evicts 3 */
+	T_OK(!k3_store_resident(s, 1, 3));
+	T_OK(k3_store_resident(s, 1, 0) && k3_store_resident(s, 1, 6) &&
+	     k3_store_resident(s, 1, 9) && k3_store_resident(s, 1, 12));
+	touch(s, 1, 3);     /* evicts 6 */
+	T_OK(!k3_store_resident(s, 1, 6));
+	k3_store_stats_get(s, &st);
+	T_EQ_U64(st.demand_hits, 1);
+	T_EQ_U64(st.demand_misses, 6);
+	T_EQ_U64(st.evictions, 2);
+	T_EQ_U64(st.reads, 6);
+	k3_store_free(s);
+
+	/* Frequency-aware (4 slots: the single most recent one is protected):
+	 * the least used outside that goes first, where LRU would pick the
+	 * oldest. */
+	s = mk(src, 4, 1, K3_STORE_POLICY_FREQ);
+	if (!s)
+		return;
+	for (int r = 0; r < 3; r++)
+		touch(s, 1, 0);
+	touch(s, 1, 3);     /* used once */
+	touch(s, 1, 6);
+	touch(s, 1, 6);
+	touch(s, 1, 9);     /* used once, but the most recent: protected */
+	touch(s, 1, 12);    /* evicts 3 (LRU would evict 0) */
+	T_OK(!k3_store_resident(s, 1, 3));
+	T_OK(k3_store_resident(s, 1, 0) && k3_store_resident(s, 1, 6) && k3_store_resident(s, 1, 9));
+	touch(s, 1, 15);    /* 12 is protected now; 9 (once) goes before 6 (twice) and 0 */
+	T_OK(!k3_store_resident(s, 1, 9));
+	T_OK(k3_store_resident(s, 1, 0) && k3_store_resident(s, 1, 6) && k3_store_resident(s, 1, 12));
+	k3_store_free(s);
+}
+
+/* Bytes a buffered read of (layer, expert) costs. */
+static uint64_t cost(struct k3_store_source *src, uint32_t layer, uint32_t expert)
+{
+	struct k3_store_plan plan;
+	uint64_t n = 0;
+
+	k3_store_source_plan(src, (size_t)k3_store_source_find(src, layer, expert), &plan);
+	for (unsigned r = 0; r < plan.n_reads; r++)
+		n += plan.read[r].length;
+	return n;
+}
+
+static void test_prefetch(struct k3_store_source *src)
+{
+	struct k3_store *s = mk(src, 6, 2, K3_STORE_POLICY_LRU);
+	struct k3_store_stats a, b, d;
+	struct k3_store_view v[4];
+	struct k3_err err = { 0 };
+
+	if (!s)
+		return;
+	/* Guesses 3, 6, 9 for layer 2 stay queued; the real routing picks 3
+	 * and 12: 6 and 9 are cancelled unread, 3 becomes a demand read. */
+	k3_store_hold_prefetch(s, true);
+	k3_store_step_begin(s);
+	uint32_t guess[3] = { 3, 6, 9 }, real[2] = { 3, 12 };
+	T_EQ_U64(k3_store_prefetch(s, 2, guess, 3), 3);
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 2, real, 2, v, &err), 0);
+	T_EQ_INT(view_errors(v, 2), 0);
+	k3_store_release(s, v, 2);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_cancelled, 2);
+	T_EQ_U64(d.prefetch_issued, 0);
+	T_EQ_U64(d.prefetch_used, 0);
+	T_EQ_U64(d.bytes_read, cost(src, 2, 3) + cost(src, 2, 12));
+	T_EQ_U64(d.reads, 2);
+	T_EQ_U64(d.demand_misses, 2);
+	T_EQ_U64(d.demand_hits, 0);
+	T_OK(!k3_store_resident(s, 2, 6) && !k3_store_resident(s, 2, 9));
+	/* Explicit cancel of what is queued. */
+	uint32_t g2[2] = { 0, 15 };
+	T_EQ_U64(k3_store_prefetch(s, 3, g2, 2), 2);
+	T_EQ_U64(k3_store_prefetch_cancel(s, 3), 2);
+	T_EQ_U64(k3_store_prefetch_cancel(s, 3), 0);
+	k3_store_hold_prefetch(s, false);
+
+	/* Same-step prefetch: completed before the acquire, yet a miss and no
+	 * prefetch credit (the read was for this very step). */
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	uint32_t e = 0;
+	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
+	k3_store_drain(s);
+	T_OK(k3_store_resident(s, 1, 0));
+	T_EQ_INT(k3_store_acquire(s, 1, &e, 1, v, &err), 0);
+	T_EQ_INT(view_errors(v, 1), 0);
+	k3_store_release(s, v, 1);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_issued, 1);
+	T_EQ_U64(d.prefetch_used, 0);
+	T_EQ_U64(d.prefetch_late, 1);
+	T_EQ_U64(d.demand_hits, 0);
+	T_EQ_U64(d.demand_misses, 1);
+	T_EQ_U64(d.bytes_read, cost(src, 1, 0));
+
+	/* Prefetch in step t, acquire in step t+1: used, and a hit. */
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	e = 3;
+	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
+	k3_store_drain(s);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 1, &e, 1, v, &err), 0);
+	T_EQ_INT(view_errors(v, 1), 0);
+	k3_store_release(s, v, 1);
+	/* Prefetching what is resident does nothing. */
+	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 0);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_issued, 1);
+	T_EQ_U64(d.prefetch_used, 1);
+	T_EQ_U64(d.demand_hits, 1);
+	T_EQ_U64(d.demand_misses, 0);
+	T_EQ_U64(d.bytes_read, cost(src, 1, 3));
+
+	/* A wrong guess that was read and then evicted: wasted bytes. */
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	e = 9;
+	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
+	k3_store_drain(s);
+	for (uint32_t l = 2; l <= 3; l++)
+		for (uint32_t x = 0; x < FX_EXPERTS; x++)
+			touch(s, l, x * 3);
+	T_OK(!k3_store_resident(s, 1, 9));
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_issued, 1);
+	T_EQ_U64(d.prefetch_used, 0);
+	T_EQ_U64(d.prefetch_wasted_bytes, cost(src, 1, 9));
+	T_EQ_U64(d.bytes_read, d.demand_bytes + d.prefetch_issued_bytes);
+	k3_store_free(s);
+
+	/* prefetch_slots = 0 turns prefetch off. */
+	struct k3_store_config cfg = { .cache_bytes = 6 * slot_bytes, .prefetch_slots = 0 };
+	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+	T_EQ_U64(k3_store_prefetch(s, 1, guess, 3), 0);
+	k3_store_free(s);
+}
+
+int main(void)
+{
+	struct k3_store_source *off, *on, *pk;
+	struct k3_err err = { 0 };
+
+	if (fx_init(&fx) != 0)
+		return t_skip("cannot create the fixture in a temp dir");
+	off = fx_source(&fx, K3_STORE_DIRECT_OFF, &err);
+	on = fx_source(&fx, K3_STORE_DIRECT_AUTO, &err);
+	T_OK(off && on);
+	if (!off || !on)
+		goto out;
+	T_OK(!k3_store_source_file_direct(off, 0));
+	printf("# O_DIRECT in %s: %s\n", fx.dir, k3_store_source_file_direct(on, 0) ? "yes" : "no (buffered)");
+
+	test_identical_bytes(off, 1);
+	test_identical_bytes(off, 2);
+	test_identical_bytes(on, 1);
+	test_identical_bytes(on, 2);
+
+	/* Same through a pack. */
+	{
+		struct k3_store_pack_ident id[FX_SHARDS];
+		struct k3_store_pack *pack = NULL;
+		char path[400];
+		snprintf(path, sizeof(path), "%s/experts.k3pack", fx.dir);
+		for (int s = 0; s < FX_SHARDS; s++)
+			T_EQ_INT(k3_store_pack_ident(fx.shard[s], "s", 0, &id[s], &err), 0);
+		T_EQ_INT(k3_store_pack_write(path, off, id, FX_SHARDS, 0, NULL, &err), 0);
+		T_EQ_INT(k3_store_pack_open(path, id, FX_SHARDS, 0, &pack, &err), 0);
+		pk = k3_store_source_new(K3_STORE_DIRECT_AUTO);
+		if (pack)
+			T_EQ_INT(k3_store_pack_add_to_source(pack, path, pk, &err), 0);
+		k3_store_pack_free(pack);
+		test_identical_bytes(pk, 2);
+		k3_store_source_free(pk);
+	}
+
+	test_pinning(off);
+	test_pinning(on);
+	test_eviction(off);
+	test_prefetch(off);
+
+	/* Budget below one slot: refused with the reason. */
+	{
+		struct k3_store_config cfg = { .cache_bytes = 100 };
+		struct k3_store *s = NULL;
+		T_EQ_INT(k3_store_new(off, &cfg, &s, &err), -EINVAL);
+		T_OK(strstr(err.msg, "cannot hold one") != NULL);
+	}
+	/* A scale byte 255 (NaN in E8M0) is caught when check_scales is on. */
+	{
+		const struct k3_store_extent *x = &fx.ex[0].ext[K3_STORE_W2_SCALE];
+		struct k3_store_config cfg = { .cache_bytes = 4 * slot_bytes, .check_scales = true };
+		struct k3_store *s = NULL;
+		struct k3_store_source *src;
+		struct k3_store_view v;
+		uint32_t e = fx.ex[0].expert;
+		fx.bytes[x->file][x->offset + 7] = 255;
+		T_EQ_INT(fx_write_file(fx.shard[x->file], fx.bytes[x->file], fx.size[x->file]), 0);
+		src = fx_source(&fx, K3_STORE_DIRECT_OFF, &err);
+		T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+		T_EQ_INT(k3_store_acquire(s, fx.ex[0].layer, &e, 1, &v, &err), -EBADMSG);
+		T_OK(strstr(err.msg, "scale byte 255") != NULL);
+		k3_store_free(s);
+		cfg.check_scales = false;
+		T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+		T_EQ_INT(k3_store_acquire(s, fx.ex[0].layer, &e, 1, &v, &err), 0);
+		T_EQ_INT(view_errors(&v, 1), 0);
+		k3_store_release(s, &v, 1);
+		k3_store_free(s);
+		k3_store_source_free(src);
+	}
+out:
+	k3_store_source_free(off);
+	k3_store_source_free(on);
+	fx_release(&fx);
+	return t_done();
+}

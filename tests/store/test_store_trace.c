@@ -1,0 +1,191 @@
+/* Router traces: exact round trip of ids and weight bits, the size cap,
+ * refusal of symlinks and non-regular files, strict parsing, ranking. */
+#include "t.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store/store_trace.h"
+
+static char dir[256];
+
+static const char *p(const char *name)
+{
+	static char buf[4][512];
+	static int i;
+	char *b = buf[i++ & 3];
+	snprintf(b, sizeof(buf[0]), "%s/%s", dir, name);
+	return b;
+}
+
+static struct k3_store_trace_rec mkrec(uint64_t pos, uint32_t layer, uint32_t base)
+{
+	struct k3_store_trace_rec r = { .request = 7, .position = pos, .layer = layer, .k = 16 };
+	for (uint32_t i = 0; i < 16; i++) {
+		r.ids[i] = (base + i * 5) % 896;
+		r.weights[i] = 1.0f / (float)(i + 3) + (float)pos * 1e-7f;
+	}
+	return r;
+}
+
+int main(void)
+{
+	struct k3_store_trace *t = NULL;
+	struct k3_store_trace_rec r, back;
+	struct k3_err err = { 0 };
+	char line[K3_STORE_TRACE_LINE_MAX];
+	const char *tmp = getenv("TMPDIR");
+
+	snprintf(dir, sizeof(dir), "%s/k3trace.XXXXXX", tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir))
+		return t_skip("no temp dir");
+
+	/* The documented line format, exactly. */
+	r = (struct k3_store_trace_rec){ .request = 1, .position = 2, .layer = 3, .k = 2,
+					 .ids = { 5, 17 }, .weights = { 1.0f, -0.5f } };
+	T_EQ_INT(k3_store_trace_format(&r, line, sizeof(line)), (int)strlen(line));
+	T_EQ_STR(line, "{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[5,17],"
+		       "\"weights\":[\"3f800000\",\"bf000000\"]}\n");
+
+	/* Write (both modes), read back bit-exact, rank. */
+	for (int mode = 0; mode < 2; mode++) {
+		const char *path = p(mode ? "sync.jsonl" : "buf.jsonl");
+		T_EQ_INT(k3_store_trace_open(path, 0, (enum k3_store_trace_mode)mode, &t, &err), 0);
+		for (uint64_t pos = 0; pos < 10; pos++)
+			for (uint32_t l = 1; l <= 3; l++) {
+				r = mkrec(pos, l, (uint32_t)(l * 100 + (pos % 2)));
+				T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+			}
+		struct stat st;
+		if (mode == 1) {   /* sync: already on disk */
+			T_EQ_INT(stat(path, &st), 0);
+			T_EQ_U64((uint64_t)st.st_size, k3_store_trace_bytes(t));
+		}
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		T_EQ_INT(stat(path, &st), 0);
+
+		FILE *f = fopen(path, "r");
+		int n = 0, bad = 0;
+		while (f && fgets(line, sizeof(line), f)) {
+			struct k3_store_trace_rec want = mkrec((uint64_t)(n / 3), (uint32_t)(n % 3 + 1),
+				(uint32_t)((n % 3 + 1) * 100 + (n / 3) % 2));
+			T_EQ_INT(k3_store_trace_parse(line, strlen(line), &back, &err), 0);
+			bad += memcmp(&back, &want, sizeof(back)) != 0;
+			n++;
+		}
+		if (f)
+			fclose(f);
+		T_EQ_INT(n, 30);
+		T_EQ_INT(bad, 0);
+
+		struct k3_store_trace_rank *rk = NULL;
+		size_t nr = 0;
+		uint64_t recs = 0;
+		T_EQ_INT(k3_store_trace_rank(path, &rk, &nr, &recs, &err), 0);
+		T_EQ_U64(recs, 30);
+		/* Per layer: ids base+5i for base in {100l, 100l+1}: 32 distinct, of
+		 * which none overlap -> 96 experts, each used 5 times. */
+		T_EQ_U64(nr, 96);
+		if (nr == 96) {
+			T_EQ_U64(rk[0].uses, 5);
+			T_EQ_INT(rk[0].layer, 1);
+			T_EQ_INT(rk[0].expert, 100);
+			T_EQ_INT(rk[1].expert, 101);
+			T_EQ_INT(rk[95].layer, 3);
+			double w = 0;
+			for (uint64_t pos = 0; pos < 10; pos += 2)
+				w += mkrec(pos, 1, 100).weights[0];
+			T_NEAR(rk[0].weight_sum, w, 1e-12);
+		}
+		free(rk);
+	}
+
+	/* Appending continues the same file. */
+	T_EQ_INT(k3_store_trace_open(p("sync.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), 0);
+	r = mkrec(99, 2, 0);
+	T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+	T_EQ_INT(k3_store_trace_close(t, &err), 0);
+	{
+		struct k3_store_trace_rank *rk = NULL;
+		size_t nr;
+		uint64_t recs;
+		T_EQ_INT(k3_store_trace_rank(p("sync.jsonl"), &rk, &nr, &recs, &err), 0);
+		T_EQ_U64(recs, 31);
+		free(rk);
+	}
+
+	/* The cap: records that would pass it are dropped, the file stays under. */
+	int len = k3_store_trace_format(&r, line, sizeof(line));
+	T_EQ_INT(k3_store_trace_open(p("cap.jsonl"), (uint64_t)len * 3 + 5, K3_STORE_TRACE_BUFFERED,
+				     &t, &err), 0);
+	for (int i = 0; i < 3; i++)
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+	T_EQ_INT(k3_store_trace_write(t, &r, &err), -EFBIG);
+	T_OK(k3_store_trace_capped(t));
+	T_EQ_INT(k3_store_trace_write(t, &r, &err), -EFBIG);
+	T_EQ_INT(k3_store_trace_close(t, &err), 0);
+	{
+		struct stat st;
+		T_EQ_INT(stat(p("cap.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 3);
+	}
+
+	/* Symlinks (to a file, dangling) and non-regular files are refused. */
+	T_EQ_INT(symlink(p("buf.jsonl"), p("link.jsonl")), 0);
+	T_EQ_INT(k3_store_trace_open(p("link.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), -ELOOP);
+	T_OK(strstr(err.msg, "symlink") != NULL);
+	T_EQ_INT(symlink(p("nothing-here"), p("dangling.jsonl")), 0);
+	T_EQ_INT(k3_store_trace_open(p("dangling.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), -ELOOP);
+	T_EQ_INT(access(p("nothing-here"), F_OK), -1);
+	T_EQ_INT(mkfifo(p("fifo"), 0600), 0);
+	T_EQ_INT(k3_store_trace_open(p("fifo"), 0, K3_STORE_TRACE_SYNC, &t, &err), -EINVAL);
+	T_OK(strstr(err.msg, "not a regular file") != NULL);
+	T_EQ_INT(k3_store_trace_open(dir, 0, K3_STORE_TRACE_SYNC, &t, &err) < 0, 1);
+	{
+		struct k3_store_trace_rank *rk;
+		size_t nr;
+		uint64_t recs;
+		T_EQ_INT(k3_store_trace_rank(p("fifo"), &rk, &nr, &recs, &err), -EINVAL);
+	}
+
+	/* Strict parsing. */
+	static const char *const bad[] = {
+		"",
+		"[]",
+		"{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[5],\"weights\":[\"3f800000\"],\"x\":1}",
+		"{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[5,6],\"weights\":[\"3f800000\"]}",
+		"{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[5],\"weights\":[\"3F800000\"]}",
+		"{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[5],\"weights\":[\"3f80000\"]}",
+		"{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[-5],\"weights\":[\"3f800000\"]}",
+		"{\"request\":1,\"position\":2,\"layer\":3000,\"ids\":[5],\"weights\":[\"3f800000\"]}",
+		"{\"request\":1.5,\"position\":2,\"layer\":3,\"ids\":[5],\"weights\":[\"3f800000\"]}",
+		"{\"request\":1,\"request\":1,\"layer\":3,\"ids\":[5],\"weights\":[\"3f800000\"]}",
+		"{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[],\"weights\":[]}",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = k3_store_trace_parse(bad[i], strlen(bad[i]), &back, &err);
+		if (rc != -EINVAL)
+			printf("accepted bad line %zu: %s\n", i, bad[i]);
+		T_EQ_INT(rc, -EINVAL);
+	}
+	/* A malformed line in a trace names its line number. */
+	{
+		FILE *f = fopen(p("bad.jsonl"), "w");
+		fputs("{\"request\":1,\"position\":2,\"layer\":3,\"ids\":[5],\"weights\":[\"3f800000\"]}\n", f);
+		fputs("{\"request\":1}\n", f);
+		fclose(f);
+		struct k3_store_trace_rank *rk;
+		size_t nr;
+		uint64_t recs;
+		T_EQ_INT(k3_store_trace_rank(p("bad.jsonl"), &rk, &nr, &recs, &err), -EINVAL);
+		T_OK(strstr(err.msg, "line 2") != NULL);
+	}
+
+	static const char *const names[] = { "buf.jsonl", "sync.jsonl", "cap.jsonl", "link.jsonl",
+					     "dangling.jsonl", "fifo", "bad.jsonl" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		unlink(p(names[i]));
+	rmdir(dir);
+	return t_done();
+}
