@@ -533,6 +533,11 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 	snprintf(msg, sizeof(msg), "%.*s", (int)e->message.len, e->message.p ? e->message.p : "");
 	snprintf(param, sizeof(param), "%.*s", e->has_param ? (int)e->param.len : 0,
 		 e->has_param ? e->param.p : "");
+	/* k3d names GENERATE fields; the client knows its OpenAI fields. */
+	if (strcmp(param, "max_new") == 0)
+		snprintf(param, sizeof(param), "%s", r->oai.max_param ? r->oai.max_param : "max_tokens");
+	else if (strcmp(param, "prompt") == 0 && r->oai.ep == GW_EP_CHAT)
+		snprintf(param, sizeof(param), "messages");
 	if (r->started) {
 		sse_fail(r, msg);
 		return;

@@ -714,8 +714,10 @@ static int parse_chat(json_t *body, struct gw_oai_request *r, struct gw_oai_erro
 		return fail(e, "max_tokens", "invalid_value",
 			    "Invalid 'max_tokens': 'max_tokens' (%lld) and 'max_completion_tokens' (%lld) disagree; "
 			    "send one of them.", (long long)a, (long long)b);
-	if (has_a || has_b)
+	if (has_a || has_b) {
 		set_max_new(r, has_b ? b : a);
+		r->max_param = has_a ? "max_tokens" : "max_completion_tokens";
+	}
 	return 0;
 }
 
@@ -767,6 +769,7 @@ static int parse_completions(json_t *body, struct gw_oai_request *r, struct gw_o
 	if (get_count(body, "max_tokens", &has, &n, e))
 		return -1;
 	set_max_new(r, has ? n : 16);
+	r->max_param = "max_tokens";
 	return 0;
 }
 

@@ -58,6 +58,7 @@ struct gw_oai_request {
 	char *stop[K3_LIM_STOP_COUNT];
 	bool has_max_new;
 	uint32_t max_new;
+	const char *max_param;  /* the field max_new came from (static string) */
 	uint32_t effort;        /* enum k3_proto_effort */
 };
 

@@ -58,9 +58,9 @@ class Fake:
 class Stack:
     """fake k3d + k3-gateway; use as a context manager."""
 
-    def __init__(self, fake_args=(), gw_args=(), start_fake=True):
+    def __init__(self, fake_args=(), gw_args=(), start_fake=True, sock=None):
         self.dir = tempfile.mkdtemp(prefix="k3gw-")
-        self.sock = os.path.join(self.dir, "k3d.sock")
+        self.sock = sock or os.path.join(self.dir, "k3d.sock")
         self.fake = Fake(self.sock, os.path.join(self.dir, "fake.jsonl"), *fake_args)
         self.gw_args = list(gw_args)
         self.start_fake = start_fake

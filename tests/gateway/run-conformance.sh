@@ -14,4 +14,4 @@ if [ ! -x "$venv/bin/python" ] || ! have openai || ! have langchain_openai || ! 
 	exit 77
 fi
 export K3_GATEWAY_BIN=$1
-cd "$here" && exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= --durations=6 test_conformance.py test_browser.py
+cd "$here" && exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= --durations=6 test_conformance.py test_real_k3d.py test_browser.py
