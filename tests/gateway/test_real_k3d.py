@@ -170,3 +170,18 @@ def test_real_requests_the_renderer_accepts(real):               # T21 T42 T57 T
     lc = ChatOpenAI(model="m", api_key="sk-dummy", base_url=real.base + "/v1", max_retries=0,
                     max_tokens=3, reasoning_effort="none")
     assert isinstance(lc.invoke("hi").content, str)
+
+
+def test_real_readme_snippet(real):
+    """The README's Python example against the real daemon: a streamed answer."""
+    import contextlib
+    import io
+    import re
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "gateway-readme-section.md")).read()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    code = code.replace("http://127.0.0.1:8000/v1", real.base + "/v1")
+    code = code.replace("stream=True,", "stream=True, max_tokens=8,")   # noise from a random model: keep it short
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README", "exec"), {})
+    assert len(out.getvalue().strip()) > 0
