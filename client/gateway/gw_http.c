@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -46,6 +47,8 @@ struct gw_req {
 	enum gw_ep_metric mep;
 	struct gw_oai_request oai;
 	char *model_query;               /* GET /v1/models/{id} */
+	char line[160];                  /* "METHOD /path" for the access log */
+	struct timeval t0;
 	char req_id[40];
 	char cmpl_id[48];
 	long long created;
@@ -131,9 +134,13 @@ static void common_headers(struct gw_req *r)
 
 static void log_access(struct gw_req *r, int status)
 {
+	struct timeval now;
+
 	if (r->g->cfg.quiet)
 		return;
-	fprintf(stderr, "k3-gateway: %s %d\n", r->req_id, status);
+	gettimeofday(&now, NULL);
+	fprintf(stderr, "k3-gateway: %s %s %d %.3fs\n", r->req_id, r->line, status,
+		(double)(now.tv_sec - r->t0.tv_sec) + (double)(now.tv_usec - r->t0.tv_usec) / 1e6);
 }
 
 /* The HTTP side is finished: count it and forget the request object. */
@@ -1061,6 +1068,8 @@ static void gencb(struct evhttp_request *req, void *arg)
 	random_hex(r->req_id + 4, 16);
 	r->timer = evtimer_new(g->base, timer_cb, r);
 	normalize_path(raw && raw[0] ? raw : "/", path, sizeof(path));
+	gettimeofday(&r->t0, NULL);
+	snprintf(r->line, sizeof(r->line), "%s %s", method_name(cmd), path);
 
 	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
 		size_t n = strlen(routes[i].path);
