@@ -1069,7 +1069,7 @@ static void gencb(struct evhttp_request *req, void *arg)
 	r->timer = evtimer_new(g->base, timer_cb, r);
 	normalize_path(raw && raw[0] ? raw : "/", path, sizeof(path));
 	gettimeofday(&r->t0, NULL);
-	snprintf(r->line, sizeof(r->line), "%s %s", method_name(cmd), path);
+	snprintf(r->line, sizeof(r->line), "%s %.140s", method_name(cmd), path);
 
 	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
 		size_t n = strlen(routes[i].path);
