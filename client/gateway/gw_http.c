@@ -45,7 +45,7 @@ struct gw_req {
 	struct gw_daemon *d;
 	enum gw_kind kind;
 	enum gw_ep_metric mep;
-	struct gw_oai_request oai;
+	struct gw_openai_request oai;
 	char *model_query;               /* GET /v1/models/{id} */
 	char line[160];                  /* "METHOD /path" for the access log */
 	struct timeval t0;
@@ -596,7 +596,7 @@ static void send_generate(struct gw_req *r)
 	struct k3_msg_generate gen;
 	int rc;
 
-	gw_oai_to_generate(&r->oai, &gen);
+	gw_openai_to_generate(&r->oai, &gen);
 	rc = gw_daemon_send(r->d, K3_MSG_GENERATE, RID_GENERATE, &gen);
 	if (rc < 0) {
 		send_error(r, 400, "invalid_request_error", NULL, NULL,
@@ -858,7 +858,7 @@ static void req_maybe_free(struct gw_req *r)
 		event_free(r->eof_ev);
 	if (r->timer)
 		event_free(r->timer);
-	gw_oai_request_release(&r->oai);
+	gw_openai_request_release(&r->oai);
 	free(r->model_query);
 	if (r->content)
 		evbuffer_free(r->content);
@@ -943,7 +943,7 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 {
 	struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
 	size_t len = evbuffer_get_length(in);
-	struct gw_oai_error e = { 0 };
+	struct gw_openai_error e = { 0 };
 	json_error_t je;
 	json_t *body;
 
@@ -972,7 +972,7 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 			   "The JSON body nests deeper than %u levels.", K3_LIM_JSON_DEPTH);
 		return;
 	}
-	if (gw_oai_parse(ep, body, &r->oai, &e) < 0) {
+	if (gw_openai_parse(ep, body, &r->oai, &e) < 0) {
 		json_decref(body);
 		send_error(r, e.status, "invalid_request_error", e.param, e.code, "%s", e.message);
 		return;

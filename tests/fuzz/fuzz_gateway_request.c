@@ -37,8 +37,8 @@ static void check_messages(const char *s)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct gw_oai_request r;
-	struct gw_oai_error e;
+	struct gw_openai_request r;
+	struct gw_openai_error e;
 	enum gw_endpoint ep;
 	json_t *body;
 
@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	memset(&r, 0, sizeof(r));
 	memset(&e, 0, sizeof(e));
-	if (gw_oai_parse(ep, body, &r, &e) < 0) {
+	if (gw_openai_parse(ep, body, &r, &e) < 0) {
 		if (e.status != 400 || !e.message[0])
 			abort();
 	} else {
@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 		if (ep == GW_EP_CHAT)
 			check_messages(r.messages);
-		gw_oai_to_generate(&r, &g);
+		gw_openai_to_generate(&r, &g);
 		k3_proto_buf_init(&buf, (size_t)K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 		if (k3_proto_encode(&buf, K3_MSG_GENERATE, 1, &g, &err) != 0)
 			abort();
@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		k3_proto_buf_release(&buf);
 	}
-	gw_oai_request_release(&r);
+	gw_openai_request_release(&r);
 	json_decref(body);
 	return 0;
 }

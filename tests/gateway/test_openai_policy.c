@@ -66,7 +66,7 @@ static const struct refusal refusals[] = {
 	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"messages\":[]}", "messages", "unknown_parameter" },
 };
 
-static int parse(enum gw_endpoint ep, const char *text, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse(enum gw_endpoint ep, const char *text, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *body = json_loads(text, JSON_DECODE_ANY, NULL);
 	int rc;
@@ -75,7 +75,7 @@ static int parse(enum gw_endpoint ep, const char *text, struct gw_oai_request *r
 	memset(e, 0, sizeof(*e));
 	if (!body)
 		return -2;
-	rc = gw_oai_parse(ep, body, r, e);
+	rc = gw_openai_parse(ep, body, r, e);
 	json_decref(body);
 	return rc;
 }
@@ -83,8 +83,8 @@ static int parse(enum gw_endpoint ep, const char *text, struct gw_oai_request *r
 static void test_refusals(void)
 {
 	for (size_t i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++) {
-		struct gw_oai_request r;
-		struct gw_oai_error e;
+		struct gw_openai_request r;
+		struct gw_openai_error e;
 		int rc = parse(refusals[i].ep, refusals[i].body, &r, &e);
 
 		if (!T_OK(rc == -1))
@@ -93,25 +93,25 @@ static void test_refusals(void)
 		T_EQ_STR(e.param, refusals[i].param);
 		T_EQ_STR(e.code, refusals[i].code);
 		T_OK(e.message[0] != 0);
-		gw_oai_request_release(&r);
+		gw_openai_request_release(&r);
 	}
 }
 
 static void test_image_message(void)
 {
-	struct gw_oai_request r;
-	struct gw_oai_error e;
+	struct gw_openai_request r;
+	struct gw_openai_error e;
 
 	parse(GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}",
 	      &r, &e);
 	T_EQ_STR(e.message, "Invalid content type. input_audio is only supported by certain models.");
-	gw_oai_request_release(&r);
+	gw_openai_request_release(&r);
 }
 
 static void test_chat_mapping(void)
 {
-	struct gw_oai_request r;
-	struct gw_oai_error e;
+	struct gw_openai_request r;
+	struct gw_openai_error e;
 	struct k3_msg_generate g;
 	const char *body =
 		"{\"model\":\"anything\",\"temperature\":0,\"top_p\":0.5,\"n\":1,\"seed\":9,\"user\":\"u\","
@@ -137,7 +137,7 @@ static void test_chat_mapping(void)
 	T_EQ_STR(r.tool_choice, "\"required\"");
 	T_EQ_STR(r.response_format, "{\"type\":\"json_object\"}");
 	T_EQ_STR(r.max_param, "max_completion_tokens");
-	gw_oai_to_generate(&r, &g);
+	gw_openai_to_generate(&r, &g);
 	T_EQ_INT(g.mode, K3_MODE_CHAT);
 	T_OK(g.has_messages && g.has_tools && g.has_tool_choice && g.has_response_format && !g.has_prompt);
 	T_OK(g.has_max_new);
@@ -147,35 +147,35 @@ static void test_chat_mapping(void)
 	T_EQ_MEM(g.stop.v[1].p, "\n\n", 2);
 	T_OK(g.has_thinking && !g.thinking);
 	T_EQ_INT(g.reasoning_effort, K3_EFFORT_NONE);
-	gw_oai_request_release(&r);
+	gw_openai_request_release(&r);
 
 	/* tools: [] is absent; effort high keeps thinking unset; no max_new */
 	T_EQ_INT(parse(GW_EP_CHAT, "{" M ",\"tools\":[],\"reasoning_effort\":\"high\",\"max_tokens\":null}", &r, &e), 0);
-	gw_oai_to_generate(&r, &g);
+	gw_openai_to_generate(&r, &g);
 	T_OK(!g.has_tools && !g.has_thinking && !g.has_max_new && !g.has_stop);
 	T_EQ_INT(g.reasoning_effort, K3_EFFORT_HIGH);
-	gw_oai_request_release(&r);
+	gw_openai_request_release(&r);
 
 	/* max_tokens above the wire bound is sent as the bound */
 	T_EQ_INT(parse(GW_EP_CHAT, "{" M ",\"max_tokens\":99999999999}", &r, &e), 0);
 	T_EQ_INT(r.max_new, K3_LIM_MAX_NEW);
-	gw_oai_request_release(&r);
+	gw_openai_request_release(&r);
 }
 
 static void test_legacy_mapping(void)
 {
-	struct gw_oai_request r;
-	struct gw_oai_error e;
+	struct gw_openai_request r;
+	struct gw_openai_error e;
 	struct k3_msg_generate g;
 
 	T_EQ_INT(parse(GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"Hi\"],\"stop\":\"\\nuser:\"}", &r, &e), 0);
-	gw_oai_to_generate(&r, &g);
+	gw_openai_to_generate(&r, &g);
 	T_EQ_INT(g.mode, K3_MODE_RAW);
 	T_OK(g.has_prompt && !g.has_messages);
 	T_EQ_MEM(g.prompt.p, "Hi", 2);
 	T_EQ_INT(g.max_new, 16);   /* the spec's default for legacy completions */
 	T_EQ_INT(g.stop.n, 1);
-	gw_oai_request_release(&r);
+	gw_openai_request_release(&r);
 }
 
 int main(void)
