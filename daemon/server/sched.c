@@ -570,7 +570,7 @@ out:
 static void load_model(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
-	struct k3_engine_opts eo = { NULL, s->opts->threads, 0, false };
+	struct k3_engine_opts eo = { .threads = s->opts->threads };
 	const char *dir = s->opts->model_dir;
 	const char *base;
 	char msg[K3_ERR_MSG_MAX + 64];

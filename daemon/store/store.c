@@ -31,6 +31,7 @@ struct slot {
 	uint64_t last_use;       /* tick of the last acquire */
 	uint64_t read_bytes;     /* bytes its read cost */
 	uint64_t acq_gen;        /* acquire call that last pinned it */
+	uint64_t counted_step;   /* step whose demand counters already include it */
 	int err;                 /* read errno when SLOT_ERROR */
 	int queue;               /* Q_* it sits in */
 	int32_t qprev, qnext;
@@ -191,6 +192,8 @@ static void slot_assign(struct k3_store *s, int32_t i, int64_t ex)
 	sl->ex = ex;
 	sl->state = SLOT_QUEUED;
 	sl->pins = 0;
+	sl->acq_gen = 0;
+	sl->counted_step = UINT64_MAX;   /* a new occupant has not been counted */
 	sl->prefetched = false;
 	sl->err = 0;
 	sl->read_bytes = 0;
@@ -367,6 +370,9 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 				goto fail;
 			}
 			sl->mem = mem;
+			if (cfg->prefault)
+				for (uint64_t b = 0; b < s->slot_bytes; b += 4096)
+					sl->mem[b] = 0;
 		}
 	}
 	pthread_mutex_init(&s->mu, NULL);
@@ -519,9 +525,21 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		sl = &s->slots[i];
 		got[k] = i;
 		sl->pins++;
+		if (sl->state == SLOT_QUEUED && sl->queue == Q_PREFETCH) {
+			/* The guess was right but its read has not started: it
+			 * becomes a demand read, issued with the misses. */
+			q_remove(s, i);
+			sl->demand = true;
+			miss[n_miss++] = i;
+		}
 		if (sl->acq_gen == gen)
 			continue;   /* duplicate within this call: one count */
 		sl->acq_gen = gen;
+		/* Again in the same step (a chunk whose positions share an
+		 * expert, acquired call by call): one count per step too. */
+		if (s->step > 0 && sl->counted_step == s->step)
+			continue;
+		sl->counted_step = s->step;
 		sl->last_use = ++s->tick;
 		note_use(s, ex);
 		if (sl->prefetched) {
@@ -546,13 +564,6 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 			s->st.demand_hits++;
 		} else {
 			s->st.demand_misses++;
-		}
-		if (sl->state == SLOT_QUEUED && sl->queue == Q_PREFETCH) {
-			/* The guess was right but its read has not started: it
-			 * becomes a demand read, issued with the misses. */
-			q_remove(s, i);
-			sl->demand = true;
-			miss[n_miss++] = i;
 		}
 	}
 
@@ -611,6 +622,7 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		s->slots[i].demand = true;
 		s->slots[i].pins = 1;
 		s->slots[i].acq_gen = gen;
+		s->slots[i].counted_step = s->step;
 		s->slots[i].last_use = ++s->tick;
 		note_use(s, ex);
 		s->st.demand_misses++;

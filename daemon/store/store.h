@@ -59,6 +59,10 @@ struct k3_store_config {
 	 * reading or resident): bounds what a bad guess can evict.
 	 * -1 = auto (half the slots), 0 = prefetch off. */
 	int prefetch_slots;
+	/* Touch every page of every slot at creation, so a budget the machine
+	 * cannot back fails at start (or is visible in RSS) instead of in the
+	 * middle of a generation; costs about 1 s per 10 GB at start. */
+	bool prefault;
 	/* Check the three E8M0 scale arrays of every expert read for the
 	 * forbidden byte 255 (k3-model.md 9; model.h leaves this to the store
 	 * for checkpoints too big to scan at open). A bad expert fails its
@@ -85,6 +89,8 @@ struct k3_store_stats {
 	uint64_t steps;                  /* k3_store_step_begin calls */
 	uint64_t bytes_read;             /* from the device, incl. O_DIRECT alignment: ground truth */
 	uint64_t reads;                  /* experts read (one job each) */
+	/* demand_hits + demand_misses count each expert once per step, however
+	 * many positions of a chunk or calls of the step ask for it. */
 	uint64_t demand_hits;            /* resident and not read for this very step */
 	uint64_t demand_misses;          /* everything else the real routing asked for */
 	uint64_t demand_bytes;           /* bytes of reads issued as demand */
@@ -111,7 +117,8 @@ struct k3_store_info {
 
 struct k3_store;
 
-/* Creates a store over src (borrowed: it must outlive the store) and starts
+/* Creates a store over src (borrowed: it must outlive the store and not be
+ * changed while the store exists) and starts
  * its reader threads. Returns 0, -EINVAL (empty source, budget below one
  * slot, bad config: the message says which), -ENOMEM. */
 int k3_store_new(const struct k3_store_source *src, const struct k3_store_config *cfg,
@@ -141,9 +148,10 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 void k3_store_release(struct k3_store *s, const struct k3_store_view *views, size_t n);
 
 /* Queues low-priority reads of experts[0..n) of `layer` (guesses, best
- * first) into free slots, or slots the policy would evict anyway, within
- * the prefetch_slots bound. Experts already resident or unknown are
- * skipped. Returns how many reads were queued. */
+ * first; at most 64 per call are considered) into free slots, or slots the
+ * policy would evict anyway (never another unused guess), within the
+ * prefetch_slots bound. Experts already resident or unknown are skipped.
+ * Returns how many reads were queued. */
 size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n);
 
 /* Drops every queued (not yet started) prefetch of `layer`, or of all

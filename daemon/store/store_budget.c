@@ -35,6 +35,24 @@ int k3_store_budget_parse_limit(const char *text, uint64_t *out)
 	return 0;
 }
 
+int k3_store_budget_parse_gb(const char *s, uint64_t *bytes, struct k3_err *err)
+{
+	double gb;
+	int rc;
+
+	if (strcmp(s, "auto") == 0) {
+		*bytes = 0;
+		return 0;
+	}
+	rc = k3_parse_double(s, 0.0, 1e6, &gb, err);
+	if (rc)
+		return k3_err_prefix(err, "--expert-cache-gb");
+	if (!(gb > 0.0))
+		return k3_err_set(err, -ERANGE, "--expert-cache-gb must be 'auto' or above 0");
+	*bytes = (uint64_t)(gb * 1e9);
+	return 0;
+}
+
 /* Reads dir/file as a limit; returns 0 and leaves *out alone when absent. */
 static int read_limit(const char *dir, const char *file, uint64_t *out, struct k3_err *err)
 {

@@ -52,6 +52,11 @@ struct k3_store_budget_out {
 int k3_store_budget(const struct k3_store_budget_in *in, struct k3_store_budget_out *out,
 		    struct k3_err *err);
 
+/* Parses an --expert-cache-gb value: "auto" (*bytes = 0, meaning auto) or
+ * a decimal number of gigabytes (10^9 bytes, fractions allowed, > 0 and at
+ * most 1e6). Returns 0 or -EINVAL / -ERANGE with the reason in err. */
+int k3_store_budget_parse_gb(const char *s, uint64_t *bytes, struct k3_err *err);
+
 /* The memory limit of the cgroup this process runs in: the smallest of
  * memory.max (v2) or memory.limit_in_bytes (v1) over its cgroup and every
  * ancestor. proc_cgroup: normally "/proc/self/cgroup"; cgroup_root:

@@ -702,7 +702,10 @@ int k3_store_pack_write(const char *path, const struct k3_store_source *src,
 		rc = k3_err_set(err, -errno, "cannot fsync '%s': %s", tmp, strerror(errno));
 		goto out_unlink;
 	}
-	/* Read back what reached the file before publishing it. */
+	/* Read back what reached the disk before publishing it: the pages are
+	 * clean after fsync, so dropping them makes the reads go to the disk
+	 * rather than check the page cache against itself. */
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 	k3_store_pack_free(old);
 	old = NULL;
 	rc = k3_store_pack_open(tmp, idents, n_idents, 0, &old, err);

@@ -156,6 +156,30 @@ int k3_store_trace_write(struct k3_store_trace *t, const struct k3_store_trace_r
 	return 0;
 }
 
+int k3_store_trace_write_routes(struct k3_store_trace *t, uint64_t request, uint64_t pos0,
+				uint32_t T, const uint32_t *moe_layers, uint32_t n_moe,
+				uint32_t k, const uint32_t *ids, const float *weights,
+				struct k3_err *err)
+{
+	struct k3_store_trace_rec rec = { .request = request, .k = k };
+
+	if (k == 0 || k > K3_STORE_TRACE_MAX_K)
+		return k3_err_set(err, -EINVAL, "router trace record with %" PRIu32 " ids", k);
+	for (uint32_t p = 0; p < T; p++)
+		for (uint32_t m = 0; m < n_moe; m++) {
+			size_t at = ((size_t)p * n_moe + m) * k;
+			int rc;
+			rec.position = pos0 + p;
+			rec.layer = moe_layers[m];
+			memcpy(rec.ids, ids + at, k * sizeof(*ids));
+			memcpy(rec.weights, weights + at, k * sizeof(*weights));
+			rc = k3_store_trace_write(t, &rec, err);
+			if (rc)
+				return rc;
+		}
+	return 0;
+}
+
 bool k3_store_trace_capped(const struct k3_store_trace *t)
 {
 	return t->capped;

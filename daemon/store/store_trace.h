@@ -40,6 +40,7 @@ struct k3_store_trace_rec {
 	float weights[K3_STORE_TRACE_MAX_K];   /* routing weights, bit-exact */
 };
 
+/* A writer is used by one thread at a time (the engine's). */
 struct k3_store_trace;
 
 /* Opens path for appending (created 0640 if missing). Refuses a symlink as
@@ -54,6 +55,16 @@ int k3_store_trace_open(const char *path, uint64_t cap_bytes, enum k3_store_trac
  * -EINVAL for k out of range; a write errno. */
 int k3_store_trace_write(struct k3_store_trace *t, const struct k3_store_trace_rec *rec,
 			 struct k3_err *err);
+
+/* Appends the routes of one engine forward call: T positions starting at
+ * pos0, n_moe MoE layers (their model layer indices in moe_layers), k ids
+ * and weights per (position, layer) laid out [T][n_moe][k] as
+ * struct k3_engine_out returns them. Stops at the first error (-EFBIG at
+ * the cap) and returns it. */
+int k3_store_trace_write_routes(struct k3_store_trace *t, uint64_t request, uint64_t pos0,
+				uint32_t T, const uint32_t *moe_layers, uint32_t n_moe,
+				uint32_t k, const uint32_t *ids, const float *weights,
+				struct k3_err *err);
 
 /* True once the cap stopped the trace. */
 bool k3_store_trace_capped(const struct k3_store_trace *t);

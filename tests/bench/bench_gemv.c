@@ -16,7 +16,11 @@
  * replicated until the copies total >= --set-mib MiB (default 512) so each
  * GEMV streams from DRAM rather than from the L3.
  *
- *   bench_gemv [--runs N] [--threads 1,2] [--bw-mib M] [--set-mib M]
+ *   bench_gemv [--runs N] [--threads 1,2] [--tokens T] [--bw-mib M] [--set-mib M]
+ *
+ * --tokens T (default 1) multiplies T positions per call (a prefill chunk):
+ * the GB/s column still counts weight bytes streamed per call, so T > 1
+ * shows how far the products are from being compute-bound.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +147,7 @@ int main(int argc, char **argv)
 		{ 7168, 12288 }, { 12288, 7168 }, { 3072, 3584 }, { 3584, 3072 },
 	};
 	long runs = 7, bw_mib = 1024, set_mib = 512;
+	size_t ntok = 1;
 	int threads[8] = { 1, 2 }, n_threads = 2;
 	struct k3_kern_pool *pools[8];
 	void *bwbuf;
@@ -159,6 +164,10 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--bw-mib") == 0 && i + 1 < argc &&
 		    parse_uint(argv[i + 1], 64, 65536, &v) == 0) {
 			bw_mib = v;
+			i++;
+		} else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc &&
+		    parse_uint(argv[i + 1], 1, 64, &v) == 0) {
+			ntok = (size_t)v;
 			i++;
 		} else if (strcmp(argv[i], "--set-mib") == 0 && i + 1 < argc &&
 		    parse_uint(argv[i + 1], 1, 65536, &v) == 0) {
@@ -177,13 +186,14 @@ int main(int argc, char **argv)
 				threads[n_threads++] = (int)v;
 			}
 		} else {
-			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] "
+			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] [--tokens T] "
 				"[--bw-mib M] [--set-mib M]\n");
 			return 2;
 		}
 	}
-	printf("isa %s, runs %ld (median), bandwidth buffer %ld MiB, weight set >= %ld MiB\n",
-		k3_kern_isa_name(k3_kern_active_isa()), runs, bw_mib, set_mib);
+	printf("isa %s, runs %ld (median), bandwidth buffer %ld MiB, weight set >= %ld MiB, "
+		"%zu token(s) per product\n",
+		k3_kern_isa_name(k3_kern_active_isa()), runs, bw_mib, set_mib, ntok);
 	for (int i = 0; i < n_threads; i++) {
 		pools[i] = k3_kern_pool_new(threads[i], NULL);
 		if (!pools[i]) {
@@ -193,14 +203,14 @@ int main(int argc, char **argv)
 	}
 	bw_bytes = (size_t)bw_mib << 20;
 	bwbuf = aligned_alloc(64, bw_bytes);
-	x = malloc(12288 * sizeof(float));
-	y = malloc(12288 * sizeof(float));
+	x = malloc(ntok * 12288 * sizeof(float));
+	y = malloc(ntok * 12288 * sizeof(float));
 	if (!bwbuf || !x || !y)
 		return 1;
 	fill_random(bwbuf, bw_bytes);
 	/* random bits as floats may be NaN/Inf: harmless for a read benchmark,
 	 * but keep x finite for the GEMV */
-	for (size_t i = 0; i < 12288; i++)
+	for (size_t i = 0; i < ntok * 12288; i++)
 		x[i] = (float)((double)(next64() >> 11) * 0x1.0p-53 - 0.5);
 
 	printf("%-6s %-12s %3s %9s %9s %6s\n", "dtype", "rows x cols", "thr",
@@ -241,14 +251,14 @@ int main(int argc, char **argv)
 
 				/* warm-up pass (page faults, pool wake-up) */
 				for (size_t k = 0; k < copies; k++)
-					k3_kern_matmul(pools[ti], &m[k], 0, rows, 1, x, cols, y, rows);
+					k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
 				/* GEMV and bandwidth runs alternate, so both see the same
 				 * load from the other tenants of this machine */
 				for (int r = 0; r < runs; r++) {
 					double t0 = now_s();
 
 					for (size_t k = 0; k < copies; k++)
-						k3_kern_matmul(pools[ti], &m[k], 0, rows, 1, x, cols, y, rows);
+						k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
 					t[r] = (now_s() - t0) / (double)copies;
 					t0 = now_s();
 					k3_kern_pool_for(pools[ti], (size_t)nt, 1, bw_task, &j);

@@ -78,6 +78,19 @@ int main(void)
 	T_EQ_INT(k3_store_budget(&in, &out, &err), 0);
 	T_EQ_U64(out.slots, GIB / EXPERT);
 
+	/* --expert-cache-gb values. */
+	T_EQ_INT(k3_store_budget_parse_gb("auto", &v, &err), 0);
+	T_EQ_U64(v, 0);
+	T_EQ_INT(k3_store_budget_parse_gb("96", &v, &err), 0);
+	T_EQ_U64(v, 96000000000ull);
+	T_EQ_INT(k3_store_budget_parse_gb("0.5", &v, &err), 0);
+	T_EQ_U64(v, 500000000ull);
+	T_OK(k3_store_budget_parse_gb("0", &v, &err) < 0);
+	T_OK(k3_store_budget_parse_gb("-3", &v, &err) < 0);
+	T_OK(k3_store_budget_parse_gb("12GB", &v, &err) < 0);
+	T_OK(k3_store_budget_parse_gb("", &v, &err) < 0);
+	T_OK(k3_store_budget_parse_gb("1e7", &v, &err) < 0);
+
 	/* Limit files. */
 	T_EQ_INT(k3_store_budget_parse_limit("max\n", &v), 0);
 	T_EQ_U64(v, UINT64_MAX);

@@ -35,6 +35,7 @@ static int compare_all(const struct k3_model *m, const struct k3_store_source *s
 	struct k3_store_config cfg = {
 		.cache_bytes = 6 * k3_store_source_slot_bytes(src),
 		.io_threads = threads, .check_scales = true, .prefetch_slots = -1,
+		.prefault = true,
 	};
 	struct k3_store *s = NULL;
 	struct k3_store_view v[4];

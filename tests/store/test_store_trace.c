@@ -131,6 +131,37 @@ int main(void)
 		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 3);
 	}
 
+	/* Engine route output ([T][n_moe][k]) becomes one record per
+	 * (position, MoE layer), with model layer numbers. */
+	{
+		const uint32_t moe[2] = { 1, 3 };
+		uint32_t ids[3 * 2 * 2];
+		float w[3 * 2 * 2];
+		for (uint32_t i = 0; i < 12; i++) {
+			ids[i] = 100 + i;
+			w[i] = (float)i * 0.25f;
+		}
+		T_EQ_INT(k3_store_trace_open(p("routes.jsonl"), 0, K3_STORE_TRACE_BUFFERED, &t, &err), 0);
+		T_EQ_INT(k3_store_trace_write_routes(t, 9, 40, 3, moe, 2, 2, ids, w, &err), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		FILE *f = fopen(p("routes.jsonl"), "r");
+		int n = 0;
+		while (f && fgets(line, sizeof(line), f)) {
+			T_EQ_INT(k3_store_trace_parse(line, strlen(line), &back, &err), 0);
+			T_EQ_U64(back.request, 9);
+			T_EQ_U64(back.position, 40 + (uint64_t)(n / 2));
+			T_EQ_INT(back.layer, moe[n % 2]);
+			T_EQ_INT(back.k, 2);
+			T_EQ_INT(back.ids[1], 100 + 2 * n + 1);
+			T_EQ_INT(memcmp(&back.weights[0], &w[2 * n], 4), 0);
+			n++;
+		}
+		if (f)
+			fclose(f);
+		T_EQ_INT(n, 6);
+		unlink(p("routes.jsonl"));
+	}
+
 	/* Symlinks (to a file, dangling) and non-regular files are refused. */
 	T_EQ_INT(symlink(p("buf.jsonl"), p("link.jsonl")), 0);
 	T_EQ_INT(k3_store_trace_open(p("link.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), -ELOOP);

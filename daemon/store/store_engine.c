@@ -1,0 +1,71 @@
+/* store_engine.c - the store as the engine's expert source (see store_engine.h). */
+#include "store/store_engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int src_acquire(void *vctx, uint32_t layer, uint32_t expert,
+		       struct k3_prov_expert *out, struct k3_err *err)
+{
+	struct k3_store_engine_src *c = vctx;
+	struct k3_store_view v;
+	int rc;
+
+	if (c->n_held == c->cap_held) {
+		size_t cap = c->cap_held ? c->cap_held * 2 : 64;
+		struct k3_store_view *nh = realloc(c->held, cap * sizeof(*nh));
+		if (!nh)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		c->held = nh;
+		c->cap_held = cap;
+	}
+	if (c->n_held == 0 || layer != c->layer) {
+		k3_store_step_begin(c->store);
+		c->layer = layer;
+	}
+	rc = k3_store_acquire(c->store, layer, &expert, 1, &v, err);
+	if (rc)
+		return rc;
+	c->held[c->n_held++] = v;
+	out->w1_packed = v.array[K3_STORE_W1_PACKED];
+	out->w1_scale = v.array[K3_STORE_W1_SCALE];
+	out->w2_packed = v.array[K3_STORE_W2_PACKED];
+	out->w2_scale = v.array[K3_STORE_W2_SCALE];
+	out->w3_packed = v.array[K3_STORE_W3_PACKED];
+	out->w3_scale = v.array[K3_STORE_W3_SCALE];
+	return 0;
+}
+
+static void src_release(void *vctx, uint32_t layer, uint32_t expert)
+{
+	struct k3_store_engine_src *c = vctx;
+
+	/* Most recent first: the engine releases in acquisition order, and
+	 * duplicates are interchangeable (same slot). */
+	for (size_t i = c->n_held; i-- > 0;) {
+		if (c->held[i].layer == layer && c->held[i].expert == expert) {
+			k3_store_release(c->store, &c->held[i], 1);
+			c->held[i] = c->held[--c->n_held];
+			return;
+		}
+	}
+	if (!c->last_error)
+		c->last_error = -ENOENT;
+}
+
+void k3_store_engine_src_init(struct k3_store_engine_src *ctx, struct k3_store *store,
+			      struct k3_expert_source *out)
+{
+	memset(ctx, 0, sizeof(*ctx));
+	ctx->store = store;
+	*out = (struct k3_expert_source){ .ctx = ctx, .acquire = src_acquire,
+					  .release = src_release };
+}
+
+void k3_store_engine_src_release(struct k3_store_engine_src *ctx)
+{
+	free(ctx->held);
+	ctx->held = NULL;
+	ctx->n_held = ctx->cap_held = 0;
+}
