@@ -729,19 +729,25 @@ def test_slow_client_read_timeout():                             # T65
 
 
 def test_readme_snippet(st):
-    """The README's Python example, run as written (port swapped in)."""
+    """The README's Python example (and the section text it came from), run
+    as written with the port swapped in."""
     import contextlib
     import io
     import os
     import re
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "gateway-readme-section.md")).read()
-    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
-    assert "http://127.0.0.1:8000/v1" in code
-    code = code.replace("http://127.0.0.1:8000/v1", st.base + "/v1")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "README", "exec"), {})
-    assert out.getvalue() == "Hello from fake k3d.\n"
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    for doc in ("README.md", os.path.join("docs", "gateway-readme-section.md")):
+        text = open(os.path.join(root, doc)).read()
+        if "## Use it from an OpenAI client" not in text:
+            continue
+        text = text[text.index("## Use it from an OpenAI client"):]
+        code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+        assert "http://127.0.0.1:8000/v1" in code, doc
+        code = code.replace("http://127.0.0.1:8000/v1", st.base + "/v1")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, doc, "exec"), {})
+        assert out.getvalue() == "Hello from fake k3d.\n", doc
 
 
 def test_http_details(st):                                       # T03 T09 T10
