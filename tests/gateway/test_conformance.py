@@ -776,3 +776,40 @@ def test_http_details(st):                                       # T03 T09 T10
     big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a" * 500000}], "max_tokens": 1})
     status, hd, body = st.raw("POST", "/v1/chat/completions", big, {"Expect": "100-continue"})
     assert status == 200 and json.loads(body)["choices"][0]["finish_reason"] == "length"
+
+
+def test_systemd_socket_activation(st):
+    """LISTEN_FDS sockets are served instead of --listen (systemd-socket-activate
+    plays systemd's part)."""
+    import shutil
+    import subprocess
+    from gwharness import GW_BIN
+    ssa = shutil.which("systemd-socket-activate")
+    if not ssa:
+        pytest.skip("systemd-socket-activate not installed")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen([ssa, "-l", "127.0.0.1:%d" % port, GW_BIN, "--socket", st.sock, "--quiet"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 10
+        while True:
+            try:
+                c = socket.create_connection(("127.0.0.1", port), timeout=1)
+                c.close()
+                break
+            except OSError:
+                assert time.time() < end and p.poll() is None
+                time.sleep(0.05)
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+        conn.close()
+    finally:
+        p.terminate()
+        p.wait(10)
+    assert "serving 1 systemd socket(s)" in p.stderr.read()
