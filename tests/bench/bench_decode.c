@@ -20,75 +20,9 @@
 #include <time.h>
 
 #include "base/parse.h"
+#include "bench_util.h"
 #include "engine/engine.h"
 #include "model/model.h"
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(double), cmp_d);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* ---- streaming-read bandwidth ---- */
-
-struct bw_job {
-	const uint64_t *p;
-	size_t n;
-	uint64_t sum;
-};
-
-static void *bw_read(void *arg)
-{
-	struct bw_job *j = arg;
-	uint64_t a = 0, b = 0, c = 0, d = 0;
-	for (size_t i = 0; i + 4 <= j->n; i += 4) {
-		a += j->p[i];
-		b ^= j->p[i + 1];
-		c += j->p[i + 2];
-		d ^= j->p[i + 3];
-	}
-	j->sum = a + b + c + d;
-	return NULL;
-}
-
-static double bandwidth(const uint64_t *buf, size_t n, int threads)
-{
-	double t[7];
-	for (int r = 0; r < 7; r++) {
-		pthread_t th[64];
-		struct bw_job jobs[64];
-		size_t per = n / (size_t)threads;
-		double t0 = now();
-		for (int i = 0; i < threads; i++) {
-			jobs[i] = (struct bw_job){ buf + per * (size_t)i, per, 0 };
-			pthread_create(&th[i], NULL, bw_read, &jobs[i]);
-		}
-		uint64_t s = 0;
-		for (int i = 0; i < threads; i++) {
-			pthread_join(th[i], NULL);
-			s += jobs[i].sum;
-		}
-		t[r] = now() - t0;
-		if (s == 42)   /* keeps the reads observable */
-			fputc(' ', stderr);
-	}
-	return (double)(n * 8) / median(t, 7) / 1e9;
-}
-
-/* ---- bytes touched by one decode token ---- */
 
 static uint64_t bytes_per_token(const struct k3_model *m, uint32_t top_k)
 {
@@ -151,16 +85,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	/* 512 MiB of xorshift data: far beyond any cache, no mergeable pages */
-	size_t nbw = (512u << 20) / 8;
-	uint64_t *buf = malloc(nbw * 8), x = 0x9E3779B97F4A7C15ull;
+	size_t nbw = (size_t)512 << 20;
+	void *buf = malloc(nbw);
 	if (!buf)
 		return 1;
-	for (size_t i = 0; i < nbw; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		buf[i] = x;
-	}
+	k3_bench_fill_random(buf, nbw);
 	/* touch the weights once so page faults do not count */
 	size_t nt;
 	const struct k3_tensor *ts = k3_model_tensors(m, &nt);
@@ -195,10 +124,10 @@ int main(int argc, char **argv)
 		for (int r = 0; r < 5; r++) {
 			struct k3_engine_seq *ps = NULL;
 			k3_engine_seq_new(e, (uint32_t)n_prefill, &ps, &err);
-			double t0 = now();
+			double t0 = k3_bench_now();
 			if (k3_engine_forward(e, ps, ids, (uint32_t)n_prefill, &out, &err))
 				fprintf(stderr, "bench_decode: %s\n", err.msg);
-			pt[r] = now() - t0;
+			pt[r] = k3_bench_now() - t0;
 			k3_engine_seq_free(ps);
 		}
 		/* decode: 16-token prompt, 2 warm-up steps, then n_decode timed steps */
@@ -206,24 +135,29 @@ int main(int argc, char **argv)
 		double *dt = malloc((size_t)n_decode * sizeof(double));
 		/* bandwidth right before and right after the timed decode: the
 		 * machine is shared, so the floor uses the larger (conservative) */
-		double bw0 = bandwidth(buf, nbw, (int)th);
+		double rt[5];
+		for (int r = 0; r < 5; r++)
+			rt[r] = k3_bench_read_pass(buf, nbw, th);
+		double bw0 = (double)nbw / k3_bench_median(rt, 5) / 1e9;
 		for (uint64_t i = 0; i < n_decode + 2; i++) {
 			int32_t tok = (int32_t)k3_engine_argmax(logits, V);
-			double t0 = now();
+			double t0 = k3_bench_now();
 			if (k3_engine_forward(e, s, &tok, 1, &out, &err))
 				fprintf(stderr, "bench_decode: %s\n", err.msg);
 			if (i >= 2)
-				dt[i - 2] = now() - t0;
+				dt[i - 2] = k3_bench_now() - t0;
 		}
-		double bw1 = bandwidth(buf, nbw, (int)th), bw = bw0 > bw1 ? bw0 : bw1;
+		for (int r = 0; r < 5; r++)
+			rt[r] = k3_bench_read_pass(buf, nbw, th);
+		double bw1 = (double)nbw / k3_bench_median(rt, 5) / 1e9, bw = bw0 > bw1 ? bw0 : bw1;
 		uint64_t bpt = bytes_per_token(m, k3_engine_top_k(e));
-		double dec = 1.0 / median(dt, (int)n_decode);
+		double dec = 1.0 / k3_bench_median(dt, (int)n_decode);
 		double floor_tps = bw * 1e9 / (double)bpt;
 		printf("threads %u: bandwidth %.1f GB/s (%.1f before, %.1f after) | decode %.1f tok/s, %.1f MB/token -> "
 		       "floor %.1f tok/s, ratio %.0f%% (%.1f GB/s of weights) | prefill %llu: %.1f tok/s\n",
 		       th, bw, bw0, bw1, dec, (double)bpt / 1e6, floor_tps, 100.0 * dec / floor_tps,
 		       dec * (double)bpt / 1e9, (unsigned long long)n_prefill,
-		       (double)n_prefill / median(pt, 5));
+		       (double)n_prefill / k3_bench_median(pt, 5));
 		fflush(stdout);
 		free(dt);
 		free(ids);

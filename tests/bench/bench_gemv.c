@@ -26,122 +26,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "base/parse.h"
+#include "bench_util.h"
 #include "k3_kernels.h"
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-
-static uint64_t next64(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static void fill_random(void *p, size_t bytes)
-{
-	uint64_t *q = p;
-	size_t n = bytes / 8;
-
-	for (size_t i = 0; i < n; i++)
-		q[i] = next64();
-	for (size_t i = n * 8; i < bytes; i++)
-		((uint8_t *)p)[i] = (uint8_t)next64();
-}
 
 /* Random bf16 weights of modest magnitude: sign, exponent 2^-8..2^-1. */
 static void fill_bf16(uint16_t *w, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		uint64_t r = next64();
+		uint64_t r = k3_bench_rand();
 
 		w[i] = (uint16_t)(((r & 1) << 15) | ((119 + (r >> 1) % 8) << 7) | ((r >> 8) & 0x7F));
 	}
 }
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_d);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct bw_job {
-	const uint8_t *buf;
-	uint64_t part[256];
-	size_t per;              /* bytes per thread, a multiple of 64 */
-};
-
-/* The streaming read: XOR of every 16-byte word, four streams 16 KiB apart
- * read side by side (block-interleaved), like a GEMV reading four weight
- * rows at once: on this hardware one stream per core reaches only about
- * 55 % of what four do, and the limit quoted must be the best plain read.
- * SSE2 is baseline on x86-64; other machines use 64-bit words. */
-enum { BW_STREAMS = 4, BW_BLOCK = 16384 };
-
-static uint64_t stream_read(const uint8_t *p, size_t bytes)
-{
-	const size_t sb = BW_STREAMS * BW_BLOCK;
-#if defined(__SSE2__)
-	__m128i a[BW_STREAMS];
-	__m128i r;
-
-	for (int k = 0; k < BW_STREAMS; k++)
-		a[k] = _mm_setzero_si128();
-	for (size_t base = 0; base + sb <= bytes; base += sb)
-		for (size_t i = 0; i < BW_BLOCK; i += 32)
-			for (int k = 0; k < BW_STREAMS; k++) {
-				const uint8_t *q = p + base + (size_t)k * BW_BLOCK + i;
-
-				a[k] = _mm_xor_si128(a[k], _mm_xor_si128(
-					_mm_load_si128((const __m128i *)q),
-					_mm_load_si128((const __m128i *)(q + 16))));
-			}
-	r = _mm_xor_si128(_mm_xor_si128(a[0], a[1]), _mm_xor_si128(a[2], a[3]));
-	return (uint64_t)_mm_cvtsi128_si64(r) ^ (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(r, r));
-#else
-	uint64_t a[BW_STREAMS] = { 0 };
-
-	for (size_t base = 0; base + sb <= bytes; base += sb)
-		for (size_t i = 0; i < BW_BLOCK; i += 8)
-			for (int k = 0; k < BW_STREAMS; k++) {
-				uint64_t v;
-
-				memcpy(&v, p + base + (size_t)k * BW_BLOCK + i, 8);
-				a[k] ^= v;
-			}
-	return a[0] ^ a[1] ^ a[2] ^ a[3];
-#endif
-}
-
-static void bw_task(void *ctx, size_t b, size_t e)
-{
-	struct bw_job *j = ctx;
-
-	for (size_t i = b; i < e; i++)
-		j->part[i] = stream_read(j->buf + i * j->per, j->per);
-}
-
-static volatile uint64_t sink;
 
 static int parse_uint(const char *s, long lo, long hi, long *out)
 {
@@ -219,11 +117,11 @@ int main(int argc, char **argv)
 	y = malloc(ntok * 12288 * sizeof(float));
 	if (!bwbuf || !x || !y)
 		return 1;
-	fill_random(bwbuf, bw_bytes);
+	k3_bench_fill_random(bwbuf, bw_bytes);
 	/* random bits as floats may be NaN/Inf: harmless for a read benchmark,
 	 * but keep x finite for the GEMV */
 	for (size_t i = 0; i < ntok * 12288; i++)
-		x[i] = (float)((double)(next64() >> 11) * 0x1.0p-53 - 0.5);
+		x[i] = (float)((double)(k3_bench_rand() >> 11) * 0x1.0p-53 - 0.5);
 
 	printf("%-6s %-12s %3s %9s %9s %6s\n", "dtype", "rows x cols", "thr",
 		"GEMV GB/s", "mem GB/s", "ratio");
@@ -249,18 +147,15 @@ int main(int argc, char **argv)
 				if (dtype == K3_KERN_DT_BF16) {
 					fill_bf16((uint16_t *)base, rows * cols);
 				} else {
-					fill_random(base, wbytes);
+					k3_bench_fill_random(base, wbytes);
 					m[k].scales = base + wbytes;
 					for (size_t i = 0; i < sbytes; i++)
-						base[wbytes + i] = (uint8_t)(120 + next64() % 8);
+						base[wbytes + i] = (uint8_t)(120 + k3_bench_rand() % 8);
 				}
 			}
 			for (int ti = 0; ti < n_threads; ti++) {
 				double t[64], tb[64], gbs, bw;
 				int nt = k3_kern_pool_threads(pools[ti]);
-				struct bw_job j = { .buf = (const uint8_t *)bwbuf,
-					.per = bw_bytes / (size_t)nt / (BW_STREAMS * BW_BLOCK) *
-						(BW_STREAMS * BW_BLOCK) };
 
 				/* warm-up pass (page faults, pool wake-up) */
 				for (size_t k = 0; k < copies; k++)
@@ -268,18 +163,15 @@ int main(int argc, char **argv)
 				/* GEMV and bandwidth runs alternate, so both see the same
 				 * load from the other tenants of this machine */
 				for (int r = 0; r < runs; r++) {
-					double t0 = now_s();
+					double t0 = k3_bench_now();
 
 					for (size_t k = 0; k < copies; k++)
 						k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
-					t[r] = (now_s() - t0) / (double)copies;
-					t0 = now_s();
-					k3_kern_pool_for(pools[ti], (size_t)nt, 1, bw_task, &j);
-					tb[r] = now_s() - t0;
-					sink = j.part[0];
+					t[r] = (k3_bench_now() - t0) / (double)copies;
+					tb[r] = k3_bench_read_pass(bwbuf, bw_bytes, (unsigned)nt);
 				}
-				gbs = (double)per / median(t, (int)runs) / 1e9;
-				bw = (double)j.per * nt / median(tb, (int)runs) / 1e9;
+				gbs = (double)per / k3_bench_median(t, (int)runs) / 1e9;
+				bw = (double)bw_bytes / k3_bench_median(tb, (int)runs) / 1e9;
 				printf("%-6s %5zux%-6zu %3d %9.2f %9.2f %5.0f%%\n",
 					dtype == K3_KERN_DT_BF16 ? "bf16" : "mxfp4", rows, cols,
 					threads[ti], gbs, bw, 100.0 * gbs / bw);
