@@ -1147,9 +1147,20 @@ static unsigned hook_drain(void *ctx)
 	return running;
 }
 
+static void hook_cancel_running(void *ctx)
+{
+	struct k3_sched *s = ctx;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->running)
+		atomic_store(&s->running->cancel, true);
+	pthread_mutex_unlock(&s->lock);
+}
+
 struct k3_server_hooks k3_sched_hooks(struct k3_sched *s)
 {
-	struct k3_server_hooks h = { s, hook_request, hook_conn_closed, hook_status, hook_drain };
+	struct k3_server_hooks h = { s, hook_request, hook_conn_closed, hook_status, hook_drain,
+				     hook_cancel_running };
 
 	return h;
 }

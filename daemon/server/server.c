@@ -30,7 +30,7 @@
 #include "base/log.h"
 #include "k3_build_config.h"
 
-enum { MAX_LISTENERS = 8, HELLO_TIMEOUT_S = 10 };
+enum { MAX_LISTENERS = 8, HELLO_TIMEOUT_S = 10, DRAIN_GRACE_S = 5 };
 
 struct k3_conn {
 	struct k3_server *srv;
@@ -69,6 +69,7 @@ struct k3_server {
 	struct event *watchdog;
 	bool draining;
 	bool drain_waiting;            /* running jobs still finishing */
+	bool drain_cancelled;          /* out of time: running work was cancelled */
 };
 
 static void conn_close(struct k3_conn *c);
@@ -764,11 +765,24 @@ static void drain_finish(struct k3_server *s)
 static void drain_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct k3_server *s = arg;
+	struct timeval grace = { DRAIN_GRACE_S, 0 };
 
 	(void)fd; (void)what;
+	if (s->drain_waiting && !s->drain_cancelled && s->hooks.cancel_running) {
+		/* Cancelled work stops within one layer step and still sends its
+		 * client DONE{cancelled}; closing now would cut the stream off
+		 * without a terminal frame. */
+		k3_log_warning("drain timeout: cancelling the running generation");
+		s->drain_cancelled = true;
+		evtimer_add(s->drain_timer, &grace);
+		s->hooks.cancel_running(s->hooks.ctx);
+		return;
+	}
 	if (s->drain_waiting) {
 		k3_log_warning("drain timeout: stopping with work still running");
 		drain_finish(s);
+		/* One more grace period for clients to read their last bytes. */
+		evtimer_add(s->drain_timer, &grace);
 		return;
 	}
 	/* Clients that do not read their last bytes do not hold us up. */

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -342,6 +343,44 @@ def test_k3ctl(d):
     check(r.returncode == 2, "bad --reasoning-effort is a usage error")
 
 
+def test_drain(k3d):
+    """SIGTERM mid-generation: the running job's client always gets its
+    terminal frame, also when the drain timeout cuts the job short."""
+    d = Daemon(k3d, "--queue", "1", "--drain-timeout", "30")
+    try:
+        a, b = connect(d.sock), connect(d.sock)
+        sa = Stream(a, 1, raw(prompt="Once upon a time", max_new=40))
+        while sa.step() != "TOKEN":
+            pass
+        sb = Stream(b, 2, raw(prompt="queued", max_new=2))
+        sb.step()
+        d.proc.send_signal(signal.SIGTERM)
+        sa.finish()
+        sb.finish()
+        check(sa.finish_reason() == 1 and len(sa.ids) == 40, f"SIGTERM lets the running job finish: {sa.done}")
+        check(sb.error and sb.error[0] == STATUS["shutting_down"], f"queued job: shutting_down {sb.error}")
+        check(d.proc.wait(20) == 0, "exit 0 after the drain")
+    finally:
+        d.stop()
+    d = Daemon(k3d, "--drain-timeout", "0.5")
+    try:
+        a = connect(d.sock)
+        # A long prefill outlives the drain timeout on any machine.
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(3000)], max_new=100000))
+        while sa.step() != "PROGRESS":
+            pass
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            sa.finish(30)
+        except EOFError:
+            pass
+        check(sa.done is not None and sa.finish_reason() == 2,
+              f"drain timeout: the running job ends with DONE cancelled, not a bare close ({sa.events[-3:]})")
+        check(d.proc.wait(20) == 0, "exit 0 after the drain timeout")
+    finally:
+        d.stop()
+
+
 def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     print("-- golden"); test_golden(K3D)
@@ -357,6 +396,7 @@ def main():
         check(d.stop() == 0, "clean exit")
     print("-- busy/queue"); test_busy_and_queue(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
+    print("-- drain"); test_drain(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
