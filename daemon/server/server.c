@@ -45,6 +45,7 @@ struct k3_conn {
 	bool may_shutdown;             /* own uid, root or --allow-uid */
 	bool closing;                  /* close once output is flushed */
 	bool read_paused;              /* backpressure */
+	struct event *hello_timer;     /* deadline for HELLO, from the accept */
 	struct {
 		void (*cb)(void *arg, bool written);
 		void *arg;
@@ -116,6 +117,10 @@ static void conn_close(struct k3_conn *c)
 	if (!c->bev)
 		return;
 	conn_run_flush(c, false);
+	if (c->hello_timer) {
+		event_free(c->hello_timer);
+		c->hello_timer = NULL;
+	}
 	bufferevent_free(c->bev);
 	c->bev = NULL;
 	if (c->prev)
@@ -271,7 +276,10 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 		return;
 	}
 	c->hello_done = true;
-	bufferevent_set_timeouts(c->bev, NULL, NULL);
+	if (c->hello_timer) {
+		event_free(c->hello_timer);
+		c->hello_timer = NULL;
+	}
 	memset(&r, 0, sizeof(r));
 	r.server = k3_proto_str_of("k3d/" K3_VERSION); r.has_server = true;
 	r.version = K3_PROTO_VERSION; r.has_version = true;
@@ -433,10 +441,19 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct k3_conn *c = arg;
 
-	(void)bev;
-	if (what & BEV_EVENT_TIMEOUT)
-		k3_log_info("connection %llu (uid %u pid %d): no HELLO within %d s, closing",
-			    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_S);
+	(void)bev; (void)what;
+	conn_close(c);
+}
+
+/* A deadline from the accept, not a read timeout: a peer trickling one
+ * byte at a time would reset a read timeout forever. */
+static void hello_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct k3_conn *c = arg;
+
+	(void)fd; (void)what;
+	k3_log_info("connection %llu (uid %u pid %d): no HELLO within %d s, closing",
+		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_S);
 	conn_close(c);
 }
 
@@ -507,8 +524,11 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		close(fd);
 		return;
 	}
-	c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->hello_timer = evtimer_new(s->base, hello_timeout_cb, c);
+	c->bev = c->hello_timer ? bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
 	if (!c->bev) {
+		if (c->hello_timer)
+			event_free(c->hello_timer);
 		free(c);
 		close(fd);
 		return;
@@ -527,7 +547,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	s->n_conns++;
 	bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-	bufferevent_set_timeouts(c->bev, &hello_tv, NULL);
+	evtimer_add(c->hello_timer, &hello_tv);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	k3_log_debug("connection %llu from uid %u pid %d", (unsigned long long)c->id,
 		     (unsigned)cred.uid, (int)cred.pid);

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -168,6 +169,34 @@ def test_many_requests(d):
     check(ids == list(range(100, 600)), "500 pipelined PINGs answered in order")
 
 
+class HelloTrickle(threading.Thread):
+    """A peer that sends its HELLO one byte every 2 s: each byte resets a
+    read timeout, so only a deadline counted from the accept closes it
+    (protocol.md: no HELLO within 10 s -> close). Runs beside the other
+    tests to keep the suite fast."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.s = connect(path, do_hello=False)
+        self.t0 = time.time()
+        self.closed_after = None
+
+    def run(self):
+        data = hello()
+        self.s.settimeout(2)
+        for i in range(9):   # 9 bytes over 18 s: never a whole HELLO
+            try:
+                self.s.send(data[i:i + 1])
+                if self.s.recv(4096) == b"":
+                    self.closed_after = time.time() - self.t0
+                    return
+            except socket.timeout:
+                continue
+            except OSError:
+                self.closed_after = time.time() - self.t0
+                return
+
+
 def test_peer_credentials(k3d):
     """Peers outside the allow list are refused with a logged reason."""
     if os.getuid() != 0 or not shutil.which("setpriv"):
@@ -280,10 +309,15 @@ def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     d = Daemon(K3D)
     try:
-        for t in (test_k3ctl_basics, test_bad_frames, test_no_stall, test_many_requests,
-                  test_garbage_storm):
+        test_k3ctl_basics(d)
+        trickle = HelloTrickle(d.sock)
+        trickle.start()
+        for t in (test_bad_frames, test_no_stall, test_many_requests, test_garbage_storm):
             print("--", t.__name__)
             t(d)
+        trickle.join()
+        check(trickle.closed_after is not None and 9 < trickle.closed_after < 14,
+              f"a HELLO trickled byte by byte is cut off 10 s after connecting ({trickle.closed_after})")
         check(d.proc.poll() is None, "daemon alive at the end")
         check("<3>" not in d.log_text(), "no error-level log lines")
     finally:
