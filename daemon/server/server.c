@@ -46,6 +46,7 @@ struct k3_conn {
 	bool closing;                  /* close once output is flushed */
 	bool read_paused;              /* backpressure */
 	struct event *hello_timer;     /* deadline for HELLO, from the accept */
+	uint32_t large_reserved;       /* share of srv->large_reserved for the frame in front */
 	struct {
 		void (*cb)(void *arg, bool written);
 		void *arg;
@@ -71,10 +72,19 @@ struct k3_server {
 	bool draining;
 	bool drain_waiting;            /* running jobs still finishing */
 	bool drain_cancelled;          /* out of time: running work was cancelled */
+	uint64_t large_reserved;       /* payload bytes reserved by large frames in flight */
 };
 
 static void conn_close(struct k3_conn *c);
 static void server_maybe_exit(struct k3_server *s);
+
+/* The frame in front of c is done with (or c is gone): its reservation
+ * against K3_LIM_INBUF_LARGE_TOTAL ends. */
+static void conn_release_large(struct k3_conn *c)
+{
+	c->srv->large_reserved -= c->large_reserved;
+	c->large_reserved = 0;
+}
 
 /* ---- connection lifetime -------------------------------------------- */
 
@@ -117,6 +127,7 @@ static void conn_close(struct k3_conn *c)
 	if (!c->bev)
 		return;
 	conn_run_flush(c, false);
+	conn_release_large(c);
 	if (c->hello_timer) {
 		event_free(c->hello_timer);
 		c->hello_timer = NULL;
@@ -404,6 +415,24 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 			conn_close_after_write(c);
 			break;
 		}
+		if (len >= K3_PROTO_HEADER_SIZE && h.length > K3_LIM_PAYLOAD_SMALL && !c->large_reserved) {
+			/* Each frame is bounded; the sum over all connections must be too. */
+			if (c->srv->large_reserved + h.length > K3_LIM_INBUF_LARGE_TOTAL) {
+				k3_log_notice("connection %llu (uid %u pid %d): refusing a %u-byte %s: "
+					      "%llu bytes of large frames already in flight",
+					      (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid,
+					      h.length, k3_proto_type_name(h.type),
+					      (unsigned long long)c->srv->large_reserved);
+				k3_conn_send_error(c, h.request_id, K3_STATUS_BUSY, NULL,
+						   "k3d is already receiving %llu MiB of large requests; retry "
+						   "when they are done",
+						   (unsigned long long)(c->srv->large_reserved >> 20));
+				conn_close_after_write(c);
+				break;
+			}
+			c->large_reserved = h.length;
+			c->srv->large_reserved += h.length;
+		}
 		if (len < K3_PROTO_HEADER_SIZE || len - K3_PROTO_HEADER_SIZE < h.length)
 			break;   /* wait for the rest; the length is already bounded */
 		n = K3_PROTO_HEADER_SIZE + h.length;
@@ -413,6 +442,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 			break;
 		}
 		handle_frame(c, &h, payload);
+		conn_release_large(c);
 		if (c->bev)
 			evbuffer_drain(in, n);
 	}

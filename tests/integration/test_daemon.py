@@ -133,6 +133,37 @@ def test_no_stall(d):
     slow.close()
 
 
+def test_large_frame_budget(d):
+    """Large frames in flight are bounded in total, not only one by one:
+    headers announcing 100 MiB each take the budget (2 x 132 MiB) without
+    a payload byte sent, the next is refused BUSY, a released share is
+    reusable, and small requests never wait on it."""
+    big = 100 << 20
+    held = []
+    for i in range(2):
+        s = connect(d.sock)
+        s.sendall(frame(T["TOKENIZE"], 10 + i, length=big))
+        held.append(s)
+    s = connect(d.sock)
+    s.sendall(frame(T["TOKENIZE"], 12, length=big))
+    expect_error(s, "busy", "third 100 MiB frame in flight")
+    r = k3ctl(d.sock, "ping")
+    check(r.returncode == 0, "small requests pass while the large-frame budget is taken")
+    held.pop().close()
+    time.sleep(0.2)
+    s = connect(d.sock)
+    s.sendall(frame(T["TOKENIZE"], 13, length=big))
+    s.settimeout(0.5)
+    try:
+        got = s.recv(64)
+    except socket.timeout:
+        got = None
+    check(got is None, f"a closed connection's share is released ({got!r})")
+    held.append(s)
+    for s in held:
+        s.close()
+
+
 def test_garbage_storm(d):
     """Random bytes on many connections: no crash, no fd or memory growth."""
     rng = random.Random(1234)
@@ -312,7 +343,8 @@ def main():
         test_k3ctl_basics(d)
         trickle = HelloTrickle(d.sock)
         trickle.start()
-        for t in (test_bad_frames, test_no_stall, test_many_requests, test_garbage_storm):
+        for t in (test_bad_frames, test_no_stall, test_many_requests, test_large_frame_budget,
+                  test_garbage_storm):
             print("--", t.__name__)
             t(d)
         trickle.join()
