@@ -355,6 +355,7 @@ def main():
     finally:
         rc = d.stop()
     check(rc == 0, f"clean exit on SIGTERM (rc {rc})")
+    check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- test_peer_credentials")
     test_peer_credentials(K3D)
     print("-- test_lifecycle")

@@ -167,6 +167,11 @@ def test_edges(d):
     check(st.error and st.error[0] == 13, f"image part: unsupported {st.error}")
     st = generate(d.sock, chat("not a list", 4))
     check(st.error is not None, "messages not an array refused")
+    # A tool with an empty parameters object renders (was UB: qsort(NULL)).
+    st = generate(d.sock, chat([{"role": "user", "content": "hi"}], 1) +
+                  field(5, json.dumps([{"type": "function",
+                                        "function": {"name": "get", "parameters": {}}}])))
+    check(st.finish_reason() is not None, f"tool with empty parameters: {st.error}")
     # Greedy is deterministic: the same request twice gives the same ids.
     a = generate(d.sock, raw(prompt="Once upon a time", max_new=12))
     b = generate(d.sock, raw(prompt="Once upon a time", max_new=12))
@@ -394,6 +399,7 @@ def main():
         check(d.proc.poll() is None, "daemon alive")
     finally:
         check(d.stop() == 0, "clean exit")
+        check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- busy/queue"); test_busy_and_queue(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
     print("-- drain"); test_drain(K3D)
