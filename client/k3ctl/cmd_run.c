@@ -132,8 +132,9 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 		g.reasoning_effort = o->effort;
 		g.has_reasoning_effort = true;
 	}
-	if (k3ctl_client_send(c, K3_MSG_GENERATE, &g, &rid, &err) < 0)
-		return k3ctl_fail(K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
+	r = k3ctl_client_send(c, K3_MSG_GENERATE, &g, &rid, &err);
+	if (r < 0)   /* -EINVAL: the request does not encode (too large): not the daemon's fault */
+		return k3ctl_fail(r == -EINVAL ? K3CTL_EXIT_ERROR : K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
 	for (;;) {
 		if (interrupted && !cancel_sent && res->job_id) {
 			struct k3_msg_cancel cm;
@@ -344,7 +345,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct gen_opts *o
 	o->has_max_new = true;
 	opterr = 0;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	/* A leading ':' makes a missing value ':' rather than '?' (unknown). */
+	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		switch (c) {
 		case O_MAX_NEW:
 			if (k3_parse_u64(optarg, 0, K3_LIM_MAX_NEW, &v, NULL) < 0)
@@ -354,8 +356,9 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct gen_opts *o
 		case O_STOP:
 			if (o->n_stop == K3_LIM_STOP_COUNT)
 				return -k3ctl_usage(cmd, "at most %u --stop strings", K3_LIM_STOP_COUNT);
-			if (!*optarg || strlen(optarg) > K3_LIM_STOP_BYTES)
-				return -k3ctl_usage(cmd, "--stop needs 1..%u bytes", K3_LIM_STOP_BYTES);
+			if (!*optarg || strlen(optarg) > K3_LIM_STOP_BYTES ||
+			    !k3_proto_utf8_valid(optarg, strlen(optarg)))
+				return -k3ctl_usage(cmd, "--stop needs 1..%u bytes of UTF-8", K3_LIM_STOP_BYTES);
 			o->stop[o->n_stop++] = optarg;
 			break;
 		case O_EFFORT:
@@ -374,6 +377,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct gen_opts *o
 			if (parse_ids(optarg, o) < 0)
 				return -k3ctl_usage(cmd, "--prompt-ids takes comma-separated token ids");
 			break;
+		case ':':
+			return -k3ctl_usage(cmd, "%s needs a value", argv[optind - 1]);
 		default:
 			return -k3ctl_usage(cmd, "unknown option '%s'", argv[optind - 1]);
 		}
@@ -441,6 +446,8 @@ int k3ctl_cmd_run(int argc, char **argv)
 		prompt = argv[i];
 	if (o.chat && o.n_prompt_ids)
 		return k3ctl_usage("run", "--prompt-ids is for raw completions, not --chat");
+	if (!k3_proto_utf8_valid(prompt, strlen(prompt)))
+		return k3ctl_usage("run", "PROMPT is not valid UTF-8");
 	if (o.chat) {
 		json_t *m = json_pack("[{s:s,s:s}]", "role", "user", "content", prompt);
 
@@ -516,6 +523,12 @@ int k3ctl_cmd_chat(int argc, char **argv)
 			break;
 		}
 		if (!*line) {
+			free(line);
+			continue;
+		}
+		if (!k3_proto_utf8_valid(line, strlen(line))) {
+			/* It would not encode: skip it rather than send the rest. */
+			fputs("k3ctl chat: that line is not valid UTF-8; ignored\n", stderr);
 			free(line);
 			continue;
 		}

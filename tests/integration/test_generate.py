@@ -346,6 +346,22 @@ def test_k3ctl(d):
     r = subprocess.run([K3CTL, "--socket", d.sock, "run", "--reasoning-effort", "medium"],
                        capture_output=True, text=True)
     check(r.returncode == 2, "bad --reasoning-effort is a usage error")
+    # Bad input to k3ctl is a usage error (2), never "daemon unavailable" (3)
+    # and never silently sent as something else.
+    r = subprocess.run([K3CTL, "--socket", d.sock, "run", "--max-new"], capture_output=True, text=True)
+    check(r.returncode == 2 and "--max-new needs" in r.stderr, f"--max-new without a value: {r.stderr}")
+    for args in ([b"run", b"caf\xe9"], [b"run", b"--chat", b"caf\xe9"], [b"run", b"--stop", b"\xff", b"x"]):
+        r = subprocess.run([K3CTL.encode(), b"--socket", d.sock.encode(), *args], capture_output=True)
+        check(r.returncode == 2 and b"UTF-8" in r.stderr, f"k3ctl {args}: not UTF-8 -> usage ({r.returncode} {r.stderr[:120]})")
+    r = subprocess.run([K3CTL, "--socket", d.sock, "--json", "chat", "--max-new", "2"],
+                       input=b"caf\xe9\nhello\n", capture_output=True, timeout=60)
+    turns = [json.loads(x) for x in r.stdout.splitlines() if x.startswith(b"{")]
+    one = subprocess.run([K3CTL, "--socket", d.sock, "--json", "run", "--chat", "--max-new", "2", "hello"],
+                         capture_output=True, timeout=60)
+    want = json.loads(one.stdout)["usage"]["prompt_tokens"] if one.returncode == 0 else None
+    check(r.returncode == 0 and len(turns) == 1 and b"UTF-8" in r.stderr and
+          turns[0]["usage"]["prompt_tokens"] == want,
+          f"k3ctl chat skips a non-UTF-8 line instead of sending an empty conversation ({r.stdout[:200]} {r.stderr[:200]})")
 
 
 def test_drain(k3d):
