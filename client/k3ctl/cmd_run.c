@@ -155,6 +155,9 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 			continue;
 		switch (h.type) {
 		case K3_MSG_ACCEPTED:
+			/* The id 'k3ctl cancel' takes; printed once, at the first ACCEPTED. */
+			if (o->stats && !res->job_id)
+				fprintf(stderr, "[job %llu]\n", (unsigned long long)b.accepted.job_id);
 			res->job_id = b.accepted.job_id;
 			if (b.accepted.queue_position > 0 && o->stats)
 				fprintf(stderr, "[queued at position %u, job %llu]\n", b.accepted.queue_position,

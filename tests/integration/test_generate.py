@@ -10,6 +10,7 @@ usage: test_generate.py K3D K3CTL SHARED_DIR
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -341,6 +342,25 @@ def test_k3ctl(d):
     check(r.returncode == 0 and len(lines) == 2, f"k3ctl chat: two turns ({r.stdout[:200]})")
     if len(lines) == 2:
         check(lines[1]["usage"]["cached_tokens"] > 0, "k3ctl chat reuses the conversation")
+    # `k3ctl cancel` with the id that `run --stats` shows stops that run.
+    # (a long prefill keeps it running on any machine)
+    long_ids = ",".join(str(1 + i % 2000) for i in range(3000))
+    p = subprocess.Popen([K3CTL, "--socket", d.sock, "run", "--stats", "--max-new", "100000",
+                          "--prompt-ids", long_ids], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    first = p.stderr.readline()
+    m = re.match(r"\[job (\d+)\]", first)
+    check(m is not None, f"run --stats names its job id first: {first!r}")
+    if m:
+        r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", m.group(1)], capture_output=True, text=True)
+        check(r.returncode == 0, f"k3ctl cancel {m.group(1)}: {r.stderr}")
+    try:
+        rc = p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+    p.stderr.close()
+    check(rc == 130, f"the cancelled run exits 130 ({rc})")
     r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", "424242"], capture_output=True, text=True)
     check(r.returncode == 1, "k3ctl cancel of an unknown job fails")
     r = subprocess.run([K3CTL, "--socket", d.sock, "run", "--reasoning-effort", "medium"],
