@@ -937,6 +937,14 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	k3_conn_send(c, K3_MSG_ACCEPTED, rid, &a);
 }
 
+/* Whether connection c may cancel job j by its job id: its own uid's
+ * jobs, or any job for an admin peer (job ids are sequential, so any
+ * group member could otherwise stop everyone's work). */
+static bool may_cancel(const struct k3_conn *c, const struct job *j)
+{
+	return k3_conn_is_admin(c) || (j->conn && k3_conn_uid(j->conn) == k3_conn_uid(c));
+}
+
 /* Marks matching jobs cancelled; queued ones are removed and answered at
  * once, the running one stops at its next step. Returns how many matched. */
 static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool by_rid, uint32_t rid,
@@ -948,7 +956,8 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 	pthread_mutex_lock(&s->lock);
 	for (pp = &s->queue_head; *pp;) {
 		struct job *j = *pp;
-		bool match = job_id ? j->id == job_id : (j->conn == c && (!by_rid || j->rid == rid));
+		bool match = job_id ? j->id == job_id && may_cancel(c, j) :
+				      (j->conn == c && (!by_rid || j->rid == rid));
 
 		if (match) {
 			*pp = j->next;
@@ -965,7 +974,8 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		s->queue_tail = j;
 	if (s->running) {
 		struct job *j = s->running;
-		bool match = job_id ? j->id == job_id : (j->conn == c && (!by_rid || j->rid == rid));
+		bool match = job_id ? j->id == job_id && may_cancel(c, j) :
+				      (j->conn == c && (!by_rid || j->rid == rid));
 
 		if (match) {
 			atomic_store(&j->cancel, true);

@@ -108,6 +108,7 @@ bool k3_conn_is_open(const struct k3_conn *c)
 
 uid_t k3_conn_uid(const struct k3_conn *c) { return c->uid; }
 uint64_t k3_conn_id(const struct k3_conn *c) { return c->id; }
+bool k3_conn_is_admin(const struct k3_conn *c) { return c->may_shutdown; }
 
 /* Runs (and clears) the flush waiters with the given outcome. */
 static void conn_run_flush(struct k3_conn *c, bool written)

@@ -102,6 +102,9 @@ int k3_conn_send_error(struct k3_conn *c, uint32_t request_id, enum k3_proto_sta
 /* Peer credentials, and a per-process unique connection number. */
 uid_t k3_conn_uid(const struct k3_conn *c);
 uint64_t k3_conn_id(const struct k3_conn *c);
+/* True for the daemon's uid, root and --allow-uid peers (they may send
+ * SHUTDOWN and cancel anyone's job); false for --allow-gid members. */
+bool k3_conn_is_admin(const struct k3_conn *c);
 /* Reference counting, so the scheduler can hold a connection across
  * events; the server drops its own reference when the peer goes away.
  * k3_conn_send on a gone connection returns -EPIPE. */

@@ -422,6 +422,34 @@ def test_drain(k3d):
         d.stop()
 
 
+def test_cancel_permissions(k3d):
+    """A CANCEL by job id from another user's connection: admins (the
+    daemon's uid, root, --allow-uid) may cancel any job, --allow-gid
+    members only jobs of their own uid."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        print("skip: cancel permission test needs root and setpriv")
+        return
+    d = Daemon(k3d, "--allow-gid", "65534")
+    try:
+        os.chmod(d.dir, 0o755)
+        os.chmod(d.sock, 0o666)
+        a = connect(d.sock)
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(3000)], max_new=4))
+        sa.step()
+        job = struct.unpack("<Q", sa.accepted[1][0])[0]
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            K3CTL, "--socket", d.sock, "cancel", str(job)],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 1, f"a group member may not cancel root's job {job}: {r.returncode} {r.stderr}")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", str(job)], capture_output=True, text=True)
+        check(r.returncode == 0, f"root may cancel it: {r.stderr}")
+        sa.finish()
+        check(sa.finish_reason() == 2, "cancelled by root")
+        a.close()
+    finally:
+        d.stop()
+
+
 def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     print("-- golden"); test_golden(K3D)
@@ -439,6 +467,7 @@ def main():
     print("-- busy/queue"); test_busy_and_queue(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
     print("-- drain"); test_drain(K3D)
+    print("-- cancel permissions"); test_cancel_permissions(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
