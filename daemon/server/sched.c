@@ -891,6 +891,7 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	struct k3_msg_accepted a;
 	struct job *j;
 	unsigned ahead;
+	bool dup;
 
 	if (s->draining) {
 		k3_conn_send_error(c, rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");
@@ -898,7 +899,18 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	}
 	pthread_mutex_lock(&s->lock);
 	ahead = s->n_queued + (s->running ? 1 : 0);
+	/* Events and CANCEL are matched by request id: two live GENERATEs
+	 * with one id on one connection could not be told apart. */
+	dup = s->running && s->running->conn == c && s->running->rid == rid;
+	for (struct job *q = s->queue_head; q && !dup; q = q->next)
+		dup = q->conn == c && q->rid == rid;
 	pthread_mutex_unlock(&s->lock);
+	if (dup) {
+		k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, NULL,
+				   "request id %u is already in use by a queued or running GENERATE "
+				   "on this connection", rid);
+		return;
+	}
 	if (ahead > s->opts->queue_max) {
 		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
 				   "engine busy: 1 generation running and %u/%u queued; retry later",

@@ -253,6 +253,20 @@ def test_busy_and_queue(k3d):
         sa.finish()
         sb.finish()
         check(sb.finish_reason() == 1 and len(sb.ids) == 3, "queued request runs after the first")
+        # A request id still in use on the connection is refused, not merged.
+        sa = Stream(a, 5, raw(prompt="long", max_new=100000))
+        while sa.step() != "TOKEN":
+            pass
+        a.sendall(frame(T["GENERATE"], 5, raw(prompt="dup", max_new=2)))
+        while True:
+            r = read_frame(a)
+            if r[0] == T["ERROR"] or r[0] == T["ACCEPTED"]:
+                break
+        check(r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["bad_request"] and r[1] == 5,
+              f"duplicate request id refused ({NAMES.get(r[0])})")
+        a.sendall(frame(T["CANCEL"], 5))
+        sa.finish()
+        check(sa.finish_reason() == 2, "the first request with that id is unaffected and cancellable")
         check(any(e == "ACCEPTED" for e in sb.events), "ACCEPTED sent")
         a.close()
         b.close()
