@@ -417,6 +417,8 @@ static void run_job(struct k3_sched *s, struct job *j)
 	float *logits = malloc((size_t)V * sizeof(float));
 	uint32_t start = 0, n = (uint32_t)j->prompt.n, tok;
 	double queued_s = since(&j->t_submit), prefill_s = 0, decode_s = 0;
+	bool prefilled = false;
+	uint32_t prefill_end = 0;        /* prompt position prefill reached */
 	int r = 0;
 
 	memset(&done, 0, sizeof(done));
@@ -456,6 +458,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 	j->n_cached = start;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	prefill_end = start;
 	for (uint32_t pos = start; pos < n;) {
 		uint32_t c = n - pos < PREFILL_CHUNK ? n - pos : PREFILL_CHUNK;
 		struct k3_msg_progress p;
@@ -469,6 +472,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		if (r < 0)
 			goto out;
 		pos += c;
+		prefill_end = pos;
 		memset(&p, 0, sizeof(p));
 		p.done = pos; p.has_done = true;
 		p.total = n; p.has_total = true;
@@ -481,6 +485,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 	if (j->chat && (r = k3_engine_seq_clone(s->engine, seq, &j->branch[0].seq, &err)) < 0)
 		goto out;
 	prefill_s = since(&t0);
+	prefilled = true;
 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	j->finish = K3_FINISH_LENGTH;
@@ -528,6 +533,11 @@ out:
 		j->finish = K3_FINISH_CANCELLED;
 		decode_s = since(&t1);
 	}
+	if (!prefilled && j->finish == K3_FINISH_CANCELLED) {
+		/* Cancelled during prefill: that time was prefill, none was decode. */
+		prefill_s = since(&t0);
+		decode_s = 0;
+	}
 	if (r < 0) {
 		struct k3_msg_error e;
 
@@ -548,7 +558,7 @@ out:
 		done.queued_s = queued_s; done.has_queued_s = true;
 		done.prefill_s = prefill_s; done.has_prefill_s = true;
 		done.decode_s = decode_s; done.has_decode_s = true;
-		done.prefill_tps = prefill_s > 0 ? (double)(n - start) / prefill_s : 0;
+		done.prefill_tps = prefill_s > 0 ? (double)(prefill_end - start) / prefill_s : 0;
 		done.has_prefill_tps = true;
 		done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
 		done.has_decode_tps = true;

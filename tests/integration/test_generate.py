@@ -202,6 +202,9 @@ def test_cancel(d):
     s.sendall(frame(T["CANCEL"], 6, field(1, struct.pack("<Q", job))))
     st.finish()
     check(st.finish_reason() == 2 and st.ids == [], f"cancel during prefill: {st.done}")
+    if st.done:
+        pre, dec = (struct.unpack("<d", st.done[k])[0] for k in (7, 8))
+        check(pre > 0 and dec == 0, f"cancel during prefill: the time is prefill time ({pre}, {dec})")
     check("OK" in st.events or True, "cancel acknowledged")
     # During decode: cancel by request id after a few tokens.
     st = Stream(s, 7, raw(prompt="Tell me a story", max_new=100000))
@@ -421,7 +424,7 @@ def test_drain(k3d):
     try:
         a = connect(d.sock)
         # A long prefill outlives the drain timeout on any machine.
-        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(3000)], max_new=100000))
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
         while sa.step() != "PROGRESS":
             pass
         d.proc.send_signal(signal.SIGTERM)
