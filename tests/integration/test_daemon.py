@@ -53,6 +53,7 @@ def test_k3ctl_basics(d):
     r = k3ctl(d.sock, "status")
     check(r.returncode == 0 and "state:" in r.stdout and "ready" in r.stdout,
           f"status prints state: {r.stdout!r} {r.stderr!r}")
+    check("ready - ready" not in r.stdout, f"status text that repeats the state is not printed: {r.stdout!r}")
     r = k3ctl(d.sock, "status", "--json")
     j = json.loads(r.stdout)
     check(j["state"] == "ready" and j["pid"] == d.proc.pid and j["model"] == "nano",
