@@ -261,20 +261,24 @@ static void print_stats(const struct gen_result *r)
 
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
-		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); experts: %llu bytes read, "
-		"%llu hits, %llu misses, prefetch %llu issued / %llu used\n",
+		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
 		finish_name(d->finish), d->prompt_tokens, d->cached_tokens, d->completion_tokens,
-		d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps, d->decode_s, d->decode_tps,
-		(unsigned long long)d->expert_bytes_read, (unsigned long long)d->expert_hits,
-		(unsigned long long)d->expert_misses, (unsigned long long)d->prefetch_issued,
-		(unsigned long long)d->prefetch_used);
+		d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps, d->decode_s, d->decode_tps);
+	/* Absent counters are unknown, not zero. */
+	if (d->has_expert_bytes_read)
+		fprintf(stderr, "experts: %llu bytes read, %llu hits, %llu misses, prefetch %llu issued / "
+			"%llu used\n", (unsigned long long)d->expert_bytes_read,
+			(unsigned long long)d->expert_hits, (unsigned long long)d->expert_misses,
+			(unsigned long long)d->prefetch_issued, (unsigned long long)d->prefetch_used);
+	else
+		fputs("experts: not reported\n", stderr);
 }
 
 static json_t *result_json(const struct gen_result *r)
 {
 	const struct k3_msg_done *d = &r->done;
 
-	return json_pack("{s:I,s:s,s:s,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
+	json_t *j = json_pack("{s:I,s:s,s:s,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
 			 "s:{s:f,s:f,s:f,s:f,s:f},s:{s:I,s:I,s:I,s:I,s:I,s:I}}",
 			 "job_id", (json_int_t)r->job_id,
 			 "text", r->text ? r->text : "",
@@ -291,6 +295,10 @@ static json_t *result_json(const struct gen_result *r)
 			 "prefetch_issued", (json_int_t)d->prefetch_issued, "prefetch_used",
 			 (json_int_t)d->prefetch_used, "prefetch_wasted_bytes",
 			 (json_int_t)d->prefetch_wasted_bytes);
+
+	if (j && !d->has_expert_bytes_read)
+		json_object_set_new(j, "experts", json_null());   /* unknown, not zero */
+	return j;
 }
 
 static int parse_ids(const char *s, struct gen_opts *o)

@@ -17,6 +17,8 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -467,8 +469,54 @@ def test_cancel_permissions(k3d):
         d.stop()
 
 
+def fake_k3d_once(path, done_extra):
+    """Serves one k3ctl connection at path like k3d would: HELLO_OK, then
+    ACCEPTED, one TOKEN and DONE (plus done_extra fields) for its GENERATE."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        t, rid, _f = read_frame(c, 10)
+        c.sendall(frame(T["HELLO_OK"], rid, field(1, "fake") + field(2, 1) + field(5, 1)))
+        t, rid, _f = read_frame(c, 10)
+        c.sendall(frame(T["ACCEPTED"], rid, field(1, struct.pack("<Q", 9)) + field(2, 0)) +
+                  frame(T["TOKEN"], rid, ids_field(1, [42]) + field(2, "x")) +
+                  frame(T["DONE"], rid, field(1, 1) + field(2, 3) + field(3, 1) + done_extra))
+        read_frame(c, 10)
+        c.close()
+        srv.close()
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    return th
+
+
+def test_k3ctl_expert_counters():
+    """k3ctl shows expert-store counters only when DONE carries them: a
+    k3d that does not report them must not read as '0 bytes read'."""
+    tmp = tempfile.mkdtemp()
+    try:
+        for i, extra in enumerate((b"", field(11, struct.pack("<Q", 12345)) + field(12, struct.pack("<Q", 7)))):
+            path = os.path.join(tmp, f"fake{i}.sock")
+            th = fake_k3d_once(path, extra)
+            r = subprocess.run([K3CTL, "--socket", path, "--json", "run", "--stats", "hi"],
+                               capture_output=True, text=True, timeout=30)
+            th.join(10)
+            j = json.loads(r.stdout) if r.returncode == 0 else {}
+            if extra:
+                check("12345 bytes read" in r.stderr and j.get("experts", {}).get("bytes_read") == 12345,
+                      f"reported expert counters are shown: {r.stderr!r} {r.stdout[:200]}")
+            else:
+                check("experts: not reported" in r.stderr and "experts" in j and j["experts"] is None,
+                      f"missing expert counters are not shown as zeros: {r.stderr!r} {r.stdout[:200]}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
+    print("-- k3ctl expert counters"); test_k3ctl_expert_counters()
     print("-- golden"); test_golden(K3D)
     print("-- forward"); test_forward_matches(K3D)
     d = Daemon(K3D)
