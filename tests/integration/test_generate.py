@@ -295,6 +295,16 @@ def test_reuse_and_transactions(k3d):
             pass
         s.close()
         time.sleep(0.2)
+        # Nor does a cancelled one, in decode or in prefill.
+        for when in ("TOKEN", "PROGRESS"):
+            s = connect(d.sock)
+            st = Stream(s, 2, chat(longer, 100000))
+            while st.step() != when:
+                pass
+            s.sendall(frame(T["CANCEL"], 2))
+            st.finish()
+            check(st.finish_reason() == 2, f"cancelled at {when}")
+            s.close()
         second = generate(d.sock, chat(hist, 6))
         cached = second.done_u32(5)
     finally:
