@@ -33,7 +33,11 @@
 #include "text/text_parse.h"
 #include "text/text_tok.h"
 
-enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS };
+/* PUBLISH_DEADLINE_S: how long a finished job's branch states wait for
+ * its client to take the DONE frame; later they are dropped, unpublished
+ * (a slow reader only loses conversation reuse; tests/integration/
+ * test_generate.py knows this value). */
+enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS, PUBLISH_DEADLINE_S = 5 };
 
 /* A sequence state and the ids it has consumed. */
 struct conv_state {
@@ -75,6 +79,7 @@ struct job {
 	struct conv_state branch[2];
 	bool done_sent;
 	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
+	struct event *publish_timer;    /* PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 	uint32_t n_gen, n_reasoning, n_cached;
 };
 
@@ -675,6 +680,8 @@ static void job_free(struct job *j)
 {
 	if (!j)
 		return;
+	if (j->publish_timer)
+		event_free(j->publish_timer);
 	k3_conn_unref(j->conn);
 	k3_tok_ids_release(&j->prompt);
 	for (uint32_t i = 0; i < j->n_stop; i++)
@@ -700,6 +707,20 @@ static void job_flushed(void *arg, bool written)
 		pthread_mutex_unlock(&s->lock);
 	}
 	job_free(j);
+}
+
+/* The client has not taken its DONE in time: drop the branch states now
+ * rather than pin them until it reads or goes away; job_flushed then
+ * finds nothing to publish. */
+static void job_publish_late(evutil_socket_t fd, short what, void *arg)
+{
+	struct job *j = arg;
+
+	(void)fd; (void)what;
+	k3_log_debug("job %llu: DONE unread after %d s; its state will not be published",
+		     (unsigned long long)j->id, PUBLISH_DEADLINE_S);
+	conv_state_release(&j->branch[0]);
+	conv_state_release(&j->branch[1]);
 }
 
 static void send_positions(struct k3_sched *s)
@@ -748,8 +769,16 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			s->totals.prompt_tokens_total += j->prompt.n;
 			s->totals.completion_tokens_total += j->n_gen;
 			s->totals.reasoning_tokens_total += j->n_reasoning;
-			if (j->conn && j->done_sent && k3_conn_when_flushed(j->conn, job_flushed, j) == 0)
-				break;
+			if (j->conn && j->done_sent) {
+				struct timeval tv = { PUBLISH_DEADLINE_S, 0 };
+
+				/* Armed first: a synchronous job_flushed frees it with j. */
+				j->publish_timer = evtimer_new(s->base, job_publish_late, j);
+				if (j->publish_timer)
+					evtimer_add(j->publish_timer, &tv);
+				if (k3_conn_when_flushed(j->conn, job_flushed, j) == 0)
+					break;
+			}
 			job_free(j);
 			break;
 		case MSG_LOADED:

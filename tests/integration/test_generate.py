@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import T, STATUS, Daemon, connect, field, frame, make_model, read_frame, u32  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
+PUBLISH_DEADLINE_S = 5   # daemon/server/sched.c
 failures = []
 NAMES = {v: k for k, v in T.items()}
 
@@ -307,6 +308,29 @@ def test_reuse_and_transactions(k3d):
             s.close()
         second = generate(d.sock, chat(hist, 6))
         cached = second.done_u32(5)
+    finally:
+        d.stop()
+    # A finished job whose DONE its client leaves unread holds two branch
+    # states; after a deadline they are dropped (never published), so a
+    # client that stops reading cannot pin state memory forever.
+    d = Daemon(k3d)
+    try:
+        generate(d.sock, chat(turn1, 6))
+        s = connect(d.sock)
+        # ~1000 unread STATUS replies fill the socket buffer, so DONE waits.
+        s.sendall(b"".join(frame(T["STATUS"], 100 + i) for i in range(1000)))
+        time.sleep(0.3)
+        s.sendall(frame(T["GENERATE"], 1, chat(hist, 6)))
+        time.sleep(PUBLISH_DEADLINE_S + 2)
+        st = Stream.__new__(Stream)
+        st.sock, st.rid, st.events, st.ids, st.text = s, 1, [], [], b""
+        st.done = st.error = st.accepted = None
+        st.finish()
+        s.close()
+        later = generate(d.sock, chat(hist + [{"role": "assistant", "content": "x"},
+                                              {"role": "user", "content": "more"}], 2))
+        check(st.finish_reason() == 1 and later.done_u32(5) < st.done_u32(2),
+              f"state of a DONE read after the deadline is not published (cached {later.done_u32(5)})")
     finally:
         d.stop()
     d2 = Daemon(k3d)
