@@ -13,6 +13,7 @@
 #include "server/sched.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,7 +38,8 @@
  * its client to take the DONE frame; later they are dropped, unpublished
  * (a slow reader only loses conversation reuse; tests/integration/
  * test_generate.py knows this value). */
-enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS, PUBLISH_DEADLINE_S = 5 };
+enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS, PUBLISH_DEADLINE_S = 5,
+       PREP_INLINE_BYTES = 64 << 10 };
 
 /* A sequence state and the ids it has consumed. */
 struct conv_state {
@@ -81,13 +83,42 @@ struct job {
 	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
 	struct event *publish_timer;    /* PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 	uint32_t n_gen, n_reasoning, n_cached;
+	/* set by job_prepare when the request cannot run */
+	uint32_t err_status;            /* enum k3_proto_status; 0 = none */
+	const char *err_param;
+	char err_msg[K3_LIM_MESSAGE_MAX];
 };
 
-enum sched_msg_kind { MSG_FRAME, MSG_STARTED, MSG_FINISHED, MSG_LOADED };
+/*
+ * A GENERATE or TOKENIZE carrying more text than the loop thread should
+ * render or tokenize itself (a 128 MiB prompt takes seconds): the prep
+ * thread does that work on a private copy of the request and posts the
+ * result back, so every other client stays served meanwhile. Small
+ * requests take the same functions inline.
+ */
+struct prep_task {
+	bool tokenize;
+	struct k3_conn *conn;           /* ref held; loop thread only */
+	uint32_t rid;
+	struct job *job;                /* GENERATE */
+	struct k3_msg_generate g;       /* GENERATE, strings and ids in blob */
+	void *blob;
+	char *text;                     /* TOKENIZE */
+	size_t text_len;
+	bool special;
+	uint8_t *frame;                 /* TOKENIZE: reply or ERROR, encoded */
+	size_t frame_len;
+	bool cancel;                    /* loop thread only */
+	struct prep_task *next;         /* prep queue (under lock) */
+	struct prep_task *lnext;        /* in-flight list (loop thread) */
+};
+
+enum sched_msg_kind { MSG_FRAME, MSG_STARTED, MSG_FINISHED, MSG_LOADED, MSG_PREPARED };
 
 struct sched_msg {
 	enum sched_msg_kind kind;
 	struct job *job;
+	struct prep_task *task;         /* MSG_PREPARED */
 	uint8_t *bytes;
 	size_t len;
 	bool ok;
@@ -102,8 +133,8 @@ struct k3_sched {
 	void (*on_ready)(void *ctx, bool ok, const char *message);
 	void *ready_ctx;
 	struct event *wake;
-	pthread_t thread;
-	bool thread_started;
+	pthread_t thread, prep_thread;
+	bool thread_started, prep_started;
 
 	/* set once by the engine thread before MSG_LOADED, read-only after */
 	struct k3_model *model;
@@ -119,10 +150,14 @@ struct k3_sched {
 	struct job *running;
 	bool stopping;
 	struct sched_msg *msgs, *msgs_tail;
+	struct prep_task *prep_head, *prep_tail;
+	pthread_cond_t prep_cond;
 	/* the published conversation */
 	struct conv_state pub[2];
 
 	/* loop thread only */
+	struct prep_task *inflight;     /* tasks on the prep thread */
+	unsigned n_prepping;            /* GENERATEs among them */
 	bool ready;                     /* MSG_LOADED arrived with success */
 	uint64_t next_job_id;
 	bool draining;
@@ -742,6 +777,8 @@ static void send_positions(struct k3_sched *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
+static void prep_done(struct k3_sched *s, struct prep_task *t);
+
 static void wake_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct k3_sched *s = arg;
@@ -781,6 +818,9 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			}
 			job_free(j);
 			break;
+		case MSG_PREPARED:
+			prep_done(s, m->task);
+			break;
 		case MSG_LOADED:
 			if (m->ok)
 				k3_log_notice("model '%s' loaded (%u layers, vocab %u)", s->model_id,
@@ -802,10 +842,26 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* Records why a request cannot run (sent as ERROR by the loop thread). */
+static int prep_fail(struct job *j, uint32_t status, const char *param, int code,
+		     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int prep_fail(struct job *j, uint32_t status, const char *param, int code,
+		     const char *fmt, ...)
+{
+	va_list ap;
+
+	j->err_status = status;
+	j->err_param = param;
+	va_start(ap, fmt);
+	vsnprintf(j->err_msg, sizeof(j->err_msg), fmt, ap);
+	va_end(ap);
+	return code;
+}
+
 /* Copies the request into a job: ids from prompt text, prompt ids or the
- * rendered chat. Answers with an ERROR and returns < 0 when it cannot. */
-static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
-		       const struct k3_msg_generate *g, struct job *j)
+ * rendered chat. On failure returns < 0 with the ERROR to send recorded in
+ * j. Touches no connection, so it may run on the prep thread. */
+static int job_prepare(struct k3_sched *s, const struct k3_msg_generate *g, struct job *j)
 {
 	const struct k3_model_config *mc = k3_model_config(s->model);
 	uint64_t ctx = mc->max_position_embeddings ? mc->max_position_embeddings : 4096;
@@ -814,23 +870,23 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 
 	j->chat = g->mode == K3_MODE_CHAT;
 	if (!s->tok && (j->chat || g->has_prompt || g->has_stop))
-		return k3_conn_send_error(c, rid, K3_STATUS_UNSUPPORTED, j->chat ? "messages" : "prompt",
-					  "this model has no tokenizer (tiktoken.model): send prompt_ids"), -ENOTSUP;
+		return prep_fail(j, K3_STATUS_UNSUPPORTED, j->chat ? "messages" : "prompt", -ENOTSUP,
+					  "this model has no tokenizer (tiktoken.model): send prompt_ids");
 	if (g->mode > K3_MODE_CHAT)
-		return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "mode", "unknown mode %u", g->mode), -EINVAL;
+		return prep_fail(j, K3_STATUS_BAD_REQUEST, "mode", -EINVAL, "unknown mode %u", g->mode);
 	if (!j->chat) {
 		if (g->has_prompt == g->has_prompt_ids)
-			return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "prompt",
-						  "a raw GENERATE needs exactly one of prompt and prompt_ids"), -EINVAL;
+			return prep_fail(j, K3_STATUS_BAD_REQUEST, "prompt", -EINVAL,
+						  "a raw GENERATE needs exactly one of prompt and prompt_ids");
 		if (g->has_prompt)
 			r = k3_tok_encode(s->tok, g->prompt.p, g->prompt.len, false, &j->prompt, &err);
 		for (uint32_t i = 0; r == 0 && g->has_prompt_ids && i < g->prompt_ids.n; i++) {
 			uint32_t id = k3_proto_ids_at(&g->prompt_ids, i);
 
 			if (id >= k3_engine_vocab(s->engine))
-				return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "prompt_ids",
+				return prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "prompt_ids", -EINVAL,
 							  "token id %u is outside the vocabulary (%u ids)", id,
-							  k3_engine_vocab(s->engine)), -EINVAL;
+							  k3_engine_vocab(s->engine));
 			r = k3_tok_ids_push(&j->prompt, id);
 		}
 	} else {
@@ -841,21 +897,21 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		static const char *const efforts[] = { NULL, NULL, "low", "high", "max" };
 
 		if (!g->has_messages || g->has_prompt || g->has_prompt_ids)
-			return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "messages",
-						  "a chat GENERATE needs messages and no prompt"), -EINVAL;
+			return prep_fail(j, K3_STATUS_BAD_REQUEST, "messages", -EINVAL,
+						  "a chat GENERATE needs messages and no prompt");
 		msgs = json_loadb(g->messages.p, g->messages.len, JSON_REJECT_DUPLICATES, &jerr);
 		if (!msgs || !json_is_array(msgs)) {
 			json_decref(msgs);
-			return k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "messages",
-						  "messages must be a JSON array: %s", msgs ? "not an array" : jerr.text), -EINVAL;
+			return prep_fail(j, K3_STATUS_BAD_REQUEST, "messages", -EINVAL,
+						  "messages must be a JSON array: %s", msgs ? "not an array" : jerr.text);
 		}
 		k3_chat_opts_init(&o);
 		if (g->has_thinking)
 			o.thinking = g->thinking;
 		if (g->has_reasoning_effort && g->reasoning_effort > K3_EFFORT_MAX) {
 			json_decref(msgs);
-			return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "reasoning_effort",
-						  "unknown reasoning effort %u", g->reasoning_effort), -EINVAL;
+			return prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "reasoning_effort", -EINVAL,
+						  "unknown reasoning effort %u", g->reasoning_effort);
 		}
 		/* Unset effort means "max", as the release's apply_chat_template
 		 * does; thinking stays on unless the request turns it off. */
@@ -889,25 +945,25 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		json_decref(choice);
 		json_decref(fmt);
 		if (r < 0)
-			return k3_conn_send_error(c, rid, r == -ENOTSUP ? K3_STATUS_UNSUPPORTED :
-						  K3_STATUS_INVALID_ARGUMENT, "messages", "%s", err.msg), r;
+			return prep_fail(j, r == -ENOTSUP ? K3_STATUS_UNSUPPORTED :
+						  K3_STATUS_INVALID_ARGUMENT, "messages", r, "%s", err.msg);
 	}
 	if (r < 0)
-		return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "prompt", "%s", err.msg), r;
+		return prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "prompt", r, "%s", err.msg);
 	if (j->prompt.n == 0)
-		return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "prompt",
-					  "the prompt is empty"), -EINVAL;
+		return prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "prompt", -EINVAL,
+					  "the prompt is empty");
 	if (j->prompt.n >= ctx)
-		return k3_conn_send_error(c, rid, K3_STATUS_CONTEXT_EXCEEDED, "messages",
-					  "the prompt has %zu tokens; the context holds %llu", j->prompt.n,
-					  (unsigned long long)ctx), -E2BIG;
+		return prep_fail(j, K3_STATUS_CONTEXT_EXCEEDED, "messages", -E2BIG,
+				 "the prompt has %zu tokens; the context holds %llu", j->prompt.n,
+				 (unsigned long long)ctx);
 	j->max_new = g->has_max_new ? g->max_new : (uint32_t)(ctx - j->prompt.n);
 	if (j->max_new > K3_LIM_MAX_NEW)
 		j->max_new = K3_LIM_MAX_NEW;
 	if ((uint64_t)j->prompt.n + j->max_new > ctx)
-		return k3_conn_send_error(c, rid, K3_STATUS_CONTEXT_EXCEEDED, "max_new",
+		return prep_fail(j, K3_STATUS_CONTEXT_EXCEEDED, "max_new", -E2BIG,
 					  "prompt (%zu tokens) + max_new (%u) exceed the context of %llu",
-					  j->prompt.n, j->max_new, (unsigned long long)ctx), -E2BIG;
+					  j->prompt.n, j->max_new, (unsigned long long)ctx);
 	if (s->tok) {
 		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_END_OF_MSG);
 		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_EOS);
@@ -918,22 +974,130 @@ static int job_prepare(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		j->end_ids[j->n_end++] = k3_proto_ids_at(&g->stop_ids, i);
 	for (uint32_t i = 0; g->has_stop && i < g->stop.n; i++) {
 		if (g->stop.v[i].len == 0)
-			return k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "stop",
-						  "stop strings must not be empty"), -EINVAL;
+			return prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "stop", -EINVAL,
+						  "stop strings must not be empty");
 		j->stop[i] = strndup(g->stop.v[i].p, g->stop.v[i].len);
 		if (!j->stop[i])
-			return k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory"), -ENOMEM;
+			return prep_fail(j, K3_STATUS_INTERNAL, NULL, -ENOMEM, "out of memory");
 		j->n_stop = i + 1;
 	}
+	return 0;
+}
+
+/* Queues a prepared job (or answers its ERROR) and sends ACCEPTED. Loop
+ * thread; takes ownership of j. */
+static void job_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid, struct job *j)
+{
+	struct k3_msg_accepted a;
+	unsigned ahead;
+
+	if (j->err_status) {
+		k3_conn_send_error(c, rid, j->err_status, j->err_param, "%s", j->err_msg);
+		job_free(j);
+		return;
+	}
+	j->conn = k3_conn_ref(c);
+	j->id = ++s->next_job_id;
+	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
+	pthread_mutex_lock(&s->lock);
+	ahead = s->n_queued + (s->running ? 1 : 0);
+	if (s->queue_tail)
+		s->queue_tail->next = j;
+	else
+		s->queue_head = j;
+	s->queue_tail = j;
+	s->n_queued++;
+	j->queue_pos_sent = ahead;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	memset(&a, 0, sizeof(a));
+	a.job_id = j->id; a.has_job_id = true;
+	a.queue_position = ahead; a.has_queue_position = true;
+	a.prompt_tokens = (uint32_t)j->prompt.n; a.has_prompt_tokens = true;
+	k3_conn_send(c, K3_MSG_ACCEPTED, rid, &a);
+}
+
+static void prep_task_free(struct prep_task *t)
+{
+	if (!t)
+		return;
+	k3_conn_unref(t->conn);
+	job_free(t->job);
+	free(t->blob);
+	free(t->text);
+	free(t->frame);
+	free(t);
+}
+
+/* Hands t to the prep thread and remembers it as in flight. */
+static void prep_submit(struct k3_sched *s, struct prep_task *t)
+{
+	t->lnext = s->inflight;
+	s->inflight = t;
+	if (!t->tokenize)
+		s->n_prepping++;
+	pthread_mutex_lock(&s->lock);
+	t->next = NULL;
+	if (s->prep_tail)
+		s->prep_tail->next = t;
+	else
+		s->prep_head = t;
+	s->prep_tail = t;
+	pthread_cond_signal(&s->prep_cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* A deep copy of a GENERATE whose strings and ids live in one blob, so the
+ * request outlives the connection's frame buffer. */
+static int generate_copy(const struct k3_msg_generate *g, struct k3_msg_generate *out, void **blob)
+{
+	const struct k3_proto_str *strs[5 + K3_LIM_STOP_COUNT];
+	struct k3_proto_str *dst[5 + K3_LIM_STOP_COUNT];
+	size_t n = 0, bytes = 0, off;
+	uint8_t *b;
+
+	*out = *g;
+	strs[n] = &g->prompt; dst[n++] = &out->prompt;
+	strs[n] = &g->messages; dst[n++] = &out->messages;
+	strs[n] = &g->tools; dst[n++] = &out->tools;
+	strs[n] = &g->tool_choice; dst[n++] = &out->tool_choice;
+	strs[n] = &g->response_format; dst[n++] = &out->response_format;
+	for (uint32_t i = 0; i < g->stop.n; i++) {
+		strs[n] = &g->stop.v[i];
+		dst[n++] = &out->stop.v[i];
+	}
+	for (size_t i = 0; i < n; i++)
+		bytes += strs[i]->len;
+	bytes += ((size_t)g->prompt_ids.n + g->stop_ids.n) * sizeof(uint32_t);
+	b = malloc(bytes ? bytes : 1);
+	if (!b)
+		return -ENOMEM;
+	off = ((size_t)g->prompt_ids.n + g->stop_ids.n) * sizeof(uint32_t);
+	for (uint32_t i = 0; i < g->prompt_ids.n; i++)
+		((uint32_t *)b)[i] = k3_proto_ids_at(&g->prompt_ids, i);
+	for (uint32_t i = 0; i < g->stop_ids.n; i++)
+		((uint32_t *)b)[g->prompt_ids.n + i] = k3_proto_ids_at(&g->stop_ids, i);
+	out->prompt_ids.v = (const uint32_t *)b;
+	out->prompt_ids.le = NULL;
+	out->stop_ids.v = (const uint32_t *)b + g->prompt_ids.n;
+	out->stop_ids.le = NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (strs[i]->len)
+			memcpy(b + off, strs[i]->p, strs[i]->len);
+		dst[i]->p = (const char *)b + off;
+		off += strs[i]->len;
+	}
+	*blob = b;
 	return 0;
 }
 
 static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 			    const struct k3_msg_generate *g)
 {
-	struct k3_msg_accepted a;
+	struct prep_task *t;
 	struct job *j;
 	unsigned ahead;
+	size_t text;
 	bool dup;
 
 	if (s->draining) {
@@ -941,13 +1105,16 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		return;
 	}
 	pthread_mutex_lock(&s->lock);
-	ahead = s->n_queued + (s->running ? 1 : 0);
+	/* Requests still on the prep thread hold a place too. */
+	ahead = s->n_queued + (s->running ? 1 : 0) + s->n_prepping;
 	/* Events and CANCEL are matched by request id: two live GENERATEs
 	 * with one id on one connection could not be told apart. */
 	dup = s->running && s->running->conn == c && s->running->rid == rid;
 	for (struct job *q = s->queue_head; q && !dup; q = q->next)
 		dup = q->conn == c && q->rid == rid;
 	pthread_mutex_unlock(&s->lock);
+	for (struct prep_task *p = s->inflight; p && !dup; p = p->lnext)
+		dup = !p->tokenize && p->conn == c && p->rid == rid;
 	if (dup) {
 		k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, NULL,
 				   "request id %u is already in use by a queued or running GENERATE "
@@ -968,28 +1135,167 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	j->s = s;
 	j->rid = rid;
 	k3_tok_ids_init(&j->prompt);
-	if (job_prepare(s, c, rid, g, j) < 0) {
-		job_free(j);
+	text = (size_t)g->prompt.len + g->messages.len + g->tools.len + g->tool_choice.len +
+	       g->response_format.len + (size_t)g->prompt_ids.n * 4;
+	if (text < PREP_INLINE_BYTES) {
+		job_prepare(s, g, j);
+		job_admit(s, c, rid, j);
 		return;
 	}
-	j->conn = k3_conn_ref(c);
-	j->id = ++s->next_job_id;
-	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
+	t = calloc(1, sizeof(*t));
+	if (!t || generate_copy(g, &t->g, &t->blob) < 0) {
+		free(t);
+		job_free(j);
+		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
+		return;
+	}
+	t->conn = k3_conn_ref(c);
+	t->rid = rid;
+	t->job = j;
+	prep_submit(s, t);
+}
+
+/* TOKENIZE: encodes and writes the reply (or ERROR) frame into out. Pure,
+ * so it runs inline for small texts and on the prep thread for big ones. */
+static void tokenize_reply(struct k3_sched *s, uint32_t rid, const char *text, size_t len,
+			   bool special, struct k3_proto_buf *out)
+{
+	struct k3_tok_ids ids;
+	struct k3_err err = { 0, "" };
+	int rc;
+
+	k3_tok_ids_init(&ids);
+	rc = k3_tok_encode(s->tok, text, len, special, &ids, &err);
+	if (rc == 0 && ids.n > K3_LIM_IDS_MAX)
+		rc = k3_err_set(&err, -E2BIG, "%zu ids exceed the limit of %u", ids.n, K3_LIM_IDS_MAX);
+	if (rc < 0) {
+		struct k3_msg_error e;
+
+		memset(&e, 0, sizeof(e));
+		e.status = K3_STATUS_INVALID_ARGUMENT; e.has_status = true;
+		e.message = k3_proto_str_of(err.msg); e.has_message = true;
+		e.param = k3_proto_str_of("text"); e.has_param = true;
+		k3_proto_encode(out, K3_MSG_ERROR, rid, &e, NULL);
+	} else {
+		struct k3_msg_tokenize_reply r;
+
+		memset(&r, 0, sizeof(r));
+		r.ids.n = (uint32_t)ids.n;
+		r.ids.v = ids.v;
+		r.has_ids = true;
+		k3_proto_encode(out, K3_MSG_TOKENIZE_REPLY, rid, &r, NULL);
+	}
+	k3_tok_ids_release(&ids);
+}
+
+static void handle_tokenize(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
+			    const struct k3_msg_tokenize *m)
+{
+	struct k3_proto_buf out;
+	struct prep_task *t;
+
+	if (m->text.len < PREP_INLINE_BYTES) {
+		k3_proto_buf_init(&out, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
+		tokenize_reply(s, rid, m->text.p, m->text.len, m->has_special && m->special, &out);
+		if (out.len)
+			k3_conn_send_raw(c, out.data, out.len);
+		k3_proto_buf_release(&out);
+		return;
+	}
+	t = calloc(1, sizeof(*t));
+	if (t)
+		t->text = malloc(m->text.len);
+	if (!t || !t->text) {
+		free(t);
+		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
+		return;
+	}
+	memcpy(t->text, m->text.p, m->text.len);
+	t->text_len = m->text.len;
+	t->special = m->has_special && m->special;
+	t->tokenize = true;
+	t->conn = k3_conn_ref(c);
+	t->rid = rid;
+	prep_submit(s, t);
+}
+
+/* The prep thread: renders and tokenizes big requests, one at a time, in
+ * arrival order (so prepared GENERATEs keep their FIFO order). */
+static void *prep_main(void *arg)
+{
+	struct k3_sched *s = arg;
+
 	pthread_mutex_lock(&s->lock);
-	if (s->queue_tail)
-		s->queue_tail->next = j;
-	else
-		s->queue_head = j;
-	s->queue_tail = j;
-	s->n_queued++;
-	j->queue_pos_sent = ahead;
-	pthread_cond_signal(&s->cond);
+	while (!s->stopping) {
+		struct prep_task *t = s->prep_head;
+		struct sched_msg *m;
+
+		if (!t) {
+			pthread_cond_wait(&s->prep_cond, &s->lock);
+			continue;
+		}
+		s->prep_head = t->next;
+		if (!s->prep_head)
+			s->prep_tail = NULL;
+		pthread_mutex_unlock(&s->lock);
+		if (t->tokenize) {
+			struct k3_proto_buf out;
+
+			k3_proto_buf_init(&out, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
+			tokenize_reply(s, t->rid, t->text, t->text_len, t->special, &out);
+			t->frame = out.data;
+			t->frame_len = out.len;
+		} else {
+			job_prepare(s, &t->g, t->job);
+		}
+		m = calloc(1, sizeof(*m));
+		pthread_mutex_lock(&s->lock);
+		if (m) {
+			m->kind = MSG_PREPARED;
+			m->task = t;
+			post_locked(s, m);
+			event_active(s->wake, EV_READ, 0);
+		} else {
+			t->next = NULL;   /* leaked into nowhere would be worse: drop it */
+			prep_task_free(t);
+		}
+	}
 	pthread_mutex_unlock(&s->lock);
-	memset(&a, 0, sizeof(a));
-	a.job_id = j->id; a.has_job_id = true;
-	a.queue_position = ahead; a.has_queue_position = true;
-	a.prompt_tokens = (uint32_t)j->prompt.n; a.has_prompt_tokens = true;
-	k3_conn_send(c, K3_MSG_ACCEPTED, rid, &a);
+	return NULL;
+}
+
+/* A prep task came back (loop thread). */
+static void prep_done(struct k3_sched *s, struct prep_task *t)
+{
+	struct prep_task **pp;
+
+	for (pp = &s->inflight; *pp; pp = &(*pp)->lnext)
+		if (*pp == t) {
+			*pp = t->lnext;
+			break;
+		}
+	if (!t->tokenize)
+		s->n_prepping--;
+	if (!k3_conn_is_open(t->conn)) {
+		/* the peer left while we worked: nothing to answer */
+	} else if (t->tokenize) {
+		if (t->frame_len)
+			k3_conn_send_raw(t->conn, t->frame, t->frame_len);
+	} else if (t->cancel) {
+		struct k3_msg_done d;
+
+		memset(&d, 0, sizeof(d));
+		d.finish = K3_FINISH_CANCELLED; d.has_finish = true;
+		d.prompt_tokens = (uint32_t)t->job->prompt.n; d.has_prompt_tokens = true;
+		d.completion_tokens = 0; d.has_completion_tokens = true;
+		k3_conn_send(t->conn, K3_MSG_DONE, t->rid, &d);
+	} else if (s->draining) {
+		k3_conn_send_error(t->conn, t->rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");
+	} else {
+		job_admit(s, t->conn, t->rid, t->job);
+		t->job = NULL;
+	}
+	prep_task_free(t);
 }
 
 /* Whether connection c may cancel job j by its job id: its own uid's
@@ -1038,6 +1344,13 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
+	/* Still being prepared: answered DONE{cancelled} when it comes back
+	 * (it has no job id yet, so only its own connection can name it). */
+	for (struct prep_task *t = s->inflight; t && !job_id; t = t->lnext)
+		if (!t->tokenize && !t->cancel && t->conn == c && (!by_rid || t->rid == rid)) {
+			t->cancel = true;
+			n++;
+		}
 	while (gone) {
 		struct job *j = gone;
 		struct k3_msg_done d;
@@ -1089,29 +1402,9 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 		k3_conn_send(c, K3_MSG_OK, h->request_id, &ok);
 		return 0;
 	}
-	case K3_MSG_TOKENIZE: {
-		const struct k3_msg_tokenize *m = &body->tokenize;
-		struct k3_tok_ids ids;
-		struct k3_msg_tokenize_reply r;
-		struct k3_err err = { 0, "" };
-		int rc;
-
-		k3_tok_ids_init(&ids);
-		rc = k3_tok_encode(s->tok, m->text.p, m->text.len, m->has_special && m->special, &ids, &err);
-		if (rc == 0 && ids.n > K3_LIM_IDS_MAX)
-			rc = k3_err_set(&err, -E2BIG, "%zu ids exceed the limit of %u", ids.n, K3_LIM_IDS_MAX);
-		if (rc < 0) {
-			k3_conn_send_error(c, h->request_id, K3_STATUS_INVALID_ARGUMENT, "text", "%s", err.msg);
-		} else {
-			memset(&r, 0, sizeof(r));
-			r.ids.n = (uint32_t)ids.n;
-			r.ids.v = ids.v;
-			r.has_ids = true;
-			k3_conn_send(c, K3_MSG_TOKENIZE_REPLY, h->request_id, &r);
-		}
-		k3_tok_ids_release(&ids);
-		return rc;
-	}
+	case K3_MSG_TOKENIZE:
+		handle_tokenize(s, c, h->request_id, &body->tokenize);
+		return 0;
 	case K3_MSG_DETOKENIZE: {
 		const struct k3_msg_detokenize *m = &body->detokenize;
 		uint32_t *ids = malloc((m->ids.n ? m->ids.n : 1) * sizeof(uint32_t));
@@ -1246,6 +1539,7 @@ int k3_sched_new(struct event_base *base, struct k3_server *srv, const struct k3
 	s->ready_ctx = ctx;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
+	pthread_cond_init(&s->prep_cond, NULL);
 	s->wake = event_new(base, -1, EV_READ, wake_cb, s);
 	if (!s->wake) {
 		k3_sched_free(s);
@@ -1257,6 +1551,12 @@ int k3_sched_new(struct event_base *base, struct k3_server *srv, const struct k3
 		return k3_err_set(err, -r, "cannot start the engine thread: %s", strerror(r));
 	}
 	s->thread_started = true;
+	r = pthread_create(&s->prep_thread, NULL, prep_main, s);
+	if (r != 0) {
+		k3_sched_free(s);
+		return k3_err_set(err, -r, "cannot start the prep thread: %s", strerror(r));
+	}
+	s->prep_started = true;
 	*out = s;
 	return 0;
 }
@@ -1272,13 +1572,24 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 	if (s->running)
 		atomic_store(&s->running->cancel, true);
 	pthread_cond_broadcast(&s->cond);
+	pthread_cond_broadcast(&s->prep_cond);
 	pthread_mutex_unlock(&s->lock);
 	if (s->thread_started)
 		pthread_join(s->thread, NULL);
+	if (s->prep_started)
+		pthread_join(s->prep_thread, NULL);
+	while (s->prep_head) {
+		struct prep_task *t = s->prep_head;
+
+		s->prep_head = t->next;
+		prep_task_free(t);
+	}
 	for (m = s->msgs; m; m = next) {
 		next = m->next;
 		if (m->kind == MSG_FINISHED)
 			job_free(m->job);
+		if (m->kind == MSG_PREPARED)
+			prep_task_free(m->task);
 		free(m->bytes);
 		free(m);
 	}
@@ -1297,6 +1608,7 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 		event_free(s->wake);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
+	pthread_cond_destroy(&s->prep_cond);
 	free(s);
 	return NULL;
 }

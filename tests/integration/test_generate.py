@@ -355,6 +355,54 @@ def test_reuse_and_transactions(k3d):
     check(cached > 0, "turn 2 reused the published conversation (after a discarded request)")
 
 
+def test_big_requests(d):
+    """Big prompts are rendered and tokenized off the event loop: other
+    clients are answered meanwhile, and the results are the same."""
+    text = ("The quick brown fox jumps over the lazy dog. " * 80000)[:3 << 20]
+    a = connect(d.sock)
+    b = connect(d.sock)
+    a.sendall(frame(T["TOKENIZE"], 11, field(1, text)))
+    b.sendall(frame(T["PING"], 12))
+    r = read_frame(b, 30)
+    check(r and r[0] == T["PONG"], "PING answered while a 3 MiB TOKENIZE runs")
+    a.setblocking(False)
+    try:
+        early = a.recv(1)
+    except BlockingIOError:
+        early = b""
+    a.setblocking(True)
+    check(early == b"", "the PONG came before the big TOKENIZE finished")
+    r = read_frame(a, 120)
+    check(r and r[0] == T["TOKENIZE_REPLY"] and len(r[2][1][0]) > 4 * 100000,
+          "big TOKENIZE answered with its ids")
+    # A big request body takes the prep thread and gives the same ids as
+    # the inline path: the same messages, padded past the threshold with
+    # JSON whitespace (so the prompt, and its prefill, stay small).
+    msgs = [{"role": "user", "content": "hi there"}]
+    small = generate(d.sock, chat(msgs, 4))
+    s = connect(d.sock)
+    st = Stream(s, 31, field(1, 1) + field(4, json.dumps(msgs) + " " * (100 << 10)) + field(8, 4))
+    st.finish()
+    s.close()
+    check(st.ids == small.ids and len(st.ids) == 4, f"prep-thread path: same ids ({st.error})")
+    # Errors found while preparing come back as ERROR.
+    st = generate(d.sock, raw(prompt="word " * 20000, max_new=(1 << 20) - 10))
+    check(st.error and st.error[0] == 11, f"context exceeded found on the prep thread: {st.error}")
+    # Cancel while the request is still being prepared.
+    s = connect(d.sock)
+    big = [{"role": "user", "content": "y " * (1 << 19)}]
+    s.sendall(frame(T["GENERATE"], 21, chat(big, 4)))
+    s.sendall(frame(T["CANCEL"], 21))
+    names = []
+    while "DONE" not in names and "ERROR" not in names:
+        r = read_frame(s, 120)
+        names.append(NAMES[r[0]])
+        if NAMES[r[0]] == "DONE":
+            check(struct.unpack("<I", r[2][1][0])[0] == 2, "cancelled during prep: DONE cancelled")
+    check("ACCEPTED" not in names, f"cancelled during prep never starts: {names}")
+    a.close(); b.close(); s.close()
+
+
 def test_churn(d):
     """50 requests with random disconnects: no fd or memory growth."""
     rng = random.Random(7)
@@ -569,6 +617,7 @@ def main():
         print("-- edges"); test_edges(d)
         print("-- cancel"); test_cancel(d)
         print("-- k3ctl"); test_k3ctl(d)
+        print("-- big requests"); test_big_requests(d)
         print("-- churn"); test_churn(d)
         check(d.proc.poll() is None, "daemon alive")
     finally:
