@@ -28,6 +28,11 @@
 #include "base/log.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "store/store.h"
+#include "store/store_budget.h"
+#include "store/store_engine.h"
+#include "store/store_model.h"
+#include "store/store_trace.h"
 #include "text/text_chat.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
@@ -106,6 +111,14 @@ struct k3_sched {
 	struct k3_tok *tok;
 	char model_id[K3_LIM_NAME_MAX];
 	bool loaded;
+	/* the expert store (NULL: experts from the mmapped shards) */
+	struct k3_store_source *xsrc;
+	struct k3_store *store;
+	struct k3_store_engine_src xctx;
+	/* --router-trace, engine thread only */
+	struct k3_store_trace *trace;
+	uint32_t *route_ids;            /* [PREFILL_CHUNK][n_moe][K] */
+	float *route_w;
 
 	pthread_mutex_t lock;           /* guards everything below */
 	pthread_cond_t cond;
@@ -404,6 +417,25 @@ static bool is_end(const struct job *j, uint32_t id)
 	return false;
 }
 
+/* Appends the routes of the last forward call (c positions from pos) to
+ * --router-trace. A write error or the size cap stops tracing with one
+ * log line; generation goes on. */
+static void trace_routes(struct k3_sched *s, const struct job *j, uint32_t pos, uint32_t c)
+{
+	struct k3_err err = { 0, "" };
+
+	if (!s->trace || !s->route_ids)
+		return;
+	int r = k3_store_trace_write_routes(s->trace, j->id, pos, c, k3_engine_moe_layers(s->engine),
+					    k3_engine_n_moe(s->engine), k3_engine_top_k(s->engine),
+					    s->route_ids, s->route_w, &err);
+	if (r < 0) {
+		k3_log_warning("router trace stopped: %s", err.msg);
+		k3_store_trace_close(s->trace, NULL);
+		s->trace = NULL;
+	}
+}
+
 static void run_job(struct k3_sched *s, struct job *j)
 {
 	const uint32_t V = k3_engine_vocab(s->engine);
@@ -419,10 +451,16 @@ static void run_job(struct k3_sched *s, struct job *j)
 	double queued_s = since(&j->t_submit), prefill_s = 0, decode_s = 0;
 	int r = 0;
 
+	struct k3_store_stats xs0, xs1, xd;
+	memset(&xs0, 0, sizeof(xs0));
+	if (s->store)
+		k3_store_stats_get(s->store, &xs0);
 	memset(&done, 0, sizeof(done));
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	t1 = t0;
-	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
+	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, s->route_ids, s->route_w };
+	out_none.route_ids = s->route_ids;
+	out_none.route_weights = s->route_w;
 	j->finish = K3_FINISH_ERROR;
 	r = stage_init(&st, j, &err);
 	if (r == 0 && !logits)
@@ -468,6 +506,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 				      pos + c == n ? &out_last : &out_none, &err);
 		if (r < 0)
 			goto out;
+		trace_routes(s, j, pos, c);
 		pos += c;
 		memset(&p, 0, sizeof(p));
 		p.done = pos; p.has_done = true;
@@ -511,6 +550,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
 		if (r < 0)
 			goto out;
+		trace_routes(s, j, n + j->n_gen - 1, 1);
 		if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
 			goto out;
 	}
@@ -522,6 +562,17 @@ out:
 	stage_release(&st);
 	free(logits);
 	k3_engine_set_cancel(s->engine, NULL);
+	memset(&xd, 0, sizeof(xd));
+	if (s->store) {
+		/* Guesses still queued are for layers this request has passed:
+		 * drop them, and let reads in flight land, so every byte is
+		 * charged to the request that caused it. */
+		k3_store_prefetch_cancel(s->store, UINT32_MAX);
+		k3_store_drain(s->store);
+		k3_store_idle(s->store);
+		k3_store_stats_get(s->store, &xs1);
+		k3_store_stats_sub(&xs1, &xs0, &xd);
+	}
 	if (r == -ECANCELED) {
 		/* Stopped between layers: the branch is half-advanced, drop it. */
 		r = 0;
@@ -552,7 +603,23 @@ out:
 		done.has_prefill_tps = true;
 		done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
 		done.has_decode_tps = true;
-		done.compute_s = prefill_s + decode_s; done.has_compute_s = true;
+		/* Honest split of the engine's time: waiting for expert reads
+		 * vs everything else (compute_s + io_wait_s = prefill + decode). */
+		done.io_wait_s = (double)xd.io_wait_ns * 1e-9; done.has_io_wait_s = true;
+		done.compute_s = prefill_s + decode_s - done.io_wait_s;
+		if (done.compute_s < 0)
+			done.compute_s = 0;
+		done.has_compute_s = true;
+		if (s->store) {
+			/* hits exclude same-step prefetches (docs/store.md, counters) */
+			done.expert_bytes_read = xd.bytes_read; done.has_expert_bytes_read = true;
+			done.expert_hits = xd.demand_hits; done.has_expert_hits = true;
+			done.expert_misses = xd.demand_misses; done.has_expert_misses = true;
+			done.prefetch_issued = xd.prefetch_issued; done.has_prefetch_issued = true;
+			done.prefetch_used = xd.prefetch_used; done.has_prefetch_used = true;
+			done.prefetch_wasted_bytes = xd.prefetch_wasted_bytes;
+			done.has_prefetch_wasted_bytes = true;
+		}
 		j->final = encode_frame(j, K3_MSG_DONE, &done);
 		j->done_sent = j->final != NULL;
 	}
@@ -565,6 +632,140 @@ out:
 		conv_state_release(&j->branch[0]);
 		conv_state_release(&j->branch[1]);
 	}
+}
+
+/* Bytes of the routed experts' tensors (what the store streams). */
+static uint64_t expert_tensor_bytes(const struct k3_model *m)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	uint64_t sum = 0;
+
+	for (uint32_t l = 0; l < plan->n_layers; l++) {
+		if (!plan->layers[l].is_moe)
+			continue;
+		for (uint32_t x = 0; x < plan->layers[l].moe.n_experts; x++) {
+			const struct k3_expert *e = &plan->layers[l].moe.experts[x];
+			const struct k3_expert_proj *pr[3] = { &e->w1, &e->w2, &e->w3 };
+			for (int i = 0; i < 3; i++) {
+				if (pr[i]->packed)
+					sum += pr[i]->packed->nbytes;
+				if (pr[i]->scale)
+					sum += pr[i]->scale->nbytes;
+				if (pr[i]->weight)
+					sum += pr[i]->weight->nbytes;
+			}
+		}
+	}
+	return sum;
+}
+
+/* Per-request state the budget reserves besides the cache: MLA caches and
+ * KDA states of one sequence plus activations (small next to the experts at
+ * every scale this build serves; a long-context K3 request needs more and
+ * --expert-cache-gb N then sets the share explicitly). */
+#define SCHED_STATE_RESERVE ((uint64_t)512 << 20)
+
+/* Opens the expert store behind the engine (docs/store.md, "For the
+ * engine"): packs when valid (else shards, logged with the reason), the
+ * RAM budget (refused below one token's floor), the reader threads, the
+ * lookahead, and --router-trace. A model whose experts the store cannot
+ * stream (not MXFP4) keeps the mmapped tensors, with a warning. */
+static int open_store(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_store_open_report rep;
+	struct k3_store_budget_out b;
+	char packdir[4096];
+	int r;
+
+	if (o->router_trace) {
+		size_t per = (size_t)PREFILL_CHUNK * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
+		r = k3_store_trace_open(o->router_trace, 0, K3_STORE_TRACE_BUFFERED, &s->trace, err);
+		if (r < 0)
+			return k3_err_prefix(err, "--router-trace");
+		s->route_ids = calloc(per ? per : 1, sizeof(*s->route_ids));
+		s->route_w = calloc(per ? per : 1, sizeof(*s->route_w));
+		if (!s->route_ids || !s->route_w)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		k3_log_info("router trace: appending to %s", o->router_trace);
+	}
+	if (!mc->n_moe)
+		return 0;
+	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
+	    (int)sizeof(packdir))
+		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
+	memset(&rep, 0, sizeof(rep));
+	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
+	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL, K3_STORE_DIRECT_AUTO,
+				       &s->xsrc, &rep, err);
+	if (r == -ENOTSUP) {
+		k3_log_warning("expert store off: %s; routed experts come from the mmapped shards", err->msg);
+		err->code = 0;
+		err->msg[0] = '\0';
+		return 0;
+	}
+	if (r < 0)
+		return k3_err_prefix(err, "expert store");
+	if (o->no_packs)
+		k3_log_info("experts: %u MoE layers from the shards (--no-packs)", rep.layers_shards);
+	else if (!have_packs)
+		k3_log_info("experts: %u MoE layers from the shards (no %s; `k3ctl pack --model DIR` writes packs)",
+			    rep.layers_shards, packdir);
+	else if (rep.layers_shards)
+		k3_log_info("experts: %u MoE layers from packs, %u from the shards (%u packs rejected; first: %s)",
+			    rep.layers_packed, rep.layers_shards, rep.packs_rejected,
+			    rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
+	else
+		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
+
+	size_t n_t = 0;
+	const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
+	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
+	uint64_t slot = k3_store_source_slot_bytes(s->xsrc);
+	uint64_t pool = (uint64_t)k3_store_source_count(s->xsrc) * slot;
+	for (size_t i = 0; i < n_t; i++)
+		weights += t[i].nbytes;
+	struct k3_store_budget_in bi = {
+		.spine_bytes = weights > xbytes ? weights - xbytes : 0,
+		.state_bytes = SCHED_STATE_RESERVE,
+		.slot_bytes = slot,
+		.floor_slots = mc->num_experts_per_token,
+		.requested_bytes = o->expert_cache_bytes,
+	};
+	r = k3_store_budget(&bi, &b, err);
+	if (r < 0)
+		return k3_err_prefix(err, "--expert-cache-gb");
+	/* More than every expert buys nothing. */
+	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
+	if (cache < b.floor_bytes)
+		cache = b.floor_bytes;
+	int prefetch = o->prefetch < 0 ? K3_OPTIONS_PREFETCH_DEFAULT : o->prefetch;
+	struct k3_store_config cfg = {
+		.cache_bytes = cache,
+		.io_threads = o->io_threads,
+		.policy = K3_STORE_POLICY_FREQ,
+		.prefetch_slots = prefetch ? -1 : 0,
+		.check_scales = true,
+	};
+	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
+	if (r < 0)
+		return k3_err_prefix(err, "expert store");
+	struct k3_store_info info;
+	struct k3_expert_source es;
+	k3_store_info_get(s->store, &info);
+	k3_store_engine_src_init(&s->xctx, s->store, &es);
+	k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch, &es);
+	k3_engine_set_expert_source(s->engine, &es);
+	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; limit %.1f GB%s, "
+		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; "
+		    "%u files O_DIRECT, %u buffered; prefetch %s",
+		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
+		    o->expert_cache_bytes ? "--expert-cache-gb" : "auto", (double)b.limit_bytes / 1e9,
+		    b.limited_by_cgroup ? " by cgroup" : "", (double)bi.spine_bytes / 1e9,
+		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads,
+		    info.files_direct, info.files_buffered, prefetch ? "on" : "off");
+	return 0;
 }
 
 static void load_model(struct k3_sched *s)
@@ -584,6 +785,8 @@ static void load_model(struct k3_sched *s)
 		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
 		r = k3_engine_open(s->model, &eo, &s->engine, &err);
+	if (r == 0)
+		r = open_store(s, &err);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "cannot load model '%s': %s", dir, err.msg);
 		post_kind(s, MSG_LOADED, NULL, false, msg);
@@ -1124,6 +1327,22 @@ static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_st
 	r->has_completion_tokens_total = true;
 	r->reasoning_tokens_total = s->totals.reasoning_tokens_total;
 	r->has_reasoning_tokens_total = true;
+	/* s->store is set before MSG_LOADED and never changes; its stats are
+	 * mutex-protected and monotonic since start. */
+	if (s->ready && s->store) {
+		struct k3_store_stats st;
+		struct k3_store_info in;
+		k3_store_stats_get(s->store, &st);
+		k3_store_info_get(s->store, &in);
+		r->expert_bytes_read = st.bytes_read; r->has_expert_bytes_read = true;
+		r->expert_hits = st.demand_hits; r->has_expert_hits = true;
+		r->expert_misses = st.demand_misses; r->has_expert_misses = true;
+		r->prefetch_issued = st.prefetch_issued; r->has_prefetch_issued = true;
+		r->prefetch_used = st.prefetch_used; r->has_prefetch_used = true;
+		r->prefetch_wasted_bytes = st.prefetch_wasted_bytes; r->has_prefetch_wasted_bytes = true;
+		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;
+		r->has_expert_cache_bytes = true;
+	}
 }
 
 static unsigned hook_drain(void *ctx)
@@ -1219,6 +1438,13 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 	conv_state_release(&s->pub[0]);
 	conv_state_release(&s->pub[1]);
 	k3_engine_free(s->engine);
+	if (s->store)
+		k3_store_engine_src_release(&s->xctx);
+	k3_store_free(s->store);
+	k3_store_source_free(s->xsrc);
+	k3_store_trace_close(s->trace, NULL);
+	free(s->route_ids);
+	free(s->route_w);
 	k3_tok_free(s->tok);
 	k3_model_free(s->model);
 	if (s->wake)
