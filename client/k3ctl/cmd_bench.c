@@ -189,7 +189,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 {
 	const char *model_dir = NULL;
 	uint64_t max_new = 32, prompt_len = 32, threads = 0, io_threads = 0, disk_mib = 512;
-	uint64_t cache_bytes = 0, prefetch = 8, seed = 1;
+	uint64_t cache_bytes = 0, prefetch = UINT64_MAX, seed = 1;   /* MAX: half the top-k */
 	bool no_packs = false;
 	struct k3_err err = { 0 };
 
@@ -272,6 +272,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		.slot_bytes = slot, .floor_slots = mc->num_experts_per_token,
 		.requested_bytes = cache_bytes,
 	};
+	if (prefetch == UINT64_MAX)
+		prefetch = mc->num_experts_per_token / 2 ? mc->num_experts_per_token / 2 : 1;
 	struct k3_store_budget_out b;
 	if ((rc = k3_store_budget(&bi, &b, &err)))
 		goto fail;
@@ -313,13 +315,13 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	       model_dir, mc->n_moe, mc->num_experts, mc->num_experts_per_token,
 	       k3_store_source_count(src), (unsigned long long)slot, (double)pool / 1e9);
 	printf("experts from %s; %u files O_DIRECT, %u buffered; cache %u slots = %.3f GB "
-	       "(%.1f%% of the experts; floor %.3f GB); %u I/O threads; prefetch %s\n",
+	       "(%.1f%% of the experts; floor %.3f GB); %u I/O threads; prefetch %u per position\n",
 	       rep.layers_packed ? (rep.layers_shards ? "packs and shards" : "packs") : "shards",
 	       info.files_direct, info.files_buffered, info.n_slots,
 	       (double)info.n_slots * (double)info.slot_bytes / 1e9,
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
 	       (double)b.floor_bytes / 1e9, info.io_threads,
-	       prefetch ? "on" : "off");
+	       (unsigned)prefetch);
 	fflush(stdout);
 
 	uint64_t dseed = seed ^ 0xD1B54A32D192ED03ull, dbytes0 = 0, dbytes1 = 0;

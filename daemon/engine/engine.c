@@ -494,22 +494,21 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 	return 0;
 }
 
-/* Router lookahead after MoE layer l (engine.h, prefetch): the next MoE
- * layer's router on the current residual, AttnRes-mixed and normed with
- * that layer's weights (its attention is not run). Uses e->z and e->h as
- * scratch (both are rewritten before their next use) and never touches
+/* Router lookahead (engine.h, prefetch) for MoE layer `next`: its router
+ * on the current residual pool[0..nB], AttnRes-mixed and normed with that
+ * layer's weights (the layers in between are not run). Called after each
+ * MoE layer for the next one, and after the embedding for the first one
+ * (whose reads then overlap the dense layers before it). Uses e->z and e->h
+ * as scratch (both are rewritten before their next use) and never touches
  * e->ids / e->w. Failures only lose the guess. */
-static void lookahead(struct k3_engine *e, uint32_t l, uint32_t nB, uint32_t n)
+static void lookahead(struct k3_engine *e, uint32_t next, uint32_t nB, uint32_t n)
 {
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
-	uint32_t K = e->K, mi = (uint32_t)e->moe_index[l];
+	uint32_t K = e->K;
 	uint32_t per = e->src.prefetch_max && e->src.prefetch_max < K ? e->src.prefetch_max : K;
 	size_t ng = 0;
 
-	if (mi + 1 >= e->n_moe)
-		return;
-	uint32_t next = e->moe_layers[mi + 1];
 	for (uint32_t j = 0; j <= nB; j++)
 		e->cands[j] = e->pool[j];
 	if (p->attnres_mix(e->pm, K3_PROV_MIX_MLP, next, e->cands, nB + 1, n, e->z, &st) ||
@@ -595,6 +594,8 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 	int rc;
 
 	PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
+	if (e->src.prefetch && e->n_moe)
+		lookahead(e, e->moe_layers[0], 0, n);
 	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
 		const float *hin = e->pool[0];
 		/* Cancellation is honoured between layers: a K3 layer step is the
@@ -633,8 +634,9 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 			PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
 		}
 		PCALL(p->add(e->pm, P, e->mb, nd, &st));
-		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE)
-			lookahead(e, l, nB, n);
+		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE &&
+		    (uint32_t)e->moe_index[l] + 1 < e->n_moe)
+			lookahead(e, e->moe_layers[e->moe_index[l] + 1], nB, n);
 	}
 	/* 5) output AttnRes, final norm, lm_head (spec §10) */
 	if (!out || !out->logits)

@@ -75,8 +75,9 @@ struct k3_expert_source {
 	 * residual after this layer, mixed and normed with the next layer's
 	 * weights, skipping its attention) and passes the predicted ids,
 	 * deduplicated, most confident first, at most prefetch_max of them per
-	 * position. Guesses only: the ids that run always come from the real
-	 * router at that layer. Never called for the last MoE layer.
+	 * position; and after the embedding, the first MoE layer's router on
+	 * it (so its reads overlap the dense layers before it). Guesses only:
+	 * the ids that run always come from the real router at that layer.
 	 */
 	void (*prefetch)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n);
 	uint32_t prefetch_max;       /* guesses per position; 0 = top_k */

@@ -33,7 +33,8 @@ static const char usage[] =
 	"                       auto = min(RAM, cgroup limit) - spine - state - headroom);\n"
 	"                       refused below what one token needs\n"
 	"  --io-threads N       expert reader threads (default 2, at most 16)\n"
-	"  --prefetch N|off     router-lookahead guesses per position (default 8)\n"
+	"  --prefetch N|off     router-lookahead guesses per position (default: half\n"
+	"                       the model's top-k, 8 on K3)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
@@ -250,10 +251,15 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(cache, sizeof(cache), "%.9gGB", (double)opts->expert_cache_bytes / 1e9);
 	else
 		snprintf(cache, sizeof(cache), "auto");
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%d%s router-trace=%s packs=%s",
-		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS,
-		    opts->prefetch < 0 ? K3_OPTIONS_PREFETCH_DEFAULT : opts->prefetch,
-		    opts->prefetch == 0 ? " (off)" : "",
+	char pf[32];
+	if (opts->prefetch < 0)
+		snprintf(pf, sizeof(pf), "half-top-k");
+	else if (opts->prefetch == 0)
+		snprintf(pf, sizeof(pf), "off");
+	else
+		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s router-trace=%s packs=%s",
+		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
 }

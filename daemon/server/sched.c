@@ -740,7 +740,8 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
 	if (cache < b.floor_bytes)
 		cache = b.floor_bytes;
-	int prefetch = o->prefetch < 0 ? K3_OPTIONS_PREFETCH_DEFAULT : o->prefetch;
+	int prefetch = o->prefetch >= 0 ? o->prefetch
+		       : (int)(mc->num_experts_per_token / 2 ? mc->num_experts_per_token / 2 : 1);
 	struct k3_store_config cfg = {
 		.cache_bytes = cache,
 		.io_threads = o->io_threads,
@@ -759,12 +760,12 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	k3_engine_set_expert_source(s->engine, &es);
 	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; limit %.1f GB%s, "
 		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; "
-		    "%u files O_DIRECT, %u buffered; prefetch %s",
+		    "%u files O_DIRECT, %u buffered; prefetch %d guesses per position",
 		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
 		    o->expert_cache_bytes ? "--expert-cache-gb" : "auto", (double)b.limit_bytes / 1e9,
 		    b.limited_by_cgroup ? " by cgroup" : "", (double)bi.spine_bytes / 1e9,
 		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads,
-		    info.files_direct, info.files_buffered, prefetch ? "on" : "off");
+		    info.files_direct, info.files_buffered, prefetch);
 	return 0;
 }
 

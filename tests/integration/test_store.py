@@ -193,8 +193,22 @@ def run_case(case):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_bad_options():
+    for args, words in ((["--prefetch", "banana"], "--prefetch"), (["--io-threads", "0"], "--io-threads"),
+                        (["--io-threads", "17"], "--io-threads"),
+                        (["--expert-cache-gb", "-1"], "--expert-cache-gb"),
+                        (["--expert-cache-gb", "lots"], "--expert-cache-gb")):
+        p = subprocess.run([K3D, "--socket", "/nonexistent/s", *args], capture_output=True, text=True,
+                           timeout=30)
+        check(p.returncode == 2 and words in p.stderr, f"k3d {args} refused with usage: {p.returncode} {p.stderr}")
+    p = subprocess.run([K3D, "--help"], capture_output=True, text=True, timeout=30)
+    for o in ("--expert-cache-gb", "--io-threads", "--prefetch", "--router-trace", "--no-packs"):
+        check(o in p.stdout, f"--help lists {o}")
+
+
 def main():
     t0 = time.time()
+    test_bad_options()
     run_case("k3tiny_a")
     run_case("k3tiny_b")
     print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
