@@ -56,6 +56,11 @@ static void conv_state_release(struct conv_state *c)
 struct job {
 	struct k3_sched *s;
 	uint64_t id;
+	/* WARM_EXPERTS: preload these (layer, expert) pairs instead of
+	 * generating (owned arrays, n_warm entries, best first) */
+	bool warm;
+	uint32_t *warm_layer, *warm_expert;
+	uint32_t n_warm, warm_requested;
 	uint32_t rid;
 	struct k3_conn *conn;           /* ref held; loop thread only */
 	bool chat;
@@ -769,6 +774,94 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	return 0;
 }
 
+/* Preloads a WARM_EXPERTS job's experts on the engine thread (between
+ * generations, so no step is in progress): per layer, in batches of at
+ * most half the slots, acquire (reads the misses sorted by offset, several
+ * in flight) and release at once, leaving them resident and unpinned. The
+ * job holds at most as many experts as the cache has slots (the best
+ * first), so later batches take free or evictable slots, never fail. The
+ * reads count in the store's counters like any demand read. */
+static void run_warm(struct k3_sched *s, struct job *j)
+{
+	struct k3_store_info info;
+	struct k3_store_stats a, b;
+	struct k3_msg_warm_experts_reply r;
+	struct k3_err err = { 0, "" };
+	struct timespec t0;
+	uint32_t loaded = 0, resident = 0;
+	int rc = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	k3_store_info_get(s->store, &info);
+	k3_store_stats_get(s->store, &a);
+	uint32_t batch = info.n_slots / 2 ? info.n_slots / 2 : 1;
+	struct k3_store_view *views = calloc(batch, sizeof(*views));
+	uint32_t *ids = calloc(batch, sizeof(*ids));
+	bool *done_mask = calloc(j->n_warm ? j->n_warm : 1, sizeof(*done_mask));
+	if (!views || !ids || !done_mask)
+		rc = k3_err_set(&err, -ENOMEM, "out of memory");
+	/* Layer by layer in order of each layer's best entry; inside a layer,
+	 * rank order. */
+	for (uint32_t i = 0; rc == 0 && i < j->n_warm; i++) {
+		if (done_mask[i])
+			continue;
+		uint32_t layer = j->warm_layer[i], n = 0;
+		for (uint32_t k = i; k < j->n_warm; k++) {
+			if (done_mask[k] || j->warm_layer[k] != layer)
+				continue;
+			done_mask[k] = true;
+			ids[n++] = j->warm_expert[k];
+			if (n == batch || k + 1 == j->n_warm) {
+				if (atomic_load(&j->cancel)) {
+					rc = k3_err_set(&err, -ECANCELED, "cancelled");
+					break;
+				}
+				k3_store_step_begin(s->store);
+				rc = k3_store_acquire(s->store, layer, ids, n, views, &err);
+				if (rc)
+					break;
+				k3_store_release(s->store, views, n);
+				loaded += n;
+				n = 0;
+			}
+		}
+		if (rc == 0 && n) {
+			k3_store_step_begin(s->store);
+			rc = k3_store_acquire(s->store, layer, ids, n, views, &err);
+			if (rc == 0) {
+				k3_store_release(s->store, views, n);
+				loaded += n;
+			}
+		}
+	}
+	k3_store_idle(s->store);
+	k3_store_stats_get(s->store, &b);
+	for (uint32_t i = 0; i < j->n_warm; i++)
+		resident += k3_store_resident(s->store, j->warm_layer[i], j->warm_expert[i]);
+	free(views);
+	free(ids);
+	free(done_mask);
+	if (rc < 0) {
+		struct k3_msg_error e;
+
+		k3_log_warning("warm-experts job %llu: %s", (unsigned long long)j->id, err.msg);
+		memset(&e, 0, sizeof(e));
+		e.status = rc == -ECANCELED ? K3_STATUS_CANCELLED : K3_STATUS_INTERNAL; e.has_status = true;
+		e.message = k3_proto_str_of(err.msg); e.has_message = true;
+		j->final = encode_frame(j, K3_MSG_ERROR, &e);
+		return;
+	}
+	memset(&r, 0, sizeof(r));
+	r.requested = j->warm_requested; r.has_requested = true;
+	r.loaded = loaded; r.has_loaded = true;
+	r.resident = resident; r.has_resident = true;
+	r.bytes_read = b.bytes_read - a.bytes_read; r.has_bytes_read = true;
+	r.seconds = since(&t0); r.has_seconds = true;
+	k3_log_info("warmed %u of %u requested experts (%u resident now), %.1f MB read in %.2f s",
+		    loaded, j->warm_requested, resident, (double)r.bytes_read / 1e6, r.seconds);
+	j->final = encode_frame(j, K3_MSG_WARM_EXPERTS_REPLY, &r);
+}
+
 static void load_model(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
@@ -843,7 +936,10 @@ static void *engine_main(void *arg)
 		s->running = j;
 		pthread_mutex_unlock(&s->lock);
 		post_kind(s, MSG_STARTED, j, true, NULL);
-		run_job(s, j);
+		if (j->warm)
+			run_warm(s, j);
+		else
+			run_job(s, j);
 		/* The slot frees in the same step that queues the final frame, so
 		 * a client that reacts to DONE at once never sees a stale BUSY. */
 		struct sched_msg *fin = calloc(1, sizeof(*fin));
@@ -871,6 +967,8 @@ static void job_free(struct job *j)
 		return;
 	k3_conn_unref(j->conn);
 	k3_tok_ids_release(&j->prompt);
+	free(j->warm_layer);
+	free(j->warm_expert);
 	for (uint32_t i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	conv_state_release(&j->branch[0]);
@@ -902,7 +1000,7 @@ static void send_positions(struct k3_sched *s)
 
 	pthread_mutex_lock(&s->lock);
 	for (struct job *j = s->queue_head; j; j = j->next, pos++) {
-		if (j->queue_pos_sent != pos && j->conn && k3_conn_is_open(j->conn)) {
+		if (!j->warm && j->queue_pos_sent != pos && j->conn && k3_conn_is_open(j->conn)) {
 			struct k3_msg_accepted a;
 
 			memset(&a, 0, sizeof(a));
@@ -938,6 +1036,10 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			send_positions(s);
 			break;
 		case MSG_FINISHED:
+			if (j->warm) {
+				job_free(j);
+				break;
+			}
 			s->totals.requests_total++;
 			s->totals.prompt_tokens_total += j->prompt.n;
 			s->totals.completion_tokens_total += j->n_gen;
@@ -1145,6 +1247,87 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	k3_conn_send(c, K3_MSG_ACCEPTED, rid, &a);
 }
 
+static void handle_warm(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
+			const struct k3_msg_warm_experts *m)
+{
+	struct k3_store_info info;
+	struct job *j;
+	unsigned ahead;
+
+	if (!s->store) {
+		k3_conn_send_error(c, rid, K3_STATUS_UNSUPPORTED, NULL,
+				   "this model's experts are not streamed through the expert cache");
+		return;
+	}
+	if (m->layers.n != m->experts.n || m->layers.n == 0) {
+		k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "experts",
+				   "layers (%u) and experts (%u) must pair up, at least one",
+				   m->layers.n, m->experts.n);
+		return;
+	}
+	for (uint32_t i = 0; i < m->layers.n; i++) {
+		uint32_t l = k3_proto_ids_at(&m->layers, i), x = k3_proto_ids_at(&m->experts, i);
+		if (k3_store_source_find(s->xsrc, l, x) < 0) {
+			k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "experts",
+					   "entry %u: layer %u has no routed expert %u", i, l, x);
+			return;
+		}
+	}
+	pthread_mutex_lock(&s->lock);
+	ahead = s->n_queued + (s->running ? 1 : 0);
+	pthread_mutex_unlock(&s->lock);
+	if (ahead > s->opts->queue_max) {
+		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
+				   "engine busy: 1 request running and %u/%u queued; retry later",
+				   ahead - 1, s->opts->queue_max);
+		return;
+	}
+	k3_store_info_get(s->store, &info);
+	j = calloc(1, sizeof(*j));
+	uint32_t n = m->layers.n < info.n_slots ? m->layers.n : info.n_slots;
+	if (j) {
+		j->warm_layer = malloc(n * sizeof(uint32_t));
+		j->warm_expert = malloc(n * sizeof(uint32_t));
+	}
+	if (!j || !j->warm_layer || !j->warm_expert) {
+		if (j) {
+			free(j->warm_layer);
+			free(j->warm_expert);
+		}
+		free(j);
+		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
+		return;
+	}
+	/* Duplicates would only waste slots of the best-first prefix. */
+	for (uint32_t i = 0; i < m->layers.n && j->n_warm < n; i++) {
+		uint32_t l = k3_proto_ids_at(&m->layers, i), x = k3_proto_ids_at(&m->experts, i);
+		bool dup = false;
+		for (uint32_t k = 0; k < j->n_warm && !dup; k++)
+			dup = j->warm_layer[k] == l && j->warm_expert[k] == x;
+		if (!dup) {
+			j->warm_layer[j->n_warm] = l;
+			j->warm_expert[j->n_warm++] = x;
+		}
+	}
+	j->s = s;
+	j->rid = rid;
+	j->warm = true;
+	j->warm_requested = m->layers.n;
+	k3_tok_ids_init(&j->prompt);
+	j->conn = k3_conn_ref(c);
+	j->id = ++s->next_job_id;
+	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
+	pthread_mutex_lock(&s->lock);
+	if (s->queue_tail)
+		s->queue_tail->next = j;
+	else
+		s->queue_head = j;
+	s->queue_tail = j;
+	s->n_queued++;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
 /* Marks matching jobs cancelled; queued ones are removed and answered at
  * once, the running one stops at its next step. Returns how many matched. */
 static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool by_rid, uint32_t rid,
@@ -1217,6 +1400,9 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 	switch (h->type) {
 	case K3_MSG_GENERATE:
 		handle_generate(s, c, h->request_id, &body->generate);
+		return 0;
+	case K3_MSG_WARM_EXPERTS:
+		handle_warm(s, c, h->request_id, &body->warm_experts);
 		return 0;
 	case K3_MSG_CANCEL: {
 		const struct k3_msg_cancel *m = &body->cancel;

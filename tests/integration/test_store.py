@@ -187,10 +187,56 @@ def run_case(case):
             check(len(rs) > 0, f"{case} {name}: trace written")
             if ref_routes is None:
                 ref_routes = rs
+                shutil.copy(trace, os.path.join(work, "ref-trace.jsonl"))
             else:
                 check(rs == ref_routes, f"{case} {name}: routes identical to the first variant")
+        test_preload(case, model, os.path.join(work, "ref-trace.jsonl"), floor, slot, goldens, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_preload(case, model, trace, floor, slot, goldens, work):
+    """k3ctl warm-expert-cache --preload fills the running daemon's cache
+    with the trace's most used experts: as many as the cache has slots, read
+    once, counted in STATUS; a second preload reads nothing; output is
+    unchanged; an expert the model lacks is refused by name."""
+    slots = (2 * floor + slot // 2) // slot
+    d = Daemon(K3D, "--expert-cache-gb", gb(2 * floor + slot // 2), "--prefetch", "off", model=model)
+    try:
+        def warm(*extra):
+            return subprocess.run([K3CTL, "--socket", d.sock, "--json", "warm-expert-cache",
+                                   "--trace", trace, "--preload", *extra],
+                                  capture_output=True, text=True, timeout=120)
+        ranked = subprocess.run([K3CTL, "--json", "warm-expert-cache", "--trace", trace, "--show", "100000"],
+                                capture_output=True, text=True)
+        n_distinct = json.loads(ranked.stdout)["experts"]
+        r = warm()
+        check(r.returncode == 0, f"{case} preload: {r.stderr}")
+        w = json.loads(r.stdout) if r.returncode == 0 else {}
+        want = min(n_distinct, slots)
+        check(w.get("requested") == n_distinct and w.get("loaded") == want and w.get("resident") == want,
+              f"{case} preload: {w} (distinct {n_distinct}, slots {slots})")
+        check(w.get("bytes_read", 0) >= want * 1, f"{case} preload read bytes: {w}")
+        st = json.loads(subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"],
+                                       capture_output=True, text=True).stdout)
+        check(st.get("expert_bytes_read") == w.get("bytes_read"),
+              f"{case} preload bytes in STATUS: {st.get('expert_bytes_read')} vs {w}")
+        r2 = warm("--top", str(slots))
+        w2 = json.loads(r2.stdout) if r2.returncode == 0 else {}
+        check(w2.get("bytes_read") == 0 and w2.get("resident") == want,
+              f"{case} second preload reads nothing: {w2}")
+        for prompt, want_ids in goldens:
+            got, _ = generate(d.sock, prompt, len(want_ids))
+            check(got == want_ids, f"{case} after preload: greedy {got} == golden {want_ids}")
+        bad = os.path.join(work, "bad-trace.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"request":1,"position":0,"layer":1,"ids":[4095],"weights":["3f800000"]}\n')
+        r3 = subprocess.run([K3CTL, "--socket", d.sock, "warm-expert-cache", "--trace", bad, "--preload"],
+                            capture_output=True, text=True, timeout=60)
+        check(r3.returncode == 1 and "no routed expert 4095" in r3.stderr,
+              f"{case} preload of an unknown expert refused: {r3.returncode} {r3.stderr}")
+    finally:
+        d.stop()
 
 
 def test_bad_options():
