@@ -1374,7 +1374,10 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		d.prompt_tokens = (uint32_t)j->prompt.n; d.has_prompt_tokens = true;
 		d.completion_tokens = 0; d.has_completion_tokens = true;
 		d.queued_s = since(&j->t_submit); d.has_queued_s = true;
-		if (k3_conn_is_open(j->conn))
+		if (j->warm && k3_conn_is_open(j->conn))
+			k3_conn_send_error(j->conn, j->rid, K3_STATUS_CANCELLED, NULL,
+					   "expert preload cancelled before it started");
+		else if (k3_conn_is_open(j->conn))
 			k3_conn_send(j->conn, K3_MSG_DONE, j->rid, &d);
 		job_free(j);
 	}
