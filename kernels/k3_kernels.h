@@ -10,6 +10,8 @@
  *   K3_KERNELS=avx512   AVX-512F/BW (fails over to the best lower ISA)
  *   K3_KERNELS=neon     aarch64 NEON
  *   unset / "auto"      the best the CPU supports
+ *   anything else       ref (a typo must not silently pick a fast path;
+ *                       callers should log k3_kern_active_isa())
  *
  * BATCH INVARIANCE (issue 8 item 5). Every output element is computed by
  * one thread with a reduction order that depends only on the ISA chosen and
@@ -114,6 +116,32 @@ struct k3_kern_mat {
 int k3_kern_matmul(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
 	size_t row_begin, size_t row_end, size_t T,
 	const float *x, size_t ldx, float *y, size_t ldy);
+
+/* One product of a batch (k3_kern_matmul_many): the arguments of
+ * k3_kern_matmul as a struct. */
+struct k3_kern_matmul_job {
+	const struct k3_kern_mat *w;
+	size_t row_begin, row_end, T;
+	const float *x;
+	size_t ldx;
+	float *y;
+	size_t ldy;
+};
+
+enum { K3_KERN_MATMUL_MANY_MAX = 128 };
+
+/*
+ * Runs n_jobs independent products as ONE parallel-for over the union of
+ * their rows (e.g. the q/k/v/g projections of one input, or gate and up of
+ * every selected expert), so a decode step pays one pool dispatch instead
+ * of one per matrix and small matrices still use every thread. Each job's
+ * y is exactly what k3_kern_matmul would write for it (same row kernel,
+ * batch invariant). Outputs must not overlap each other or any input.
+ * n_jobs <= K3_KERN_MATMUL_MANY_MAX. Returns 0, or -EINVAL if any job is
+ * malformed (nothing written).
+ */
+int k3_kern_matmul_many(struct k3_kern_pool *pool, size_t n_jobs,
+	const struct k3_kern_matmul_job *jobs);
 
 /*
  * Transposed product over the whole matrix (F32 or BF16 only):

@@ -178,6 +178,61 @@ int k3_kern_matmul(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
 	return 0;
 }
 
+struct many_job {
+	const struct k3_kern_ops *ops;
+	const struct k3_kern_matmul_job *jobs;
+	size_t n_jobs;
+	size_t start[K3_KERN_MATMUL_MANY_MAX + 1];   /* prefix sums of rows */
+};
+
+static void many_task(void *ctx, size_t begin, size_t end)
+{
+	const struct many_job *m = ctx;
+	size_t j = 0;
+
+	while (j + 1 < m->n_jobs && m->start[j + 1] <= begin)
+		j++;
+	for (; j < m->n_jobs && m->start[j] < end; j++) {
+		const struct k3_kern_matmul_job *jb = &m->jobs[j];
+		size_t b = begin > m->start[j] ? begin - m->start[j] : 0;
+		size_t e = (end < m->start[j + 1] ? end : m->start[j + 1]) - m->start[j];
+
+		if (b < e)
+			m->ops->matmul_rows(jb->w, jb->row_begin + b, jb->row_begin + e,
+				jb->T, jb->x, jb->ldx, jb->y + b, jb->ldy);
+	}
+}
+
+int k3_kern_matmul_many(struct k3_kern_pool *pool, size_t n_jobs,
+	const struct k3_kern_matmul_job *jobs)
+{
+	struct many_job m;
+
+	if (n_jobs > K3_KERN_MATMUL_MANY_MAX || (n_jobs && !jobs))
+		return -EINVAL;
+	m.ops = k3_kern_ops_active();
+	m.jobs = jobs;
+	m.n_jobs = n_jobs;
+	m.start[0] = 0;
+	for (size_t j = 0; j < n_jobs; j++) {
+		const struct k3_kern_matmul_job *jb = &jobs[j];
+		size_t rows;
+
+		if (!mat_ok(jb->w) || jb->row_begin > jb->row_end ||
+		    jb->row_end > jb->w->rows || !jb->x || !jb->y)
+			return -EINVAL;
+		if (jb->T > 1 && (jb->ldx < jb->w->cols ||
+		    jb->ldy < jb->row_end - jb->row_begin))
+			return -EINVAL;
+		rows = jb->T ? jb->row_end - jb->row_begin : 0;
+		m.start[j + 1] = m.start[j] + rows;
+	}
+	if (m.start[n_jobs] == 0)
+		return 0;
+	k3_kern_pool_for(pool, m.start[n_jobs], MATMUL_GRAIN, many_task, &m);
+	return 0;
+}
+
 struct matmul_t_job {
 	const struct k3_kern_ops *ops;
 	const struct k3_kern_mat *w;

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,18 +31,32 @@ static void set_err(struct k3_err *err, int code, const char *msg, long v)
 	snprintf(err->msg, sizeof(err->msg), msg, v);
 }
 
+/*
+ * Job word: generation (32 bits) | piece count (16) | next unclaimed piece
+ * (16). Claiming a piece is a CAS on this one word, so a worker that wakes
+ * late (descheduled on a busy host) can neither take a piece of a newer job
+ * by mistake nor run one twice; whoever is free, caller included, takes the
+ * next piece. Which thread runs a piece never changes its result.
+ */
+#define JOB_GEN(v)    ((uint32_t)((v) >> 32))
+#define JOB_PIECES(v) ((unsigned)(((v) >> 16) & 0xFFFFu))
+#define JOB_NEXT(v)   ((unsigned)((v) & 0xFFFFu))
+
+enum { MAX_PIECES = 0xFFFF, PIECES_PER_THREAD = 4 };
+
 struct k3_kern_pool {
 	int n_threads;
 	pthread_t *workers;
 	int n_started;
 	pthread_mutex_t mu;
 	pthread_cond_t wake;
-	pthread_cond_t done;
-	atomic_uint gen;
-	atomic_int pending;       /* workers still running the current job */
+	pthread_cond_t done_cv;
+	_Atomic uint64_t job;
+	atomic_uint done;          /* pieces finished in the current job */
+	atomic_int sleepers;       /* workers blocked on `wake` */
 	atomic_bool stop;
 	atomic_bool in_job;
-	/* the current job, written before gen is bumped */
+	/* the current job, written before `job` is published */
 	k3_kern_task_fn fn;
 	void *ctx;
 	size_t n, chunk;
@@ -49,7 +64,6 @@ struct k3_kern_pool {
 
 struct worker_arg {
 	struct k3_kern_pool *pool;
-	int index;
 };
 
 enum { SPIN_ITERS = 2000 };
@@ -63,50 +77,67 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void run_piece(struct k3_kern_pool *p, int index)
+/* Claims and runs pieces of generation `gen` until none is left. */
+static void run_pieces(struct k3_kern_pool *p, uint32_t gen)
 {
-	size_t b = (size_t)index * p->chunk;
-	size_t e = b + p->chunk;
+	uint64_t v = atomic_load_explicit(&p->job, memory_order_acquire);
 
-	if (b >= p->n)
-		return;
-	if (e > p->n)
-		e = p->n;
-	p->fn(p->ctx, b, e);
+	for (;;) {
+		unsigned piece, np;
+
+		if (JOB_GEN(v) != gen || JOB_NEXT(v) >= JOB_PIECES(v))
+			return;
+		if (!atomic_compare_exchange_weak_explicit(&p->job, &v, v + 1,
+		    memory_order_acq_rel, memory_order_acquire))
+			continue;
+		piece = JOB_NEXT(v);
+		np = JOB_PIECES(v);
+		{
+			size_t b = (size_t)piece * p->chunk;
+			size_t e = b + p->chunk;
+
+			if (e > p->n)
+				e = p->n;
+			if (b < e)
+				p->fn(p->ctx, b, e);
+		}
+		if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == np) {
+			pthread_mutex_lock(&p->mu);
+			pthread_cond_signal(&p->done_cv);
+			pthread_mutex_unlock(&p->mu);
+		}
+		v = atomic_load_explicit(&p->job, memory_order_acquire);
+	}
 }
 
 static void *worker_main(void *argp)
 {
 	struct worker_arg *arg = argp;
 	struct k3_kern_pool *p = arg->pool;
-	int index = arg->index;
-	unsigned seen = 0;
+	uint32_t seen = 0;
 
 	free(arg);
 	for (;;) {
-		unsigned g;
+		uint32_t g;
 		int spins = 0;
 
-		while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+		while ((g = JOB_GEN(atomic_load_explicit(&p->job, memory_order_acquire))) == seen &&
 		       !atomic_load(&p->stop) && spins < SPIN_ITERS) {
 			cpu_relax();
 			spins++;
 		}
 		if (g == seen && !atomic_load(&p->stop)) {
 			pthread_mutex_lock(&p->mu);
-			while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop))
+			atomic_fetch_add(&p->sleepers, 1);
+			while ((g = JOB_GEN(atomic_load(&p->job))) == seen && !atomic_load(&p->stop))
 				pthread_cond_wait(&p->wake, &p->mu);
+			atomic_fetch_sub(&p->sleepers, 1);
 			pthread_mutex_unlock(&p->mu);
 		}
 		if (atomic_load(&p->stop))
 			return NULL;
 		seen = g;
-		run_piece(p, index);
-		if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-			pthread_mutex_lock(&p->mu);
-			pthread_cond_signal(&p->done);
-			pthread_mutex_unlock(&p->mu);
-		}
+		run_pieces(p, g);
 	}
 }
 
@@ -139,7 +170,7 @@ struct k3_kern_pool *k3_kern_pool_new(int n_threads, struct k3_err *err)
 	p->n_threads = n_threads;
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->wake, NULL);
-	pthread_cond_init(&p->done, NULL);
+	pthread_cond_init(&p->done_cv, NULL);
 	if (n_threads > 1) {
 		p->workers = calloc((size_t)n_threads - 1, sizeof(*p->workers));
 		if (!p->workers) {
@@ -159,7 +190,6 @@ struct k3_kern_pool *k3_kern_pool_new(int n_threads, struct k3_err *err)
 			return NULL;
 		}
 		a->pool = p;
-		a->index = i;
 		rc = pthread_create(&p->workers[i - 1], NULL, worker_main, a);
 		if (rc != 0) {
 			free(a);
@@ -183,7 +213,7 @@ void k3_kern_pool_free(struct k3_kern_pool *p)
 	for (int i = 0; i < p->n_started; i++)
 		pthread_join(p->workers[i], NULL);
 	pthread_cond_destroy(&p->wake);
-	pthread_cond_destroy(&p->done);
+	pthread_cond_destroy(&p->done_cv);
 	pthread_mutex_destroy(&p->mu);
 	free(p->workers);
 	free(p);
@@ -198,6 +228,8 @@ void k3_kern_pool_for(struct k3_kern_pool *p, size_t n, size_t grain,
 	k3_kern_task_fn fn, void *ctx)
 {
 	size_t blocks, pieces, per;
+	uint64_t v;
+	uint32_t gen;
 
 	if (n == 0)
 		return;
@@ -210,27 +242,41 @@ void k3_kern_pool_for(struct k3_kern_pool *p, size_t n, size_t grain,
 		fn(ctx, 0, n);
 		return;
 	}
-	pieces = blocks < (size_t)p->n_threads ? blocks : (size_t)p->n_threads;
+	pieces = (size_t)p->n_threads * PIECES_PER_THREAD;
+	if (pieces > blocks)
+		pieces = blocks;
+	if (pieces > MAX_PIECES)
+		pieces = MAX_PIECES;
 	per = (blocks + pieces - 1) / pieces;
+	pieces = (blocks + per - 1) / per;
 	p->fn = fn;
 	p->ctx = ctx;
 	p->n = n;
 	p->chunk = per * grain;
-	atomic_store(&p->pending, p->n_threads - 1);
-	pthread_mutex_lock(&p->mu);
-	atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-	pthread_cond_broadcast(&p->wake);
-	pthread_mutex_unlock(&p->mu);
+	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+	v = atomic_load_explicit(&p->job, memory_order_relaxed);
+	gen = JOB_GEN(v) + 1;
+	if (gen == 0)           /* 0 is the workers' initial "seen" */
+		gen = 1;
+	/* seq_cst: pairs with the sleeper count (store job, load sleepers here;
+	 * add sleepers, load job in the worker), so a worker going to sleep
+	 * either sees this job or is counted and woken */
+	atomic_store(&p->job, ((uint64_t)gen << 32) | ((uint64_t)pieces << 16));
+	if (atomic_load(&p->sleepers) > 0) {
+		pthread_mutex_lock(&p->mu);
+		pthread_cond_broadcast(&p->wake);
+		pthread_mutex_unlock(&p->mu);
+	}
 
-	run_piece(p, 0);
+	run_pieces(p, gen);
 
-	for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0 &&
+	for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < pieces &&
 	     spins < SPIN_ITERS; spins++)
 		cpu_relax();
-	if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+	if (atomic_load_explicit(&p->done, memory_order_acquire) < pieces) {
 		pthread_mutex_lock(&p->mu);
-		while (atomic_load(&p->pending) > 0)
-			pthread_cond_wait(&p->done, &p->mu);
+		while (atomic_load(&p->done) < pieces)
+			pthread_cond_wait(&p->done_cv, &p->mu);
 		pthread_mutex_unlock(&p->mu);
 	}
 	atomic_store(&p->in_job, false);

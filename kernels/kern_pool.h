@@ -2,10 +2,13 @@
  * kern_pool.h - the compute thread pool: a fixed set of workers that run
  * one parallel-for at a time over an index range (rows, heads, experts).
  *
- * The range [0, n) is cut into at most n_threads contiguous pieces; the
- * caller's thread runs piece 0 and waits for the others. A piece never
- * splits one output element's reduction, so results are bit-identical for
- * any thread count (the kernels' batch-invariance contract relies on it).
+ * The range [0, n) is cut into up to 4 x n_threads contiguous pieces,
+ * which the caller and the workers claim as they become free (a worker
+ * descheduled by a busy host does not hold the call up). Callers make each
+ * item's result independent of which thread runs it and of the split (no
+ * kernel splits one output element's reduction), so results are
+ * bit-identical for any thread count: the batch-invariance contract relies
+ * on it.
  *
  * One pool serves one caller thread at a time (the engine thread); a pool
  * is not re-entrant: calling k3_kern_pool_for from inside a task runs that
@@ -38,10 +41,11 @@ void k3_kern_pool_free(struct k3_kern_pool *pool);
  * NULL pool. */
 int k3_kern_pool_threads(const struct k3_kern_pool *pool);
 
-/* Runs fn over [0, n) split into contiguous pieces of at least `grain`
- * items (grain 0 = 1), one per thread, and returns when all are done.
- * pool NULL (or n small) runs fn(ctx, 0, n) on the calling thread. Does not
- * allocate. */
+/* Runs fn over [0, n) split into contiguous pieces of whole `grain`-item
+ * blocks (grain 0 = 1; the last piece may be shorter) and returns when all
+ * are done; fn may run on any of the pool's threads or the caller's. pool
+ * NULL, a 1-thread pool or a single block runs fn(ctx, 0, n) on the calling
+ * thread. Does not allocate. */
 void k3_kern_pool_for(struct k3_kern_pool *pool, size_t n, size_t grain,
 	k3_kern_task_fn fn, void *ctx);
 

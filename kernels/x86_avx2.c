@@ -74,7 +74,7 @@ INLINE __m256 load_bf16_part(const uint16_t *p, size_t n)
 
 #define DEF_ROWS_DENSE(NAME, WT, LOAD8, LOADPART)                            \
 INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
-	const float *const *xt, float *out, size_t ldo)                       \
+	const float *const *xt, float *out, size_t ldo, size_t pf)            \
 {                                                                            \
 	__m256 a0[8], a1[8];                                                     \
 	size_t c = 0;                                                            \
@@ -85,6 +85,8 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 	for (; c + 16 <= cols; c += 16) {                                        \
 		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
 			__m256 w0 = LOAD8(wr[i] + c), w1 = LOAD8(wr[i] + c + 8);         \
+			if (pf)                                                          \
+				_mm_prefetch((const char *)(wr[i] + c + pf), _MM_HINT_T0);   \
 			K3_UNROLL for (size_t t = 0; t < nt; t++) {                                \
 				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
 					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
@@ -272,7 +274,7 @@ INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
 			__m256 w[4];
 			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g] + 1]);
 
-			_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
+			_mm_prefetch((const char *)(pr[i] + nr * (cols / 2) + 16 * g), _MM_HINT_T0);
 			decode_perm(pr[i] + 16 * g, lut_hb, lut_lb, w);
 			K3_UNROLL for (size_t t = 0; t < nt; t++)
 				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xp[t] + 32 * g),
@@ -360,7 +362,7 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 
 					for (size_t i = 0; i < nr; i++)
 						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-#define BF(NR_, NT_, ...) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy)
+#define BF(NR_, NT_, ...) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy, nr * ld)
 					BLOCK(BF, nr, nt, 0);
 #undef BF
 				} else {
@@ -368,7 +370,7 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 
 					for (size_t i = 0; i < nr; i++)
 						wr[i] = (const float *)w->data + (r + i) * ld;
-#define FF(NR_, NT_, ...) rows_f32(NR_, NT_, cols, wr, xt, out, ldy)
+#define FF(NR_, NT_, ...) rows_f32(NR_, NT_, cols, wr, xt, out, ldy, nr * ld)
 					BLOCK(FF, nr, nt, 0);
 #undef FF
 				}
@@ -435,7 +437,7 @@ static float avx2_dot(size_t n, const float *a, const float *b)
 	const float *wr[1] = { a }, *xt[1] = { b };
 	float out;
 
-	rows_f32(1, 1, n, wr, xt, &out, 1);
+	rows_f32(1, 1, n, wr, xt, &out, 1, 0);
 	return out;
 }
 

@@ -51,6 +51,12 @@
  * that connection (backpressure). */
 #define K3_LIM_CONN_OUTBUF        (8u << 20)
 
+/* Daemon: payload bytes that all connections together may be receiving
+ * in frames over the small bound (announced lengths, reserved when a
+ * header arrives). Without it 256 connections x 132 MiB could make k3d
+ * buffer 33 GiB. Two largest frames fit at once. */
+#define K3_LIM_INBUF_LARGE_TOTAL  (2ull * K3_LIM_PAYLOAD_MAX)
+
 /* Gateway: request body (default, --max-body), header bytes, JSON depth. */
 #define K3_LIM_HTTP_BODY_DEFAULT  (128u << 20)
 #define K3_LIM_HTTP_HEADERS       (64u << 10)

@@ -138,6 +138,9 @@ struct k3_prov_open_args {
 
 /* Use the scalar reference kernels for every op (slow; the oracle). */
 #define K3_PROV_OPEN_REFERENCE 0x1u
+/* Split every product across the threads, even tiny ones a provider would
+ * run inline (tests of thread-count invariance on tiny models). */
+#define K3_PROV_OPEN_SPLIT_ALL 0x2u
 
 /* AttnRes mix sites (spec §4.2): which layer's norm/proj pair scores. */
 enum k3_prov_mix_site {

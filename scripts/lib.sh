@@ -4,10 +4,11 @@
 k3_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Build and runtime packages, all from Debian 12. Installed only when
-# missing, so a machine that has them prints nothing here.
+# missing, so a machine that has them prints nothing here. chromium is
+# test tooling only: the gateway's CORS test drives it headless.
 k3_packages="build-essential meson ninja-build pkg-config \
 libevent-dev libjansson-dev libpcre2-dev libsystemd-dev libssl-dev \
-python3 python3-venv clang systemd curl"
+python3 python3-venv clang systemd curl chromium"
 
 k3_install_deps() {
 	local missing="" p

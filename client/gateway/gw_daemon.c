@@ -171,8 +171,6 @@ struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsi
 		return NULL;
 	}
 	bufferevent_setcb(d->bev, read_cb, NULL, event_cb, d);
-	/* A frame is never larger than this; k3d is trusted but bounded anyway. */
-	bufferevent_setwatermark(d->bev, EV_READ, 0, 0);
 	event_add(d->timer, &tv);
 	if (strlen(path) >= sizeof(sun.sun_path)) {
 		fail_later(d, "k3d socket path is too long");

@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -44,8 +45,10 @@ struct gw_req {
 	struct gw_daemon *d;
 	enum gw_kind kind;
 	enum gw_ep_metric mep;
-	struct gw_oai_request oai;
+	struct gw_openai_request oai;
 	char *model_query;               /* GET /v1/models/{id} */
+	char line[160];                  /* "METHOD /path" for the access log */
+	struct timeval t0;
 	char req_id[40];
 	char cmpl_id[48];
 	long long created;
@@ -131,9 +134,13 @@ static void common_headers(struct gw_req *r)
 
 static void log_access(struct gw_req *r, int status)
 {
+	struct timeval now;
+
 	if (r->g->cfg.quiet)
 		return;
-	fprintf(stderr, "k3-gateway: %s %d\n", r->req_id, status);
+	gettimeofday(&now, NULL);
+	fprintf(stderr, "k3-gateway: %s %s %d %.3fs\n", r->req_id, r->line, status,
+		(double)(now.tv_sec - r->t0.tv_sec) + (double)(now.tv_usec - r->t0.tv_usec) / 1e6);
 }
 
 /* The HTTP side is finished: count it and forget the request object. */
@@ -224,10 +231,12 @@ static void sse_write(struct gw_req *r, const char *data, size_t len)
 
 	if (!r->req)
 		return;
-	b = evbuffer_new();
-	evbuffer_add(b, data, len);
-	evhttp_send_reply_chunk(r->req, b);
-	evbuffer_free(b);
+	if (len) {
+		b = evbuffer_new();
+		evbuffer_add(b, data, len);
+		evhttp_send_reply_chunk(r->req, b);
+		evbuffer_free(b);
+	}
 	/* Silence is measured from the last byte sent. */
 	event_del(r->timer);
 	event_add(r->timer, &tv);
@@ -270,9 +279,11 @@ static void sse_delta(struct gw_req *r, json_t *delta, const char *text, const c
 	if (r->oai.ep == GW_EP_CHAT)
 		choice = json_pack("{s:i,s:o,s:n,s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
 				   str_or_null(finish));
-	else
+	else {
+		json_decref(delta);
 		choice = json_pack("{s:s,s:i,s:n,s:o}", "text", text ? text : "", "index", 0, "logprobs",
 				   "finish_reason", str_or_null(finish));
+	}
 	json_object_set_new(c, "choices", json_pack("[o]", choice));
 	if (r->oai.include_usage)
 		json_object_set_new(c, "usage", json_null());
@@ -529,6 +540,11 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 	snprintf(msg, sizeof(msg), "%.*s", (int)e->message.len, e->message.p ? e->message.p : "");
 	snprintf(param, sizeof(param), "%.*s", e->has_param ? (int)e->param.len : 0,
 		 e->has_param ? e->param.p : "");
+	/* k3d names GENERATE fields; the client knows its OpenAI fields. */
+	if (strcmp(param, "max_new") == 0)
+		snprintf(param, sizeof(param), "%s", r->oai.max_param ? r->oai.max_param : "max_tokens");
+	else if (strcmp(param, "prompt") == 0 && r->oai.ep == GW_EP_CHAT)
+		snprintf(param, sizeof(param), "messages");
 	if (r->started) {
 		sse_fail(r, msg);
 		return;
@@ -566,28 +582,6 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 	}
 }
 
-static void send_generate(struct gw_req *r)
-{
-	struct k3_msg_generate gen;
-	int rc;
-
-	gw_oai_to_generate(&r->oai, &gen);
-	rc = gw_daemon_send(r->d, K3_MSG_GENERATE, RID_GENERATE, &gen);
-	if (rc < 0) {
-		send_error(r, 400, "invalid_request_error", NULL, NULL,
-			   "The request cannot be sent to k3d (%s): a field is over a protocol limit.",
-			   k3_proto_error_name(rc));
-		gw_daemon_free(r->d);
-		r->d = NULL;
-		r->g->m.in_flight--;
-		req_maybe_free(r);
-		return;
-	}
-	r->generate_sent = true;
-}
-
-/* ---- the k3d conversation ----------------------------------------------- */
-
 static void daemon_close(struct gw_req *r)
 {
 	if (!r->d)
@@ -596,6 +590,25 @@ static void daemon_close(struct gw_req *r)
 	r->d = NULL;
 	r->g->m.in_flight--;
 }
+
+static void send_generate(struct gw_req *r)
+{
+	struct k3_msg_generate gen;
+	int rc;
+
+	gw_openai_to_generate(&r->oai, &gen);
+	rc = gw_daemon_send(r->d, K3_MSG_GENERATE, RID_GENERATE, &gen);
+	if (rc < 0) {
+		send_error(r, 400, "invalid_request_error", NULL, NULL,
+			   "The request cannot be sent to k3d (%s): a field is over a protocol limit.",
+			   k3_proto_error_name(rc));
+		daemon_close(r);   /* the caller (daemon_frame) frees r */
+		return;
+	}
+	r->generate_sent = true;
+}
+
+/* ---- the k3d conversation ----------------------------------------------- */
 
 static void health_reply(struct gw_req *r, bool ready, const char *model)
 {
@@ -799,9 +812,18 @@ static void client_gone(struct gw_req *r)
 static void on_close(struct evhttp_connection *evcon, void *arg)
 {
 	struct gw_req *r = arg;
+	struct evhttp_request *req = r->req;
 
 	(void)evcon;
+	/* When libevent itself failed the connection (a write error or
+	 * timeout mid-reply) it has detached the request and left freeing it
+	 * to us; when we freed the connection (eof_cb) the request is still
+	 * attached and goes with it. */
+	bool detached = req && evhttp_request_get_connection(req) == NULL;
+
 	client_gone(r);
+	if (detached)
+		evhttp_request_free(req);
 	req_maybe_free(r);
 }
 
@@ -836,7 +858,7 @@ static void req_maybe_free(struct gw_req *r)
 		event_free(r->eof_ev);
 	if (r->timer)
 		event_free(r->timer);
-	gw_oai_request_release(&r->oai);
+	gw_openai_request_release(&r->oai);
 	free(r->model_query);
 	if (r->content)
 		evbuffer_free(r->content);
@@ -921,7 +943,7 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 {
 	struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
 	size_t len = evbuffer_get_length(in);
-	struct gw_oai_error e = { 0 };
+	struct gw_openai_error e = { 0 };
 	json_error_t je;
 	json_t *body;
 
@@ -950,7 +972,7 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 			   "The JSON body nests deeper than %u levels.", K3_LIM_JSON_DEPTH);
 		return;
 	}
-	if (gw_oai_parse(ep, body, &r->oai, &e) < 0) {
+	if (gw_openai_parse(ep, body, &r->oai, &e) < 0) {
 		json_decref(body);
 		send_error(r, e.status, "invalid_request_error", e.param, e.code, "%s", e.message);
 		return;
@@ -1046,6 +1068,8 @@ static void gencb(struct evhttp_request *req, void *arg)
 	random_hex(r->req_id + 4, 16);
 	r->timer = evtimer_new(g->base, timer_cb, r);
 	normalize_path(raw && raw[0] ? raw : "/", path, sizeof(path));
+	gettimeofday(&r->t0, NULL);
+	snprintf(r->line, sizeof(r->line), "%s %.140s", method_name(cmd), path);
 
 	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
 		size_t n = strlen(routes[i].path);

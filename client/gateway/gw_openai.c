@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(struct gw_oai_error *e, const char *param, const char *code, const char *fmt, ...)
+static int fail(struct gw_openai_error *e, const char *param, const char *code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-static int fail(struct gw_oai_error *e, const char *param, const char *code, const char *fmt, ...)
+static int fail(struct gw_openai_error *e, const char *param, const char *code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -43,7 +43,7 @@ static const char *type_word(const json_t *v)
 	return "a value";
 }
 
-static int bad_type(struct gw_oai_error *e, const char *param, const char *want, const json_t *v)
+static int bad_type(struct gw_openai_error *e, const char *param, const char *want, const json_t *v)
 {
 	return fail(e, param, "invalid_type",
 		    "Invalid type for '%s': expected %s, but got %s instead.", param, want, type_word(v));
@@ -60,7 +60,7 @@ static json_t *opt(json_t *body, const char *key)
 /* A number field that only its neutral value (and null) may carry: any
  * other value would change greedy output. */
 static int neutral_number(json_t *body, const char *key, double neutral, double lo, double hi,
-			  struct gw_oai_error *e)
+			  struct gw_openai_error *e)
 {
 	json_t *v = opt(body, key);
 	double x;
@@ -86,7 +86,7 @@ static int neutral_number(json_t *body, const char *key, double neutral, double 
 	return 0;
 }
 
-static int get_bool(json_t *body, const char *key, bool *out, struct gw_oai_error *e)
+static int get_bool(json_t *body, const char *key, bool *out, struct gw_openai_error *e)
 {
 	json_t *v = opt(body, key);
 
@@ -100,7 +100,7 @@ static int get_bool(json_t *body, const char *key, bool *out, struct gw_oai_erro
 
 /* Positive token count (max_tokens and friends). */
 static int get_count(json_t *body, const char *key, bool *has, json_int_t *out,
-		     struct gw_oai_error *e)
+		     struct gw_openai_error *e)
 {
 	json_t *v = opt(body, key);
 
@@ -118,7 +118,7 @@ static int get_count(json_t *body, const char *key, bool *has, json_int_t *out,
 	return 0;
 }
 
-static int dup_json(json_t *v, char **out, struct gw_oai_error *e, const char *param)
+static int dup_json(json_t *v, char **out, struct gw_openai_error *e, const char *param)
 {
 	*out = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
 	if (!*out)
@@ -128,7 +128,7 @@ static int dup_json(json_t *v, char **out, struct gw_oai_error *e, const char *p
 
 /* ---- shared sampling fields ------------------------------------------- */
 
-static int parse_stop(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_stop(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *v = opt(body, "stop"), *s;
 	size_t i;
@@ -170,7 +170,7 @@ static int parse_stop(json_t *body, struct gw_oai_request *r, struct gw_oai_erro
 	return 0;
 }
 
-static int parse_stream(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_stream(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *so;
 	const char *k;
@@ -205,7 +205,7 @@ static int parse_stream(json_t *body, struct gw_oai_request *r, struct gw_oai_er
 }
 
 /* Fields both endpoints treat the same way. */
-static int parse_common(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_common(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *v;
 	bool has;
@@ -285,7 +285,7 @@ static int parse_common(json_t *body, struct gw_oai_request *r, struct gw_oai_er
 /* ---- messages ---------------------------------------------------------- */
 
 static int content_parts(json_t *content, size_t mi, bool allow_refusal, json_t **out,
-			 struct gw_oai_error *e)
+			 struct gw_openai_error *e)
 {
 	json_t *part, *arr = json_array();
 	size_t j;
@@ -330,7 +330,7 @@ static int content_parts(json_t *content, size_t mi, bool allow_refusal, json_t 
 	return 0;
 }
 
-static int tool_calls_canon(json_t *tcs, size_t mi, json_t **out, struct gw_oai_error *e)
+static int tool_calls_canon(json_t *tcs, size_t mi, json_t **out, struct gw_openai_error *e)
 {
 	json_t *tc, *arr = json_array();
 	size_t j;
@@ -369,7 +369,7 @@ static int tool_calls_canon(json_t *tcs, size_t mi, json_t **out, struct gw_oai_
 	return 0;
 }
 
-static int parse_messages(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_messages(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *msgs = json_object_get(body, "messages"), *m, *canon;
 	size_t i;
@@ -490,7 +490,7 @@ static int parse_messages(json_t *body, struct gw_oai_request *r, struct gw_oai_
 
 /* ---- chat-only fields -------------------------------------------------- */
 
-static int parse_tools(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *tools = opt(body, "tools"), *tc = opt(body, "tool_choice"), *t;
 	json_t *ptc = opt(body, "parallel_tool_calls");
@@ -551,7 +551,7 @@ static int parse_tools(json_t *body, struct gw_oai_request *r, struct gw_oai_err
 	return 0;
 }
 
-static int parse_response_format(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_response_format(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *rf = opt(body, "response_format"), *type;
 	const char *t;
@@ -580,7 +580,7 @@ static int parse_response_format(json_t *body, struct gw_oai_request *r, struct 
 	return dup_json(rf, &r->response_format, e, "response_format");
 }
 
-static int parse_effort(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_effort(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	static const struct { const char *name; uint32_t effort; } map[] = {
 		{ "none", K3_EFFORT_NONE }, { "low", K3_EFFORT_LOW },
@@ -605,7 +605,7 @@ static int parse_effort(json_t *body, struct gw_oai_request *r, struct gw_oai_er
 }
 
 /* Chat fields that must be absent, null, or one accepted value. */
-static int chat_refusals(json_t *body, struct gw_oai_error *e)
+static int chat_refusals(json_t *body, struct gw_openai_error *e)
 {
 	static const char *const unsupported[] = {
 		"functions", "function_call", "audio", "prediction", "web_search_options", "verbosity",
@@ -657,7 +657,7 @@ static int chat_refusals(json_t *body, struct gw_oai_error *e)
 	return 0;
 }
 
-static int check_known(json_t *body, const char *const *known, size_t n, struct gw_oai_error *e)
+static int check_known(json_t *body, const char *const *known, size_t n, struct gw_openai_error *e)
 {
 	const char *k;
 	json_t *v;
@@ -689,7 +689,7 @@ static const char *const completions_known[] = {
 	"suffix", "best_of", "safety_identifier", "prompt_cache_key", "metadata",
 };
 
-static int set_max_new(struct gw_oai_request *r, json_int_t n)
+static int set_max_new(struct gw_openai_request *r, json_int_t n)
 {
 	r->has_max_new = true;
 	/* Past K3's context no request can generate more, so larger values
@@ -698,7 +698,7 @@ static int set_max_new(struct gw_oai_request *r, json_int_t n)
 	return 0;
 }
 
-static int parse_chat(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_chat(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	bool has_a, has_b;
 	json_int_t a = 0, b = 0;
@@ -714,12 +714,14 @@ static int parse_chat(json_t *body, struct gw_oai_request *r, struct gw_oai_erro
 		return fail(e, "max_tokens", "invalid_value",
 			    "Invalid 'max_tokens': 'max_tokens' (%lld) and 'max_completion_tokens' (%lld) disagree; "
 			    "send one of them.", (long long)a, (long long)b);
-	if (has_a || has_b)
+	if (has_a || has_b) {
 		set_max_new(r, has_b ? b : a);
+		r->max_param = has_a ? "max_tokens" : "max_completion_tokens";
+	}
 	return 0;
 }
 
-static int parse_completions(json_t *body, struct gw_oai_request *r, struct gw_oai_error *e)
+static int parse_completions(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *prompt, *v;
 	bool has;
@@ -767,10 +769,11 @@ static int parse_completions(json_t *body, struct gw_oai_request *r, struct gw_o
 	if (get_count(body, "max_tokens", &has, &n, e))
 		return -1;
 	set_max_new(r, has ? n : 16);
+	r->max_param = "max_tokens";
 	return 0;
 }
 
-int gw_oai_parse(enum gw_endpoint ep, json_t *body, struct gw_oai_request *out, struct gw_oai_error *e)
+int gw_openai_parse(enum gw_endpoint ep, json_t *body, struct gw_openai_request *out, struct gw_openai_error *e)
 {
 	out->ep = ep;
 	if (!json_is_object(body))
@@ -779,7 +782,7 @@ int gw_oai_parse(enum gw_endpoint ep, json_t *body, struct gw_oai_request *out, 
 	return ep == GW_EP_CHAT ? parse_chat(body, out, e) : parse_completions(body, out, e);
 }
 
-void gw_oai_request_release(struct gw_oai_request *r)
+void gw_openai_request_release(struct gw_openai_request *r)
 {
 	free(r->messages);
 	free(r->tools);
@@ -799,7 +802,7 @@ static void set_str(struct k3_proto_str *s, bool *has, const char *v)
 	*has = true;
 }
 
-void gw_oai_to_generate(const struct gw_oai_request *r, struct k3_msg_generate *g)
+void gw_openai_to_generate(const struct gw_openai_request *r, struct k3_msg_generate *g)
 {
 	memset(g, 0, sizeof(*g));
 	g->has_mode = true;

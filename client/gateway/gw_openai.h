@@ -36,7 +36,7 @@
 enum gw_endpoint { GW_EP_CHAT = 0, GW_EP_COMPLETIONS = 1 };
 
 /* An OpenAI error to send before any response byte. */
-struct gw_oai_error {
+struct gw_openai_error {
 	int status;             /* HTTP status, 400 for every validation error */
 	char message[512];
 	char param[128];        /* "" = null */
@@ -44,8 +44,8 @@ struct gw_oai_error {
 };
 
 /* What a valid request asks for. Strings are owned (freed by
- * gw_oai_request_release). */
-struct gw_oai_request {
+ * gw_openai_request_release). */
+struct gw_openai_request {
 	enum gw_endpoint ep;
 	bool stream;
 	bool include_usage;
@@ -58,6 +58,7 @@ struct gw_oai_request {
 	char *stop[K3_LIM_STOP_COUNT];
 	bool has_max_new;
 	uint32_t max_new;
+	const char *max_param;  /* the field max_new came from (static string) */
 	uint32_t effort;        /* enum k3_proto_effort */
 };
 
@@ -67,15 +68,15 @@ struct gw_oai_request {
  * type/param/code conventions). out must be zeroed by the caller; on
  * failure it may hold partial allocations: release it either way.
  */
-int gw_oai_parse(enum gw_endpoint ep, json_t *body, struct gw_oai_request *out,
-		 struct gw_oai_error *e);
+int gw_openai_parse(enum gw_endpoint ep, json_t *body, struct gw_openai_request *out,
+		 struct gw_openai_error *e);
 
-void gw_oai_request_release(struct gw_oai_request *r);
+void gw_openai_request_release(struct gw_openai_request *r);
 
 /*
  * Fills a GENERATE frame body from a parsed request. The frame's string
  * views point into r, which must outlive the encode.
  */
-void gw_oai_to_generate(const struct gw_oai_request *r, struct k3_msg_generate *g);
+void gw_openai_to_generate(const struct gw_openai_request *r, struct k3_msg_generate *g);
 
 #endif

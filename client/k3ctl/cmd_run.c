@@ -132,8 +132,9 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 		g.reasoning_effort = o->effort;
 		g.has_reasoning_effort = true;
 	}
-	if (k3ctl_client_send(c, K3_MSG_GENERATE, &g, &rid, &err) < 0)
-		return k3ctl_fail(K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
+	r = k3ctl_client_send(c, K3_MSG_GENERATE, &g, &rid, &err);
+	if (r < 0)   /* -EINVAL: the request does not encode (too large): not the daemon's fault */
+		return k3ctl_fail(r == -EINVAL ? K3CTL_EXIT_ERROR : K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
 	for (;;) {
 		if (interrupted && !cancel_sent && res->job_id) {
 			struct k3_msg_cancel cm;
@@ -154,6 +155,9 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 			continue;
 		switch (h.type) {
 		case K3_MSG_ACCEPTED:
+			/* The id 'k3ctl cancel' takes; printed once, at the first ACCEPTED. */
+			if (o->stats && !res->job_id)
+				fprintf(stderr, "[job %llu]\n", (unsigned long long)b.accepted.job_id);
 			res->job_id = b.accepted.job_id;
 			if (b.accepted.queue_position > 0 && o->stats)
 				fprintf(stderr, "[queued at position %u, job %llu]\n", b.accepted.queue_position,
@@ -257,20 +261,24 @@ static void print_stats(const struct gen_result *r)
 
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
-		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); experts: %llu bytes read, "
-		"%llu hits, %llu misses, prefetch %llu issued / %llu used\n",
+		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
 		finish_name(d->finish), d->prompt_tokens, d->cached_tokens, d->completion_tokens,
-		d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps, d->decode_s, d->decode_tps,
-		(unsigned long long)d->expert_bytes_read, (unsigned long long)d->expert_hits,
-		(unsigned long long)d->expert_misses, (unsigned long long)d->prefetch_issued,
-		(unsigned long long)d->prefetch_used);
+		d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps, d->decode_s, d->decode_tps);
+	/* Absent counters are unknown, not zero. */
+	if (d->has_expert_bytes_read)
+		fprintf(stderr, "experts: %llu bytes read, %llu hits, %llu misses, prefetch %llu issued / "
+			"%llu used\n", (unsigned long long)d->expert_bytes_read,
+			(unsigned long long)d->expert_hits, (unsigned long long)d->expert_misses,
+			(unsigned long long)d->prefetch_issued, (unsigned long long)d->prefetch_used);
+	else
+		fputs("experts: not reported\n", stderr);
 }
 
 static json_t *result_json(const struct gen_result *r)
 {
 	const struct k3_msg_done *d = &r->done;
 
-	return json_pack("{s:I,s:s,s:s,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
+	json_t *j = json_pack("{s:I,s:s,s:s,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
 			 "s:{s:f,s:f,s:f,s:f,s:f},s:{s:I,s:I,s:I,s:I,s:I,s:I}}",
 			 "job_id", (json_int_t)r->job_id,
 			 "text", r->text ? r->text : "",
@@ -287,6 +295,10 @@ static json_t *result_json(const struct gen_result *r)
 			 "prefetch_issued", (json_int_t)d->prefetch_issued, "prefetch_used",
 			 (json_int_t)d->prefetch_used, "prefetch_wasted_bytes",
 			 (json_int_t)d->prefetch_wasted_bytes);
+
+	if (j && !d->has_expert_bytes_read)
+		json_object_set_new(j, "experts", json_null());   /* unknown, not zero */
+	return j;
 }
 
 static int parse_ids(const char *s, struct gen_opts *o)
@@ -344,7 +356,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct gen_opts *o
 	o->has_max_new = true;
 	opterr = 0;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	/* A leading ':' makes a missing value ':' rather than '?' (unknown). */
+	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		switch (c) {
 		case O_MAX_NEW:
 			if (k3_parse_u64(optarg, 0, K3_LIM_MAX_NEW, &v, NULL) < 0)
@@ -354,8 +367,9 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct gen_opts *o
 		case O_STOP:
 			if (o->n_stop == K3_LIM_STOP_COUNT)
 				return -k3ctl_usage(cmd, "at most %u --stop strings", K3_LIM_STOP_COUNT);
-			if (!*optarg || strlen(optarg) > K3_LIM_STOP_BYTES)
-				return -k3ctl_usage(cmd, "--stop needs 1..%u bytes", K3_LIM_STOP_BYTES);
+			if (!*optarg || strlen(optarg) > K3_LIM_STOP_BYTES ||
+			    !k3_proto_utf8_valid(optarg, strlen(optarg)))
+				return -k3ctl_usage(cmd, "--stop needs 1..%u bytes of UTF-8", K3_LIM_STOP_BYTES);
 			o->stop[o->n_stop++] = optarg;
 			break;
 		case O_EFFORT:
@@ -374,6 +388,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct gen_opts *o
 			if (parse_ids(optarg, o) < 0)
 				return -k3ctl_usage(cmd, "--prompt-ids takes comma-separated token ids");
 			break;
+		case ':':
+			return -k3ctl_usage(cmd, "%s needs a value", argv[optind - 1]);
 		default:
 			return -k3ctl_usage(cmd, "unknown option '%s'", argv[optind - 1]);
 		}
@@ -441,6 +457,8 @@ int k3ctl_cmd_run(int argc, char **argv)
 		prompt = argv[i];
 	if (o.chat && o.n_prompt_ids)
 		return k3ctl_usage("run", "--prompt-ids is for raw completions, not --chat");
+	if (!k3_proto_utf8_valid(prompt, strlen(prompt)))
+		return k3ctl_usage("run", "PROMPT is not valid UTF-8");
 	if (o.chat) {
 		json_t *m = json_pack("[{s:s,s:s}]", "role", "user", "content", prompt);
 
@@ -516,6 +534,12 @@ int k3ctl_cmd_chat(int argc, char **argv)
 			break;
 		}
 		if (!*line) {
+			free(line);
+			continue;
+		}
+		if (!k3_proto_utf8_valid(line, strlen(line))) {
+			/* It would not encode: skip it rather than send the rest. */
+			fputs("k3ctl chat: that line is not valid UTF-8; ignored\n", stderr);
 			free(line);
 			continue;
 		}

@@ -72,8 +72,13 @@ int k3ctl_cmd_status(int argc, char **argv)
 		json_decref(o);
 	} else {
 		printf("k3d %.*s, pid %u, up %.1f s\n", (int)s->version.len, s->version.p, s->pid, s->uptime_s);
-		printf("state:       %s%s%.*s\n", state_name(s->state), s->has_status_text ? " - " : "",
-		       (int)s->status_text.len, s->status_text.p ? s->status_text.p : "");
+		/* The status text only adds something when it is not the state's name. */
+		bool text = s->has_status_text && s->status_text.len &&
+			    !(s->status_text.len == strlen(state_name(s->state)) &&
+			      memcmp(s->status_text.p, state_name(s->state), s->status_text.len) == 0);
+
+		printf("state:       %s%s%.*s\n", state_name(s->state), text ? " - " : "",
+		       text ? (int)s->status_text.len : 0, text ? s->status_text.p : "");
 		printf("model:       %.*s\n", s->has_model ? (int)s->model.len : 6,
 		       s->has_model ? s->model.p : "(none)");
 		printf("connections: %u\n", s->connections);

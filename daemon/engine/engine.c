@@ -96,6 +96,8 @@ static int build_config(const struct k3_model_config *mc, struct k3_prov_config 
 		why = "KDA without gate_lower_bound or use_full_rank_gate";
 	else if (mc->n_mla && (!mc->q_lora_rank || !mc->mla_use_output_gate))
 		why = "MLA without q_lora_rank or mla_use_output_gate";
+	else if (mc->n_moe && !mc->num_shared_experts)
+		why = "MoE layers without shared experts";
 	else if (mc->n_moe && (!mc->routed_expert_hidden_size || !mc->latent_moe_use_norm ||
 			       mc->moe_router_activation_func != K3_ROUTER_SIGMOID ||
 			       (mc->num_expert_group > 1 && mc->num_expert_group > mc->topk_group)))
@@ -299,7 +301,8 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 		.struct_size = sizeof(args),
 		.threads = opts->threads,
 		.max_batch = e->chunk,
-		.flags = opts->reference ? K3_PROV_OPEN_REFERENCE : 0,
+		.flags = (opts->reference ? K3_PROV_OPEN_REFERENCE : 0) |
+			 (opts->split_all ? K3_PROV_OPEN_SPLIT_ALL : 0),
 		.config = &e->cfg,
 		.weights = &e->weights,
 	};

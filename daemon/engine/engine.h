@@ -35,6 +35,7 @@ struct k3_engine_opts {
 	uint32_t threads;            /* compute threads; 0 = online cores */
 	uint32_t max_chunk;          /* positions per provider call; 0 = 64 */
 	bool reference;              /* provider's scalar reference path */
+	bool split_all;              /* split even tiny ops across threads (tests) */
 };
 
 /*

@@ -512,9 +512,11 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 	uint8_t pre[8];
 	for (int i = 0; i < 8; i++)
 		pre[i] = (uint8_t)(n >> (8 * i));
-	fwrite(pre, 1, 8, f);
-	fwrite(hdr, 1, hl, f);
-	fwrite("        ", 1, pad, f);
+	if (fwrite(pre, 1, 8, f) != 8 || fwrite(hdr, 1, hl, f) != hl ||
+	    fwrite("        ", 1, pad, f) != pad) {
+		r = k3_err_set(err, -EIO, "%s: write failed", path);
+		goto done;
+	}
 	for (size_t i = 0; i < m; i++) {
 		struct tdesc *scale = NULL;
 		if (v[i]->gen == G_MX_PACKED) {

@@ -38,7 +38,11 @@
 #include "text/text_parse.h"
 #include "text/text_tok.h"
 
-enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS };
+/* PUBLISH_DEADLINE_S: how long a finished job's branch states wait for
+ * its client to take the DONE frame; later they are dropped, unpublished
+ * (a slow reader only loses conversation reuse; tests/integration/
+ * test_generate.py knows this value). */
+enum { PREFILL_CHUNK = 64, N_END_IDS = 2 + K3_LIM_STOP_IDS, PUBLISH_DEADLINE_S = 5 };
 
 /* A sequence state and the ids it has consumed. */
 struct conv_state {
@@ -85,6 +89,7 @@ struct job {
 	struct conv_state branch[2];
 	bool done_sent;
 	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
+	struct event *publish_timer;    /* PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 	uint32_t n_gen, n_reasoning, n_cached;
 };
 
@@ -454,6 +459,8 @@ static void run_job(struct k3_sched *s, struct job *j)
 	float *logits = malloc((size_t)V * sizeof(float));
 	uint32_t start = 0, n = (uint32_t)j->prompt.n, tok;
 	double queued_s = since(&j->t_submit), prefill_s = 0, decode_s = 0;
+	bool prefilled = false;
+	uint32_t prefill_end = 0;        /* prompt position prefill reached */
 	int r = 0;
 
 	struct k3_store_stats xs0, xs1, xd;
@@ -499,6 +506,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 	j->n_cached = start;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	prefill_end = start;
 	for (uint32_t pos = start; pos < n;) {
 		uint32_t c = n - pos < PREFILL_CHUNK ? n - pos : PREFILL_CHUNK;
 		struct k3_msg_progress p;
@@ -513,6 +521,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 			goto out;
 		trace_routes(s, j, pos, c);
 		pos += c;
+		prefill_end = pos;
 		memset(&p, 0, sizeof(p));
 		p.done = pos; p.has_done = true;
 		p.total = n; p.has_total = true;
@@ -525,6 +534,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 	if (j->chat && (r = k3_engine_seq_clone(s->engine, seq, &j->branch[0].seq, &err)) < 0)
 		goto out;
 	prefill_s = since(&t0);
+	prefilled = true;
 
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	j->finish = K3_FINISH_LENGTH;
@@ -584,6 +594,11 @@ out:
 		j->finish = K3_FINISH_CANCELLED;
 		decode_s = since(&t1);
 	}
+	if (!prefilled && j->finish == K3_FINISH_CANCELLED) {
+		/* Cancelled during prefill: that time was prefill, none was decode. */
+		prefill_s = since(&t0);
+		decode_s = 0;
+	}
 	if (r < 0) {
 		struct k3_msg_error e;
 
@@ -604,7 +619,7 @@ out:
 		done.queued_s = queued_s; done.has_queued_s = true;
 		done.prefill_s = prefill_s; done.has_prefill_s = true;
 		done.decode_s = decode_s; done.has_decode_s = true;
-		done.prefill_tps = prefill_s > 0 ? (double)(n - start) / prefill_s : 0;
+		done.prefill_tps = prefill_s > 0 ? (double)(prefill_end - start) / prefill_s : 0;
 		done.has_prefill_tps = true;
 		done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
 		done.has_decode_tps = true;
@@ -865,7 +880,7 @@ static void run_warm(struct k3_sched *s, struct job *j)
 static void load_model(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
-	struct k3_engine_opts eo = { NULL, s->opts->threads, 0, false };
+	struct k3_engine_opts eo = { .threads = s->opts->threads };
 	const char *dir = s->opts->model_dir;
 	const char *base;
 	char msg[K3_ERR_MSG_MAX + 64];
@@ -965,6 +980,8 @@ static void job_free(struct job *j)
 {
 	if (!j)
 		return;
+	if (j->publish_timer)
+		event_free(j->publish_timer);
 	k3_conn_unref(j->conn);
 	k3_tok_ids_release(&j->prompt);
 	free(j->warm_layer);
@@ -992,6 +1009,20 @@ static void job_flushed(void *arg, bool written)
 		pthread_mutex_unlock(&s->lock);
 	}
 	job_free(j);
+}
+
+/* The client has not taken its DONE in time: drop the branch states now
+ * rather than pin them until it reads or goes away; job_flushed then
+ * finds nothing to publish. */
+static void job_publish_late(evutil_socket_t fd, short what, void *arg)
+{
+	struct job *j = arg;
+
+	(void)fd; (void)what;
+	k3_log_debug("job %llu: DONE unread after %d s; its state will not be published",
+		     (unsigned long long)j->id, PUBLISH_DEADLINE_S);
+	conv_state_release(&j->branch[0]);
+	conv_state_release(&j->branch[1]);
 }
 
 static void send_positions(struct k3_sched *s)
@@ -1044,8 +1075,16 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			s->totals.prompt_tokens_total += j->prompt.n;
 			s->totals.completion_tokens_total += j->n_gen;
 			s->totals.reasoning_tokens_total += j->n_reasoning;
-			if (j->conn && j->done_sent && k3_conn_when_flushed(j->conn, job_flushed, j) == 0)
-				break;
+			if (j->conn && j->done_sent) {
+				struct timeval tv = { PUBLISH_DEADLINE_S, 0 };
+
+				/* Armed first: a synchronous job_flushed frees it with j. */
+				j->publish_timer = evtimer_new(s->base, job_publish_late, j);
+				if (j->publish_timer)
+					evtimer_add(j->publish_timer, &tv);
+				if (k3_conn_when_flushed(j->conn, job_flushed, j) == 0)
+					break;
+			}
 			job_free(j);
 			break;
 		case MSG_LOADED:
@@ -1201,6 +1240,7 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	struct k3_msg_accepted a;
 	struct job *j;
 	unsigned ahead;
+	bool dup;
 
 	if (s->draining) {
 		k3_conn_send_error(c, rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");
@@ -1208,7 +1248,18 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	}
 	pthread_mutex_lock(&s->lock);
 	ahead = s->n_queued + (s->running ? 1 : 0);
+	/* Events and CANCEL are matched by request id: two live GENERATEs
+	 * with one id on one connection could not be told apart. */
+	dup = s->running && s->running->conn == c && s->running->rid == rid;
+	for (struct job *q = s->queue_head; q && !dup; q = q->next)
+		dup = q->conn == c && q->rid == rid;
 	pthread_mutex_unlock(&s->lock);
+	if (dup) {
+		k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, NULL,
+				   "request id %u is already in use by a queued or running GENERATE "
+				   "on this connection", rid);
+		return;
+	}
 	if (ahead > s->opts->queue_max) {
 		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
 				   "engine busy: 1 generation running and %u/%u queued; retry later",
@@ -1328,6 +1379,14 @@ static void handle_warm(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* Whether connection c may cancel job j by its job id: its own uid's
+ * jobs, or any job for an admin peer (job ids are sequential, so any
+ * group member could otherwise stop everyone's work). */
+static bool may_cancel(const struct k3_conn *c, const struct job *j)
+{
+	return k3_conn_is_admin(c) || (j->conn && k3_conn_uid(j->conn) == k3_conn_uid(c));
+}
+
 /* Marks matching jobs cancelled; queued ones are removed and answered at
  * once, the running one stops at its next step. Returns how many matched. */
 static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool by_rid, uint32_t rid,
@@ -1339,7 +1398,8 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 	pthread_mutex_lock(&s->lock);
 	for (pp = &s->queue_head; *pp;) {
 		struct job *j = *pp;
-		bool match = job_id ? j->id == job_id : (j->conn == c && (!by_rid || j->rid == rid));
+		bool match = job_id ? j->id == job_id && may_cancel(c, j) :
+				      (j->conn == c && (!by_rid || j->rid == rid));
 
 		if (match) {
 			*pp = j->next;
@@ -1356,7 +1416,8 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		s->queue_tail = j;
 	if (s->running) {
 		struct job *j = s->running;
-		bool match = job_id ? j->id == job_id : (j->conn == c && (!by_rid || j->rid == rid));
+		bool match = job_id ? j->id == job_id && may_cancel(c, j) :
+				      (j->conn == c && (!by_rid || j->rid == rid));
 
 		if (match) {
 			atomic_store(&j->cancel, true);
@@ -1560,9 +1621,20 @@ static unsigned hook_drain(void *ctx)
 	return running;
 }
 
+static void hook_cancel_running(void *ctx)
+{
+	struct k3_sched *s = ctx;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->running)
+		atomic_store(&s->running->cancel, true);
+	pthread_mutex_unlock(&s->lock);
+}
+
 struct k3_server_hooks k3_sched_hooks(struct k3_sched *s)
 {
-	struct k3_server_hooks h = { s, hook_request, hook_conn_closed, hook_status, hook_drain };
+	struct k3_server_hooks h = { s, hook_request, hook_conn_closed, hook_status, hook_drain,
+				     hook_cancel_running };
 
 	return h;
 }

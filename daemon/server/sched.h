@@ -11,7 +11,8 @@
  * posts encoded frames back to the loop through a locked queue. A job's
  * branch is published (becomes the conversation the next chat request may
  * extend) only after its DONE frame has been handed to the kernel; a
- * disconnect or write failure discards it.
+ * disconnect or write failure discards it, and so does a client that has
+ * not taken its DONE within 5 s (the states are freed, not pinned).
  */
 #ifndef K3_SERVER_SCHED_H
 #define K3_SERVER_SCHED_H

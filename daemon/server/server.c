@@ -30,7 +30,7 @@
 #include "base/log.h"
 #include "k3_build_config.h"
 
-enum { MAX_LISTENERS = 8, HELLO_TIMEOUT_S = 10 };
+enum { MAX_LISTENERS = 8, HELLO_TIMEOUT_S = 10, DRAIN_GRACE_S = 5 };
 
 struct k3_conn {
 	struct k3_server *srv;
@@ -45,6 +45,8 @@ struct k3_conn {
 	bool may_shutdown;             /* own uid, root or --allow-uid */
 	bool closing;                  /* close once output is flushed */
 	bool read_paused;              /* backpressure */
+	struct event *hello_timer;     /* deadline for HELLO, from the accept */
+	uint32_t large_reserved;       /* share of srv->large_reserved for the frame in front */
 	struct {
 		void (*cb)(void *arg, bool written);
 		void *arg;
@@ -69,10 +71,20 @@ struct k3_server {
 	struct event *watchdog;
 	bool draining;
 	bool drain_waiting;            /* running jobs still finishing */
+	bool drain_cancelled;          /* out of time: running work was cancelled */
+	uint64_t large_reserved;       /* payload bytes reserved by large frames in flight */
 };
 
 static void conn_close(struct k3_conn *c);
 static void server_maybe_exit(struct k3_server *s);
+
+/* The frame in front of c is done with (or c is gone): its reservation
+ * against K3_LIM_INBUF_LARGE_TOTAL ends. */
+static void conn_release_large(struct k3_conn *c)
+{
+	c->srv->large_reserved -= c->large_reserved;
+	c->large_reserved = 0;
+}
 
 /* ---- connection lifetime -------------------------------------------- */
 
@@ -96,6 +108,7 @@ bool k3_conn_is_open(const struct k3_conn *c)
 
 uid_t k3_conn_uid(const struct k3_conn *c) { return c->uid; }
 uint64_t k3_conn_id(const struct k3_conn *c) { return c->id; }
+bool k3_conn_is_admin(const struct k3_conn *c) { return c->may_shutdown; }
 
 /* Runs (and clears) the flush waiters with the given outcome. */
 static void conn_run_flush(struct k3_conn *c, bool written)
@@ -115,6 +128,11 @@ static void conn_close(struct k3_conn *c)
 	if (!c->bev)
 		return;
 	conn_run_flush(c, false);
+	conn_release_large(c);
+	if (c->hello_timer) {
+		event_free(c->hello_timer);
+		c->hello_timer = NULL;
+	}
 	bufferevent_free(c->bev);
 	c->bev = NULL;
 	if (c->prev)
@@ -270,7 +288,10 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 		return;
 	}
 	c->hello_done = true;
-	bufferevent_set_timeouts(c->bev, NULL, NULL);
+	if (c->hello_timer) {
+		event_free(c->hello_timer);
+		c->hello_timer = NULL;
+	}
 	memset(&r, 0, sizeof(r));
 	r.server = k3_proto_str_of("k3d/" K3_VERSION); r.has_server = true;
 	r.version = K3_PROTO_VERSION; r.has_version = true;
@@ -396,6 +417,24 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 			conn_close_after_write(c);
 			break;
 		}
+		if (len >= K3_PROTO_HEADER_SIZE && h.length > K3_LIM_PAYLOAD_SMALL && !c->large_reserved) {
+			/* Each frame is bounded; the sum over all connections must be too. */
+			if (c->srv->large_reserved + h.length > K3_LIM_INBUF_LARGE_TOTAL) {
+				k3_log_notice("connection %llu (uid %u pid %d): refusing a %u-byte %s: "
+					      "%llu bytes of large frames already in flight",
+					      (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid,
+					      h.length, k3_proto_type_name(h.type),
+					      (unsigned long long)c->srv->large_reserved);
+				k3_conn_send_error(c, h.request_id, K3_STATUS_BUSY, NULL,
+						   "k3d is already receiving %llu MiB of large requests; retry "
+						   "when they are done",
+						   (unsigned long long)(c->srv->large_reserved >> 20));
+				conn_close_after_write(c);
+				break;
+			}
+			c->large_reserved = h.length;
+			c->srv->large_reserved += h.length;
+		}
 		if (len < K3_PROTO_HEADER_SIZE || len - K3_PROTO_HEADER_SIZE < h.length)
 			break;   /* wait for the rest; the length is already bounded */
 		n = K3_PROTO_HEADER_SIZE + h.length;
@@ -405,6 +444,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 			break;
 		}
 		handle_frame(c, &h, payload);
+		conn_release_large(c);
 		if (c->bev)
 			evbuffer_drain(in, n);
 	}
@@ -433,10 +473,19 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct k3_conn *c = arg;
 
-	(void)bev;
-	if (what & BEV_EVENT_TIMEOUT)
-		k3_log_info("connection %llu (uid %u pid %d): no HELLO within %d s, closing",
-			    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_S);
+	(void)bev; (void)what;
+	conn_close(c);
+}
+
+/* A deadline from the accept, not a read timeout: a peer trickling one
+ * byte at a time would reset a read timeout forever. */
+static void hello_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct k3_conn *c = arg;
+
+	(void)fd; (void)what;
+	k3_log_info("connection %llu (uid %u pid %d): no HELLO within %d s, closing",
+		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_S);
 	conn_close(c);
 }
 
@@ -507,8 +556,11 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		close(fd);
 		return;
 	}
-	c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->hello_timer = evtimer_new(s->base, hello_timeout_cb, c);
+	c->bev = c->hello_timer ? bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
 	if (!c->bev) {
+		if (c->hello_timer)
+			event_free(c->hello_timer);
 		free(c);
 		close(fd);
 		return;
@@ -527,7 +579,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	s->n_conns++;
 	bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-	bufferevent_set_timeouts(c->bev, &hello_tv, NULL);
+	evtimer_add(c->hello_timer, &hello_tv);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	k3_log_debug("connection %llu from uid %u pid %d", (unsigned long long)c->id,
 		     (unsigned)cred.uid, (int)cred.pid);
@@ -765,11 +817,24 @@ static void drain_finish(struct k3_server *s)
 static void drain_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct k3_server *s = arg;
+	struct timeval grace = { DRAIN_GRACE_S, 0 };
 
 	(void)fd; (void)what;
+	if (s->drain_waiting && !s->drain_cancelled && s->hooks.cancel_running) {
+		/* Cancelled work stops within one layer step and still sends its
+		 * client DONE{cancelled}; closing now would cut the stream off
+		 * without a terminal frame. */
+		k3_log_warning("drain timeout: cancelling the running generation");
+		s->drain_cancelled = true;
+		evtimer_add(s->drain_timer, &grace);
+		s->hooks.cancel_running(s->hooks.ctx);
+		return;
+	}
 	if (s->drain_waiting) {
 		k3_log_warning("drain timeout: stopping with work still running");
 		drain_finish(s);
+		/* One more grace period for clients to read their last bytes. */
+		evtimer_add(s->drain_timer, &grace);
 		return;
 	}
 	/* Clients that do not read their last bytes do not hold us up. */

@@ -48,6 +48,10 @@ struct k3_server_hooks {
 	 * zero the scheduler calls k3_server_drain_done() once the last one
 	 * ends; the server stops waiting after drain_timeout_s regardless. */
 	unsigned (*drain)(void *ctx);
+	/* The drain ran out of time: stop the running job at its next step so
+	 * that it still ends with DONE{cancelled} and then calls
+	 * k3_server_drain_done(). Optional. */
+	void (*cancel_running)(void *ctx);
 };
 
 /* Creates the server on base. opts is borrowed and must outlive it. */
@@ -72,8 +76,9 @@ void k3_server_set_hooks(struct k3_server *s, const struct k3_server_hooks *hook
 void k3_server_set_info(struct k3_server *s, const struct k3_server_info *info);
 
 /* Starts the graceful drain (idempotent): STOPPING=1, listeners closed,
- * queued work cancelled by the hooks, running work given drain_timeout_s,
- * then connections flushed and the loop exits. */
+ * queued work cancelled by the hooks, running work given drain_timeout_s
+ * (then cancelled, and given a few more seconds to send its DONE), then
+ * connections flushed and the loop exits. */
 void k3_server_drain(struct k3_server *s);
 /* Tells the server the last running job finished during a drain. */
 void k3_server_drain_done(struct k3_server *s);
@@ -97,6 +102,9 @@ int k3_conn_send_error(struct k3_conn *c, uint32_t request_id, enum k3_proto_sta
 /* Peer credentials, and a per-process unique connection number. */
 uid_t k3_conn_uid(const struct k3_conn *c);
 uint64_t k3_conn_id(const struct k3_conn *c);
+/* True for the daemon's uid, root and --allow-uid peers (they may send
+ * SHUTDOWN and cancel anyone's job); false for --allow-gid members. */
+bool k3_conn_is_admin(const struct k3_conn *c);
 /* Reference counting, so the scheduler can hold a connection across
  * events; the server drops its own reference when the peer goes away.
  * k3_conn_send on a gone connection returns -EPIPE. */

@@ -139,7 +139,7 @@ static int dump(const json_t *v, unsigned flags, struct k3_sbuf *b, unsigned dep
 		}
 		json_object_foreach((json_t *)v, k, x)
 			keys[i++] = k;
-		if (flags & K3_PYJSON_SORT_KEYS)
+		if (n && (flags & K3_PYJSON_SORT_KEYS))   /* qsort(NULL, 0) is undefined */
 			qsort(keys, n, sizeof(*keys), cmp_keys);
 		k3_sbuf_addc(b, '{');
 		for (i = 0; i < n && !rc; i++) {

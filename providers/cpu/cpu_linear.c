@@ -55,8 +55,11 @@ void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,
 		.dtype = W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
 		.rows = W->rows, .cols = W->cols, .ld = 0, .data = W->data,
 	};
+	size_t bytes = (size_t)W->rows * W->cols * (W->dtype == 2 ? 2 : 4);
+	struct k3_kern_pool *pool = ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+		? ctx->pool : NULL;
 	/* shapes were validated at open; a failure here is a provider bug */
-	int rc = k3_kern_matmul(ctx->pool, &km, 0, W->rows, T, x, ldx, y, ldy);
+	int rc = k3_kern_matmul(pool, &km, 0, W->rows, T, x, ldx, y, ldy);
 	(void)rc;
 }
 
@@ -74,6 +77,56 @@ void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
 		.dtype = K3_KERN_DT_MXFP4, .rows = rows, .cols = cols, .ld = 0,
 		.data = packed, .scales = scale,
 	};
-	int rc = k3_kern_matmul(ctx->pool, &km, 0, rows, T, x, ldx, y, ldy);
+	size_t bytes = (size_t)rows * cols / 2;
+	struct k3_kern_pool *pool = ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+		? ctx->pool : NULL;
+	int rc = k3_kern_matmul(pool, &km, 0, rows, T, x, ldx, y, ldy);
+	(void)rc;
+}
+
+static struct k3_kern_mat job_mat(const struct k3_cpu_job *j)
+{
+	if (j->W)
+		return (struct k3_kern_mat){
+			.dtype = j->W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+			.rows = j->W->rows, .cols = j->W->cols, .data = j->W->data,
+		};
+	return (struct k3_kern_mat){ .dtype = K3_KERN_DT_MXFP4, .rows = j->rows,
+		.cols = j->cols, .data = j->packed, .scales = j->scale };
+}
+
+void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, uint32_t n)
+{
+	while (!ctx->reference && n > 64) {
+		k3_cpu_linear_multi(ctx, jobs, 64);
+		jobs += 64;
+		n -= 64;
+	}
+	if (ctx->reference) {
+		for (uint32_t i = 0; i < n; i++) {
+			const struct k3_cpu_job *j = &jobs[i];
+			if (j->W)
+				k3_cpu_linear(ctx, j->W, j->x, j->ldx, j->T, j->y, j->ldy);
+			else
+				k3_cpu_mxfp4_linear(ctx, j->packed, j->scale, j->rows, j->cols,
+						    j->x, j->ldx, j->T, j->y, j->ldy);
+		}
+		return;
+	}
+	struct k3_kern_mat mats[64];
+	struct k3_kern_matmul_job kj[64];
+	size_t bytes = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct k3_cpu_job *j = &jobs[i];
+		mats[i] = job_mat(j);
+		kj[i] = (struct k3_kern_matmul_job){ .w = &mats[i], .row_begin = 0,
+			.row_end = mats[i].rows, .T = j->T, .x = j->x, .ldx = j->ldx,
+			.y = j->y, .ldy = j->ldy };
+		bytes += mats[i].dtype == K3_KERN_DT_MXFP4 ? mats[i].rows * mats[i].cols / 2
+			: mats[i].rows * mats[i].cols * (mats[i].dtype == K3_KERN_DT_BF16 ? 2 : 4);
+	}
+	/* shapes were validated at open; a failure here is a provider bug */
+	int rc = k3_kern_matmul_many(ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+				     ? ctx->pool : NULL, n, kj);
 	(void)rc;
 }

@@ -25,6 +25,7 @@ struct k3_cpu_mat {
 
 struct k3_cpu_ctx {
 	int reference;               /* 1: scalar reference kernels only */
+	int split_all;               /* 1: split even tiny products (tests) */
 	uint32_t threads;            /* >= 1 */
 	struct k3_kern_pool *pool;   /* NULL when threads == 1 or reference */
 };
@@ -43,5 +44,32 @@ void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,
 void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
 			 const uint8_t *scale, uint32_t rows, uint32_t cols,
 			 const float *x, size_t ldx, uint32_t T, float *y, size_t ldy);
+
+/* One product of a batch run by k3_cpu_linear_multi: y = W x over T
+ * positions, as k3_cpu_linear (bf16/f32) or k3_cpu_mxfp4_linear (when
+ * packed is set: W is then rows x cols MXFP4 with scale). */
+struct k3_cpu_job {
+	const struct k3_cpu_mat *W;  /* bf16/f32, or NULL for MXFP4 */
+	const uint8_t *packed, *scale;
+	uint32_t rows, cols;         /* MXFP4 shape (ignored for W) */
+	const float *x;
+	size_t ldx;
+	uint32_t T;
+	float *y;
+	size_t ldy;
+};
+
+/* Runs independent products as one parallel region: their rows form one
+ * index space split across the threads, so a decode step pays one pool
+ * dispatch for, e.g., q/k/v/g projections or all experts of a layer instead
+ * of one each. Results are identical to running the jobs one by one (each
+ * row's reduction is the same; k3_kern_matmul_many). Runs of more than 64
+ * jobs go 64 at a time. */
+void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, uint32_t n);
+
+/* Weight bytes below which a product runs on the calling thread: a pool
+ * dispatch costs a wake-up, which is more than streaming 64 KiB. Where a
+ * product runs never changes its result. */
+enum { K3_CPU_PARALLEL_MIN_BYTES = 64 << 10 };
 
 #endif

@@ -55,15 +55,22 @@ struct k3_prov_model {
 	uint32_t P;              /* KDA width */
 	uint32_t qhd;            /* MLA q head dim (nope + rope) */
 	uint32_t wide;           /* widest per-position scratch row */
-	float *sx, *s[7];        /* [max_batch][D], [max_batch][wide] */
+	float *sx, *s[8];        /* [max_batch][D], [max_batch][wide] */
 	float *tmp;              /* [wide] per-position temporaries */
 	float *tmp2;             /* [wide] */
-	float *work;             /* [6 * kda_head_dim] KDA head temporaries */
+	float *work;             /* [kda_heads][6 * kda_head_dim] KDA head temporaries */
+	float *mla_q;            /* [mla_heads][kv_lora + qk_rope] absorbed queries */
+	float *mla_cbar;         /* [mla_heads][kv_lora] */
+	float *mla_s;            /* [mla_heads][mla_s_cap] attention scores */
+	struct k3_cpu_mat *mla_wuv;   /* [mla_heads] WUV_h views */
+	struct k3_cpu_job *mla_jobs;  /* [mla_heads] */
+	uint32_t mla_s_cap;      /* tokens; grows with the largest MLA cache */
 	/* routed experts: [max_batch * top_k] slots */
 	float *ey;               /* [slots][latent] per-slot expert outputs */
 	float *ex;               /* [slots][max(latent, moe_inter)] gathered inputs / outputs */
 	float *eg, *eu;          /* [slots][moe_inter] gate / up */
 	uint32_t *eslot;         /* [slots] */
+	struct k3_cpu_job *ejobs;  /* [3 * slots] */
 	uint8_t *edone;          /* [slots] */
 };
 
@@ -199,16 +206,22 @@ static void cpu_close(k3_prov_model *m)
 	free(m->norm);
 	free(m->out_u);
 	free(m->sx);
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 8; i++)
 		free(m->s[i]);
 	free(m->tmp);
 	free(m->tmp2);
 	free(m->work);
+	free(m->mla_q);
+	free(m->mla_cbar);
+	free(m->mla_s);
+	free(m->mla_wuv);
+	free(m->mla_jobs);
 	free(m->ey);
 	free(m->ex);
 	free(m->eg);
 	free(m->eu);
 	free(m->eslot);
+	free(m->ejobs);
 	free(m->edone);
 	k3_cpu_ctx_release(&m->ctx);
 	free(m);
@@ -347,6 +360,7 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->qhd = c->qk_nope + c->qk_rope;
 
 	rc = k3_cpu_ctx_init(&m->ctx, a->threads, m->reference);
+	m->ctx.split_all = (a->flags & K3_PROV_OPEN_SPLIT_ALL) != 0;
 	if (rc) {
 		free(m);
 		return fail(st, rc, "cannot start %u compute threads", a->threads);
@@ -388,16 +402,22 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->tmp2 = malloc((size_t)wide * sizeof(float));
 	size_t slots = B * (c->top_k ? c->top_k : 1);
 	size_t ew = umax(umax(c->latent, c->moe_inter), 1);
-	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * sizeof(float));
+	m->mla_q = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + c->qk_rope + 1) * sizeof(float));
+	m->mla_wuv = calloc(umax(c->mla_heads, 1), sizeof(*m->mla_wuv));
+	m->mla_jobs = calloc(umax(c->mla_heads, 1), sizeof(*m->mla_jobs));
+	m->mla_cbar = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + 1) * sizeof(float));
+	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * umax(c->kda_heads, 1) * sizeof(float));
 	m->ey = malloc(slots * ew * sizeof(float));
 	m->ex = malloc(slots * ew * sizeof(float));
 	m->eg = malloc(slots * ew * sizeof(float));
 	m->eu = malloc(slots * ew * sizeof(float));
 	m->eslot = malloc(slots * sizeof(uint32_t));
+	m->ejobs = malloc(3 * slots * sizeof(struct k3_cpu_job));
 	m->edone = malloc(slots);
-	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->ey && m->ex && m->eg && m->eu &&
-	      m->eslot && m->edone) ? 0 : -ENOMEM;
-	for (int i = 0; i < 7; i++) {
+	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->mla_q && m->mla_cbar && m->mla_wuv &&
+	      m->mla_jobs && m->ey && m->ex && m->eg && m->eu &&
+	      m->eslot && m->ejobs && m->edone) ? 0 : -ENOMEM;
+	for (int i = 0; i < 8; i++) {
 		m->s[i] = malloc(B * wide * sizeof(float));
 		if (!m->s[i])
 			rc = -ENOMEM;
@@ -482,6 +502,15 @@ static int mla_reserve(k3_prov_mla_cache *c, uint32_t need, struct k3_prov_statu
 		return fail(st, -ENOMEM, "out of memory for an MLA cache of %u tokens", need);
 	c->score = score;
 	c->cap = (uint32_t)cap;
+	/* the provider-wide score rows must hold the longest cache */
+	k3_prov_model *m = c->m;
+	if (m->mla_s_cap < cap) {
+		float *ms = realloc(m->mla_s, (size_t)umax(m->cfg.mla_heads, 1) * cap * sizeof(float));
+		if (!ms)
+			return fail(st, -ENOMEM, "out of memory for MLA scores of %u tokens", need);
+		m->mla_s = ms;
+		m->mla_s_cap = (uint32_t)cap;
+	}
 	return 0;
 }
 
@@ -566,6 +595,12 @@ static void linear(k3_prov_model *m, const struct k3_cpu_mat *W, const float *x,
 {
 	k3_cpu_linear(&m->ctx, W, x, W->cols, T, y, W->rows);
 }
+
+#define JOB(Wm, X, LDX, TT, Y, LDY) \
+	((struct k3_cpu_job){ .W = (Wm), .x = (X), .ldx = (LDX), .T = (TT), .y = (Y), .ldy = (LDY) })
+#define MXJOB(P_, S_, R_, C_, X, LDX, TT, Y, LDY) \
+	((struct k3_cpu_job){ .packed = (P_), .scale = (S_), .rows = (R_), .cols = (C_), \
+			      .x = (X), .ldx = (LDX), .T = (TT), .y = (Y), .ldy = (LDY) })
 
 static void store(float *out, const float *y, size_t n, uint32_t flags)
 {
@@ -684,6 +719,27 @@ static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S
 	k3_kern_rmsnorm_gated(dk, o, L->o_norm, gz, c->rms_eps, z);
 }
 
+/* Heads [begin, end) of one KDA position; each head uses its own slice of
+ * m->work, so heads can run on different threads. */
+struct kda_heads_job {
+	const k3_prov_model *m;
+	const struct cpu_layer *L;
+	float *S;
+	const float *q, *k, *v, *f, *b, *gz;
+	float *z;
+};
+
+static void kda_heads_task(void *arg, size_t begin, size_t end)
+{
+	const struct kda_heads_job *j = arg;
+	uint32_t dk = j->m->cfg.kda_head_dim;
+	for (size_t hh = begin; hh < end; hh++) {
+		size_t c0 = hh * dk;
+		kda_head(j->m, j->L, j->S + c0 * dk, (uint32_t)hh, j->q + c0, j->k + c0, j->v + c0,
+			 j->f + c0, j->b[hh], j->gz + c0, j->z + c0, j->m->work + 6 * c0);
+	}
+}
+
 static void conv_step(const k3_prov_model *m, float *win, const float *w, const float *x,
 		      float *y)
 {
@@ -714,16 +770,15 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	float *x = m->sx, *qp = m->s[0], *kp = m->s[1], *vp = m->s[2];
 	float *f = m->s[3], *gz = m->s[4], *z = m->s[5], *fa = m->s[6];
 
+	float *bl = m->s[7];
 	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
-	k3_cpu_linear(&m->ctx, &L->q, x, D, T, qp, W);
-	k3_cpu_linear(&m->ctx, &L->k, x, D, T, kp, W);
-	k3_cpu_linear(&m->ctx, &L->v, x, D, T, vp, W);
-	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
-	k3_cpu_linear(&m->ctx, &L->fa, x, D, T, fa, W);
+	const struct k3_cpu_job proj[6] = {
+		JOB(&L->q, x, D, T, qp, W), JOB(&L->k, x, D, T, kp, W),
+		JOB(&L->v, x, D, T, vp, W), JOB(&L->g, x, D, T, gz, W),
+		JOB(&L->fa, x, D, T, fa, W), JOB(&L->b, x, D, T, bl, W),
+	};
+	k3_cpu_linear_multi(&m->ctx, proj, 6);
 	k3_cpu_linear(&m->ctx, &L->fb, fa, W, T, f, W);
-	/* fa is consumed: its rows now take the beta logits */
-	float *bl = fa;
-	k3_cpu_linear(&m->ctx, &L->b, x, D, T, bl, W);
 
 	size_t wstride = (size_t)(K - 1) * P;
 	float *q1 = m->tmp, *k1 = m->tmp2;
@@ -733,12 +788,15 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 		conv_step(m, s->win, L->conv[0], qt, q1);
 		conv_step(m, s->win + wstride, L->conv[1], kt, k1);
 		conv_step(m, s->win + 2 * wstride, L->conv[2], vt, qt);
-		for (uint32_t hh = 0; hh < H; hh++) {
-			size_t c0 = (size_t)hh * dk;
-			kda_head(m, L, s->S + c0 * dk, hh, q1 + c0, k1 + c0, qt + c0,
-				 f + t * W + c0, bl[t * W + hh], gz + t * W + c0,
-				 z + t * W + c0, m->work);
-		}
+		struct kda_heads_job job = { m, L, s->S, q1, k1, qt, f + t * W, bl + t * W,
+					     gz + t * W, z + t * W };
+		/* heads are independent: split them across threads when the
+		 * state is big enough to be worth a dispatch (K3: 6 MB/layer) */
+		size_t state_bytes = (size_t)H * dk * dk * sizeof(float);
+		if (!m->reference && (m->ctx.split_all || state_bytes >= K3_CPU_PARALLEL_MIN_BYTES))
+			k3_kern_pool_for(m->ctx.pool, H, 1, kda_heads_task, &job);
+		else
+			kda_heads_task(&job, 0, H);
 	}
 	float *y = m->s[0];
 	k3_cpu_linear(&m->ctx, &L->o, z, W, T, y, W);
@@ -747,16 +805,13 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	return 0;
 }
 
-/* cbar = sum_s softmax_s(scale * (qa . c(s) + qr . kr(s))) c(s) over the n
- * cached rows (spec §6.5); q = [qa | qr]. */
-static void mla_attend(const k3_prov_model *m, const k3_prov_mla_cache *cache, uint32_t n,
-		       const float *q, float scale, float *cbar)
+/* Reference attention of one head (spec §6.5): cbar = sum_s softmax_s(
+ * scale * (qa . c(s) + qr . kr(s))) c(s) over the n cached rows, q = [qa | qr].
+ * The fast path does all heads at once (cpu_mla). */
+static void mla_attend_ref(const k3_prov_model *m, const k3_prov_mla_cache *cache, uint32_t n,
+			   const float *q, float scale, float *cbar)
 {
 	uint32_t kvl = m->cfg.kv_lora, row = cache->row;
-	if (!m->reference) {
-		k3_kern_mla_attend(n, row, kvl, cache->rows, row, q, scale, cbar, cache->score);
-		return;
-	}
 	float mx = -INFINITY;
 	for (uint32_t sidx = 0; sidx < n; sidx++) {
 		const float *cr = cache->rows + (size_t)sidx * row;
@@ -780,6 +835,48 @@ static void mla_attend(const k3_prov_model *m, const k3_prov_mla_cache *cache, u
 		for (uint32_t sidx = 0; sidx < n; sidx++)
 			acc += (double)cache->score[sidx] * cache->rows[(size_t)sidx * row + cc];
 		cbar[cc] = (float)acc;
+	}
+}
+
+/* Absorbed queries of heads [begin, end) for one position (spec §6.5):
+ * q[h] = [WUK_h^T qn_h | qr_h], WUK_h^T summed over d ascending. */
+struct mla_q_job {
+	const k3_prov_model *m;
+	const struct cpu_layer *L;
+	const float *Q;          /* this position's [H][nope + rope] */
+	float *qall;             /* [H][kv_lora + rope] */
+};
+
+static void mla_q_task(void *arg, size_t begin, size_t end)
+{
+	const struct mla_q_job *j = arg;
+	const struct k3_prov_config *c = &j->m->cfg;
+	uint32_t kvl = c->kv_lora, nope = c->qk_nope, vh = c->v_head, rope = c->qk_rope;
+	uint32_t qhd = nope + rope, row = kvl + rope;
+	size_t esz = j->L->kvb.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
+	for (size_t hh = begin; hh < end; hh++) {
+		const float *qn = j->Q + hh * qhd, *qr = qn + nope;
+		const char *wuk = (const char *)j->L->kvb.data + hh * (nope + vh) * kvl * esz;
+		float *qcat = j->qall + hh * row;
+		if (j->m->reference) {
+			for (uint32_t cc = 0; cc < kvl; cc++) {
+				double acc = 0.0;
+				for (uint32_t d = 0; d < nope; d++) {
+					const char *wr = wuk + ((size_t)d * kvl + cc) * esz;
+					float wv = esz == 2 ? k3_cpu_bf16(*(const uint16_t *)wr)
+							    : *(const float *)wr;
+					acc += (double)qn[d] * wv;
+				}
+				qcat[cc] = (float)acc;
+			}
+		} else {
+			struct k3_kern_mat wm = {
+				.dtype = esz == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+				.rows = nope, .cols = kvl, .ld = kvl, .data = wuk,
+			};
+			k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
+		}
+		memcpy(qcat + kvl, qr, rope * sizeof(float));
 	}
 }
 
@@ -809,11 +906,13 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	size_t esz = L->kvb.dtype == K3_PROV_DTYPE_BF16 ? 2 : 4;
 
 	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
-	k3_cpu_linear(&m->ctx, &L->qa, x, D, T, cq, W);
+	const struct k3_cpu_job proj[3] = {
+		JOB(&L->qa, x, D, T, cq, W), JOB(&L->kva, x, D, T, ckv, W),
+		JOB(&L->g, x, D, T, gz, W),
+	};
+	k3_cpu_linear_multi(&m->ctx, proj, 3);
 	norm_rows(m, cq, L->qa_norm, T, c->q_lora, c->mla_norm_eps, cq, W, W);
 	k3_cpu_linear(&m->ctx, &L->qb, cq, W, T, Q, W);
-	k3_cpu_linear(&m->ctx, &L->kva, x, D, T, ckv, W);
-	k3_cpu_linear(&m->ctx, &L->g, x, D, T, gz, W);
 
 	uint32_t len0 = cache->len;
 	for (uint32_t t = 0; t < T; t++) {
@@ -823,43 +922,57 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	}
 	cache->len = len0 + T;
 
-	float *qcat = m->tmp, *cbar = m->tmp2;
+	float *qall = m->mla_q, *call = m->mla_cbar;
 	for (uint32_t t = 0; t < T; t++) {
 		uint32_t n = len0 + t + 1;      /* causal: positions 0..len0+t */
-		for (uint32_t hh = 0; hh < H; hh++) {
-			const float *qn = Q + t * W + (size_t)hh * qhd, *qr = qn + nope;
-			const char *wuk = (const char *)L->kvb.data +
-				(size_t)hh * (nope + vh) * kvl * esz;
-			/* qa = WUK_h^T qn (spec §6.5), summed over d ascending */
-			if (m->reference) {
-				for (uint32_t cc = 0; cc < kvl; cc++) {
-					double acc = 0.0;
-					for (uint32_t d = 0; d < nope; d++) {
-						const char *wr = wuk + ((size_t)d * kvl + cc) * esz;
-						float wv = esz == 2 ? k3_cpu_bf16(*(const uint16_t *)wr)
-								    : *(const float *)wr;
-						acc += (double)qn[d] * wv;
-					}
-					qcat[cc] = (float)acc;
-				}
-			} else {
-				struct k3_kern_mat wm = {
-					.dtype = L->kvb.dtype == K3_PROV_DTYPE_BF16
-						? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
-					.rows = nope, .cols = kvl, .ld = kvl, .data = wuk,
-				};
-				k3_kern_matmul_t(NULL, &wm, 1, qn, nope, qcat, kvl);
+		/* 1) absorbed queries qall[h] = [WUK_h^T qn_h | qr_h] (spec §6.5);
+		 * heads are independent, so they split across threads */
+		struct mla_q_job qj = { m, L, Q + t * W, qall };
+		size_t wuk_bytes = (size_t)H * nope * kvl * esz;
+		if (!m->reference && (m->ctx.split_all || wuk_bytes >= K3_CPU_PARALLEL_MIN_BYTES))
+			k3_kern_pool_for(m->ctx.pool, H, 1, mla_q_task, &qj);
+		else
+			mla_q_task(&qj, 0, H);
+		/* 2) attention over the n cached rows: cbar_h = sum_s p_h(s) c(s) */
+		if (m->reference) {
+			for (uint32_t hh = 0; hh < H; hh++)
+				mla_attend_ref(m, cache, n, qall + (size_t)hh * row, scale,
+					   call + (size_t)hh * kvl);
+		} else {
+			/* All heads share the one latent cache (MLA absorbed is
+			 * multi-query), so each cached row is read once for all
+			 * heads: scores[h][s] = c(s) . q_h as a product with the
+			 * cache as the matrix, then cbar = P C by the transposed
+			 * product. Per (h, s) the reduction order is fixed, so a
+			 * position's result does not depend on the batch. */
+			struct k3_cpu_mat cm = { .data = cache->rows, .dtype = K3_PROV_DTYPE_F32,
+						 .rows = n, .cols = row };
+			float *sc = m->mla_s;
+			k3_cpu_linear(&m->ctx, &cm, qall, row, H, sc, n);
+			for (uint32_t hh = 0; hh < H; hh++) {
+				k3_kern_scale(n, scale, sc + (size_t)hh * n, sc + (size_t)hh * n);
+				k3_kern_softmax(n, sc + (size_t)hh * n);
 			}
-			memcpy(qcat + kvl, qr, rope * sizeof(float));
-			mla_attend(m, cache, n, qcat, scale, cbar);
-			/* o_h = WUV_h cbar, times the output gate (spec §6.3) */
-			struct k3_cpu_mat wuv = {
-				.data = wuk + (size_t)nope * kvl * esz, .dtype = L->kvb.dtype,
-				.rows = vh, .cols = kvl,
+			struct k3_kern_mat cv = { .dtype = K3_KERN_DT_F32, .rows = n, .cols = kvl,
+						  .ld = row, .data = cache->rows };
+			size_t bytes = (size_t)n * kvl * sizeof(float);
+			k3_kern_matmul_t(m->ctx.split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
+					 ? m->ctx.pool : NULL, &cv, H, sc, n, call, kvl);
+		}
+		/* 3) o_h = WUV_h cbar_h (all heads as one parallel region), times
+		 * the output gate (spec §6.3) */
+		for (uint32_t hh = 0; hh < H; hh++) {
+			m->mla_wuv[hh] = (struct k3_cpu_mat){
+				.data = (const char *)L->kvb.data +
+					((size_t)hh * (nope + vh) + nope) * kvl * esz,
+				.dtype = L->kvb.dtype, .rows = vh, .cols = kvl,
 			};
+			m->mla_jobs[hh] = JOB(&m->mla_wuv[hh], call + (size_t)hh * kvl, kvl, 1,
+					      att + t * W + (size_t)hh * vh, vh);
+		}
+		k3_cpu_linear_multi(&m->ctx, m->mla_jobs, H);
+		for (uint32_t hh = 0; hh < H; hh++) {
 			float *ot = att + t * W + (size_t)hh * vh;
-			struct k3_cpu_ctx serial = { .reference = m->reference, .threads = 1 };
-			k3_cpu_linear(&serial, &wuv, cbar, kvl, 1, ot, vh);
 			const float *gt = gz + t * W + (size_t)hh * vh;
 			for (uint32_t j = 0; j < vh; j++)
 				ot[j] *= k3_cpu_sigmoid(gt[j]);
@@ -908,8 +1021,9 @@ static int cpu_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t
 					c->routed_scale, it, wt);
 		} else {
 			int32_t idx[64];
+			/* HF renormalizes only when top_k > 1 (spec §8.1) */
 			rc = k3_kern_router_topk(c->n_experts, s, L->rbias, K,
-						 c->moe_renormalize != 0, c->routed_scale,
+						 c->moe_renormalize && K > 1, c->routed_scale,
 						 idx, wt, NULL);
 			if (rc)
 				return fail(st, rc, "layer %u: router top-%u failed", layer, K);
@@ -945,39 +1059,47 @@ static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, 
 	k3_cpu_linear(&m->ctx, &L->ldown, x, D, T, z, W);
 
 	/* Group the T*K slots by expert so each expert's weights stream once
-	 * per call: gather the inputs of its slots, run W1/W3/W2 over them as
-	 * one batch, scatter the outputs to Y[slot]. The matmuls are batch
-	 * invariant, so a slot's output does not depend on its companions. */
-	float *Y = m->ey, *gx = m->ex, *g = m->eg, *u = m->eu;
-	uint32_t *slot = m->eslot;
+	 * per call: gather the inputs of its slots (group order), run all
+	 * experts' W1/W3 as one parallel region, SiTU, then all W2. The
+	 * matmuls are batch invariant, so a slot's output does not depend on
+	 * its companions. row_of[slot] = the slot's row in the gathered order. */
+	float *gx = m->ex, *g = m->eg, *u = m->eu, *Y = m->ey;
+	uint32_t *row_of = m->eslot;
 	uint8_t *done = m->edone;
+	struct k3_cpu_job *jobs = m->ejobs;
+	uint32_t ng = 0, rows = 0;
 	memset(done, 0, TK);
 	for (size_t i = 0; i < TK; i++) {
 		if (done[i])
 			continue;
-		uint32_t e = ids[i], n = 0;
+		uint32_t e = ids[i], first = rows;
 		for (size_t j = i; j < TK; j++) {
 			if (done[j] || ids[j] != e)
 				continue;
 			done[j] = 1;
-			slot[n] = (uint32_t)j;
-			memcpy(gx + (size_t)n * lat, z + (j / K) * W, lat * sizeof(float));
-			n++;
+			row_of[j] = rows;
+			memcpy(gx + (size_t)rows * lat, z + (j / K) * W, lat * sizeof(float));
+			rows++;
 		}
 		const struct k3_prov_expert *sp = &experts[i];
-		k3_cpu_mxfp4_linear(&m->ctx, sp->w1_packed, sp->w1_scale, I, lat, gx, lat, n, g, I);
-		k3_cpu_mxfp4_linear(&m->ctx, sp->w3_packed, sp->w3_scale, I, lat, gx, lat, n, u, I);
-		for (uint32_t r = 0; r < n; r++)
-			situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
-		/* W2 output lands in gx (inputs are consumed), then scatters */
-		k3_cpu_mxfp4_linear(&m->ctx, sp->w2_packed, sp->w2_scale, lat, I, g, I, n, gx, lat);
-		for (uint32_t r = 0; r < n; r++)
-			memcpy(Y + (size_t)slot[r] * lat, gx + (size_t)r * lat, lat * sizeof(float));
+		uint32_t n = rows - first;
+		jobs[2 * ng] = MXJOB(sp->w1_packed, sp->w1_scale, I, lat, gx + (size_t)first * lat,
+				     lat, n, g + (size_t)first * I, I);
+		jobs[2 * ng + 1] = MXJOB(sp->w3_packed, sp->w3_scale, I, lat, gx + (size_t)first * lat,
+					 lat, n, u + (size_t)first * I, I);
+		/* the W2 job of this group, kept past the W1/W3 pairs */
+		jobs[2 * TK + ng] = MXJOB(sp->w2_packed, sp->w2_scale, lat, I, g + (size_t)first * I,
+					  I, n, Y + (size_t)first * lat, lat);
+		ng++;
 	}
+	k3_cpu_linear_multi(&m->ctx, jobs, 2 * ng);
+	for (uint32_t r = 0; r < rows; r++)
+		situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
+	k3_cpu_linear_multi(&m->ctx, jobs + 2 * TK, ng);
 	for (uint32_t t = 0; t < T; t++) {
 		float *ys = ysum + t * W;
 		for (uint32_t k = 0; k < K; k++) {
-			const float *y = Y + ((size_t)t * K + k) * lat;
+			const float *y = Y + (size_t)row_of[(size_t)t * K + k] * lat;
 			float wk = weights[(size_t)t * K + k];
 			if (k == 0)
 				for (uint32_t i = 0; i < lat; i++)
@@ -1007,8 +1129,8 @@ static int cpu_mlp(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
 	uint32_t D = m->cfg.hidden, I = L->mg.rows;
 	size_t W = m->wide;
 	float *g = m->s[0], *u = m->s[1], *y = m->s[2];
-	k3_cpu_linear(&m->ctx, &L->mg, x, D, T, g, W);
-	k3_cpu_linear(&m->ctx, &L->mu, x, D, T, u, W);
+	const struct k3_cpu_job gu[2] = { JOB(&L->mg, x, D, T, g, W), JOB(&L->mu, x, D, T, u, W) };
+	k3_cpu_linear_multi(&m->ctx, gu, 2);
 	for (uint32_t t = 0; t < T; t++)
 		situ_rows(m, g + t * W, u + t * W, I);
 	k3_cpu_linear(&m->ctx, &L->md, g, W, T, y, W);

@@ -9,123 +9,37 @@
  * 12288x7168 (q/k/v/g projections), 3072x3584 (expert w1/w3 in the
  * latent), 3584x3072 (expert w2).
  *
- * Memory bandwidth: a streaming read (XOR of 16-byte words, split over the
- * same pool) over a random-filled buffer of
+ * Memory bandwidth: a streaming read (XOR of 16-byte words, four
+ * block-interleaved streams per thread, split over the same pool) over a random-filled buffer of
  * --bw-mib MiB (default 1024, far above the 32 MiB L3). Weights are random
  * too (identical pages get merged on these machines), and every shape is
  * replicated until the copies total >= --set-mib MiB (default 512) so each
  * GEMV streams from DRAM rather than from the L3.
  *
- *   bench_gemv [--runs N] [--threads 1,2] [--bw-mib M] [--set-mib M]
+ *   bench_gemv [--runs N] [--threads 1,2] [--tokens T] [--bw-mib M] [--set-mib M]
+ *
+ * --tokens T (default 1) multiplies T positions per call (a prefill chunk):
+ * the GB/s column still counts weight bytes streamed per call, so T > 1
+ * shows how far the products are from being compute-bound.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "base/parse.h"
+#include "bench_util.h"
 #include "k3_kernels.h"
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-
-static uint64_t next64(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static void fill_random(void *p, size_t bytes)
-{
-	uint64_t *q = p;
-	size_t n = bytes / 8;
-
-	for (size_t i = 0; i < n; i++)
-		q[i] = next64();
-	for (size_t i = n * 8; i < bytes; i++)
-		((uint8_t *)p)[i] = (uint8_t)next64();
-}
 
 /* Random bf16 weights of modest magnitude: sign, exponent 2^-8..2^-1. */
 static void fill_bf16(uint16_t *w, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		uint64_t r = next64();
+		uint64_t r = k3_bench_rand();
 
 		w[i] = (uint16_t)(((r & 1) << 15) | ((119 + (r >> 1) % 8) << 7) | ((r >> 8) & 0x7F));
 	}
 }
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_d);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct bw_job {
-	const uint8_t *buf;
-	uint64_t part[256];
-	size_t per;              /* bytes per thread, a multiple of 64 */
-};
-
-/* The streaming read: XOR of every 16-byte word into four independent
- * accumulators (no arithmetic dependency chain can limit it). SSE2 is
- * baseline on x86-64; other machines use 64-bit words. */
-static uint64_t stream_read(const uint8_t *p, size_t bytes)
-{
-#if defined(__SSE2__)
-	__m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
-
-	for (size_t i = 0; i + 64 <= bytes; i += 64) {
-		a0 = _mm_xor_si128(a0, _mm_load_si128((const __m128i *)(p + i)));
-		a1 = _mm_xor_si128(a1, _mm_load_si128((const __m128i *)(p + i + 16)));
-		a2 = _mm_xor_si128(a2, _mm_load_si128((const __m128i *)(p + i + 32)));
-		a3 = _mm_xor_si128(a3, _mm_load_si128((const __m128i *)(p + i + 48)));
-	}
-	a0 = _mm_xor_si128(_mm_xor_si128(a0, a1), _mm_xor_si128(a2, a3));
-	return (uint64_t)_mm_cvtsi128_si64(a0) ^ (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(a0, a0));
-#else
-	uint64_t a[8] = { 0 };
-
-	for (size_t i = 0; i + 64 <= bytes; i += 64)
-		for (int k = 0; k < 8; k++) {
-			uint64_t v;
-
-			memcpy(&v, p + i + 8 * k, 8);
-			a[k] ^= v;
-		}
-	return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
-#endif
-}
-
-static void bw_task(void *ctx, size_t b, size_t e)
-{
-	struct bw_job *j = ctx;
-
-	for (size_t i = b; i < e; i++)
-		j->part[i] = stream_read(j->buf + i * j->per, j->per);
-}
-
-static volatile uint64_t sink;
 
 static int parse_uint(const char *s, long lo, long hi, long *out)
 {
@@ -143,6 +57,7 @@ int main(int argc, char **argv)
 		{ 7168, 12288 }, { 12288, 7168 }, { 3072, 3584 }, { 3584, 3072 },
 	};
 	long runs = 7, bw_mib = 1024, set_mib = 512;
+	size_t ntok = 1;
 	int threads[8] = { 1, 2 }, n_threads = 2;
 	struct k3_kern_pool *pools[8];
 	void *bwbuf;
@@ -159,6 +74,10 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--bw-mib") == 0 && i + 1 < argc &&
 		    parse_uint(argv[i + 1], 64, 65536, &v) == 0) {
 			bw_mib = v;
+			i++;
+		} else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc &&
+		    parse_uint(argv[i + 1], 1, 64, &v) == 0) {
+			ntok = (size_t)v;
 			i++;
 		} else if (strcmp(argv[i], "--set-mib") == 0 && i + 1 < argc &&
 		    parse_uint(argv[i + 1], 1, 65536, &v) == 0) {
@@ -177,13 +96,14 @@ int main(int argc, char **argv)
 				threads[n_threads++] = (int)v;
 			}
 		} else {
-			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] "
+			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] [--tokens T] "
 				"[--bw-mib M] [--set-mib M]\n");
 			return 2;
 		}
 	}
-	printf("isa %s, runs %ld (median), bandwidth buffer %ld MiB, weight set >= %ld MiB\n",
-		k3_kern_isa_name(k3_kern_active_isa()), runs, bw_mib, set_mib);
+	printf("isa %s, runs %ld (median), bandwidth buffer %ld MiB, weight set >= %ld MiB, "
+		"%zu token(s) per product\n",
+		k3_kern_isa_name(k3_kern_active_isa()), runs, bw_mib, set_mib, ntok);
 	for (int i = 0; i < n_threads; i++) {
 		pools[i] = k3_kern_pool_new(threads[i], NULL);
 		if (!pools[i]) {
@@ -193,15 +113,15 @@ int main(int argc, char **argv)
 	}
 	bw_bytes = (size_t)bw_mib << 20;
 	bwbuf = aligned_alloc(64, bw_bytes);
-	x = malloc(12288 * sizeof(float));
-	y = malloc(12288 * sizeof(float));
+	x = malloc(ntok * 12288 * sizeof(float));
+	y = malloc(ntok * 12288 * sizeof(float));
 	if (!bwbuf || !x || !y)
 		return 1;
-	fill_random(bwbuf, bw_bytes);
+	k3_bench_fill_random(bwbuf, bw_bytes);
 	/* random bits as floats may be NaN/Inf: harmless for a read benchmark,
 	 * but keep x finite for the GEMV */
-	for (size_t i = 0; i < 12288; i++)
-		x[i] = (float)((double)(next64() >> 11) * 0x1.0p-53 - 0.5);
+	for (size_t i = 0; i < ntok * 12288; i++)
+		x[i] = (float)((double)(k3_bench_rand() >> 11) * 0x1.0p-53 - 0.5);
 
 	printf("%-6s %-12s %3s %9s %9s %6s\n", "dtype", "rows x cols", "thr",
 		"GEMV GB/s", "mem GB/s", "ratio");
@@ -227,36 +147,31 @@ int main(int argc, char **argv)
 				if (dtype == K3_KERN_DT_BF16) {
 					fill_bf16((uint16_t *)base, rows * cols);
 				} else {
-					fill_random(base, wbytes);
+					k3_bench_fill_random(base, wbytes);
 					m[k].scales = base + wbytes;
 					for (size_t i = 0; i < sbytes; i++)
-						base[wbytes + i] = (uint8_t)(120 + next64() % 8);
+						base[wbytes + i] = (uint8_t)(120 + k3_bench_rand() % 8);
 				}
 			}
 			for (int ti = 0; ti < n_threads; ti++) {
 				double t[64], tb[64], gbs, bw;
 				int nt = k3_kern_pool_threads(pools[ti]);
-				struct bw_job j = { .buf = (const uint8_t *)bwbuf,
-					.per = bw_bytes / (size_t)nt / 64 * 64 };
 
 				/* warm-up pass (page faults, pool wake-up) */
 				for (size_t k = 0; k < copies; k++)
-					k3_kern_matmul(pools[ti], &m[k], 0, rows, 1, x, cols, y, rows);
+					k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
 				/* GEMV and bandwidth runs alternate, so both see the same
 				 * load from the other tenants of this machine */
 				for (int r = 0; r < runs; r++) {
-					double t0 = now_s();
+					double t0 = k3_bench_now();
 
 					for (size_t k = 0; k < copies; k++)
-						k3_kern_matmul(pools[ti], &m[k], 0, rows, 1, x, cols, y, rows);
-					t[r] = (now_s() - t0) / (double)copies;
-					t0 = now_s();
-					k3_kern_pool_for(pools[ti], (size_t)nt, 1, bw_task, &j);
-					tb[r] = now_s() - t0;
-					sink = j.part[0];
+						k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
+					t[r] = (k3_bench_now() - t0) / (double)copies;
+					tb[r] = k3_bench_read_pass(bwbuf, bw_bytes, (unsigned)nt);
 				}
-				gbs = (double)per / median(t, (int)runs) / 1e9;
-				bw = (double)j.per * nt / median(tb, (int)runs) / 1e9;
+				gbs = (double)per / k3_bench_median(t, (int)runs) / 1e9;
+				bw = (double)bw_bytes / k3_bench_median(tb, (int)runs) / 1e9;
 				printf("%-6s %5zux%-6zu %3d %9.2f %9.2f %5.0f%%\n",
 					dtype == K3_KERN_DT_BF16 ? "bf16" : "mxfp4", rows, cols,
 					threads[ti], gbs, bw, 100.0 * gbs / bw);

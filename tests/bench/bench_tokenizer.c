@@ -22,68 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "text/text_chat.h"
 #include "text/text_tok.h"
 
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* CPU time of this thread: the single-thread figures use it, because the
- * build machine is shared and wall time there mostly measures the queue */
-static double cpu_now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static uint64_t rs = 0x1234567887654321ull;
-static uint64_t rnd(void)
-{
-	rs ^= rs << 13;
-	rs ^= rs >> 7;
-	rs ^= rs << 17;
-	return rs;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(double), cmp_d);
-	return v[n / 2];
-}
-
-/* streaming read of a random-filled buffer (never constant: identical
- * pages are merged on this machine) */
-static double mem_bw(void)
-{
-	size_t n = (size_t)256 << 20, words = n / 8;
-	uint64_t *b = malloc(n), sum = 0;
-	double t[5];
-
-	for (size_t i = 0; i < words; i++)
-		b[i] = rnd();
-	for (int r = 0; r < 5; r++) {
-		double t0 = now();
-		for (size_t i = 0; i < words; i += 4)
-			sum += b[i] ^ b[i + 1] ^ b[i + 2] ^ b[i + 3];
-		t[r] = (double)n / (now() - t0) / 1e6;
-	}
-	free(b);
-	if (sum == 42)
-		printf("(unlikely)\n");
-	return median(t, 5);
-}
-
+/* Single-thread figures use this thread's CPU time: the build machine is
+ * shared and wall time there mostly measures the run queue. */
 static const char *const english[] = {
 	"The quick brown fox jumps over the lazy dog. ",
 	"In 2024, researchers measured a 37% improvement in throughput across 12 benchmarks. ",
@@ -112,10 +56,10 @@ static char *make_text(size_t target, size_t *len)
 
 	while (n < target) {
 		const char *s;
-		switch (rnd() % 3) {
-		case 0: s = english[rnd() % 5]; break;
-		case 1: s = code[rnd() % 5]; break;
-		default: s = cjk[rnd() % 4]; break;
+		switch (k3_bench_rand() % 3) {
+		case 0: s = english[k3_bench_rand() % 5]; break;
+		case 1: s = code[k3_bench_rand() % 5]; break;
+		default: s = cjk[k3_bench_rand() % 4]; break;
 		}
 		size_t k = strlen(s);
 		memcpy(t + n, s, k);
@@ -206,22 +150,22 @@ int main(int argc, char **argv)
 		tok = standin(text, len);
 		printf("vocabulary: stand-in built from the text, %u ranks (real file absent)\n", k3_tok_n_ranks(tok));
 	}
-	bw = mem_bw();
+	bw = k3_bench_mem_bw((size_t)256 << 20, 1, 5) * 1e3;   /* MB/s */
 	double tw[7];
 	for (int r = 0; r < 7; r++) {
 		struct k3_tok_ids ids = { 0 };
-		double t0 = now(), c0 = cpu_now();
+		double t0 = k3_bench_now(), c0 = k3_bench_cpu_now();
 		k3_tok_encode(tok, text, len, false, &ids, NULL);
-		t[r] = cpu_now() - c0;
-		tw[r] = now() - t0;
+		t[r] = k3_bench_cpu_now() - c0;
+		tw[r] = k3_bench_now() - t0;
 		nids = ids.n;
 		k3_tok_ids_release(&ids);
 	}
-	mbs = (double)len / median(t, 7) / 1e6;
+	mbs = (double)len / k3_bench_median(t, 7) / 1e6;
 	printf("encode: %.2f MB of mixed English/code/CJK -> %zu ids (%.2f bytes/id)\n", (double)len / 1e6, nids,
 	       (double)len / (double)nids);
 	printf("encode median: %.1f MB/s single thread (thread CPU time; wall %.1f MB/s); memory read %.0f MB/s; ratio %.4f\n",
-	       mbs, (double)len / median(tw, 7) / 1e6, bw, mbs / bw);
+	       mbs, (double)len / k3_bench_median(tw, 7) / 1e6, bw, mbs / bw);
 
 	/* parallel segment encoding of chat histories of growing size */
 	printf("chat encode (serial vs %d threads), medians of 5:\n", 4);
@@ -232,12 +176,12 @@ int main(int argc, char **argv)
 		size_t at = 0, total = 0;
 		double ts[5], tp[5];
 		while (total < kb * 1024) {
-			size_t k = 200 + rnd() % 2000;
+			size_t k = 200 + k3_bench_rand() % 2000;
 			if (at + k > len)
 				at = 0;
 			while (((unsigned char)text[at + k] & 0xc0) == 0x80)
 				k--;   /* whole characters only */
-			json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", rnd() % 2 ? "user" : "assistant",
+			json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", k3_bench_rand() % 2 ? "user" : "assistant",
 							      "content", text + at, k));
 			at += k;
 			total += k;
@@ -250,22 +194,22 @@ int main(int argc, char **argv)
 		}
 		for (int r = 0; r < 5; r++) {
 			struct k3_tok_ids a = { 0 }, b = { 0 };
-			double t0 = now();
+			double t0 = k3_bench_now();
 			k3_chat_encode(tok, &c, &a, NULL);
-			ts[r] = now() - t0;
-			t0 = now();
+			ts[r] = k3_bench_now() - t0;
+			t0 = k3_bench_now();
 			/* force threads to measure the crossover itself */
 			struct k3_chat big = c;
 			big.text_len = c.text_len < K3_CHAT_PAR_MIN_BYTES ? K3_CHAT_PAR_MIN_BYTES : c.text_len;
 			k3_chat_encode_parallel(tok, &big, 4, &b, NULL);
-			tp[r] = now() - t0;
+			tp[r] = k3_bench_now() - t0;
 			if (a.n != b.n || memcmp(a.v, b.v, a.n * 4))
 				printf("  MISMATCH at %zu KiB\n", kb);
 			k3_tok_ids_release(&a);
 			k3_tok_ids_release(&b);
 		}
 		printf("  %6zu KiB, %5zu segments: serial %8.3f ms, parallel %8.3f ms, speedup %.2f\n", c.text_len / 1024,
-		       c.n_segs, median(ts, 5) * 1e3, median(tp, 5) * 1e3, median(ts, 5) / median(tp, 5));
+		       c.n_segs, k3_bench_median(ts, 5) * 1e3, k3_bench_median(tp, 5) * 1e3, k3_bench_median(ts, 5) / k3_bench_median(tp, 5));
 		k3_chat_release(&c);
 		json_decref(msgs);
 	}

@@ -49,7 +49,8 @@ static int run(uint32_t chunk, uint32_t threads, bool reference, const uint32_t 
 	struct k3_err err = { 0 };
 	struct k3_engine *e = NULL;
 	struct k3_engine_seq *s = NULL, *s2 = NULL;
-	struct k3_engine_opts o = { .threads = threads, .max_chunk = chunk, .reference = reference };
+	struct k3_engine_opts o = { .threads = threads, .max_chunk = chunk, .reference = reference,
+				    .split_all = true };
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int rc = k3_engine_open(model, &o, &e, &err);

@@ -268,9 +268,9 @@ class Daemon:
             self.release(job)
             conn["jobs"].pop(rid, None)
             if job.cancelled and not conn["closed"]:
+                self.log(ev="done", conn=conn["id"], finish="cancelled")
                 self.send(conn, "DONE", rid, finish=FINISH["cancelled"],
                           prompt_tokens=job.prompt_tokens, completion_tokens=job.completion)
-                self.log(ev="done", conn=conn["id"], finish="cancelled")
             try:
                 await conn["w"].drain()
             except (ConnectionError, OSError):
@@ -350,12 +350,13 @@ class Daemon:
             if rest:
                 self.send(conn, "TOKEN", rid, ids=[], text=rest, channel=0)
         pt = job.prompt_tokens
+        # Log first: a test may read the log as soon as its client sees DONE.
+        self.totals["completion"] += job.completion
+        self.log(ev="done", conn=conn["id"], finish=finish, completion=job.completion)
         self.send(conn, "DONE", rid, finish=FINISH[finish], prompt_tokens=pt,
                   completion_tokens=job.completion, reasoning_tokens=reasoning,
                   cached_tokens=sc.get("cached_tokens", 0), prefill_s=0.01, decode_s=0.02,
                   stop_matched=matched)
-        self.totals["completion"] += job.completion
-        self.log(ev="done", conn=conn["id"], finish=finish, completion=job.completion)
 
     def generate(self, conn, rid, gen):
         self.log(ev="generate", conn=conn["id"], rid=rid, fields={

@@ -58,9 +58,9 @@ class Fake:
 class Stack:
     """fake k3d + k3-gateway; use as a context manager."""
 
-    def __init__(self, fake_args=(), gw_args=(), start_fake=True):
+    def __init__(self, fake_args=(), gw_args=(), start_fake=True, sock=None):
         self.dir = tempfile.mkdtemp(prefix="k3gw-")
-        self.sock = os.path.join(self.dir, "k3d.sock")
+        self.sock = sock or os.path.join(self.dir, "k3d.sock")
         self.fake = Fake(self.sock, os.path.join(self.dir, "fake.jsonl"), *fake_args)
         self.gw_args = list(gw_args)
         self.start_fake = start_fake
@@ -95,6 +95,11 @@ class Stack:
 
     def client(self, **kw):
         import openai
+        if not kw:
+            # one pooled client per stack: building one costs more than a request
+            if not hasattr(self, "_client"):
+                self._client = self.client(max_retries=0)
+            return self._client
         kw.setdefault("max_retries", 0)
         kw.setdefault("timeout", 20)
         return openai.OpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "sk-dummy"), **kw)

@@ -410,13 +410,14 @@ def test_stop_string_straddling_tokens(st):                      # T49 T40
 
 
 def test_keepalive_during_silence(st):                           # T52
-    msgs = fake_msg({"prefill": 1.2, "tokens": [{"sleep": 1.5}, "late"]})
+    msgs = fake_msg({"prefill": 1.3, "tokens": [{"sleep": 1.3}, "late"]})
     t0 = time.time()
     status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
     events = sse_events(body)
     comments = [e for e in events if e.startswith(":")]
     assert len(comments) >= 2 and set(comments) == {": keep-alive"}
     assert time.time() - t0 >= 2.5
+    msgs = fake_msg({"tokens": [{"sleep": 1.2}, "late"]})
     chunks = list(chat(st, messages=msgs, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "late"
 
@@ -567,8 +568,9 @@ SLOW = fake_msg({"tokens": ["t%d " % i for i in range(200)], "delay": 0.02})
 
 def create_retrying_429(st, **kw):
     """The close of an aborted request may reach the gateway a moment after
-    the next request: allow 1 s of grace before calling the slot leaked."""
-    end = time.time() + 1.0
+    the next request: allow a short grace (long enough for a loaded CI
+    machine) before calling the slot leaked."""
+    end = time.time() + 3.0
     while True:
         try:
             return chat(st, **kw)
@@ -638,33 +640,32 @@ def test_metrics(st):
 
 def test_queue_fifo_then_429():                                  # T62
     with Stack(fake_args=["--queue", "1"]) as s:
-        results = {}
-        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.05})
-
-        def run(name, delay):
-            time.sleep(delay)
-            try:
-                c = s.client().chat.completions.create(model="m", messages=slow)
-                results[name] = ("ok", time.time(), c.choices[0].message.content)
-            except openai.RateLimitError:
-                results[name] = ("429", time.time(), None)
-        ts = [threading.Thread(target=run, args=(n, d)) for n, d in (("a", 0), ("b", 0.15), ("c", 0.3))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        assert results["a"][0] == "ok" and results["b"][0] == "ok" and results["c"][0] == "429"
-        assert results["a"][1] < results["b"][1]
-        assert results["c"][1] < results["a"][1]        # refused at once, before the others finish
-        # a queued stream gets its headers and role chunk while it waits
-        st1 = s.client().chat.completions.create(model="m", messages=slow, stream=True)
-        next(iter(st1))
-        st2 = s.client().chat.completions.create(model="m", messages=slow, stream=True)
-        first = next(iter(st2))
+        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.03})
+        c = s.client()
+        it_a = iter(c.chat.completions.create(model="m", messages=slow, stream=True))
+        next(it_a)                                       # admitted, running
+        it_b = iter(c.chat.completions.create(model="m", messages=slow, stream=True))
+        first = next(it_b)                               # queued: headers + role chunk while it waits
         assert first.choices[0].delta.role == "assistant"
-        st2.close()                                     # leaves the queue
+        t0 = time.time()
+        with pytest.raises(openai.RateLimitError) as ei:  # slot and queue full: refused at once
+            c.chat.completions.create(model="m", messages=HI)
+        assert ei.value.response.headers["retry-after"] == "1" and time.time() - t0 < 5
+        text_b = "".join(ch.choices[0].delta.content or "" for ch in it_b)
+        text_a = "".join(ch.choices[0].delta.content or "" for ch in it_a)
+        assert text_a == text_b == "x" * 10
+        done = [e["conn"] for e in s.fake.events("done")]
+        assert done == sorted(done) and len(done) == 2   # FIFO
+        # leaving the queue and the slot both cancel
+        st1 = c.chat.completions.create(model="m", messages=slow, stream=True)
+        next(iter(st1))
+        st2 = c.chat.completions.create(model="m", messages=slow, stream=True)
+        next(iter(st2))
+        st2.close()
         st1.close()
-        time.sleep(0.3)
+        end = time.time() + 5
+        while sum(1 for e in s.fake.events("cancel") if e["matched"]) < 2 and time.time() < end:
+            time.sleep(0.05)
         assert sum(1 for e in s.fake.events("cancel") if e["matched"]) == 2
 
 
@@ -725,3 +726,90 @@ def test_slow_client_read_timeout():                             # T65
         assert sock.recv(100) == b""               # closed by the gateway
         assert time.time() - t0 < 4
         assert s.client().chat.completions.create(model="m", messages=HI).choices[0].finish_reason == "stop"
+
+
+def test_readme_snippet(st):
+    """The README's Python example (and the section text it came from), run
+    as written with the port swapped in."""
+    import contextlib
+    import io
+    import os
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    for doc in ("README.md", os.path.join("docs", "gateway-readme-section.md")):
+        text = open(os.path.join(root, doc)).read()
+        if "## Use it from an OpenAI client" not in text:
+            continue
+        text = text[text.index("## Use it from an OpenAI client"):]
+        code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+        assert "http://127.0.0.1:8000/v1" in code, doc
+        code = code.replace("http://127.0.0.1:8000/v1", st.base + "/v1")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, doc, "exec"), {})
+        assert out.getvalue() == "Hello from fake k3d.\n", doc
+
+
+def test_http_details(st):                                       # T03 T09 T10
+    status, hd, body = st.raw("HEAD", "/v1/models")
+    assert status == 200 and body == b"" and hd["content-type"] == "application/json"
+    # two requests on one keep-alive connection, with the Keep-Alive hint
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", st.port, timeout=10)
+    for path in ("/health", "/v1/models"):
+        c.request("GET", path)
+        r = c.getresponse()
+        assert r.status == 200 and r.getheader("Keep-Alive") == "timeout=59"
+        r.read()
+    c.close()
+    # HTTP/1.0 stream: no chunking, ends by close
+    s = socket.create_connection(("127.0.0.1", st.port), timeout=10)
+    body = json.dumps({"model": "m", "messages": HI, "stream": True}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    data = read_until(s, b"data: [DONE]\n\n")
+    s.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    assert rest.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
+    # Expect: 100-continue on a large body
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a" * 500000}], "max_tokens": 1})
+    status, hd, body = st.raw("POST", "/v1/chat/completions", big, {"Expect": "100-continue"})
+    assert status == 200 and json.loads(body)["choices"][0]["finish_reason"] == "length"
+
+
+def test_systemd_socket_activation(st):
+    """LISTEN_FDS sockets are served instead of --listen (systemd-socket-activate
+    plays systemd's part)."""
+    import shutil
+    import subprocess
+    from gwharness import GW_BIN
+    ssa = shutil.which("systemd-socket-activate")
+    if not ssa:
+        pytest.skip("systemd-socket-activate not installed")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen([ssa, "-l", "127.0.0.1:%d" % port, GW_BIN, "--socket", st.sock, "--quiet"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 10
+        while True:
+            try:
+                c = socket.create_connection(("127.0.0.1", port), timeout=1)
+                c.close()
+                break
+            except OSError:
+                assert time.time() < end and p.poll() is None
+                time.sleep(0.05)
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+        conn.close()
+    finally:
+        p.terminate()
+        p.wait(10)
+    assert "serving 1 systemd socket(s)" in p.stderr.read()

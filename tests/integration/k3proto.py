@@ -127,8 +127,16 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if os.path.exists(self.log):
+            self.final_log = self.log_text()
         shutil.rmtree(self.dir, ignore_errors=True)
         return self.proc.returncode
+
+    def sanitizer_reports(self):
+        """ASan/UBSan/LSan lines in the log of a stopped daemon (the ASan
+        build's tests fail on them; UBSan alone would only print)."""
+        return [line for line in getattr(self, "final_log", "").splitlines()
+                if "runtime error:" in line or "Sanitizer" in line]
 
 
 def make_model(k3ctl, preset="nano"):

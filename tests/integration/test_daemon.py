@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -52,6 +53,7 @@ def test_k3ctl_basics(d):
     r = k3ctl(d.sock, "status")
     check(r.returncode == 0 and "state:" in r.stdout and "ready" in r.stdout,
           f"status prints state: {r.stdout!r} {r.stderr!r}")
+    check("ready - ready" not in r.stdout, f"status text that repeats the state is not printed: {r.stdout!r}")
     r = k3ctl(d.sock, "status", "--json")
     j = json.loads(r.stdout)
     check(j["state"] == "ready" and j["pid"] == d.proc.pid and j["model"] == "nano",
@@ -132,6 +134,37 @@ def test_no_stall(d):
     slow.close()
 
 
+def test_large_frame_budget(d):
+    """Large frames in flight are bounded in total, not only one by one:
+    headers announcing 100 MiB each take the budget (2 x 132 MiB) without
+    a payload byte sent, the next is refused BUSY, a released share is
+    reusable, and small requests never wait on it."""
+    big = 100 << 20
+    held = []
+    for i in range(2):
+        s = connect(d.sock)
+        s.sendall(frame(T["TOKENIZE"], 10 + i, length=big))
+        held.append(s)
+    s = connect(d.sock)
+    s.sendall(frame(T["TOKENIZE"], 12, length=big))
+    expect_error(s, "busy", "third 100 MiB frame in flight")
+    r = k3ctl(d.sock, "ping")
+    check(r.returncode == 0, "small requests pass while the large-frame budget is taken")
+    held.pop().close()
+    time.sleep(0.2)
+    s = connect(d.sock)
+    s.sendall(frame(T["TOKENIZE"], 13, length=big))
+    s.settimeout(0.5)
+    try:
+        got = s.recv(64)
+    except socket.timeout:
+        got = None
+    check(got is None, f"a closed connection's share is released ({got!r})")
+    held.append(s)
+    for s in held:
+        s.close()
+
+
 def test_garbage_storm(d):
     """Random bytes on many connections: no crash, no fd or memory growth."""
     rng = random.Random(1234)
@@ -166,6 +199,34 @@ def test_many_requests(d):
         r = read_frame(s)
         ids.append(r[1])
     check(ids == list(range(100, 600)), "500 pipelined PINGs answered in order")
+
+
+class HelloTrickle(threading.Thread):
+    """A peer that sends its HELLO one byte every 2 s: each byte resets a
+    read timeout, so only a deadline counted from the accept closes it
+    (protocol.md: no HELLO within 10 s -> close). Runs beside the other
+    tests to keep the suite fast."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.s = connect(path, do_hello=False)
+        self.t0 = time.time()
+        self.closed_after = None
+
+    def run(self):
+        data = hello()
+        self.s.settimeout(2)
+        for i in range(9):   # 9 bytes over 18 s: never a whole HELLO
+            try:
+                self.s.send(data[i:i + 1])
+                if self.s.recv(4096) == b"":
+                    self.closed_after = time.time() - self.t0
+                    return
+            except socket.timeout:
+                continue
+            except OSError:
+                self.closed_after = time.time() - self.t0
+                return
 
 
 def test_peer_credentials(k3d):
@@ -290,15 +351,22 @@ def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     d = Daemon(K3D)
     try:
-        for t in (test_k3ctl_basics, test_bad_frames, test_no_stall, test_many_requests,
+        test_k3ctl_basics(d)
+        trickle = HelloTrickle(d.sock)
+        trickle.start()
+        for t in (test_bad_frames, test_no_stall, test_many_requests, test_large_frame_budget,
                   test_garbage_storm):
             print("--", t.__name__)
             t(d)
+        trickle.join()
+        check(trickle.closed_after is not None and 9 < trickle.closed_after < 14,
+              f"a HELLO trickled byte by byte is cut off 10 s after connecting ({trickle.closed_after})")
         check(d.proc.poll() is None, "daemon alive at the end")
         check("<3>" not in d.log_text(), "no error-level log lines")
     finally:
         rc = d.stop()
     check(rc == 0, f"clean exit on SIGTERM (rc {rc})")
+    check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- test_peer_credentials")
     test_peer_credentials(K3D)
     print("-- test_lifecycle")

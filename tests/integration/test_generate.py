@@ -10,17 +10,22 @@ usage: test_generate.py K3D K3CTL SHARED_DIR
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import T, STATUS, Daemon, connect, field, frame, make_model, read_frame, u32  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
+PUBLISH_DEADLINE_S = 5   # daemon/server/sched.c
 failures = []
 NAMES = {v: k for k, v in T.items()}
 
@@ -166,6 +171,11 @@ def test_edges(d):
     check(st.error and st.error[0] == 13, f"image part: unsupported {st.error}")
     st = generate(d.sock, chat("not a list", 4))
     check(st.error is not None, "messages not an array refused")
+    # A tool with an empty parameters object renders (was UB: qsort(NULL)).
+    st = generate(d.sock, chat([{"role": "user", "content": "hi"}], 1) +
+                  field(5, json.dumps([{"type": "function",
+                                        "function": {"name": "get", "parameters": {}}}])))
+    check(st.finish_reason() is not None, f"tool with empty parameters: {st.error}")
     # Greedy is deterministic: the same request twice gives the same ids.
     a = generate(d.sock, raw(prompt="Once upon a time", max_new=12))
     b = generate(d.sock, raw(prompt="Once upon a time", max_new=12))
@@ -195,6 +205,9 @@ def test_cancel(d):
     s.sendall(frame(T["CANCEL"], 6, field(1, struct.pack("<Q", job))))
     st.finish()
     check(st.finish_reason() == 2 and st.ids == [], f"cancel during prefill: {st.done}")
+    if st.done:
+        pre, dec = (struct.unpack("<d", st.done[k])[0] for k in (7, 8))
+        check(pre > 0 and dec == 0, f"cancel during prefill: the time is prefill time ({pre}, {dec})")
     check("OK" in st.events or True, "cancel acknowledged")
     # During decode: cancel by request id after a few tokens.
     st = Stream(s, 7, raw(prompt="Tell me a story", max_new=100000))
@@ -257,6 +270,20 @@ def test_busy_and_queue(k3d):
         sa.finish()
         sb.finish()
         check(sb.finish_reason() == 1 and len(sb.ids) == 3, "queued request runs after the first")
+        # A request id still in use on the connection is refused, not merged.
+        sa = Stream(a, 5, raw(prompt="long", max_new=100000))
+        while sa.step() != "TOKEN":
+            pass
+        a.sendall(frame(T["GENERATE"], 5, raw(prompt="dup", max_new=2)))
+        while True:
+            r = read_frame(a)
+            if r[0] == T["ERROR"] or r[0] == T["ACCEPTED"]:
+                break
+        check(r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["bad_request"] and r[1] == 5,
+              f"duplicate request id refused ({NAMES.get(r[0])})")
+        a.sendall(frame(T["CANCEL"], 5))
+        sa.finish()
+        check(sa.finish_reason() == 2, "the first request with that id is unaffected and cancellable")
         check(any(e == "ACCEPTED" for e in sb.events), "ACCEPTED sent")
         a.close()
         b.close()
@@ -280,8 +307,41 @@ def test_reuse_and_transactions(k3d):
             pass
         s.close()
         time.sleep(0.2)
+        # Nor does a cancelled one, in decode or in prefill.
+        for when in ("TOKEN", "PROGRESS"):
+            s = connect(d.sock)
+            st = Stream(s, 2, chat(longer, 100000))
+            while st.step() != when:
+                pass
+            s.sendall(frame(T["CANCEL"], 2))
+            st.finish()
+            check(st.finish_reason() == 2, f"cancelled at {when}")
+            s.close()
         second = generate(d.sock, chat(hist, 6))
         cached = second.done_u32(5)
+    finally:
+        d.stop()
+    # A finished job whose DONE its client leaves unread holds two branch
+    # states; after a deadline they are dropped (never published), so a
+    # client that stops reading cannot pin state memory forever.
+    d = Daemon(k3d)
+    try:
+        generate(d.sock, chat(turn1, 6))
+        s = connect(d.sock)
+        # ~1000 unread STATUS replies fill the socket buffer, so DONE waits.
+        s.sendall(b"".join(frame(T["STATUS"], 100 + i) for i in range(1000)))
+        time.sleep(0.3)
+        s.sendall(frame(T["GENERATE"], 1, chat(hist, 6)))
+        time.sleep(PUBLISH_DEADLINE_S + 2)
+        st = Stream.__new__(Stream)
+        st.sock, st.rid, st.events, st.ids, st.text = s, 1, [], [], b""
+        st.done = st.error = st.accepted = None
+        st.finish()
+        s.close()
+        later = generate(d.sock, chat(hist + [{"role": "assistant", "content": "x"},
+                                              {"role": "user", "content": "more"}], 2))
+        check(st.finish_reason() == 1 and later.done_u32(5) < st.done_u32(2),
+              f"state of a DONE read after the deadline is not published (cached {later.done_u32(5)})")
     finally:
         d.stop()
     d2 = Daemon(k3d)
@@ -346,15 +406,162 @@ def test_k3ctl(d):
     check(r.returncode == 0 and len(lines) == 2, f"k3ctl chat: two turns ({r.stdout[:200]})")
     if len(lines) == 2:
         check(lines[1]["usage"]["cached_tokens"] > 0, "k3ctl chat reuses the conversation")
+    # `k3ctl cancel` with the id that `run --stats` shows stops that run.
+    # (a long prefill keeps it running on any machine)
+    long_ids = ",".join(str(1 + i % 2000) for i in range(3000))
+    p = subprocess.Popen([K3CTL, "--socket", d.sock, "run", "--stats", "--max-new", "100000",
+                          "--prompt-ids", long_ids], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    first = p.stderr.readline()
+    m = re.match(r"\[job (\d+)\]", first)
+    check(m is not None, f"run --stats names its job id first: {first!r}")
+    if m:
+        r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", m.group(1)], capture_output=True, text=True)
+        check(r.returncode == 0, f"k3ctl cancel {m.group(1)}: {r.stderr}")
+    try:
+        rc = p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+    p.stderr.close()
+    check(rc == 130, f"the cancelled run exits 130 ({rc})")
     r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", "424242"], capture_output=True, text=True)
     check(r.returncode == 1, "k3ctl cancel of an unknown job fails")
     r = subprocess.run([K3CTL, "--socket", d.sock, "run", "--reasoning-effort", "medium"],
                        capture_output=True, text=True)
     check(r.returncode == 2, "bad --reasoning-effort is a usage error")
+    # Bad input to k3ctl is a usage error (2), never "daemon unavailable" (3)
+    # and never silently sent as something else.
+    r = subprocess.run([K3CTL, "--socket", d.sock, "run", "--max-new"], capture_output=True, text=True)
+    check(r.returncode == 2 and "--max-new needs" in r.stderr, f"--max-new without a value: {r.stderr}")
+    for args in ([b"run", b"caf\xe9"], [b"run", b"--chat", b"caf\xe9"], [b"run", b"--stop", b"\xff", b"x"]):
+        r = subprocess.run([K3CTL.encode(), b"--socket", d.sock.encode(), *args], capture_output=True)
+        check(r.returncode == 2 and b"UTF-8" in r.stderr, f"k3ctl {args}: not UTF-8 -> usage ({r.returncode} {r.stderr[:120]})")
+    r = subprocess.run([K3CTL, "--socket", d.sock, "--json", "chat", "--max-new", "2"],
+                       input=b"caf\xe9\nhello\n", capture_output=True, timeout=60)
+    turns = [json.loads(x) for x in r.stdout.splitlines() if x.startswith(b"{")]
+    one = subprocess.run([K3CTL, "--socket", d.sock, "--json", "run", "--chat", "--max-new", "2", "hello"],
+                         capture_output=True, timeout=60)
+    want = json.loads(one.stdout)["usage"]["prompt_tokens"] if one.returncode == 0 else None
+    check(r.returncode == 0 and len(turns) == 1 and b"UTF-8" in r.stderr and
+          turns[0]["usage"]["prompt_tokens"] == want,
+          f"k3ctl chat skips a non-UTF-8 line instead of sending an empty conversation ({r.stdout[:200]} {r.stderr[:200]})")
+
+
+def test_drain(k3d):
+    """SIGTERM mid-generation: the running job's client always gets its
+    terminal frame, also when the drain timeout cuts the job short."""
+    d = Daemon(k3d, "--queue", "1", "--drain-timeout", "30")
+    try:
+        a, b = connect(d.sock), connect(d.sock)
+        sa = Stream(a, 1, raw(prompt="Once upon a time", max_new=40))
+        while sa.step() != "TOKEN":
+            pass
+        sb = Stream(b, 2, raw(prompt="queued", max_new=2))
+        sb.step()
+        d.proc.send_signal(signal.SIGTERM)
+        sa.finish()
+        sb.finish()
+        check(sa.finish_reason() == 1 and len(sa.ids) == 40, f"SIGTERM lets the running job finish: {sa.done}")
+        check(sb.error and sb.error[0] == STATUS["shutting_down"], f"queued job: shutting_down {sb.error}")
+        check(d.proc.wait(20) == 0, "exit 0 after the drain")
+    finally:
+        d.stop()
+    d = Daemon(k3d, "--drain-timeout", "0.5")
+    try:
+        a = connect(d.sock)
+        # A long prefill outlives the drain timeout on any machine.
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
+        while sa.step() != "PROGRESS":
+            pass
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            sa.finish(30)
+        except EOFError:
+            pass
+        check(sa.done is not None and sa.finish_reason() == 2,
+              f"drain timeout: the running job ends with DONE cancelled, not a bare close ({sa.events[-3:]})")
+        check(d.proc.wait(20) == 0, "exit 0 after the drain timeout")
+    finally:
+        d.stop()
+
+
+def test_cancel_permissions(k3d):
+    """A CANCEL by job id from another user's connection: admins (the
+    daemon's uid, root, --allow-uid) may cancel any job, --allow-gid
+    members only jobs of their own uid."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        print("skip: cancel permission test needs root and setpriv")
+        return
+    d = Daemon(k3d, "--allow-gid", "65534")
+    try:
+        os.chmod(d.dir, 0o755)
+        os.chmod(d.sock, 0o666)
+        a = connect(d.sock)
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(3000)], max_new=4))
+        sa.step()
+        job = struct.unpack("<Q", sa.accepted[1][0])[0]
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            K3CTL, "--socket", d.sock, "cancel", str(job)],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 1, f"a group member may not cancel root's job {job}: {r.returncode} {r.stderr}")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", str(job)], capture_output=True, text=True)
+        check(r.returncode == 0, f"root may cancel it: {r.stderr}")
+        sa.finish()
+        check(sa.finish_reason() == 2, "cancelled by root")
+        a.close()
+    finally:
+        d.stop()
+
+
+def fake_k3d_once(path, done_extra):
+    """Serves one k3ctl connection at path like k3d would: HELLO_OK, then
+    ACCEPTED, one TOKEN and DONE (plus done_extra fields) for its GENERATE."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        t, rid, _f = read_frame(c, 10)
+        c.sendall(frame(T["HELLO_OK"], rid, field(1, "fake") + field(2, 1) + field(5, 1)))
+        t, rid, _f = read_frame(c, 10)
+        c.sendall(frame(T["ACCEPTED"], rid, field(1, struct.pack("<Q", 9)) + field(2, 0)) +
+                  frame(T["TOKEN"], rid, ids_field(1, [42]) + field(2, "x")) +
+                  frame(T["DONE"], rid, field(1, 1) + field(2, 3) + field(3, 1) + done_extra))
+        read_frame(c, 10)
+        c.close()
+        srv.close()
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    return th
+
+
+def test_k3ctl_expert_counters():
+    """k3ctl shows expert-store counters only when DONE carries them: a
+    k3d that does not report them must not read as '0 bytes read'."""
+    tmp = tempfile.mkdtemp()
+    try:
+        for i, extra in enumerate((b"", field(11, struct.pack("<Q", 12345)) + field(12, struct.pack("<Q", 7)))):
+            path = os.path.join(tmp, f"fake{i}.sock")
+            th = fake_k3d_once(path, extra)
+            r = subprocess.run([K3CTL, "--socket", path, "--json", "run", "--stats", "hi"],
+                               capture_output=True, text=True, timeout=30)
+            th.join(10)
+            j = json.loads(r.stdout) if r.returncode == 0 else {}
+            if extra:
+                check("12345 bytes read" in r.stderr and j.get("experts", {}).get("bytes_read") == 12345,
+                      f"reported expert counters are shown: {r.stderr!r} {r.stdout[:200]}")
+            else:
+                check("experts: not reported" in r.stderr and "experts" in j and j["experts"] is None,
+                      f"missing expert counters are not shown as zeros: {r.stderr!r} {r.stdout[:200]}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
+    print("-- k3ctl expert counters"); test_k3ctl_expert_counters()
     print("-- golden"); test_golden(K3D)
     print("-- forward"); test_forward_matches(K3D)
     d = Daemon(K3D)
@@ -366,8 +573,11 @@ def main():
         check(d.proc.poll() is None, "daemon alive")
     finally:
         check(d.stop() == 0, "clean exit")
+        check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- busy/queue"); test_busy_and_queue(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
+    print("-- drain"); test_drain(K3D)
+    print("-- cancel permissions"); test_cancel_permissions(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")
     return 1 if failures else 0

@@ -136,7 +136,19 @@ static void test_router(void)
 
 int main(void)
 {
-	printf("isa %s\n", k3_kern_isa_name(k3_kern_active_isa()));
+	const char *want = getenv("K3_KERNELS");
+	enum k3_kern_isa isa = k3_kern_active_isa();
+
+	printf("isa %s\n", k3_kern_isa_name(isa));
+	/* dispatch: ref and unknown names force the reference; auto never
+	 * picks an ISA the CPU lacks, nor ref when AVX2 is there */
+	T_OK(k3_kern_isa_available(isa));
+	T_EQ_INT(k3_kern_active_isa(), isa);
+	if (want && (strcmp(want, "ref") == 0 || strcmp(want, "bogus") == 0))
+		T_EQ_INT(isa, K3_KERN_ISA_REF);
+	if (!want || strcmp(want, "auto") == 0)
+		T_OK(!k3_kern_isa_available(K3_KERN_ISA_AVX2) || isa >= K3_KERN_ISA_AVX2);
+	T_EQ_STR(k3_kern_isa_name(K3_KERN_ISA_COUNT), "?");
 	test_mxfp4_bytes();
 	test_situ();
 	test_attnres();

@@ -372,7 +372,7 @@ static void test_small_and_bench(void)
 	struct k3_model *m = NULL;
 
 	/* small: the preset's widths, fewer layers to keep the suite fast */
-	struct k3_demo_opts o = { .preset = K3_DEMO_SMALL, .seed = 3, .layers = 2 };
+	struct k3_demo_opts o = { .preset = K3_DEMO_SMALL, .seed = 3, .layers = 2, .vocab = 2304 };
 	T_EQ_INT(k3_demo_write(sub("small"), &o, &err), 0);
 	T_EQ_INT(k3_model_open(sub("small"), &m, &err), 0);
 	if (m) {
@@ -380,7 +380,11 @@ static void test_small_and_bench(void)
 		T_EQ_INT(k3_model_config(m)->num_experts, 32);
 		k3_model_free(m);
 	}
-	check_tokenizer(sub("small"), 8448);
+	check_tokenizer(sub("small"), 2304);
+	/* the small preset's own vocabulary: 4096 learned ranks, then fillers */
+	mkdir(sub("tok8448"), 0755);
+	T_EQ_INT(k3_demo_write_tokenizer(sub("tok8448"), 8448, &err), 0);
+	check_tokenizer(sub("tok8448"), 8448);
 
 	/* bench: real K3 expert shapes with tiny everything else */
 	struct k3_demo_opts b = { .preset = K3_DEMO_BENCH, .seed = 4, .layers = 2, .experts = 2,

@@ -1,0 +1,188 @@
+/*
+ * test_openai_policy.c - the gateway's field policy (client/gateway/
+ * gw_openai.c) without HTTP, Python or a daemon: every refusal names the
+ * OpenAI param and code the man page's FIELD POLICY table promises, and
+ * accepted requests map onto the exact GENERATE fields (docs/k3-gateway.md,
+ * "GENERATE fields the gateway sends"). Runs where the Python venv of the
+ * conformance suite is missing.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "../../client/gateway/gw_openai.h"
+#include "t.h"
+
+struct refusal {
+	enum gw_endpoint ep;
+	const char *body;
+	const char *param;     /* "" = null */
+	const char *code;      /* "" = null */
+};
+
+static const struct refusal refusals[] = {
+	{ GW_EP_CHAT, "[]", "", "invalid_type" },
+	{ GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model", "missing_required_parameter" },
+	{ GW_EP_CHAT, "{\"model\":\"m\"}", "messages", "missing_required_parameter" },
+	{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[]}", "messages", "empty_array" },
+	{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", "messages.[0].role", "invalid_value" },
+	{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", "messages.[0].role", "unsupported_value" },
+	{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", "messages.[0].content", "missing_required_parameter" },
+	{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", "messages.[0].content.[1].type", "" },
+	{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages.[0].tool_call_id", "missing_required_parameter" },
+#define M "\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+	{ GW_EP_CHAT, "{" M ",\"foo\":1}", "foo", "unknown_parameter" },
+	{ GW_EP_CHAT, "{" M ",\"top_k\":40}", "top_k", "unknown_parameter" },
+	{ GW_EP_CHAT, "{" M ",\"temperature\":0.7}", "temperature", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"temperature\":3}", "temperature", "decimal_above_max_value" },
+	{ GW_EP_CHAT, "{" M ",\"temperature\":-1}", "temperature", "decimal_below_min_value" },
+	{ GW_EP_CHAT, "{" M ",\"temperature\":\"0\"}", "temperature", "invalid_type" },
+	{ GW_EP_CHAT, "{" M ",\"top_p\":0}", "top_p", "decimal_below_min_value" },
+	{ GW_EP_CHAT, "{" M ",\"n\":2}", "n", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"n\":0}", "n", "integer_below_min_value" },
+	{ GW_EP_CHAT, "{" M ",\"presence_penalty\":0.1}", "presence_penalty", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"logit_bias\":{\"5\":1}}", "logit_bias", "unsupported_parameter" },
+	{ GW_EP_CHAT, "{" M ",\"logprobs\":true}", "logprobs", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"seed\":1.5}", "seed", "invalid_type" },
+	{ GW_EP_CHAT, "{" M ",\"max_tokens\":0}", "max_tokens", "integer_below_min_value" },
+	{ GW_EP_CHAT, "{" M ",\"max_tokens\":\"5\"}", "max_tokens", "invalid_type" },
+	{ GW_EP_CHAT, "{" M ",\"max_tokens\":5,\"max_completion_tokens\":7}", "max_tokens", "invalid_value" },
+	{ GW_EP_CHAT, "{" M ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "array_above_max_length" },
+	{ GW_EP_CHAT, "{" M ",\"stop\":[\"\"]}", "stop", "invalid_value" },
+	{ GW_EP_CHAT, "{" M ",\"stop\":5}", "stop", "invalid_type" },
+	{ GW_EP_CHAT, "{" M ",\"stream_options\":{\"include_usage\":true}}", "stream_options", "invalid_value" },
+	{ GW_EP_CHAT, "{" M ",\"stream\":true,\"stream_options\":{\"x\":1}}", "stream_options.x", "unknown_parameter" },
+	{ GW_EP_CHAT, "{" M ",\"reasoning_effort\":\"medium\"}", "reasoning_effort", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"tool_choice\":\"auto\"}", "tool_choice", "invalid_value" },
+	{ GW_EP_CHAT, "{" M ",\"tools\":[{\"type\":\"custom\"}]}", "tools.[0]", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"functions\":[]}", "functions", "unsupported_parameter" },
+	{ GW_EP_CHAT, "{" M ",\"response_format\":{\"type\":\"xml\"}}", "response_format.type", "invalid_value" },
+	{ GW_EP_CHAT, "{" M ",\"store\":true}", "store", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[1,2]}", "prompt", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"echo\":true}", "echo", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"best_of\":2}", "best_of", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"messages\":[]}", "messages", "unknown_parameter" },
+};
+
+static int parse(enum gw_endpoint ep, const char *text, struct gw_openai_request *r, struct gw_openai_error *e)
+{
+	json_t *body = json_loads(text, JSON_DECODE_ANY, NULL);
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	memset(e, 0, sizeof(*e));
+	if (!body)
+		return -2;
+	rc = gw_openai_parse(ep, body, r, e);
+	json_decref(body);
+	return rc;
+}
+
+static void test_refusals(void)
+{
+	for (size_t i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++) {
+		struct gw_openai_request r;
+		struct gw_openai_error e;
+		int rc = parse(refusals[i].ep, refusals[i].body, &r, &e);
+
+		if (!T_OK(rc == -1))
+			fprintf(stderr, "  accepted: %s\n", refusals[i].body);
+		T_EQ_INT(e.status, 400);
+		T_EQ_STR(e.param, refusals[i].param);
+		T_EQ_STR(e.code, refusals[i].code);
+		T_OK(e.message[0] != 0);
+		gw_openai_request_release(&r);
+	}
+}
+
+static void test_image_message(void)
+{
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+
+	parse(GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}",
+	      &r, &e);
+	T_EQ_STR(e.message, "Invalid content type. input_audio is only supported by certain models.");
+	gw_openai_request_release(&r);
+}
+
+static void test_chat_mapping(void)
+{
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+	struct k3_msg_generate g;
+	const char *body =
+		"{\"model\":\"anything\",\"temperature\":0,\"top_p\":0.5,\"n\":1,\"seed\":9,\"user\":\"u\","
+		"\"max_completion_tokens\":7,\"stop\":[\"a\",\"\\n\\n\"],\"stream\":true,"
+		"\"stream_options\":{\"include_usage\":true},\"reasoning_effort\":\"none\","
+		"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\","
+		"\"response_format\":{\"type\":\"json_object\"},\"messages\":["
+		"{\"role\":\"developer\",\"content\":\"s\",\"junk\":1},"
+		"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"}],\"name\":\"n\"},"
+		"{\"role\":\"assistant\",\"content\":null,\"reasoning\":\"r\",\"tool_calls\":[{\"id\":\"c\",\"type\":"
+		"\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"x\":1}}}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"ok\"}]}";
+
+	T_EQ_INT(parse(GW_EP_CHAT, body, &r, &e), 0);
+	T_OK(r.stream && r.include_usage);
+	T_EQ_STR(r.messages,
+		 "[{\"role\":\"system\",\"content\":\"s\"},"
+		 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"}],\"name\":\"n\"},"
+		 "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"r\",\"tool_calls\":[{\"id\":\"c\","
+		 "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
+		 "{\"role\":\"tool\",\"content\":\"ok\",\"tool_call_id\":\"c\"}]");
+	T_EQ_STR(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
+	T_EQ_STR(r.tool_choice, "\"required\"");
+	T_EQ_STR(r.response_format, "{\"type\":\"json_object\"}");
+	T_EQ_STR(r.max_param, "max_completion_tokens");
+	gw_openai_to_generate(&r, &g);
+	T_EQ_INT(g.mode, K3_MODE_CHAT);
+	T_OK(g.has_messages && g.has_tools && g.has_tool_choice && g.has_response_format && !g.has_prompt);
+	T_OK(g.has_max_new);
+	T_EQ_INT(g.max_new, 7);
+	T_OK(g.has_stop);
+	T_EQ_INT(g.stop.n, 2);
+	T_EQ_MEM(g.stop.v[1].p, "\n\n", 2);
+	T_OK(g.has_thinking && !g.thinking);
+	T_EQ_INT(g.reasoning_effort, K3_EFFORT_NONE);
+	gw_openai_request_release(&r);
+
+	/* tools: [] is absent; effort high keeps thinking unset; no max_new */
+	T_EQ_INT(parse(GW_EP_CHAT, "{" M ",\"tools\":[],\"reasoning_effort\":\"high\",\"max_tokens\":null}", &r, &e), 0);
+	gw_openai_to_generate(&r, &g);
+	T_OK(!g.has_tools && !g.has_thinking && !g.has_max_new && !g.has_stop);
+	T_EQ_INT(g.reasoning_effort, K3_EFFORT_HIGH);
+	gw_openai_request_release(&r);
+
+	/* max_tokens above the wire bound is sent as the bound */
+	T_EQ_INT(parse(GW_EP_CHAT, "{" M ",\"max_tokens\":99999999999}", &r, &e), 0);
+	T_EQ_INT(r.max_new, K3_LIM_MAX_NEW);
+	gw_openai_request_release(&r);
+}
+
+static void test_legacy_mapping(void)
+{
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+	struct k3_msg_generate g;
+
+	T_EQ_INT(parse(GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"Hi\"],\"stop\":\"\\nuser:\"}", &r, &e), 0);
+	gw_openai_to_generate(&r, &g);
+	T_EQ_INT(g.mode, K3_MODE_RAW);
+	T_OK(g.has_prompt && !g.has_messages);
+	T_EQ_MEM(g.prompt.p, "Hi", 2);
+	T_EQ_INT(g.max_new, 16);   /* the spec's default for legacy completions */
+	T_EQ_INT(g.stop.n, 1);
+	gw_openai_request_release(&r);
+}
+
+int main(void)
+{
+	test_refusals();
+	test_image_message();
+	test_chat_mapping();
+	test_legacy_mapping();
+	return t_done();
+}
