@@ -242,6 +242,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	bool ectx_init = false;
 	struct k3_store_open_report rep = { 0 };
 	int32_t *ids = NULL;
+	uint32_t *gen_ids = NULL;
 	float *logits = NULL;
 	int code = K3CTL_EXIT_ERROR, rc;
 	char packdir[4096];
@@ -301,7 +302,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	uint32_t V = k3_engine_vocab(e);
 	ids = calloc(prompt_len, sizeof(*ids));
 	logits = calloc(V, sizeof(*logits));
-	if (!ids || !logits) {
+	gen_ids = calloc(max_new, sizeof(*gen_ids));
+	if (!ids || !logits || !gen_ids) {
 		rc = k3_err_set(&err, -ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -311,10 +313,11 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		ids[i] = (int32_t)((rng >> 33) % V);
 	}
 
-	printf("model %s: %u MoE layers x %u experts, top-%u; %zu experts of %llu bytes = %.3f GB\n",
+	FILE *hdr = k3ctl_g.json ? stderr : stdout;   /* --json: stdout is one JSON object */
+	fprintf(hdr, "model %s: %u MoE layers x %u experts, top-%u; %zu experts of %llu bytes = %.3f GB\n",
 	       model_dir, mc->n_moe, mc->num_experts, mc->num_experts_per_token,
 	       k3_store_source_count(src), (unsigned long long)slot, (double)pool / 1e9);
-	printf("experts from %s; %u files O_DIRECT, %u buffered; cache %u slots = %.3f GB "
+	fprintf(hdr, "experts from %s; %u files O_DIRECT, %u buffered; cache %u slots = %.3f GB "
 	       "(%.1f%% of the experts; floor %.3f GB); %u I/O threads; prefetch %u per position\n",
 	       rep.layers_packed ? (rep.layers_shards ? "packs and shards" : "packs") : "shards",
 	       info.files_direct, info.files_buffered, info.n_slots,
@@ -322,7 +325,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
 	       (double)b.floor_bytes / 1e9, info.io_threads,
 	       (unsigned)prefetch);
-	fflush(stdout);
+	fflush(hdr);
 
 	uint64_t dseed = seed ^ 0xD1B54A32D192ED03ull, dbytes0 = 0, dbytes1 = 0;
 	double bw0 = disk_bandwidth(src, info.io_threads, disk_mib << 20, &dseed, &dbytes0);
@@ -345,11 +348,9 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	double t1 = now_s();
 	k3_store_stats_get(store, &s1);
 	uint32_t gen = 0;
-	uint32_t first_ids[8];
 	for (; gen < max_new; gen++) {
 		int32_t tok = (int32_t)k3_engine_argmax(logits, V);
-		if (gen < 8)
-			first_ids[gen] = (uint32_t)tok;
+		gen_ids[gen] = (uint32_t)tok;
 		if ((rc = k3_engine_forward(e, seq, &tok, 1, &out, &err)))
 			goto fail;
 	}
@@ -394,6 +395,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 				      "compute_s_per_token", compute_tok,
 				      "floor_s_per_token", floor_tok,
 				      "decode_vs_floor", floor_tok > 0 ? per_tok / floor_tok : 0.0);
+		json_t *g = json_array();
+		for (uint32_t i = 0; i < gen; i++)
+			json_array_append_new(g, json_integer(gen_ids[i]));
+		json_object_set_new(o, "greedy", g);
 		char *txt = json_dumps(o, JSON_COMPACT);
 		if (txt)
 			puts(txt);
@@ -404,7 +409,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		phase_print("decode", &dec, (uint32_t)max_new);
 		printf("greedy ids:");
 		for (uint32_t i = 0; i < gen && i < 8; i++)
-			printf(" %u", first_ids[i]);
+			printf(" %u", gen_ids[i]);
 		printf("%s\n", gen > 8 ? " ..." : "");
 		printf("disk: %.3f GB/s before, %.3f GB/s after (random whole-expert reads, %u in flight, "
 		       "%.0f MB each); using %.3f GB/s\n", bw0, bw1, info.io_threads,
@@ -430,6 +435,7 @@ fail:
 	if (rc)
 		fprintf(stderr, "k3ctl bench: %s\n", err.msg);
 	free(ids);
+	free(gen_ids);
 	free(logits);
 	k3_engine_seq_free(seq);
 	k3_engine_free(e);
