@@ -175,6 +175,12 @@ def run_case(case):
                 st = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"],
                                     capture_output=True, text=True)
                 sj = json.loads(st.stdout)
+                check(sj.get("expert_cache_bytes", 0) >= floor,
+                      f"{case} {name}: STATUS expert_cache_bytes {sj.get('expert_cache_bytes')}")
+                txt = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True,
+                                     text=True).stdout
+                check(f"experts:     {total_read} bytes read" in txt and "prefetch:" in txt,
+                      f"{case} {name}: k3ctl status shows the expert counters: {txt}")
                 check(sj.get("prefetch_used", 1) <= sj.get("prefetch_issued", 0),
                       f"{case} {name}: cumulative prefetch used <= issued")
                 if "prefetch off" not in name:
