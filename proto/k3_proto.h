@@ -194,7 +194,8 @@ enum k3_proto_state {
 	F(m, 21, U64, requests_by_status, 0, 0) \
 	F(m, 22, F64, prefill_s_total, 0, 0) \
 	F(m, 23, F64, decode_s_total, 0, 0) \
-	F(m, 24, U64, reasoning_tokens_total, 0, 0)
+	F(m, 24, U64, reasoning_tokens_total, 0, 0) \
+	F(m, 25, U64, prefetch_issued_bytes, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -269,7 +270,8 @@ enum k3_proto_state {
 	F(m, 16, U64, prefetch_wasted_bytes, 0, 0) \
 	F(m, 17, F64, io_wait_s, 0, 0) \
 	F(m, 18, F64, compute_s, 0, 0) \
-	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0)
+	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
+	F(m, 20, U64, prefetch_issued_bytes, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

@@ -636,6 +636,8 @@ out:
 			done.expert_hits = xd.demand_hits; done.has_expert_hits = true;
 			done.expert_misses = xd.demand_misses; done.has_expert_misses = true;
 			done.prefetch_issued = xd.prefetch_issued; done.has_prefetch_issued = true;
+			done.prefetch_issued_bytes = xd.prefetch_issued_bytes;
+			done.has_prefetch_issued_bytes = true;
 			done.prefetch_used = xd.prefetch_used; done.has_prefetch_used = true;
 			done.prefetch_wasted_bytes = xd.prefetch_wasted_bytes;
 			done.has_prefetch_wasted_bytes = true;
@@ -1589,6 +1591,7 @@ static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_st
 		r->expert_hits = st.demand_hits; r->has_expert_hits = true;
 		r->expert_misses = st.demand_misses; r->has_expert_misses = true;
 		r->prefetch_issued = st.prefetch_issued; r->has_prefetch_issued = true;
+		r->prefetch_issued_bytes = st.prefetch_issued_bytes; r->has_prefetch_issued_bytes = true;
 		r->prefetch_used = st.prefetch_used; r->has_prefetch_used = true;
 		r->prefetch_wasted_bytes = st.prefetch_wasted_bytes; r->has_prefetch_wasted_bytes = true;
 		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;

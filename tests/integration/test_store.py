@@ -160,8 +160,11 @@ def run_case(case):
                     check(iow is not None and comp is not None and iow >= 0 and comp >= 0,
                           f"{case} {name}: io_wait_s / compute_s")
                     total_read += u64(done, 11)
+                    check(u64(done, 20) is not None and u64(done, 20) <= u64(done, 11),
+                          f"{case} {name}: prefetch bytes are part of the bytes read")
                     if "prefetch off" in name:
-                        check(u64(done, 14) == 0, f"{case} {name}: no prefetch when off")
+                        check(u64(done, 14) == 0 and u64(done, 20) == 0,
+                              f"{case} {name}: no prefetch when off")
                 # Same prompt again: with every expert cached nothing is read,
                 # and every access is a hit.
                 prompt, want = goldens[0]
