@@ -194,7 +194,8 @@ enum k3_proto_state {
 	F(m, 21, U64, requests_by_status, 0, 0) \
 	F(m, 22, F64, prefill_s_total, 0, 0) \
 	F(m, 23, F64, decode_s_total, 0, 0) \
-	F(m, 24, U64, reasoning_tokens_total, 0, 0)
+	F(m, 24, U64, reasoning_tokens_total, 0, 0) \
+	F(m, 25, U64, prefetch_issued_bytes, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -269,10 +270,22 @@ enum k3_proto_state {
 	F(m, 16, U64, prefetch_wasted_bytes, 0, 0) \
 	F(m, 17, F64, io_wait_s, 0, 0) \
 	F(m, 18, F64, compute_s, 0, 0) \
-	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0)
+	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
+	F(m, 20, U64, prefetch_issued_bytes, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)
+/* Preload routed experts into the daemon's RAM cache, best first:
+ * (layers[i], experts[i]) pairs, equal counts (docs/protocol.md). */
+#define K3_PROTO_FIELDS_WARM_EXPERTS(F, m) \
+	F(m, 1, IDS, layers, K3_LIM_IDS_MAX, 1) \
+	F(m, 2, IDS, experts, K3_LIM_IDS_MAX, 1)
+#define K3_PROTO_FIELDS_WARM_EXPERTS_REPLY(F, m) \
+	F(m, 1, U32, requested, 0, 1) \
+	F(m, 2, U32, loaded, 0, 1) \
+	F(m, 3, U32, resident, 0, 1) \
+	F(m, 4, U64, bytes_read, 0, 1) \
+	F(m, 5, F64, seconds, 0, 0)
 
 /* Message rows: M(type id, NAME, name, payload bound). Never renumber. */
 #define K3_PROTO_MESSAGES(M) \
@@ -297,7 +310,9 @@ enum k3_proto_state {
 	M(19, TOOL_CALL, tool_call, K3_LIM_PAYLOAD_MAX) \
 	M(20, DONE, done, K3_LIM_PAYLOAD_SMALL) \
 	M(21, CANCEL, cancel, K3_LIM_PAYLOAD_SMALL) \
-	M(22, SHUTDOWN, shutdown, K3_LIM_PAYLOAD_SMALL)
+	M(22, SHUTDOWN, shutdown, K3_LIM_PAYLOAD_SMALL) \
+	M(23, WARM_EXPERTS, warm_experts, K3_LIM_PAYLOAD_MAX) \
+	M(24, WARM_EXPERTS_REPLY, warm_experts_reply, K3_LIM_PAYLOAD_SMALL)
 
 enum k3_proto_type {
 #define K3_PROTO_ENUM_(id, NAME, name, bound) K3_MSG_##NAME = id,

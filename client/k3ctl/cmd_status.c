@@ -66,6 +66,12 @@ int k3ctl_cmd_status(int argc, char **argv)
 		json_object_set_new(o, "prefetch_used", json_integer((json_int_t)s->prefetch_used));
 		json_object_set_new(o, "prefetch_wasted_bytes",
 				    json_integer((json_int_t)s->prefetch_wasted_bytes));
+		if (s->has_prefetch_issued_bytes)
+			json_object_set_new(o, "prefetch_issued_bytes",
+					    json_integer((json_int_t)s->prefetch_issued_bytes));
+		if (s->has_expert_cache_bytes)
+			json_object_set_new(o, "expert_cache_bytes",
+					    json_integer((json_int_t)s->expert_cache_bytes));
 		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		puts(text ? text : "{}");
 		free(text);
@@ -92,6 +98,15 @@ int k3ctl_cmd_status(int argc, char **argv)
 			printf("experts:     %llu bytes read, %llu hits, %llu misses\n",
 			       (unsigned long long)s->expert_bytes_read, (unsigned long long)s->expert_hits,
 			       (unsigned long long)s->expert_misses);
+		if (s->has_prefetch_issued)
+			printf("prefetch:    %llu issued (%llu bytes), %llu used in a later step, "
+			       "%llu bytes wasted\n",
+			       (unsigned long long)s->prefetch_issued,
+			       (unsigned long long)s->prefetch_issued_bytes,
+			       (unsigned long long)s->prefetch_used,
+			       (unsigned long long)s->prefetch_wasted_bytes);
+		if (s->has_expert_cache_bytes)
+			printf("expert cache: %.3f GB\n", (double)s->expert_cache_bytes / 1e9);
 	}
 	k3ctl_client_close(&c);
 	return K3CTL_EXIT_OK;

@@ -1,15 +1,70 @@
-/* cmd_warm_expert_cache.c - `k3ctl warm-expert-cache --trace FILE [--show N]`:
- * ranks experts by use in a router trace (store_trace.h). Preloading the
- * ranking into a running daemon needs a protocol request that does not
- * exist yet; --preload is refused until it does. */
+/* cmd_warm_expert_cache.c - `k3ctl warm-expert-cache --trace FILE [--show N]
+ * [--preload [--top N]]`: ranks experts by use in a router trace
+ * (store_trace.h); with --preload, sends the ranking (best first, the top N
+ * or all) to the running daemon in one WARM_EXPERTS request, which reads
+ * as many as its cache holds into RAM between generations. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/parse.h"
+#include "client.h"
 #include "k3ctl.h"
 #include "store/store_trace.h"
+
+/* Sends the best min(n, top) experts to the daemon and prints its answer. */
+static int preload_ranking(const struct k3_store_trace_rank *rk, size_t n, uint64_t top)
+{
+	struct k3ctl_client c;
+	struct k3_msg_warm_experts req;
+	struct k3_proto_header h;
+	union k3_proto_body reply;
+	struct k3_err err = { 0, "" };
+	size_t m = n < top ? n : (size_t)top;
+	int r;
+
+	if (m == 0)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "the trace names no experts");
+	uint32_t *layers = malloc(m * sizeof(uint32_t)), *experts = malloc(m * sizeof(uint32_t));
+	if (!layers || !experts) {
+		free(layers);
+		free(experts);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
+	}
+	for (size_t i = 0; i < m; i++) {
+		layers[i] = rk[i].layer;
+		experts[i] = rk[i].expert;
+	}
+	if ((r = k3ctl_connect(&c)) != 0) {
+		free(layers);
+		free(experts);
+		return r;
+	}
+	memset(&req, 0, sizeof(req));
+	req.layers.n = (uint32_t)m; req.layers.v = layers; req.has_layers = true;
+	req.experts.n = (uint32_t)m; req.experts.v = experts; req.has_experts = true;
+	/* Reading a large cache from disk takes minutes on slow disks. */
+	r = k3ctl_client_call(&c, K3_MSG_WARM_EXPERTS, &req, 3600 * 1000, &h, &reply, NULL, &err);
+	free(layers);
+	free(experts);
+	if (r < 0 || h.type != K3_MSG_WARM_EXPERTS_REPLY) {
+		k3ctl_client_close(&c);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "warm-expert-cache: %s",
+				  r < 0 ? err.msg : "unexpected reply");
+	}
+	const struct k3_msg_warm_experts_reply *w = &reply.warm_experts_reply;
+	if (k3ctl_g.json)
+		printf("{\"requested\":%" PRIu32 ",\"loaded\":%" PRIu32 ",\"resident\":%" PRIu32
+		       ",\"bytes_read\":%" PRIu64 ",\"seconds\":%.3f}\n", w->requested, w->loaded,
+		       w->resident, w->bytes_read, w->has_seconds ? w->seconds : 0.0);
+	else
+		printf("preloaded %" PRIu32 " of %" PRIu32 " experts (%" PRIu32 " resident now): "
+		       "%.1f MB read in %.2f s\n", w->loaded, w->requested, w->resident,
+		       (double)w->bytes_read / 1e6, w->has_seconds ? w->seconds : 0.0);
+	k3ctl_client_close(&c);
+	return K3CTL_EXIT_OK;
+}
 
 int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 {
@@ -18,6 +73,8 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 	struct k3_store_trace_rank *rk = NULL;
 	struct k3_err err = { 0, "" };
 	size_t n = 0;
+	bool preload = false;
+	uint64_t top = UINT64_MAX;
 
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
@@ -26,11 +83,14 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 			if (k3_parse_u64(argv[++i], 0, 1u << 24, &show, &err) != 0)
 				return k3ctl_usage("warm-expert-cache", "--show: %s", err.msg);
 		} else if (strcmp(argv[i], "--preload") == 0) {
-			return k3ctl_usage("warm-expert-cache", "--preload is not available yet:"
-					   " the daemon has no preload request");
+			preload = true;
+		} else if (strcmp(argv[i], "--top") == 0 && i + 1 < argc) {
+			if (k3_parse_u64(argv[++i], 1, 1u << 20, &top, &err) != 0)
+				return k3ctl_usage("warm-expert-cache", "--top: %s", err.msg);
 		} else {
 			return k3ctl_usage("warm-expert-cache", "usage: k3ctl warm-expert-cache"
-					   " --trace FILE [--show N] (unexpected '%s')", argv[i]);
+					   " --trace FILE [--show N] [--preload [--top N]] (unexpected '%s')",
+					   argv[i]);
 		}
 	}
 	if (!trace)
@@ -39,6 +99,11 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 	for (size_t i = 0; i < n; i++)
 		total += rk[i].uses;
+	if (preload) {
+		int rc = preload_ranking(rk, n, top);
+		free(rk);
+		return rc;
+	}
 	if (k3ctl_g.json) {
 		printf("{\"records\":%" PRIu64 ",\"experts\":%zu,\"top\":[", records, n);
 		for (size_t i = 0; i < n && i < show; i++)

@@ -51,7 +51,8 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(detokenize, "decode K3 token ids to text (offline)") \
 	X(render_chat, "render a chat with the K3 XTML renderer (offline)") \
 	X(pack,     "write expert packs for a model directory (--model DIR [--verify])") \
-	X(warm_expert_cache, "rank experts by use in a router trace (--trace FILE [--show N])")
+	X(warm_expert_cache, "rank experts by use in a router trace (--trace FILE [--show N])") \
+	X(bench,    "offline tokens/s and expert bytes/token vs the disk's bandwidth (--model DIR)")
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)

@@ -35,6 +35,12 @@ struct k3_engine {
 	uint32_t *ids;               /* [chunk][K] */
 	float *w;                    /* [chunk][K] */
 	struct k3_prov_expert *spans;  /* [chunk][K] */
+	/* layer-wide sources: grouping and lookahead scratch */
+	uint32_t *stamp;             /* [n_experts]: last group that counted it */
+	uint32_t stamp_gen;
+	uint32_t *pids;              /* [chunk][K] predicted ids */
+	float *pw;                   /* [chunk][K] */
+	uint32_t *guess;             /* [chunk][K] deduplicated guesses */
 };
 
 struct k3_engine_seq {
@@ -231,6 +237,10 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->ids);
 	free(e->w);
 	free(e->spans);
+	free(e->stamp);
+	free(e->pids);
+	free(e->pw);
+	free(e->guess);
 	free(e->lw);
 	free(e);
 }
@@ -314,8 +324,12 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->ids));
 	e->w = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->w));
 	e->spans = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->spans));
+	e->stamp = calloc(e->cfg.n_experts ? e->cfg.n_experts : 1, sizeof(*e->stamp));
+	e->pids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pids));
+	e->pw = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pw));
+	e->guess = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess));
 	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->ids && e->w &&
-	      e->spans) ? 0 : -ENOMEM;
+	      e->spans && e->stamp && e->pids && e->pw && e->guess) ? 0 : -ENOMEM;
 	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
 		if (!(e->pool[i] = malloc(rowb)))
 			rc = -ENOMEM;
@@ -433,6 +447,96 @@ uint32_t k3_engine_seq_len(const struct k3_engine_seq *s)
 
 #define PCALL(call) do { rc = (call); if (rc) return prov_err(e, err, rc, &st); } while (0)
 
+/* Layer-wide expert source: shared experts for all n positions, then the
+ * routed experts in consecutive groups of positions whose distinct experts
+ * fit the source (one group = the whole chunk unless max_experts binds).
+ * e->ids / e->w hold the real routing. */
+static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t K = e->K, D = e->D, cap = e->src.max_experts;
+	int rc;
+
+	PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
+	for (uint32_t t0 = 0; t0 < n;) {
+		uint32_t t1 = t0, distinct = 0;
+
+		e->stamp_gen++;
+		if (e->stamp_gen == 0) {   /* wrapped: forget every old mark */
+			memset(e->stamp, 0, e->cfg.n_experts * sizeof(*e->stamp));
+			e->stamp_gen = 1;
+		}
+		while (t1 < n) {
+			uint32_t add = 0;
+			for (uint32_t k = 0; k < K; k++) {
+				uint32_t id = e->ids[(size_t)t1 * K + k];
+				if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
+					e->stamp[id] = e->stamp_gen;
+					add++;
+				}
+			}
+			/* A position that alone exceeds cap still goes: the
+			 * source refuses it with its own clear error. */
+			if (cap && t1 > t0 && distinct + add > cap)
+				break;
+			distinct += add;
+			t1++;
+		}
+		size_t off = (size_t)t0 * K, cnt = (size_t)(t1 - t0) * K;
+		rc = e->src.acquire_layer(e->src.ctx, l, e->ids + off, cnt, e->spans + off, err);
+		if (rc)
+			return rc;
+		rc = p->routed_experts(e->pm, l, e->x + (size_t)t0 * D, t1 - t0, e->ids + off,
+				       e->w + off, e->spans + off, e->mb + (size_t)t0 * D, &st);
+		e->src.release_layer(e->src.ctx, l);
+		if (rc)
+			return prov_err(e, err, rc, &st);
+		t0 = t1;
+	}
+	return 0;
+}
+
+/* Router lookahead (engine.h, prefetch) for MoE layer `next`: its router
+ * on the current residual pool[0..nB], AttnRes-mixed and normed with that
+ * layer's weights (the layers in between are not run). Called after each
+ * MoE layer for the next one, and after the embedding for the first one
+ * (whose reads then overlap the dense layers before it). Uses e->z and e->h
+ * as scratch (both are rewritten before their next use) and never touches
+ * e->ids / e->w. Failures only lose the guess. */
+static void lookahead(struct k3_engine *e, uint32_t next, uint32_t nB, uint32_t n)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t K = e->K;
+	uint32_t per = e->src.prefetch_max && e->src.prefetch_max < K ? e->src.prefetch_max : K;
+	size_t ng = 0;
+
+	for (uint32_t j = 0; j <= nB; j++)
+		e->cands[j] = e->pool[j];
+	if (p->attnres_mix(e->pm, K3_PROV_MIX_MLP, next, e->cands, nB + 1, n, e->z, &st) ||
+	    p->ffn_norm(e->pm, next, e->z, n, e->h, &st) ||
+	    p->router(e->pm, next, e->h, n, e->pids, e->pw, &st))
+		return;
+	/* Rank-major across positions: every position's first choice, then
+	 * every second choice... each expert once. */
+	e->stamp_gen++;
+	if (e->stamp_gen == 0) {
+		memset(e->stamp, 0, e->cfg.n_experts * sizeof(*e->stamp));
+		e->stamp_gen = 1;
+	}
+	for (uint32_t k = 0; k < per; k++)
+		for (uint32_t t = 0; t < n; t++) {
+			uint32_t id = e->pids[(size_t)t * K + k];
+			if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
+				e->stamp[id] = e->stamp_gen;
+				e->guess[ng++] = id;
+			}
+		}
+	if (ng)
+		e->src.prefetch(e->src.ctx, next, e->guess, ng);
+}
+
 /* The routed path of MoE layer l for n positions: router, expert spans
  * from the source, shared experts, routed experts, into e->mb. */
 static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
@@ -444,6 +548,12 @@ static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
 	int rc;
 
 	PCALL(p->router(e->pm, l, e->x, n, e->ids, e->w, &st));
+	if (e->src.acquire_layer) {
+		rc = routed_layer(e, l, n, err);
+		if (rc)
+			return rc;
+		goto routes;
+	}
 	size_t got = 0;
 	for (; got < (size_t)n * K; got++) {
 		rc = e->src.acquire(e->src.ctx, l, e->ids[got], &e->spans[got], err);
@@ -461,6 +571,7 @@ static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
 		e->src.release(e->src.ctx, l, e->ids[i]);
 	if (rc)
 		return rc;
+routes:
 	if (out && (out->route_ids || out->route_weights)) {
 		for (uint32_t t = 0; t < n; t++) {
 			size_t dst = ((size_t)(pos0 + t) * e->n_moe + mi) * K;
@@ -486,6 +597,8 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 	int rc;
 
 	PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
+	if (e->src.prefetch && e->n_moe)
+		lookahead(e, e->moe_layers[0], 0, n);
 	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
 		const float *hin = e->pool[0];
 		/* Cancellation is honoured between layers: a K3 layer step is the
@@ -524,6 +637,9 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 			PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
 		}
 		PCALL(p->add(e->pm, P, e->mb, nd, &st));
+		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE &&
+		    (uint32_t)e->moe_index[l] + 1 < e->n_moe)
+			lookahead(e, e->moe_layers[e->moe_index[l] + 1], nB, n);
 	}
 	/* 5) output AttnRes, final norm, lm_head (spec §10) */
 	if (!out || !out->logits)

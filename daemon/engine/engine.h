@@ -51,6 +51,37 @@ struct k3_expert_source {
 	int (*acquire)(void *ctx, uint32_t layer, uint32_t expert,
 		       struct k3_prov_expert *out, struct k3_err *err);
 	void (*release)(void *ctx, uint32_t layer, uint32_t expert);
+	/*
+	 * Optional layer-wide form, used instead of acquire/release when set:
+	 * one call gets every expert a layer needs for a whole chunk,
+	 * ids[0..n) = the router's [positions][top_k] ids (duplicates across
+	 * positions allowed; a source reads each once), out[i] the spans of
+	 * ids[i]. This is what lets a streaming source pin the whole set,
+	 * issue its misses together sorted by offset and keep several reads in
+	 * flight. release_layer unpins everything the last acquire_layer got;
+	 * it is called after the layer's routed_experts op (also on error
+	 * paths, only when acquire_layer returned 0).
+	 */
+	int (*acquire_layer)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n,
+			     struct k3_prov_expert *out, struct k3_err *err);
+	void (*release_layer)(void *ctx, uint32_t layer);
+	/* With acquire_layer: the most distinct experts one acquire_layer may
+	 * hold (a RAM cache's slots); 0 = no limit. The engine splits a chunk's
+	 * positions into consecutive groups that each fit (results are
+	 * identical: routed experts are computed per position). */
+	uint32_t max_experts;
+	/*
+	 * Optional router lookahead: when set, after each MoE layer the engine
+	 * runs the NEXT MoE layer's router on the current hidden state (the
+	 * residual after this layer, mixed and normed with the next layer's
+	 * weights, skipping its attention) and passes the predicted ids,
+	 * deduplicated, most confident first, at most prefetch_max of them per
+	 * position; and after the embedding, the first MoE layer's router on
+	 * it (so its reads overlap the dense layers before it). Guesses only:
+	 * the ids that run always come from the real router at that layer.
+	 */
+	void (*prefetch)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n);
+	uint32_t prefetch_max;       /* guesses per position; 0 = top_k */
 };
 
 /* Opens a provider over model (which must outlive the engine) and sizes

@@ -12,6 +12,8 @@
 
 #include "base/log.h"
 #include "base/parse.h"
+#include "store/store.h"
+#include "store/store_budget.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 
@@ -27,6 +29,14 @@ static const char usage[] =
 	"  --allow-gid GID      also accept peers with this gid or group name (repeatable)\n"
 	"  --queue N            generations that may wait behind the running one (default 0)\n"
 	"  --threads N          compute threads (default: all cores)\n"
+	"  --expert-cache-gb auto|N  RAM for the routed-expert cache, in GB (10^9 bytes;\n"
+	"                       auto = min(RAM, cgroup limit) - spine - state - headroom);\n"
+	"                       refused below what one token needs\n"
+	"  --io-threads N       expert reader threads (default 2, at most 16)\n"
+	"  --prefetch N|off     router-lookahead guesses per position (default: half\n"
+	"                       the model's top-k, 8 on K3)\n"
+	"  --router-trace FILE  append each routing decision as a JSON line\n"
+	"  --no-packs           read experts from the shards even when packs are valid\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
 	"  -h, --help           show this help\n"
@@ -82,7 +92,8 @@ static int parse_level(const char *s, int *out, struct k3_err *err)
 
 int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_err *err)
 {
-	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION };
+	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -92,6 +103,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "drain-timeout", required_argument, NULL, O_DRAIN },
 		{ "log-level", required_argument, NULL, O_LOG },
+		{ "expert-cache-gb", required_argument, NULL, O_CACHE },
+		{ "io-threads", required_argument, NULL, O_IOT },
+		{ "prefetch", required_argument, NULL, O_PREFETCH },
+		{ "router-trace", required_argument, NULL, O_TRACE },
+		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -102,6 +118,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	memset(opts, 0, sizeof(*opts));
 	opts->drain_timeout_s = 30;
 	opts->log_level = K3_LOG_INFO;
+	opts->prefetch = -1;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -148,6 +165,32 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_LOG:
 			if ((r = parse_level(optarg, &opts->log_level, err)) < 0)
 				return r;
+			break;
+		case O_CACHE:
+			if ((r = k3_store_budget_parse_gb(optarg, &opts->expert_cache_bytes, err)) < 0)
+				return r;
+			break;
+		case O_IOT:
+			if ((r = k3_parse_u64(optarg, 1, K3_STORE_MAX_IO_THREADS, &v, err)) < 0)
+				return k3_err_prefix(err, "--io-threads");
+			opts->io_threads = (unsigned)v;
+			break;
+		case O_PREFETCH:
+			if (strcmp(optarg, "off") == 0) {
+				opts->prefetch = 0;
+				break;
+			}
+			if ((r = k3_parse_u64(optarg, 0, K3_OPTIONS_PREFETCH_MAX, &v, err)) < 0)
+				return k3_err_prefix(err, "--prefetch (a count or 'off')");
+			opts->prefetch = (int)v;
+			break;
+		case O_TRACE:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--router-trace: empty path");
+			opts->router_trace = optarg;
+			break;
+		case O_NOPACKS:
+			opts->no_packs = true;
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -203,4 +246,20 @@ void k3_options_log(const struct k3_options *opts)
 	k3_log_info("config: model=%s queue=%u threads=%u drain-timeout=%gs",
 		    opts->model_dir ? opts->model_dir : "(none)", opts->queue_max, opts->threads,
 		    opts->drain_timeout_s);
+	char cache[32];
+	if (opts->expert_cache_bytes)
+		snprintf(cache, sizeof(cache), "%.9gGB", (double)opts->expert_cache_bytes / 1e9);
+	else
+		snprintf(cache, sizeof(cache), "auto");
+	char pf[32];
+	if (opts->prefetch < 0)
+		snprintf(pf, sizeof(pf), "half-top-k");
+	else if (opts->prefetch == 0)
+		snprintf(pf, sizeof(pf), "off");
+	else
+		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s router-trace=%s packs=%s",
+		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
+		    opts->router_trace ? opts->router_trace : "(none)",
+		    opts->no_packs ? "no" : "when valid");
 }

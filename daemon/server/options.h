@@ -26,7 +26,20 @@ struct k3_options {
 	unsigned threads;             /* --threads: compute threads, 0 = cores */
 	double drain_timeout_s;       /* how long SIGTERM waits for running work */
 	int log_level;                /* enum k3_log_level */
+	/* The expert store (docs/store.md) */
+	uint64_t expert_cache_bytes;  /* --expert-cache-gb: 0 = auto (store_budget.h) */
+	unsigned io_threads;          /* --io-threads: reader threads, 0 = default (2) */
+	int prefetch;                 /* --prefetch: lookahead guesses per position;
+				       * 0 = off, -1 = default (half the model's top-k) */
+	const char *router_trace;     /* --router-trace FILE; NULL = none */
+	bool no_packs;                /* --no-packs: read experts from the shards */
 };
+
+/* The default lookahead is the most confident half of the next MoE layer's
+ * predicted experts per position (8 of K3's top-16): the first guesses are
+ * the precise ones, and every wrong guess costs a read (docs/store.md,
+ * "Prefetch", measured). */
+enum { K3_OPTIONS_PREFETCH_MAX = 64 };
 
 /*
  * Parses argv into opts (defaults first). Returns 0; 1 when --help or

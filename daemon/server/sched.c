@@ -29,6 +29,11 @@
 #include "base/log.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "store/store.h"
+#include "store/store_budget.h"
+#include "store/store_engine.h"
+#include "store/store_model.h"
+#include "store/store_trace.h"
 #include "text/text_chat.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
@@ -57,6 +62,11 @@ static void conv_state_release(struct conv_state *c)
 struct job {
 	struct k3_sched *s;
 	uint64_t id;
+	/* WARM_EXPERTS: preload these (layer, expert) pairs instead of
+	 * generating (owned arrays, n_warm entries, best first) */
+	bool warm;
+	uint32_t *warm_layer, *warm_expert;
+	uint32_t n_warm, warm_requested;
 	uint32_t rid;
 	struct k3_conn *conn;           /* ref held; loop thread only */
 	bool chat;
@@ -142,6 +152,14 @@ struct k3_sched {
 	struct k3_tok *tok;
 	char model_id[K3_LIM_NAME_MAX];
 	bool loaded;
+	/* the expert store (NULL: experts from the mmapped shards) */
+	struct k3_store_source *xsrc;
+	struct k3_store *store;
+	struct k3_store_engine_src xctx;
+	/* --router-trace, engine thread only */
+	struct k3_store_trace *trace;
+	uint32_t *route_ids;            /* [PREFILL_CHUNK][n_moe][K] */
+	float *route_w;
 
 	pthread_mutex_t lock;           /* guards everything below */
 	pthread_cond_t cond;
@@ -444,6 +462,25 @@ static bool is_end(const struct job *j, uint32_t id)
 	return false;
 }
 
+/* Appends the routes of the last forward call (c positions from pos) to
+ * --router-trace. A write error or the size cap stops tracing with one
+ * log line; generation goes on. */
+static void trace_routes(struct k3_sched *s, const struct job *j, uint32_t pos, uint32_t c)
+{
+	struct k3_err err = { 0, "" };
+
+	if (!s->trace || !s->route_ids)
+		return;
+	int r = k3_store_trace_write_routes(s->trace, j->id, pos, c, k3_engine_moe_layers(s->engine),
+					    k3_engine_n_moe(s->engine), k3_engine_top_k(s->engine),
+					    s->route_ids, s->route_w, &err);
+	if (r < 0) {
+		k3_log_warning("router trace stopped: %s", err.msg);
+		k3_store_trace_close(s->trace, NULL);
+		s->trace = NULL;
+	}
+}
+
 static void run_job(struct k3_sched *s, struct job *j)
 {
 	const uint32_t V = k3_engine_vocab(s->engine);
@@ -461,10 +498,16 @@ static void run_job(struct k3_sched *s, struct job *j)
 	uint32_t prefill_end = 0;        /* prompt position prefill reached */
 	int r = 0;
 
+	struct k3_store_stats xs0, xs1, xd;
+	memset(&xs0, 0, sizeof(xs0));
+	if (s->store)
+		k3_store_stats_get(s->store, &xs0);
 	memset(&done, 0, sizeof(done));
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	t1 = t0;
-	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
+	out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits, s->route_ids, s->route_w };
+	out_none.route_ids = s->route_ids;
+	out_none.route_weights = s->route_w;
 	j->finish = K3_FINISH_ERROR;
 	r = stage_init(&st, j, &err);
 	if (r == 0 && !logits)
@@ -511,6 +554,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 				      pos + c == n ? &out_last : &out_none, &err);
 		if (r < 0)
 			goto out;
+		trace_routes(s, j, pos, c);
 		pos += c;
 		prefill_end = pos;
 		memset(&p, 0, sizeof(p));
@@ -556,6 +600,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
 		if (r < 0)
 			goto out;
+		trace_routes(s, j, n + j->n_gen - 1, 1);
 		if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
 			goto out;
 	}
@@ -567,6 +612,17 @@ out:
 	stage_release(&st);
 	free(logits);
 	k3_engine_set_cancel(s->engine, NULL);
+	memset(&xd, 0, sizeof(xd));
+	if (s->store) {
+		/* Guesses still queued are for layers this request has passed:
+		 * drop them, and let reads in flight land, so every byte is
+		 * charged to the request that caused it. */
+		k3_store_prefetch_cancel(s->store, UINT32_MAX);
+		k3_store_drain(s->store);
+		k3_store_idle(s->store);
+		k3_store_stats_get(s->store, &xs1);
+		k3_store_stats_sub(&xs1, &xs0, &xd);
+	}
 	if (r == -ECANCELED) {
 		/* Stopped between layers: the branch is half-advanced, drop it. */
 		r = 0;
@@ -602,7 +658,25 @@ out:
 		done.has_prefill_tps = true;
 		done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
 		done.has_decode_tps = true;
-		done.compute_s = prefill_s + decode_s; done.has_compute_s = true;
+		/* Honest split of the engine's time: waiting for expert reads
+		 * vs everything else (compute_s + io_wait_s = prefill + decode). */
+		done.io_wait_s = (double)xd.io_wait_ns * 1e-9; done.has_io_wait_s = true;
+		done.compute_s = prefill_s + decode_s - done.io_wait_s;
+		if (done.compute_s < 0)
+			done.compute_s = 0;
+		done.has_compute_s = true;
+		if (s->store) {
+			/* hits exclude same-step prefetches (docs/store.md, counters) */
+			done.expert_bytes_read = xd.bytes_read; done.has_expert_bytes_read = true;
+			done.expert_hits = xd.demand_hits; done.has_expert_hits = true;
+			done.expert_misses = xd.demand_misses; done.has_expert_misses = true;
+			done.prefetch_issued = xd.prefetch_issued; done.has_prefetch_issued = true;
+			done.prefetch_issued_bytes = xd.prefetch_issued_bytes;
+			done.has_prefetch_issued_bytes = true;
+			done.prefetch_used = xd.prefetch_used; done.has_prefetch_used = true;
+			done.prefetch_wasted_bytes = xd.prefetch_wasted_bytes;
+			done.has_prefetch_wasted_bytes = true;
+		}
 		j->final = encode_frame(j, K3_MSG_DONE, &done);
 		j->done_sent = j->final != NULL;
 	}
@@ -615,6 +689,229 @@ out:
 		conv_state_release(&j->branch[0]);
 		conv_state_release(&j->branch[1]);
 	}
+}
+
+/* Bytes of the routed experts' tensors (what the store streams). */
+static uint64_t expert_tensor_bytes(const struct k3_model *m)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	uint64_t sum = 0;
+
+	for (uint32_t l = 0; l < plan->n_layers; l++) {
+		if (!plan->layers[l].is_moe)
+			continue;
+		for (uint32_t x = 0; x < plan->layers[l].moe.n_experts; x++) {
+			const struct k3_expert *e = &plan->layers[l].moe.experts[x];
+			const struct k3_expert_proj *pr[3] = { &e->w1, &e->w2, &e->w3 };
+			for (int i = 0; i < 3; i++) {
+				if (pr[i]->packed)
+					sum += pr[i]->packed->nbytes;
+				if (pr[i]->scale)
+					sum += pr[i]->scale->nbytes;
+				if (pr[i]->weight)
+					sum += pr[i]->weight->nbytes;
+			}
+		}
+	}
+	return sum;
+}
+
+/* Per-request state the budget reserves besides the cache: MLA caches and
+ * KDA states of one sequence plus activations (small next to the experts at
+ * every scale this build serves; a long-context K3 request needs more and
+ * --expert-cache-gb N then sets the share explicitly). */
+#define SCHED_STATE_RESERVE ((uint64_t)512 << 20)
+
+/* Opens the expert store behind the engine (docs/store.md, "For the
+ * engine"): packs when valid (else shards, logged with the reason), the
+ * RAM budget (refused below one token's floor), the reader threads, the
+ * lookahead, and --router-trace. A model whose experts the store cannot
+ * stream (not MXFP4) keeps the mmapped tensors, with a warning. */
+static int open_store(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_store_open_report rep;
+	struct k3_store_budget_out b;
+	char packdir[4096];
+	int r;
+
+	if (o->router_trace) {
+		size_t per = (size_t)PREFILL_CHUNK * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
+		r = k3_store_trace_open(o->router_trace, 0, K3_STORE_TRACE_BUFFERED, &s->trace, err);
+		if (r < 0)
+			return k3_err_prefix(err, "--router-trace");
+		s->route_ids = calloc(per ? per : 1, sizeof(*s->route_ids));
+		s->route_w = calloc(per ? per : 1, sizeof(*s->route_w));
+		if (!s->route_ids || !s->route_w)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		k3_log_info("router trace: appending to %s", o->router_trace);
+	}
+	if (!mc->n_moe)
+		return 0;
+	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
+	    (int)sizeof(packdir))
+		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
+	memset(&rep, 0, sizeof(rep));
+	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
+	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL, K3_STORE_DIRECT_AUTO,
+				       &s->xsrc, &rep, err);
+	if (r == -ENOTSUP) {
+		k3_log_warning("expert store off: %s; routed experts come from the mmapped shards", err->msg);
+		err->code = 0;
+		err->msg[0] = '\0';
+		return 0;
+	}
+	if (r < 0)
+		return k3_err_prefix(err, "expert store");
+	if (o->no_packs)
+		k3_log_info("experts: %u MoE layers from the shards (--no-packs)", rep.layers_shards);
+	else if (!have_packs)
+		k3_log_info("experts: %u MoE layers from the shards (no %s; `k3ctl pack --model DIR` writes packs)",
+			    rep.layers_shards, packdir);
+	else if (rep.layers_shards)
+		k3_log_info("experts: %u MoE layers from packs, %u from the shards (%u packs rejected; first: %s)",
+			    rep.layers_packed, rep.layers_shards, rep.packs_rejected,
+			    rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
+	else
+		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
+
+	size_t n_t = 0;
+	const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
+	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
+	uint64_t slot = k3_store_source_slot_bytes(s->xsrc);
+	uint64_t pool = (uint64_t)k3_store_source_count(s->xsrc) * slot;
+	for (size_t i = 0; i < n_t; i++)
+		weights += t[i].nbytes;
+	struct k3_store_budget_in bi = {
+		.spine_bytes = weights > xbytes ? weights - xbytes : 0,
+		.state_bytes = SCHED_STATE_RESERVE,
+		.slot_bytes = slot,
+		.floor_slots = mc->num_experts_per_token,
+		.requested_bytes = o->expert_cache_bytes,
+	};
+	r = k3_store_budget(&bi, &b, err);
+	if (r < 0)
+		return k3_err_prefix(err, "--expert-cache-gb");
+	/* More than every expert buys nothing. */
+	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
+	if (cache < b.floor_bytes)
+		cache = b.floor_bytes;
+	int prefetch = o->prefetch >= 0 ? o->prefetch
+		       : (int)(mc->num_experts_per_token / 2 ? mc->num_experts_per_token / 2 : 1);
+	struct k3_store_config cfg = {
+		.cache_bytes = cache,
+		.io_threads = o->io_threads,
+		.policy = K3_STORE_POLICY_FREQ,
+		.prefetch_slots = prefetch ? -1 : 0,
+		.check_scales = true,
+	};
+	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
+	if (r < 0)
+		return k3_err_prefix(err, "expert store");
+	struct k3_store_info info;
+	struct k3_expert_source es;
+	k3_store_info_get(s->store, &info);
+	k3_store_engine_src_init(&s->xctx, s->store, &es);
+	k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch, &es);
+	k3_engine_set_expert_source(s->engine, &es);
+	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; limit %.1f GB%s, "
+		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; "
+		    "%u files O_DIRECT, %u buffered; prefetch %d guesses per position",
+		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
+		    o->expert_cache_bytes ? "--expert-cache-gb" : "auto", (double)b.limit_bytes / 1e9,
+		    b.limited_by_cgroup ? " by cgroup" : "", (double)bi.spine_bytes / 1e9,
+		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads,
+		    info.files_direct, info.files_buffered, prefetch);
+	return 0;
+}
+
+/* Preloads a WARM_EXPERTS job's experts on the engine thread (between
+ * generations, so no step is in progress): per layer, in batches of at
+ * most half the slots, acquire (reads the misses sorted by offset, several
+ * in flight) and release at once, leaving them resident and unpinned. The
+ * job holds at most as many experts as the cache has slots (the best
+ * first), so later batches take free or evictable slots, never fail. The
+ * reads count in the store's counters like any demand read. */
+static void run_warm(struct k3_sched *s, struct job *j)
+{
+	struct k3_store_info info;
+	struct k3_store_stats a, b;
+	struct k3_msg_warm_experts_reply r;
+	struct k3_err err = { 0, "" };
+	struct timespec t0;
+	uint32_t loaded = 0, resident = 0;
+	int rc = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	k3_store_info_get(s->store, &info);
+	k3_store_stats_get(s->store, &a);
+	uint32_t batch = info.n_slots / 2 ? info.n_slots / 2 : 1;
+	struct k3_store_view *views = calloc(batch, sizeof(*views));
+	uint32_t *ids = calloc(batch, sizeof(*ids));
+	bool *done_mask = calloc(j->n_warm ? j->n_warm : 1, sizeof(*done_mask));
+	if (!views || !ids || !done_mask)
+		rc = k3_err_set(&err, -ENOMEM, "out of memory");
+	/* Layer by layer in order of each layer's best entry; inside a layer,
+	 * rank order. */
+	for (uint32_t i = 0; rc == 0 && i < j->n_warm; i++) {
+		if (done_mask[i])
+			continue;
+		uint32_t layer = j->warm_layer[i], n = 0;
+		for (uint32_t k = i; k < j->n_warm; k++) {
+			if (done_mask[k] || j->warm_layer[k] != layer)
+				continue;
+			done_mask[k] = true;
+			ids[n++] = j->warm_expert[k];
+			if (n == batch || k + 1 == j->n_warm) {
+				if (atomic_load(&j->cancel)) {
+					rc = k3_err_set(&err, -ECANCELED, "cancelled");
+					break;
+				}
+				k3_store_step_begin(s->store);
+				rc = k3_store_acquire(s->store, layer, ids, n, views, &err);
+				if (rc)
+					break;
+				k3_store_release(s->store, views, n);
+				loaded += n;
+				n = 0;
+			}
+		}
+		if (rc == 0 && n) {
+			k3_store_step_begin(s->store);
+			rc = k3_store_acquire(s->store, layer, ids, n, views, &err);
+			if (rc == 0) {
+				k3_store_release(s->store, views, n);
+				loaded += n;
+			}
+		}
+	}
+	k3_store_idle(s->store);
+	k3_store_stats_get(s->store, &b);
+	for (uint32_t i = 0; i < j->n_warm; i++)
+		resident += k3_store_resident(s->store, j->warm_layer[i], j->warm_expert[i]);
+	free(views);
+	free(ids);
+	free(done_mask);
+	if (rc < 0) {
+		struct k3_msg_error e;
+
+		k3_log_warning("warm-experts job %llu: %s", (unsigned long long)j->id, err.msg);
+		memset(&e, 0, sizeof(e));
+		e.status = rc == -ECANCELED ? K3_STATUS_CANCELLED : K3_STATUS_INTERNAL; e.has_status = true;
+		e.message = k3_proto_str_of(err.msg); e.has_message = true;
+		j->final = encode_frame(j, K3_MSG_ERROR, &e);
+		return;
+	}
+	memset(&r, 0, sizeof(r));
+	r.requested = j->warm_requested; r.has_requested = true;
+	r.loaded = loaded; r.has_loaded = true;
+	r.resident = resident; r.has_resident = true;
+	r.bytes_read = b.bytes_read - a.bytes_read; r.has_bytes_read = true;
+	r.seconds = since(&t0); r.has_seconds = true;
+	k3_log_info("warmed %u of %u requested experts (%u resident now), %.1f MB read in %.2f s",
+		    loaded, j->warm_requested, resident, (double)r.bytes_read / 1e6, r.seconds);
+	j->final = encode_frame(j, K3_MSG_WARM_EXPERTS_REPLY, &r);
 }
 
 static void load_model(struct k3_sched *s)
@@ -634,6 +931,8 @@ static void load_model(struct k3_sched *s)
 		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
 		r = k3_engine_open(s->model, &eo, &s->engine, &err);
+	if (r == 0)
+		r = open_store(s, &err);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "cannot load model '%s': %s", dir, err.msg);
 		post_kind(s, MSG_LOADED, NULL, false, msg);
@@ -689,7 +988,10 @@ static void *engine_main(void *arg)
 		s->running = j;
 		pthread_mutex_unlock(&s->lock);
 		post_kind(s, MSG_STARTED, j, true, NULL);
-		run_job(s, j);
+		if (j->warm)
+			run_warm(s, j);
+		else
+			run_job(s, j);
 		/* The slot frees in the same step that queues the final frame, so
 		 * a client that reacts to DONE at once never sees a stale BUSY. */
 		struct sched_msg *fin = calloc(1, sizeof(*fin));
@@ -719,6 +1021,8 @@ static void job_free(struct job *j)
 		event_free(j->publish_timer);
 	k3_conn_unref(j->conn);
 	k3_tok_ids_release(&j->prompt);
+	free(j->warm_layer);
+	free(j->warm_expert);
 	for (uint32_t i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	conv_state_release(&j->branch[0]);
@@ -764,7 +1068,7 @@ static void send_positions(struct k3_sched *s)
 
 	pthread_mutex_lock(&s->lock);
 	for (struct job *j = s->queue_head; j; j = j->next, pos++) {
-		if (j->queue_pos_sent != pos && j->conn && k3_conn_is_open(j->conn)) {
+		if (!j->warm && j->queue_pos_sent != pos && j->conn && k3_conn_is_open(j->conn)) {
 			struct k3_msg_accepted a;
 
 			memset(&a, 0, sizeof(a));
@@ -802,6 +1106,10 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			send_positions(s);
 			break;
 		case MSG_FINISHED:
+			if (j->warm) {
+				job_free(j);
+				break;
+			}
 			s->totals.requests_total++;
 			s->totals.prompt_tokens_total += j->prompt.n;
 			s->totals.completion_tokens_total += j->n_gen;
@@ -1298,6 +1606,87 @@ static void prep_done(struct k3_sched *s, struct prep_task *t)
 	prep_task_free(t);
 }
 
+static void handle_warm(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
+			const struct k3_msg_warm_experts *m)
+{
+	struct k3_store_info info;
+	struct job *j;
+	unsigned ahead;
+
+	if (!s->store) {
+		k3_conn_send_error(c, rid, K3_STATUS_UNSUPPORTED, NULL,
+				   "this model's experts are not streamed through the expert cache");
+		return;
+	}
+	if (m->layers.n != m->experts.n || m->layers.n == 0) {
+		k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, "experts",
+				   "layers (%u) and experts (%u) must pair up, at least one",
+				   m->layers.n, m->experts.n);
+		return;
+	}
+	for (uint32_t i = 0; i < m->layers.n; i++) {
+		uint32_t l = k3_proto_ids_at(&m->layers, i), x = k3_proto_ids_at(&m->experts, i);
+		if (k3_store_source_find(s->xsrc, l, x) < 0) {
+			k3_conn_send_error(c, rid, K3_STATUS_INVALID_ARGUMENT, "experts",
+					   "entry %u: layer %u has no routed expert %u", i, l, x);
+			return;
+		}
+	}
+	pthread_mutex_lock(&s->lock);
+	ahead = s->n_queued + (s->running ? 1 : 0);
+	pthread_mutex_unlock(&s->lock);
+	if (ahead > s->opts->queue_max) {
+		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
+				   "engine busy: 1 request running and %u/%u queued; retry later",
+				   ahead - 1, s->opts->queue_max);
+		return;
+	}
+	k3_store_info_get(s->store, &info);
+	j = calloc(1, sizeof(*j));
+	uint32_t n = m->layers.n < info.n_slots ? m->layers.n : info.n_slots;
+	if (j) {
+		j->warm_layer = malloc(n * sizeof(uint32_t));
+		j->warm_expert = malloc(n * sizeof(uint32_t));
+	}
+	if (!j || !j->warm_layer || !j->warm_expert) {
+		if (j) {
+			free(j->warm_layer);
+			free(j->warm_expert);
+		}
+		free(j);
+		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
+		return;
+	}
+	/* Duplicates would only waste slots of the best-first prefix. */
+	for (uint32_t i = 0; i < m->layers.n && j->n_warm < n; i++) {
+		uint32_t l = k3_proto_ids_at(&m->layers, i), x = k3_proto_ids_at(&m->experts, i);
+		bool dup = false;
+		for (uint32_t k = 0; k < j->n_warm && !dup; k++)
+			dup = j->warm_layer[k] == l && j->warm_expert[k] == x;
+		if (!dup) {
+			j->warm_layer[j->n_warm] = l;
+			j->warm_expert[j->n_warm++] = x;
+		}
+	}
+	j->s = s;
+	j->rid = rid;
+	j->warm = true;
+	j->warm_requested = m->layers.n;
+	k3_tok_ids_init(&j->prompt);
+	j->conn = k3_conn_ref(c);
+	j->id = ++s->next_job_id;
+	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
+	pthread_mutex_lock(&s->lock);
+	if (s->queue_tail)
+		s->queue_tail->next = j;
+	else
+		s->queue_head = j;
+	s->queue_tail = j;
+	s->n_queued++;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
 /* Whether connection c may cancel job j by its job id: its own uid's
  * jobs, or any job for an admin peer (job ids are sequential, so any
  * group member could otherwise stop everyone's work). */
@@ -1361,7 +1750,10 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		d.prompt_tokens = (uint32_t)j->prompt.n; d.has_prompt_tokens = true;
 		d.completion_tokens = 0; d.has_completion_tokens = true;
 		d.queued_s = since(&j->t_submit); d.has_queued_s = true;
-		if (k3_conn_is_open(j->conn))
+		if (j->warm && k3_conn_is_open(j->conn))
+			k3_conn_send_error(j->conn, j->rid, K3_STATUS_CANCELLED, NULL,
+					   "expert preload cancelled before it started");
+		else if (k3_conn_is_open(j->conn))
 			k3_conn_send(j->conn, K3_MSG_DONE, j->rid, &d);
 		job_free(j);
 	}
@@ -1387,6 +1779,9 @@ static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_head
 	switch (h->type) {
 	case K3_MSG_GENERATE:
 		handle_generate(s, c, h->request_id, &body->generate);
+		return 0;
+	case K3_MSG_WARM_EXPERTS:
+		handle_warm(s, c, h->request_id, &body->warm_experts);
 		return 0;
 	case K3_MSG_CANCEL: {
 		const struct k3_msg_cancel *m = &body->cancel;
@@ -1478,6 +1873,23 @@ static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_st
 	r->has_completion_tokens_total = true;
 	r->reasoning_tokens_total = s->totals.reasoning_tokens_total;
 	r->has_reasoning_tokens_total = true;
+	/* s->store is set before MSG_LOADED and never changes; its stats are
+	 * mutex-protected and monotonic since start. */
+	if (s->ready && s->store) {
+		struct k3_store_stats st;
+		struct k3_store_info in;
+		k3_store_stats_get(s->store, &st);
+		k3_store_info_get(s->store, &in);
+		r->expert_bytes_read = st.bytes_read; r->has_expert_bytes_read = true;
+		r->expert_hits = st.demand_hits; r->has_expert_hits = true;
+		r->expert_misses = st.demand_misses; r->has_expert_misses = true;
+		r->prefetch_issued = st.prefetch_issued; r->has_prefetch_issued = true;
+		r->prefetch_issued_bytes = st.prefetch_issued_bytes; r->has_prefetch_issued_bytes = true;
+		r->prefetch_used = st.prefetch_used; r->has_prefetch_used = true;
+		r->prefetch_wasted_bytes = st.prefetch_wasted_bytes; r->has_prefetch_wasted_bytes = true;
+		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;
+		r->has_expert_cache_bytes = true;
+	}
 }
 
 static unsigned hook_drain(void *ctx)
@@ -1602,6 +2014,13 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 	conv_state_release(&s->pub[0]);
 	conv_state_release(&s->pub[1]);
 	k3_engine_free(s->engine);
+	if (s->store)
+		k3_store_engine_src_release(&s->xctx);
+	k3_store_free(s->store);
+	k3_store_source_free(s->xsrc);
+	k3_store_trace_close(s->trace, NULL);
+	free(s->route_ids);
+	free(s->route_w);
 	k3_tok_free(s->tok);
 	k3_model_free(s->model);
 	if (s->wake)

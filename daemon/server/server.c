@@ -367,7 +367,8 @@ static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, con
 	case K3_MSG_TOKENIZE:
 	case K3_MSG_DETOKENIZE:
 	case K3_MSG_MODEL_INFO:
-		if (s->draining && h->type == K3_MSG_GENERATE) {
+	case K3_MSG_WARM_EXPERTS:
+		if (s->draining && (h->type == K3_MSG_GENERATE || h->type == K3_MSG_WARM_EXPERTS)) {
 			k3_conn_send_error(c, h->request_id, K3_STATUS_SHUTTING_DOWN, NULL,
 					   "k3d is shutting down");
 			break;

@@ -54,18 +54,86 @@ static void src_release(void *vctx, uint32_t layer, uint32_t expert)
 		c->last_error = -ENOENT;
 }
 
+static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, size_t n,
+			     struct k3_prov_expert *out, struct k3_err *err)
+{
+	struct k3_store_engine_src *c = vctx;
+	int rc;
+
+	if (c->n_layer_views)
+		return k3_err_set(err, -EBUSY, "layer %u acquired while layer %u is still held",
+				  layer, c->layer);
+	if (n > c->cap_layer_views) {
+		struct k3_store_view *nv = realloc(c->layer_views, n * sizeof(*nv));
+		if (!nv)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		c->layer_views = nv;
+		c->cap_layer_views = n;
+	}
+	k3_store_step_begin(c->store);
+	c->layer = layer;
+	rc = k3_store_acquire(c->store, layer, ids, n, c->layer_views, err);
+	if (rc)
+		return rc;
+	c->n_layer_views = n;
+	for (size_t i = 0; i < n; i++) {
+		const struct k3_store_view *v = &c->layer_views[i];
+		out[i].w1_packed = v->array[K3_STORE_W1_PACKED];
+		out[i].w1_scale = v->array[K3_STORE_W1_SCALE];
+		out[i].w2_packed = v->array[K3_STORE_W2_PACKED];
+		out[i].w2_scale = v->array[K3_STORE_W2_SCALE];
+		out[i].w3_packed = v->array[K3_STORE_W3_PACKED];
+		out[i].w3_scale = v->array[K3_STORE_W3_SCALE];
+	}
+	return 0;
+}
+
+static void src_release_layer(void *vctx, uint32_t layer)
+{
+	struct k3_store_engine_src *c = vctx;
+
+	if (layer != c->layer && !c->last_error)
+		c->last_error = -ENOENT;
+	k3_store_release(c->store, c->layer_views, c->n_layer_views);
+	c->n_layer_views = 0;
+}
+
+static void src_prefetch(void *vctx, uint32_t layer, const uint32_t *ids, size_t n)
+{
+	struct k3_store_engine_src *c = vctx;
+
+	c->guesses += n;
+	c->guesses_queued += k3_store_prefetch(c->store, layer, ids, n);
+}
+
+void k3_store_engine_src_set_prefetch(struct k3_store_engine_src *ctx, uint32_t per_position,
+				      struct k3_expert_source *out)
+{
+	(void)ctx;
+	out->prefetch = per_position ? src_prefetch : NULL;
+	out->prefetch_max = per_position;
+}
+
 void k3_store_engine_src_init(struct k3_store_engine_src *ctx, struct k3_store *store,
 			      struct k3_expert_source *out)
 {
 	memset(ctx, 0, sizeof(*ctx));
 	ctx->store = store;
+	struct k3_store_info info;
+	k3_store_info_get(store, &info);
 	*out = (struct k3_expert_source){ .ctx = ctx, .acquire = src_acquire,
-					  .release = src_release };
+					  .release = src_release,
+					  .acquire_layer = src_acquire_layer,
+					  .release_layer = src_release_layer,
+					  .max_experts = info.n_slots };
 }
 
 void k3_store_engine_src_release(struct k3_store_engine_src *ctx)
 {
 	free(ctx->held);
 	ctx->held = NULL;
+	free(ctx->layer_views);
+	ctx->layer_views = NULL;
+	ctx->n_layer_views = ctx->cap_layer_views = 0;
 	ctx->n_held = ctx->cap_held = 0;
 }

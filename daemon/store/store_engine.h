@@ -4,15 +4,19 @@
  * with this adapter makes every routed expert come from the store's RAM
  * cache instead of the model's mmapped tensors.
  *
- * That interface asks for one expert per call and needs its bytes before
- * the call returns, so through it the store reads one expert at a time: a
- * step's misses cannot be issued together, sorted, with two or more in
- * flight. It is correct (pinning, counters, identical bytes) and is what
- * the invariance tests run; for full bandwidth the engine should hand the
- * store a layer's whole id list at once (docs/store.md, "For the engine").
+ * The adapter fills both forms of the interface. The engine uses the
+ * layer-wide one (acquire_layer / release_layer): one k3_store_acquire per
+ * layer and group of positions, so a chunk's experts are deduplicated, its
+ * misses issued together sorted by offset with several reads in flight,
+ * and all of them pinned until the layer's routed_experts op is done; each
+ * acquire_layer is one store step. max_experts is the store's slot count,
+ * so a chunk whose distinct experts exceed the cache runs in groups of
+ * positions instead of failing.
  *
- * A step (k3_store_step_begin) starts at the first acquire after all of the
- * previous layer's experts were released, or when the layer changes.
+ * The per-expert form (acquire / release) stays for wrappers and tests: a
+ * step starts at the first acquire after all of the previous layer's
+ * experts were released, or when the layer changes; through it the store
+ * reads one expert at a time.
  */
 #ifndef K3_STORE_ENGINE_H
 #define K3_STORE_ENGINE_H
@@ -29,12 +33,23 @@ struct k3_store_engine_src {
 	size_t n_held, cap_held;
 	uint32_t layer;                /* layer of the current step */
 	int last_error;                /* first release of an unknown view (-ENOENT), else 0 */
+	struct k3_store_view *layer_views;   /* held by the last acquire_layer */
+	size_t n_layer_views, cap_layer_views;
+	uint64_t guesses;              /* lookahead guesses offered to the store */
+	uint64_t guesses_queued;       /* of which k3_store_prefetch queued a read */
 };
 
 /* Initializes ctx over store and fills *out for k3_engine_set_expert_source.
  * ctx must outlive the engine's use of *out. */
 void k3_store_engine_src_init(struct k3_store_engine_src *ctx, struct k3_store *store,
 			      struct k3_expert_source *out);
+
+/* Turns router-lookahead prefetch on (per_position > 0: up to that many of
+ * the next MoE layer's predicted experts per position are passed to
+ * k3_store_prefetch after each MoE layer) or off (0: the engine then skips
+ * the lookahead router). Call after init, before k3_engine_set_expert_source. */
+void k3_store_engine_src_set_prefetch(struct k3_store_engine_src *ctx, uint32_t per_position,
+				      struct k3_expert_source *out);
 
 /* Frees ctx's bookkeeping (releases nothing: the engine releases what it
  * acquired). Accepts an initialized ctx only. */

@@ -81,7 +81,7 @@ int main(void)
 
 	/* counting source: same bits; exactly the routed pairs, in order */
 	struct counting c = { .m = model, .fail_layer = -1 };
-	struct k3_expert_source src = { &c, src_acquire, src_release };
+	struct k3_expert_source src = { .ctx = &c, .acquire = src_acquire, .release = src_release };
 	k3_engine_set_expert_source(e, &src);
 	struct k3_engine_out o2 = { K3_ENGINE_LOGITS_LAST, l2, r2, w2 };
 	T_OK(k3_engine_forward(e, s2, ids, T, &o2, &err) == 0);

@@ -17,7 +17,7 @@ T = dict(HELLO=1, HELLO_OK=2, ERROR=3, OK=4, PING=5, PONG=6, STATUS=7,
          STATUS_REPLY=8, MODEL_INFO=9, MODEL_INFO_REPLY=10, TOKENIZE=11,
          TOKENIZE_REPLY=12, DETOKENIZE=13, DETOKENIZE_REPLY=14, GENERATE=15,
          ACCEPTED=16, PROGRESS=17, TOKEN=18, TOOL_CALL=19, DONE=20, CANCEL=21,
-         SHUTDOWN=22)
+         SHUTDOWN=22, WARM_EXPERTS=23, WARM_EXPERTS_REPLY=24)
 STATUS = dict(ok=0, bad_request=1, unsupported_version=2, unknown_type=3,
               too_large=4, busy=5, not_found=6, cancelled=7, unauthorized=8,
               shutting_down=9, not_ready=10)

@@ -115,6 +115,18 @@ static void fill(uint32_t type, union k3_proto_body *b)
 	case K3_MSG_CANCEL:
 		b->cancel.job_id = 99; b->cancel.has_job_id = true;
 		break;
+	case K3_MSG_WARM_EXPERTS:
+		b->warm_experts.layers.n = 5; b->warm_experts.layers.v = ids5;
+		b->warm_experts.has_layers = true;
+		b->warm_experts.experts.n = 5; b->warm_experts.experts.v = ids5;
+		b->warm_experts.has_experts = true;
+		break;
+	case K3_MSG_WARM_EXPERTS_REPLY:
+		b->warm_experts_reply.requested = 5; b->warm_experts_reply.has_requested = true;
+		b->warm_experts_reply.loaded = 4; b->warm_experts_reply.has_loaded = true;
+		b->warm_experts_reply.resident = 4; b->warm_experts_reply.has_resident = true;
+		b->warm_experts_reply.bytes_read = 70205440; b->warm_experts_reply.has_bytes_read = true;
+		break;
 	default:
 		break;   /* PING, STATUS, MODEL_INFO, SHUTDOWN: empty bodies */
 	}

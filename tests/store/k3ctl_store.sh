@@ -39,4 +39,22 @@ out=$("$k3ctl" --json warm-expert-cache --trace "$t/trace.jsonl" --show 1)
 [ "$out" = '{"records":6,"experts":6,"top":[{"layer":2,"expert":3,"uses":3,"weight_sum":1.5}]}' ] ||
 	fail "json: $out"
 "$k3ctl" warm-expert-cache --trace "$t/nope.jsonl" 2>/dev/null && fail "missing trace accepted"
+
+# bench: offline generation through the store; the greedy ids do not depend
+# on the cache budget (floor = 6 x 16384 bytes here) or on prefetch, and
+# both runs report real reads.
+json_field() { echo "$1" | grep -o "\"$2\":[^,}]*" | head -1 | cut -d: -f2; }
+a=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch off --disk-mib 1)
+b=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch 3 \
+	--expert-cache-gb 0.0001 --disk-mib 1)
+ga=$(echo "$a" | grep -o '"greedy":\[[0-9,]*\]')
+gb=$(echo "$b" | grep -o '"greedy":\[[0-9,]*\]')
+[ -n "$ga" ] && [ "$ga" = "$gb" ] || fail "bench greedy differs: $ga vs $gb"
+echo "$ga" | grep -Eq '^"greedy":\[[0-9]+(,[0-9]+){5}\]$' || fail "bench greedy: $ga"
+echo "$b" | grep -q '"cache_bytes":98304,' || fail "bench floor cache: $b"
+[ "$(json_field "$a" bytes_read)" -gt 0 ] || fail "bench read nothing: $a"
+echo "$a" | grep -Eq '"disk_gbps_before":0(\.0*)?,' && fail "no disk bandwidth: $a"
+[ "$(echo "$a" | head -c 1)" = "{" ] || fail "bench --json prints only JSON: $a"
+if "$k3ctl" bench --model "$model" --expert-cache-gb 0.00001 2>"$t/err"; then fail "bench below floor"; fi
+grep -q "below the floor" "$t/err" || fail "bench floor message: $(cat "$t/err")"
 echo "ok"

@@ -80,6 +80,8 @@ struct variant {
 	uint32_t slots;            /* 0 = every expert */
 	uint32_t chunk;
 	enum k3_store_policy policy;
+	uint32_t lookahead;        /* engine router lookahead: guesses per position, 0 = off */
+	bool per_expert;           /* hide the layer-wide interface (one expert per call) */
 };
 
 static void result_free(struct result *r)
@@ -122,6 +124,10 @@ static void run(const struct variant *v, struct result *r)
 		}
 		if (!rc) {
 			k3_store_engine_src_init(&ectx, store, &es);
+			k3_store_engine_src_set_prefetch(&ectx, v->lookahead, &es);
+			if (v->per_expert)
+				es = (struct k3_expert_source){ .ctx = es.ctx, .acquire = es.acquire,
+								.release = es.release };
 			if (v->prefetch) {
 				static struct pf pf;
 				pf = (struct pf){ .inner = es, .store = store, .layer = UINT32_MAX,
@@ -241,14 +247,20 @@ static void run_case(const char *name)
 	T_EQ_INT(ref.rc, 0);
 
 	const struct variant vs[] = {
-		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ },
-		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU },
-		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ },
-		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU },
-		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ },
-		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU },
-		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ },
-		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU },
+		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 0, false },
+		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU, 0, false },
+		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ, 0, false },
+		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU, 0, false },
+		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, false },
+		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU, 0, false },
+		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ, 0, false },
+		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU, 0, false },
+		/* chunk of 64 through a floor cache: the engine groups positions */
+		{ false, "packs, floor, chunk 64 (grouped), O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, K, 64, K3_STORE_POLICY_FREQ, 0, false },
+		{ false, "lookahead 16, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 4, K3_STORE_POLICY_FREQ, 16, false },
+		{ false, "lookahead 4, packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_LRU, 4, false },
+		{ false, "lookahead 16, packs, unlimited, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 16, false },
+		{ false, "per-expert, packs, small, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, true },
 	};
 	for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++) {
 		run(&vs[i], &got);
@@ -265,15 +277,20 @@ static void run_case(const char *name)
 		T_OK(same);
 		/* Every routed expert was acquired (one demand access per expert
 		 * per step) and nothing was prefetched. */
-		T_EQ_U64(got.st.demand_hits + got.st.demand_misses, per_step(&ref, vs[i].chunk));
-		if (vs[i].prefetch) {
+		if (vs[i].slots == 0 || vs[i].slots >= vs[i].chunk * K)
+			T_EQ_U64(got.st.demand_hits + got.st.demand_misses, per_step(&ref, vs[i].chunk));
+		else   /* grouped: a group is a step, so more steps than chunks */
+			T_OK(got.st.demand_hits + got.st.demand_misses > per_step(&ref, vs[i].chunk));
+		if (vs[i].prefetch || vs[i].lookahead) {
 			T_OK(got.st.prefetch_issued > 0);
 			T_OK(got.st.prefetch_used + got.st.prefetch_late <= got.st.prefetch_issued);
 		} else {
 			T_EQ_U64(got.st.prefetch_issued, 0);
 		}
 		T_EQ_U64(got.st.bytes_read, got.st.demand_bytes + got.st.prefetch_issued_bytes);
-		if (vs[i].slots == 0)   /* unlimited: each distinct expert read once */
+		if (vs[i].lookahead && vs[i].slots == 0)   /* unlimited: guesses only add reads */
+			T_OK(got.st.reads >= distinct(&ref));
+		else if (vs[i].slots == 0)   /* unlimited: each distinct expert read once */
 			T_EQ_U64(got.st.reads, distinct(&ref));
 		else
 			T_OK(got.st.reads >= distinct(&ref));
@@ -283,7 +300,7 @@ static void run_case(const char *name)
 	/* Below what one step pins: a clear error, never a computation. */
 	{
 		const struct variant below = { false, "below floor", false, K3_STORE_DIRECT_OFF, 2, K - 1, 1,
-					       K3_STORE_POLICY_FREQ };
+					       K3_STORE_POLICY_FREQ, 0, false };
 		run(&below, &got);
 		T_EQ_INT(got.rc, -ENOSPC);
 		T_OK(strstr(got.msg, "cannot hold") != NULL);

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""The expert store through the real k3d (issue 7, items 4 and 8): greedy ids
+and routes (ids and fp32 weight bits, from --router-trace) identical to the
+golden continuations across cache budgets {floor, small, unlimited},
+prefetch on/off, 1 vs 2 I/O threads and packs vs shards; a budget below the
+one-token floor is refused at start with the numbers; DONE and STATUS carry
+honest expert counters (a warm unlimited cache reads 0 bytes).
+
+usage: test_store.py K3D K3CTL SHARED_DIR
+"""
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from k3proto import T, Daemon, connect, field, frame, read_frame  # noqa
+
+K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
+NAMES = {v: k for k, v in T.items()}
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def generate(sock_path, ids, max_new):
+    """Returns (generated ids, DONE fields) of one raw-ids GENERATE."""
+    s = connect(sock_path)
+    p = field(1, 0) + field(3, b"".join(struct.pack("<I", i) for i in ids)) + field(8, max_new)
+    s.sendall(frame(T["GENERATE"], 9, p))
+    out, done = [], None
+    while done is None:
+        r = read_frame(s, 120)
+        if r is None:
+            raise EOFError("connection closed")
+        t, rid, f = r
+        name = NAMES.get(t)
+        if name == "TOKEN":
+            b = f[1][0]
+            out += [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
+        elif name == "DONE":
+            done = f
+        elif name == "ERROR":
+            raise RuntimeError("k3d error: " + f[2][0].decode())
+    s.close()
+    return out, done
+
+
+def u64(f, tag):
+    return struct.unpack("<Q", f[tag][0])[0] if tag in f else None
+
+
+def f64(f, tag):
+    return struct.unpack("<d", f[tag][0])[0] if tag in f else None
+
+
+def routes(path):
+    """Trace records in order, without the request id (differs per run)."""
+    recs = []
+    with open(path) as fh:
+        for line in fh:
+            r = json.loads(line)
+            recs.append((r["position"], r["layer"], tuple(r["ids"]), tuple(r["weights"])))
+    return recs
+
+
+def floor_numbers(k3d, model):
+    """Starts k3d with a 1-byte budget: it must refuse, naming the floor."""
+    tmp = tempfile.mkdtemp(prefix="k3d-store-")
+    try:
+        p = subprocess.run([k3d, "--socket", os.path.join(tmp, "s"), "--model", model,
+                            "--threads", "1", "--expert-cache-gb", "0.000000001"],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(p.returncode != 0, "k3d refuses a cache below the floor")
+    m = re.search(r"below the floor of (\d+) bytes: one token pins (\d+) experts of (\d+) bytes",
+                  p.stderr)
+    check(m is not None, "refusal names the floor: " + p.stderr[-400:])
+    if not m:
+        return None
+    floor, k, slot = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    check(floor == k * slot, "floor = top-k x slot bytes")
+    return floor, slot
+
+
+def gb(nbytes):
+    return "%.9f" % (nbytes / 1e9)
+
+
+def run_case(case):
+    model = os.path.join(SHARED, "golden", "forward", case, "model")
+    if not os.path.isdir(model):
+        print("skip: no", model)
+        return
+    nums = floor_numbers(K3D, model)
+    if not nums:
+        return
+    floor, slot = nums
+    goldens = []
+    for p in ("p8", "p40"):
+        g = json.load(open(os.path.join(SHARED, "golden", "forward", case, "golden", p + ".json")))
+        goldens.append((g["prompt"], g["greedy"]["tokens"]))
+
+    # A private copy of the (small) checkpoint, so packs can be written in it
+    # (the model loader refuses symlinks that leave the model directory).
+    work = tempfile.mkdtemp(prefix="k3d-store-model-")
+    packed = os.path.join(work, "model")
+    os.mkdir(packed)
+    for name in os.listdir(model):
+        shutil.copy(os.path.join(model, name), os.path.join(packed, name))
+    r = subprocess.run([K3CTL, "pack", "--model", packed], capture_output=True, text=True)
+    check(r.returncode == 0, f"{case}: k3ctl pack: {r.stderr}")
+
+    variants = [
+        ("unlimited, prefetch off", model, ["--prefetch", "off"]),
+        ("unlimited, prefetch default", model, []),
+        ("floor, prefetch off, 1 I/O thread", model,
+         ["--expert-cache-gb", gb(floor + slot // 2), "--prefetch", "off", "--io-threads", "1"]),
+        ("floor, prefetch 16, 2 I/O threads", model,
+         ["--expert-cache-gb", gb(floor + slot // 2), "--prefetch", "16", "--io-threads", "2"]),
+        ("small, prefetch 4", model, ["--expert-cache-gb", gb(2 * floor + slot // 2), "--prefetch", "4"]),
+        ("packs, small, prefetch default", packed, ["--expert-cache-gb", gb(2 * floor + slot // 2)]),
+        ("--no-packs, small", packed, ["--expert-cache-gb", gb(2 * floor + slot // 2), "--no-packs"]),
+    ]
+    ref_routes = None
+    try:
+        for name, mdir, args in variants:
+            trace = os.path.join(work, "trace.jsonl")
+            if os.path.exists(trace):
+                os.unlink(trace)
+            d = Daemon(K3D, "--router-trace", trace, *args, model=mdir)
+            try:
+                log = d.log_text()
+                if mdir == packed and "--no-packs" not in args:
+                    check("from packs" in log, f"{case} {name}: packs used: {log[-600:]}")
+                else:
+                    check("from the shards" in log, f"{case} {name}: shards logged")
+                total_read = 0
+                for prompt, want in goldens:
+                    got, done = generate(d.sock, prompt, len(want))
+                    check(got == want, f"{case} {name}: greedy {got} == golden {want}")
+                    hits, misses = u64(done, 12), u64(done, 13)
+                    check(hits is not None and misses is not None and hits + misses > 0,
+                          f"{case} {name}: DONE has expert hits/misses")
+                    # (per request, used may exceed issued: a guess read
+                    # during one request can serve the next)
+                    check(u64(done, 14) is not None and u64(done, 15) is not None,
+                          f"{case} {name}: DONE has prefetch counters")
+                    iow, comp = f64(done, 17), f64(done, 18)
+                    check(iow is not None and comp is not None and iow >= 0 and comp >= 0,
+                          f"{case} {name}: io_wait_s / compute_s")
+                    total_read += u64(done, 11)
+                    check(u64(done, 20) is not None and u64(done, 20) <= u64(done, 11),
+                          f"{case} {name}: prefetch bytes are part of the bytes read")
+                    if "prefetch off" in name:
+                        check(u64(done, 14) == 0 and u64(done, 20) == 0,
+                              f"{case} {name}: no prefetch when off")
+                # Same prompt again: with every expert cached nothing is read,
+                # and every access is a hit.
+                prompt, want = goldens[0]
+                got, done = generate(d.sock, prompt, len(want))
+                check(got == want, f"{case} {name}: repeat greedy")
+                total_read += u64(done, 11)
+                if name.startswith("unlimited"):
+                    check(u64(done, 11) == 0 and u64(done, 13) == 0 and u64(done, 12) > 0,
+                          f"{case} {name}: warm repeat reads 0 bytes, all hits "
+                          f"({u64(done, 11)} bytes, {u64(done, 12)} hits, {u64(done, 13)} misses)")
+                st = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"],
+                                    capture_output=True, text=True)
+                sj = json.loads(st.stdout)
+                check(sj.get("expert_cache_bytes", 0) >= floor,
+                      f"{case} {name}: STATUS expert_cache_bytes {sj.get('expert_cache_bytes')}")
+                txt = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True,
+                                     text=True).stdout
+                check(f"experts:     {total_read} bytes read" in txt and "prefetch:" in txt,
+                      f"{case} {name}: k3ctl status shows the expert counters: {txt}")
+                check(sj.get("prefetch_used", 1) <= sj.get("prefetch_issued", 0),
+                      f"{case} {name}: cumulative prefetch used <= issued")
+                if "prefetch off" not in name:
+                    check(sj.get("prefetch_issued", 0) > 0, f"{case} {name}: lookahead prefetched")
+                check(sj.get("expert_bytes_read") == total_read,
+                      f"{case} {name}: STATUS bytes {sj.get('expert_bytes_read')} == sum of DONE {total_read}")
+            finally:
+                d.stop()
+            rs = routes(trace)
+            check(len(rs) > 0, f"{case} {name}: trace written")
+            if ref_routes is None:
+                ref_routes = rs
+                shutil.copy(trace, os.path.join(work, "ref-trace.jsonl"))
+            else:
+                check(rs == ref_routes, f"{case} {name}: routes identical to the first variant")
+        test_preload(case, model, os.path.join(work, "ref-trace.jsonl"), floor, slot, goldens, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_preload(case, model, trace, floor, slot, goldens, work):
+    """k3ctl warm-expert-cache --preload fills the running daemon's cache
+    with the trace's most used experts: as many as the cache has slots, read
+    once, counted in STATUS; a second preload reads nothing; output is
+    unchanged; an expert the model lacks is refused by name."""
+    slots = (2 * floor + slot // 2) // slot
+    d = Daemon(K3D, "--expert-cache-gb", gb(2 * floor + slot // 2), "--prefetch", "off", model=model)
+    try:
+        def warm(*extra):
+            return subprocess.run([K3CTL, "--socket", d.sock, "--json", "warm-expert-cache",
+                                   "--trace", trace, "--preload", *extra],
+                                  capture_output=True, text=True, timeout=120)
+        ranked = subprocess.run([K3CTL, "--json", "warm-expert-cache", "--trace", trace, "--show", "100000"],
+                                capture_output=True, text=True)
+        n_distinct = json.loads(ranked.stdout)["experts"]
+        r = warm()
+        check(r.returncode == 0, f"{case} preload: {r.stderr}")
+        w = json.loads(r.stdout) if r.returncode == 0 else {}
+        want = min(n_distinct, slots)
+        check(w.get("requested") == n_distinct and w.get("loaded") == want and w.get("resident") == want,
+              f"{case} preload: {w} (distinct {n_distinct}, slots {slots})")
+        check(w.get("bytes_read", 0) >= want * 1, f"{case} preload read bytes: {w}")
+        st = json.loads(subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"],
+                                       capture_output=True, text=True).stdout)
+        check(st.get("expert_bytes_read") == w.get("bytes_read"),
+              f"{case} preload bytes in STATUS: {st.get('expert_bytes_read')} vs {w}")
+        r2 = warm("--top", str(slots))
+        w2 = json.loads(r2.stdout) if r2.returncode == 0 else {}
+        check(w2.get("bytes_read") == 0 and w2.get("resident") == want,
+              f"{case} second preload reads nothing: {w2}")
+        for prompt, want_ids in goldens:
+            got, _ = generate(d.sock, prompt, len(want_ids))
+            check(got == want_ids, f"{case} after preload: greedy {got} == golden {want_ids}")
+        bad = os.path.join(work, "bad-trace.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"request":1,"position":0,"layer":1,"ids":[4095],"weights":["3f800000"]}\n')
+        r3 = subprocess.run([K3CTL, "--socket", d.sock, "warm-expert-cache", "--trace", bad, "--preload"],
+                            capture_output=True, text=True, timeout=60)
+        check(r3.returncode == 1 and "no routed expert 4095" in r3.stderr,
+              f"{case} preload of an unknown expert refused: {r3.returncode} {r3.stderr}")
+    finally:
+        d.stop()
+
+
+def test_bad_options():
+    for args, words in ((["--prefetch", "banana"], "--prefetch"), (["--io-threads", "0"], "--io-threads"),
+                        (["--io-threads", "17"], "--io-threads"),
+                        (["--expert-cache-gb", "-1"], "--expert-cache-gb"),
+                        (["--expert-cache-gb", "lots"], "--expert-cache-gb")):
+        p = subprocess.run([K3D, "--socket", "/nonexistent/s", *args], capture_output=True, text=True,
+                           timeout=30)
+        check(p.returncode == 2 and words in p.stderr, f"k3d {args} refused with usage: {p.returncode} {p.stderr}")
+    p = subprocess.run([K3D, "--help"], capture_output=True, text=True, timeout=30)
+    for o in ("--expert-cache-gb", "--io-threads", "--prefetch", "--router-trace", "--no-packs"):
+        check(o in p.stdout, f"--help lists {o}")
+
+
+def main():
+    t0 = time.time()
+    test_bad_options()
+    run_case("k3tiny_a")
+    run_case("k3tiny_b")
+    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
