@@ -1265,13 +1265,14 @@ static int job_prepare(struct k3_sched *s, const struct k3_msg_generate *g, stru
 		return prep_fail(j, K3_STATUS_CONTEXT_EXCEEDED, "messages", -E2BIG,
 				 "the prompt has %zu tokens; the context holds %llu", j->prompt.n,
 				 (unsigned long long)ctx);
+	/* The request's own number goes into the message, before any cap. */
+	if (g->has_max_new && (uint64_t)j->prompt.n + g->max_new > ctx)
+		return prep_fail(j, K3_STATUS_CONTEXT_EXCEEDED, "max_new", -E2BIG,
+				 "the prompt has %zu tokens and %u new tokens were asked for; the "
+				 "context holds %llu", j->prompt.n, g->max_new, (unsigned long long)ctx);
 	j->max_new = g->has_max_new ? g->max_new : (uint32_t)(ctx - j->prompt.n);
 	if (j->max_new > K3_LIM_MAX_NEW)
 		j->max_new = K3_LIM_MAX_NEW;
-	if ((uint64_t)j->prompt.n + j->max_new > ctx)
-		return prep_fail(j, K3_STATUS_CONTEXT_EXCEEDED, "max_new", -E2BIG,
-					  "prompt (%zu tokens) + max_new (%u) exceed the context of %llu",
-					  j->prompt.n, j->max_new, (unsigned long long)ctx);
 	if (s->tok) {
 		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_END_OF_MSG);
 		j->end_ids[j->n_end++] = k3_tok_special(s->tok, K3_TOK_SP_EOS);
@@ -1414,7 +1415,10 @@ static void handle_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	}
 	pthread_mutex_lock(&s->lock);
 	/* Requests still on the prep thread hold a place too. */
-	ahead = s->n_queued + (s->running ? 1 : 0) + s->n_prepping;
+	/* A running job already told to stop ends within one layer step; a
+	 * client that cancelled (or disconnected) and asks again at once must
+	 * not be answered BUSY for that window: it queues behind it. */
+	ahead = s->n_queued + (s->running && !atomic_load(&s->running->cancel) ? 1 : 0) + s->n_prepping;
 	/* Events and CANCEL are matched by request id: two live GENERATEs
 	 * with one id on one connection could not be told apart. */
 	dup = s->running && s->running->conn == c && s->running->rid == rid;

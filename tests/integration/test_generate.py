@@ -245,6 +245,16 @@ def test_busy_and_queue(k3d):
         check(got == {3: "STATUS_REPLY", 4: "TOKENIZE_REPLY", 5: "MODEL_INFO_REPLY"},
               f"control requests answered during decode: {got}")
         c.close()
+        # Cancel and ask again at once: queued behind the stopping job,
+        # never BUSY for the moment it takes to stop.
+        a.sendall(frame(T["CANCEL"], 1) + frame(T["GENERATE"], 2, raw(prompt="again", max_new=2)))
+        again = Stream.__new__(Stream)
+        again.sock, again.rid, again.events, again.ids, again.text = a, 2, [], [], b""
+        again.done = again.error = again.accepted = None
+        sa.finish()
+        again.finish()
+        check(again.error is None and again.finish_reason() == 1,
+              f"GENERATE right after CANCEL is served, not BUSY: {again.error}")
         a.close()   # disconnect frees the slot
         for _ in range(100):
             st = generate(d.sock, raw(prompt="third", max_new=2))
