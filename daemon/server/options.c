@@ -38,6 +38,7 @@ static const char usage[] =
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
+	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
 	"  -h, --help           show this help\n"
 	"  --version            show the version\n"
@@ -93,6 +94,7 @@ static int parse_level(const char *s, int *out, struct k3_err *err)
 int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_err *err)
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
+	       O_FRAME_TIMEOUT,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
@@ -102,6 +104,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "queue", required_argument, NULL, O_QUEUE },
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "drain-timeout", required_argument, NULL, O_DRAIN },
+		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "expert-cache-gb", required_argument, NULL, O_CACHE },
 		{ "io-threads", required_argument, NULL, O_IOT },
@@ -117,6 +120,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 
 	memset(opts, 0, sizeof(*opts));
 	opts->drain_timeout_s = 30;
+	opts->frame_timeout_s = 60;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
 	opterr = 0;
@@ -157,6 +161,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if ((r = k3_parse_u64(optarg, 0, 1024, &v, err)) < 0)
 				return k3_err_prefix(err, "--threads");
 			opts->threads = (unsigned)v;
+			break;
+		case O_FRAME_TIMEOUT:
+			if ((r = k3_parse_double(optarg, 0.1, 86400, &opts->frame_timeout_s, err)) < 0)
+				return k3_err_prefix(err, "--frame-timeout");
 			break;
 		case O_DRAIN:
 			if ((r = k3_parse_double(optarg, 0, 86400, &opts->drain_timeout_s, err)) < 0)

@@ -25,6 +25,7 @@ struct k3_options {
 	unsigned queue_max;           /* --queue: generations waiting beyond the running one */
 	unsigned threads;             /* --threads: compute threads, 0 = cores */
 	double drain_timeout_s;       /* how long SIGTERM waits for running work */
+	double frame_timeout_s;       /* a large frame must arrive whole within this */
 	int log_level;                /* enum k3_log_level */
 	/* The expert store (docs/store.md) */
 	uint64_t expert_cache_bytes;  /* --expert-cache-gb: 0 = auto (store_budget.h) */

@@ -46,6 +46,7 @@ struct k3_conn {
 	bool closing;                  /* close once output is flushed */
 	bool read_paused;              /* backpressure */
 	struct event *hello_timer;     /* deadline for HELLO, from the accept */
+	struct event *large_timer;     /* deadline for the large frame in front */
 	uint32_t large_reserved;       /* share of srv->large_reserved for the frame in front */
 	struct {
 		void (*cb)(void *arg, bool written);
@@ -84,6 +85,8 @@ static void conn_release_large(struct k3_conn *c)
 {
 	c->srv->large_reserved -= c->large_reserved;
 	c->large_reserved = 0;
+	if (c->large_timer)
+		evtimer_del(c->large_timer);
 }
 
 /* ---- connection lifetime -------------------------------------------- */
@@ -129,6 +132,10 @@ static void conn_close(struct k3_conn *c)
 		return;
 	conn_run_flush(c, false);
 	conn_release_large(c);
+	if (c->large_timer) {
+		event_free(c->large_timer);
+		c->large_timer = NULL;
+	}
 	if (c->hello_timer) {
 		event_free(c->hello_timer);
 		c->hello_timer = NULL;
@@ -388,6 +395,8 @@ static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, con
 	}
 }
 
+static void large_timeout_cb(evutil_socket_t fd, short what, void *arg);
+
 static void conn_read_cb(struct bufferevent *bev, void *arg)
 {
 	struct k3_conn *c = arg;
@@ -434,6 +443,17 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 			}
 			c->large_reserved = h.length;
 			c->srv->large_reserved += h.length;
+			if (!c->large_timer)
+				c->large_timer = evtimer_new(c->srv->base, large_timeout_cb, c);
+			if (c->large_timer) {
+				/* --frame-timeout (default 60 s: 132 MiB at 2.2 MB/s, where a
+				 * local socket moves GB/s): a peer cannot hold its share of
+				 * the large-frame budget by sending half a frame. */
+				double t = c->srv->opts->frame_timeout_s;
+				struct timeval tv = { (time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6) };
+
+				evtimer_add(c->large_timer, &tv);
+			}
 		}
 		if (len < K3_PROTO_HEADER_SIZE || len - K3_PROTO_HEADER_SIZE < h.length)
 			break;   /* wait for the rest; the length is already bounded */
@@ -486,6 +506,17 @@ static void hello_timeout_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd; (void)what;
 	k3_log_info("connection %llu (uid %u pid %d): no HELLO within %d s, closing",
 		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_S);
+	conn_close(c);
+}
+
+static void large_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct k3_conn *c = arg;
+
+	(void)fd; (void)what;
+	k3_log_info("connection %llu (uid %u pid %d): a %u-byte frame did not arrive within %g s "
+		    "(--frame-timeout), closing", (unsigned long long)c->id, (unsigned)c->uid,
+		    (int)c->pid, c->large_reserved, c->srv->opts->frame_timeout_s);
 	conn_close(c);
 }
 

@@ -165,6 +165,26 @@ def test_large_frame_budget(d):
         s.close()
 
 
+def test_frame_timeout(k3d):
+    """Half a large frame cannot hold the large-frame budget forever."""
+    d = Daemon(k3d, "--frame-timeout", "1")
+    try:
+        s = connect(d.sock)
+        s.sendall(frame(T["TOKENIZE"], 10, length=10 << 20) + field(1, "x" * 1000)[:500])
+        s.settimeout(10)
+        t0 = time.time()
+        try:
+            closed = s.recv(64) == b""
+        except OSError:
+            closed = True
+        check(closed and time.time() - t0 < 8, "stalled large frame closed after --frame-timeout")
+        check("--frame-timeout" in d.log_text(), "the close is logged with its reason")
+        r = k3ctl(d.sock, "ping")
+        check(r.returncode == 0, "daemon serves after the timeout")
+    finally:
+        d.stop()
+
+
 def test_garbage_storm(d):
     """Random bytes on many connections: no crash, no fd or memory growth."""
     rng = random.Random(1234)
@@ -371,6 +391,8 @@ def main():
     test_peer_credentials(K3D)
     print("-- test_lifecycle")
     test_lifecycle(K3D)
+    print("-- test_frame_timeout")
+    test_frame_timeout(K3D)
     print("-- test_setup")
     test_setup()
     print("-- test_notify")
