@@ -90,7 +90,9 @@ static const struct {
 	{ "detokenize", "k3ctl detokenize [--model DIR | --vocab FILE] IDS...|-" },
 	{ "render-chat", "k3ctl render-chat FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]" },
 	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify]" },
-	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N]" },
+	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]" },
+	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
+		   "            [--prefetch N|off] [--io-threads N]" },
 };
 
 static int command_help(const char *name)
