@@ -77,6 +77,30 @@ static inline const char *t_shared_path(const char *rel)
 	return out;
 }
 
+/* Reads a whole file into a malloc'ed, NUL-terminated buffer (the NUL is
+ * not counted in *n). Returns NULL (and *n = 0) when it cannot. */
+static inline unsigned char *t_read_file(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	unsigned char *b;
+	long len;
+
+	*n = 0;
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+		fclose(f);
+		return NULL;
+	}
+	b = malloc((size_t)len + 1);
+	if (b) {
+		*n = fread(b, 1, (size_t)len, f);
+		b[*n] = 0;
+	}
+	fclose(f);
+	return b;
+}
+
 /* Call from main() before returning when a prerequisite is missing. */
 static inline int t_skip(const char *why)
 {

@@ -20,23 +20,6 @@ static const char *PFX = "language_model.model.layers.";
 
 static char root[256];
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	unsigned char *b;
-	long len;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	b = malloc((size_t)len + 1);
-	*n = fread(b, 1, (size_t)len, f);
-	fclose(f);
-	return b;
-}
-
 static void spit(const char *path, const void *p, size_t n)
 {
 	FILE *f = fopen(path, "wb");
@@ -69,7 +52,7 @@ static const char *fresh(const char *name)
 	mkdir(dir, 0755);
 	for (size_t i = 0; i < 4; i++) {
 		size_t n;
-		unsigned char *b = slurp(at(src, files[i]), &n);
+		unsigned char *b = t_read_file(at(src, files[i]), &n);
 		if (b)
 			spit(at(dir, files[i]), b, n);
 		free(b);
@@ -81,7 +64,7 @@ static const char *fresh(const char *name)
 static void edit_header(const char *path, void (*edit)(json_t *h))
 {
 	size_t n;
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = t_read_file(path, &n);
 	uint64_t hl = 0;
 
 	for (int i = 7; i >= 0; i--)
@@ -188,7 +171,7 @@ static void set_config(const char *dir, const char *field, json_t *value, bool t
 static long payload_off(const char *path, const char *name)
 {
 	size_t n;
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = t_read_file(path, &n);
 	uint64_t hl = 0;
 
 	for (int i = 7; i >= 0; i--)

@@ -17,25 +17,6 @@
 
 static char root[64];
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	unsigned char *b;
-	long len;
-
-	*n = 0;
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	b = malloc((size_t)len + 1);
-	*n = fread(b, 1, (size_t)len, f);
-	b[*n] = 0;
-	fclose(f);
-	return b;
-}
-
 static const char *sub(const char *name)
 {
 	static char buf[4][256];
@@ -49,7 +30,7 @@ static const char *sub(const char *name)
 static bool same_file(const char *a, const char *b)
 {
 	size_t na, nb;
-	unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+	unsigned char *x = t_read_file(a, &na), *y = t_read_file(b, &nb);
 	bool same = x && y && na == nb && memcmp(x, y, na) == 0;
 
 	free(x);
@@ -141,7 +122,7 @@ static void check_tokenizer(const char *dir, uint32_t vocab)
 	size_t n;
 
 	snprintf(path, sizeof(path), "%s/tiktoken.model", dir);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = t_read_file(path, &n);
 	if (!T_OK(b != NULL))
 		return;
 	uint32_t ranks = vocab - 256, lines = 0;
