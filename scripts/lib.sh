@@ -5,10 +5,12 @@ k3_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Build and runtime packages, all from Debian 12. Installed only when
 # missing, so a machine that has them prints nothing here. chromium is
-# test tooling only: the gateway's CORS test drives it headless.
+# test tooling only: the gateway's CORS test drives it headless; so are the
+# aarch64 cross compiler and qemu-user, which run the NEON kernels tests.
 k3_packages="build-essential meson ninja-build pkg-config \
 libevent-dev libjansson-dev libpcre2-dev libsystemd-dev libssl-dev \
-python3 python3-venv clang systemd curl chromium"
+python3 python3-venv clang systemd curl chromium \
+gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 
 k3_install_deps() {
 	local missing="" p
