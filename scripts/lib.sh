@@ -27,6 +27,34 @@ k3_install_deps() {
 		$missing >/dev/null
 }
 
+# The aarch64 stage (scripts/test-aarch64) needs arm64 builds of the
+# libraries. Installing them adds the arm64 architecture to dpkg, so it is
+# done only when asked: K3_TEST_AARCH64=1 (set by .ci/run).
+k3_arm64_packages="libevent-dev:arm64 libjansson-dev:arm64 libpcre2-dev:arm64 \
+libsystemd-dev:arm64 libssl-dev:arm64"
+
+k3_have_aarch64() {
+	command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 &&
+		command -v qemu-aarch64 >/dev/null 2>&1 &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/jansson.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libevent.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libpcre2-8.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libsystemd.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libcrypto.pc ]
+}
+
+k3_install_arm64_deps() {
+	k3_have_aarch64 && return 0
+	local sudo=""
+	[ "$(id -u)" -ne 0 ] && sudo="sudo"
+	echo "k3d: adding the arm64 architecture to dpkg and installing:" \
+		"$k3_arm64_packages" >&2
+	$sudo dpkg --add-architecture arm64 &&
+		$sudo apt-get update -qq >/dev/null &&
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+			--no-install-recommends $k3_arm64_packages >/dev/null
+}
+
 # k3_build DIR [meson options...]: configure (once) and build quietly; the
 # build's output is shown only when it fails.
 k3_build() {
