@@ -29,15 +29,16 @@ k3_install_deps() {
 
 # The aarch64 stage (scripts/test-aarch64) needs arm64 builds of the
 # libraries. Installing them adds the arm64 architecture to dpkg, so it is
-# done only when asked: K3_TEST_AARCH64=1 (set by .ci/run).
-k3_arm64_packages="libevent-dev:arm64 libjansson-dev:arm64 libpcre2-dev:arm64 \
+# done only when asked: K3_TEST_AARCH64=1 (set by .ci/run). Never
+# libevent-dev:arm64: it is not multi-arch and would remove the native one
+# (the cross build does without libevent: no k3d, no gateway).
+k3_arm64_packages="libjansson-dev:arm64 libpcre2-dev:arm64 \
 libsystemd-dev:arm64 libssl-dev:arm64"
 
 k3_have_aarch64() {
 	command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 &&
 		command -v qemu-aarch64 >/dev/null 2>&1 &&
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/jansson.pc ] &&
-		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libevent.pc ] &&
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libpcre2-8.pc ] &&
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libsystemd.pc ] &&
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libcrypto.pc ]
