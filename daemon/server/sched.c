@@ -93,6 +93,9 @@ struct job {
 	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
 	struct event *publish_timer;    /* PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 	uint32_t n_gen, n_reasoning, n_cached;
+	/* engine thread, read by the loop after MSG_FINISHED (STATUS totals) */
+	uint64_t positions;             /* positions the engine computed */
+	double prefill_s, decode_s, io_wait_s, compute_s;
 	/* set by job_prepare when the request cannot run */
 	uint32_t err_status;            /* enum k3_proto_status; 0 = none */
 	const char *err_param;
@@ -554,6 +557,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 				      pos + c == n ? &out_last : &out_none, &err);
 		if (r < 0)
 			goto out;
+		j->positions += c;
 		trace_routes(s, j, pos, c);
 		pos += c;
 		prefill_end = pos;
@@ -600,6 +604,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
 		if (r < 0)
 			goto out;
+		j->positions++;
 		trace_routes(s, j, n + j->n_gen - 1, 1);
 		if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
 			goto out;
@@ -634,6 +639,10 @@ out:
 		prefill_s = since(&t0);
 		decode_s = 0;
 	}
+	j->prefill_s = prefill_s;
+	j->decode_s = decode_s;
+	j->io_wait_s = (double)xd.io_wait_ns * 1e-9;
+	j->compute_s = prefill_s + decode_s > j->io_wait_s ? prefill_s + decode_s - j->io_wait_s : 0;
 	if (r < 0) {
 		struct k3_msg_error e;
 
@@ -1142,6 +1151,11 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			s->totals.prompt_tokens_total += j->prompt.n;
 			s->totals.completion_tokens_total += j->n_gen;
 			s->totals.reasoning_tokens_total += j->n_reasoning;
+			s->totals.positions_total += j->positions;
+			s->totals.prefill_s_total += j->prefill_s;
+			s->totals.decode_s_total += j->decode_s;
+			s->totals.io_wait_s_total += j->io_wait_s;
+			s->totals.compute_s_total += j->compute_s;
 			if (j->conn && j->done_sent) {
 				struct timeval tv = { PUBLISH_DEADLINE_S, 0 };
 
@@ -1905,6 +1919,12 @@ static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_st
 	r->has_completion_tokens_total = true;
 	r->reasoning_tokens_total = s->totals.reasoning_tokens_total;
 	r->has_reasoning_tokens_total = true;
+	r->positions_total = s->totals.positions_total; r->has_positions_total = true;
+	r->prefill_s_total = s->totals.prefill_s_total; r->has_prefill_s_total = true;
+	r->decode_s_total = s->totals.decode_s_total; r->has_decode_s_total = true;
+	/* honest split of the engine's time (DONE io_wait_s / compute_s, summed) */
+	r->io_wait_s_total = s->totals.io_wait_s_total; r->has_io_wait_s_total = true;
+	r->compute_s_total = s->totals.compute_s_total; r->has_compute_s_total = true;
 	/* s->store is set before MSG_LOADED and never changes; its stats are
 	 * mutex-protected and monotonic since start. */
 	if (s->ready && s->store) {

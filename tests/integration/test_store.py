@@ -193,6 +193,17 @@ def run_case(case):
                 if "prefetch" not in name or "prefetch default" in name or "prefetch auto" in name:
                     check("prefetch auto" in log, f"{case} {name}: prefetch auto is the default")
                 total_read = 0
+                sums = {"positions": 0, "io_wait": 0.0, "compute": 0.0, "prefill": 0.0, "decode": 0.0}
+
+                def account(done):
+                    # positions the engine computed: uncached prompt + one per
+                    # generated token but the last (it is never fed back)
+                    pt, ct, cached = (struct.unpack("<I", done[t][0])[0] if t in done else 0 for t in (2, 3, 5))
+                    sums["positions"] += pt - cached + max(ct - 1, 0)
+                    sums["io_wait"] += f64(done, 17)
+                    sums["compute"] += f64(done, 18)
+                    sums["prefill"] += f64(done, 7)
+                    sums["decode"] += f64(done, 8)
                 for prompt, want in goldens:
                     got, done = generate(d.sock, prompt, len(want))
                     check(got == want, f"{case} {name}: greedy {got} == golden {want}")
@@ -207,6 +218,7 @@ def run_case(case):
                     check(iow is not None and comp is not None and iow >= 0 and comp >= 0,
                           f"{case} {name}: io_wait_s / compute_s")
                     total_read += u64(done, 11)
+                    account(done)
                     check(u64(done, 20) is not None and u64(done, 20) <= u64(done, 11),
                           f"{case} {name}: prefetch bytes are part of the bytes read")
                     if "prefetch off" in name:
@@ -218,6 +230,7 @@ def run_case(case):
                 got, done = generate(d.sock, prompt, len(want))
                 check(got == want, f"{case} {name}: repeat greedy")
                 total_read += u64(done, 11)
+                account(done)
                 if name.startswith("unlimited"):
                     check(u64(done, 11) == 0 and u64(done, 13) == 0 and u64(done, 12) > 0,
                           f"{case} {name}: warm repeat reads 0 bytes, all hits "
@@ -239,6 +252,13 @@ def run_case(case):
                     check(sj.get("prefetch_issued", 0) > 0, f"{case} {name}: lookahead prefetched")
                 check(sj.get("expert_bytes_read") == total_read,
                       f"{case} {name}: STATUS bytes {sj.get('expert_bytes_read')} == sum of DONE {total_read}")
+                check(sj.get("positions_total") == sums["positions"],
+                      f"{case} {name}: STATUS positions {sj.get('positions_total')} == {sums['positions']}")
+                for key, tot in (("io_wait_s_total", "io_wait"), ("compute_s_total", "compute")):
+                    check(abs(sj.get(key, -1) - sums[tot]) < 1e-6,
+                          f"{case} {name}: STATUS {key} {sj.get(key)} == sum of DONE {sums[tot]}")
+                check("per token:" in txt and "engine time:" in txt,
+                      f"{case} {name}: k3ctl status shows bytes per token and the time split: {txt}")
             finally:
                 d.stop()
             rs = routes(trace)
