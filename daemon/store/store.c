@@ -970,6 +970,8 @@ void k3_store_info_get(struct k3_store *s, struct k3_store_info *info)
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		info->resident += s->slots[i].state != SLOT_FREE;
 		info->pinned += s->slots[i].pins > 0;
+		if (s->slots[i].prefetched && s->slots[i].state == SLOT_READY)
+			info->prefetch_unused_bytes += s->slots[i].read_bytes;
 	}
 	pthread_mutex_unlock(&s->mu);
 	for (uint32_t f = 0; f < k3_store_source_file_count(s->src); f++) {

@@ -134,6 +134,9 @@ struct k3_store_info {
 	uint32_t pinned;
 	uint32_t files_direct, files_buffered;
 	unsigned io_threads;
+	/* Bytes read by prefetch, resident and not used (yet): waste if they
+	 * are evicted unused (then counted in prefetch_wasted_bytes). */
+	uint64_t prefetch_unused_bytes;
 };
 
 struct k3_store;
