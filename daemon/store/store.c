@@ -54,8 +54,7 @@ struct pending_guess {
 
 enum {
 	PENDING_MAX = 64,        /* guesses scored per layer and lookahead */
-	GATE_PRIOR_N = 8,        /* the gate's prior: 8 guesses ... */
-	GATE_PRIOR_HITS = 4,     /* ... of which 4 right (50%) */
+	GATE_PRIOR_N = 4,        /* the gate's priors weigh as 4 guesses */
 	GATE_WINDOW = 512,       /* counts halve here: the estimate follows the workload */
 };
 
@@ -86,6 +85,7 @@ struct k3_store {
 	struct pending_guess *pend;    /* [n_layers][PENDING_MAX] */
 	uint32_t *n_pend;              /* [n_layers] */
 	uint32_t *gate_n, *gate_hit;   /* [n_layers][K3_STORE_GUESS_RANKS], windowed */
+	uint64_t rank_n[K3_STORE_GUESS_RANKS], rank_hit[K3_STORE_GUESS_RANKS];   /* their sums over layers */
 	uint64_t rank_scored[K3_STORE_GUESS_RANKS], rank_right[K3_STORE_GUESS_RANKS];
 	double min_precision;
 };
@@ -576,12 +576,17 @@ static void score_layer(struct k3_store *s, uint32_t layer, uint64_t gen)
 		bool right = i >= 0 && s->slots[i].acq_gen == gen;
 		uint32_t *n = gate_cell(s->gate_n, layer, pg[k].rank);
 		uint32_t *h = gate_cell(s->gate_hit, layer, pg[k].rank);
+		uint32_t r = pg[k].rank;
 		if (*n >= GATE_WINDOW) {
+			s->rank_n[r] -= *n - (*n >> 1);
+			s->rank_hit[r] -= *h - (*h >> 1);
 			*n >>= 1;
 			*h >>= 1;
 		}
 		++*n;
 		*h += right;
+		s->rank_n[r]++;
+		s->rank_hit[r] += right;
 		s->st.guesses_scored++;
 		s->st.guesses_right += right;
 		s->rank_scored[pg[k].rank]++;
@@ -591,16 +596,27 @@ static void score_layer(struct k3_store *s, uint32_t layer, uint64_t gen)
 }
 
 /* The gate of "--prefetch auto": rank `rank` of `layer` is read ahead only
- * while its estimated precision, (right + 4) / (scored + 8), is at least
- * the threshold. */
+ * while its estimated precision is at least the threshold. The estimate
+ * shrinks the layer's own record towards the rank's record over all layers,
+ * which itself starts at 50%:
+ *
+ *   pooled = (right_all + 2) / (scored_all + 4)
+ *   p      = (right + 4 pooled) / (scored + 4)
+ *
+ * so nothing is read ahead before the first guesses were scored, a model
+ * with many MoE layers learns a rank in a token or two, and a layer whose
+ * guesses are worse than the others' (the first MoE layer, guessed from
+ * the embedding) closes on its own record within a few tokens. */
 static bool gate_open(const struct k3_store *s, uint32_t layer, uint32_t rank)
 {
 	if (!s->cfg.prefetch_auto)
 		return true;
 	if (layer >= s->n_layers || rank >= K3_STORE_GUESS_RANKS)
 		return false;
+	double pooled = ((double)s->rank_hit[rank] + GATE_PRIOR_N * 0.5) /
+			((double)s->rank_n[rank] + GATE_PRIOR_N);
 	double n = *gate_cell(s->gate_n, layer, rank), h = *gate_cell(s->gate_hit, layer, rank);
-	return (h + GATE_PRIOR_HITS) / (n + GATE_PRIOR_N) >= s->min_precision;
+	return (h + GATE_PRIOR_N * pooled) / (n + GATE_PRIOR_N) >= s->min_precision;
 }
 
 int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts,

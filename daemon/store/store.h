@@ -68,9 +68,10 @@ struct k3_store_config {
 	/* The precision gate ("--prefetch auto"). false: every guess offered
 	 * is read (within prefetch_slots). true: a guess of rank r for layer L
 	 * is read only while the measured precision of rank r at layer L (the
-	 * share of such guesses, issued or not, that L's real routing then
-	 * chose; with a prior of 8 guesses at 50%, so the first tokens read
-	 * nothing ahead) is at least prefetch_min_precision. */
+	 * share of such guesses, read or not, that L's real routing then
+	 * chose, shrunk towards rank r's precision over all layers, which
+	 * starts at 50%: nothing is read ahead before guesses were scored) is
+	 * at least prefetch_min_precision. */
 	bool prefetch_auto;
 	double prefetch_min_precision;   /* 0 = K3_STORE_PREFETCH_MIN_PRECISION */
 	/* Touch every page of every slot at creation, so a budget the machine

@@ -380,8 +380,9 @@ static void test_prefetch_cold_end(struct k3_store_source *src, enum k3_store_po
 
 /* --prefetch auto: guesses are scored against the real routing whether or
  * not they are read; a rank is read ahead only once its estimated precision
- * (right + 4) / (scored + 8) reaches the gate; a rank that keeps missing
- * stays closed. */
+ * reaches the gate (one layer here, so the pooled record is the layer's:
+ * pooled = (n + 2) / (n + 4), p = (n + 4 pooled) / (n + 4) after n right
+ * guesses); a rank that keeps missing stays closed. */
 static void test_prefetch_gate(struct k3_store_source *src)
 {
 	struct k3_store_config cfg = {
@@ -419,14 +420,14 @@ static void test_prefetch_gate(struct k3_store_source *src)
 		T_EQ_INT(k3_store_acquire(s, 1, &a, 1, v, &err), 0);
 		k3_store_release(s, v, 1);
 	}
-	/* (n + 4) / (n + 8) >= 0.75 from n = 8 right guesses on: round 9. */
-	T_EQ_U64(issued_at, 9);
+	/* n = 1: p = 0.68; n = 2: p = 0.78 >= 0.75: round 3. */
+	T_EQ_U64(issued_at, 3);
 	k3_store_stats_get(s, &st);
 	T_EQ_U64(st.guesses_scored, 48);
 	T_EQ_U64(st.guesses_right, 24);
-	T_EQ_U64(st.prefetch_issued, 24 - 8);
-	T_EQ_U64(st.prefetch_used, 24 - 8);
-	T_EQ_U64(st.prefetch_skipped, 8 + 24);
+	T_EQ_U64(st.prefetch_issued, 24 - 2);
+	T_EQ_U64(st.prefetch_used, 24 - 2);
+	T_EQ_U64(st.prefetch_skipped, 2 + 24);
 	T_EQ_U64(st.prefetch_wasted_bytes, 0);
 	k3_store_guess_table(s, scored, right);
 	T_EQ_U64(scored[0], 24);
@@ -443,6 +444,32 @@ static void test_prefetch_gate(struct k3_store_source *src)
 	k3_store_release(s, v, 1);
 	k3_store_stats_get(s, &st);
 	T_EQ_U64(st.guesses_scored, 48);
+	k3_store_free(s);
+
+	/* Two layers, one rank: layer 1's guesses are always right, layer 2's
+	 * always wrong. The pooled record is half right; layer 2 stays closed
+	 * on its own record, layer 1 opens on its own. */
+	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+	if (!s)
+		return;
+	size_t l1 = 0, l2 = 0;
+	for (size_t round = 0; round < 16; round++) {
+		uint32_t a = round % 2 ? 0 : 3, x = round % 2 ? 6 : 9, y = 12;
+		for (uint32_t e = 0; e < 6; e++)
+			touch(s, 3, e * 3);
+		k3_store_step_begin(s);
+		l1 += k3_store_prefetch(s, 1, &a, 1);
+		l2 += k3_store_prefetch(s, 2, &x, 1);
+		k3_store_drain(s);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 1, &a, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 2, &y, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+	}
+	T_OK(l1 >= 10);
+	T_EQ_U64(l2, 0);
 	k3_store_free(s);
 
 	/* Gate outside [0, 1] is refused. */
