@@ -253,13 +253,12 @@ static void *disk_worker(void *arg)
 	return NULL;
 }
 
-static const struct k3_store_source *sort_src;
-
-static int cmp_offset(const void *a, const void *b)
+static int cmp_offset(const void *a, const void *b, void *ctx)
 {
+	const struct k3_store_source *src = ctx;
 	struct k3_store_plan x, y;
-	k3_store_source_plan(sort_src, *(const size_t *)a, &x);
-	k3_store_source_plan(sort_src, *(const size_t *)b, &y);
+	k3_store_source_plan(src, *(const size_t *)a, &x);
+	k3_store_source_plan(src, *(const size_t *)b, &y);
 	if (x.read[0].file != y.read[0].file)
 		return x.read[0].file < y.read[0].file ? -1 : 1;
 	return x.read[0].offset < y.read[0].offset ? -1 : x.read[0].offset > y.read[0].offset;
@@ -296,8 +295,7 @@ static double disk_bandwidth(const struct probe *p, const struct k3_store_source
 			if (!dup && n < cap)
 				order[n++] = idx;
 		}
-		sort_src = dsrc;
-		qsort(order + g0, n - g0, sizeof(*order), cmp_offset);
+		qsort_r(order + g0, n - g0, sizeof(*order), cmp_offset, (void *)dsrc);
 		if (n == g0 || n >= cap)
 			break;
 	}
