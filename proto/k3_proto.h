@@ -195,7 +195,10 @@ enum k3_proto_state {
 	F(m, 22, F64, prefill_s_total, 0, 0) \
 	F(m, 23, F64, decode_s_total, 0, 0) \
 	F(m, 24, U64, reasoning_tokens_total, 0, 0) \
-	F(m, 25, U64, prefetch_issued_bytes, 0, 0)
+	F(m, 25, U64, prefetch_issued_bytes, 0, 0) \
+	F(m, 26, F64, io_wait_s_total, 0, 0) \
+	F(m, 27, F64, compute_s_total, 0, 0) \
+	F(m, 28, U64, positions_total, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \

@@ -658,11 +658,17 @@ static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 		break;
 	case K_METRICS: {
 		struct k3_msg_status st = { 0 };
+		struct timeval tv = { (time_t)r->g->cfg.daemon_timeout_s, 0 };
 
 		if (gw_daemon_send(r->d, K3_MSG_STATUS, RID_STATUS, &st) < 0) {
 			metrics_reply(r, NULL);
 			daemon_close(r);
+			break;
 		}
+		/* A k3d that took the connection and answered HELLO but never
+		 * answers STATUS must not hold the scrape forever: timer_cb. */
+		event_del(r->timer);
+		event_add(r->timer, &tv);
 		break;
 	}
 	case K_MODELS:
@@ -704,6 +710,7 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 		break;
 	case K3_MSG_STATUS_REPLY:
 		if (r->kind == K_METRICS) {
+			event_del(r->timer);
 			metrics_reply(r, &b->status_reply);
 			daemon_close(r);
 		}
@@ -873,6 +880,16 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct gw_req *r = arg;
 
+	if (r->req && r->kind == K_METRICS) {
+		/* STATUS sent after the handshake, no STATUS_REPLY in time. */
+		send_error(r, 503, "server_error", NULL, "daemon_timeout",
+			   "k3d answered HELLO but not STATUS within %u s (--daemon-timeout): it may be "
+			   "stuck.",
+			   r->g->cfg.daemon_timeout_s);
+		daemon_close(r);
+		req_maybe_free(r);
+		return;
+	}
 	if (r->req) {
 		keepalive_cb(fd, what, arg);
 		return;

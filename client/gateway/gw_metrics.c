@@ -6,6 +6,8 @@
  */
 #include "gw.h"
 
+#include <stdbool.h>
+
 #include <event2/buffer.h>
 
 #include "k3_proto.h"
@@ -23,6 +25,66 @@ void gw_metrics_count(struct gw_metrics *m, enum gw_ep_metric ep, int status)
 			return;
 		}
 	}
+}
+
+static void counter_u64(struct evbuffer *out, const char *name, const char *help, bool has, uint64_t v)
+{
+	if (has)
+		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
+				    name, (unsigned long long)v);
+}
+
+static void counter_f64(struct evbuffer *out, const char *name, const char *help, bool has, double v)
+{
+	if (has)
+		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %.6f\n", name, help, name,
+				    name, v);
+}
+
+/* The expert store's counters since k3d started (docs/store.md "Counters";
+ * present only when k3d streams the model's experts). Per-token and
+ * per-second figures are rate() of these in PromQL; the one gauge is the
+ * lifetime bytes read per computed token. */
+static void render_expert(const struct k3_msg_status_reply *st, struct evbuffer *out)
+{
+	counter_u64(out, "k3_expert_bytes_read_total",
+		    "Expert bytes read from storage (O_DIRECT alignment included): the ground truth.",
+		    st->has_expert_bytes_read, st->expert_bytes_read);
+	counter_u64(out, "k3_expert_positions_total",
+		    "Token positions the engine computed (uncached prompt positions plus decode steps).",
+		    st->has_positions_total, st->positions_total);
+	if (st->has_positions_total)
+		evbuffer_add_printf(out,
+			"# HELP k3_expert_bytes_read_per_token Expert bytes read / positions computed, since k3d started.\n"
+			"# TYPE k3_expert_bytes_read_per_token gauge\n"
+			"k3_expert_bytes_read_per_token %.1f\n",
+			st->positions_total ? (double)st->expert_bytes_read / (double)st->positions_total : 0.0);
+	counter_u64(out, "k3_expert_demand_hits_total",
+		    "Routed experts found resident, not read for the same step (once per expert per step).",
+		    st->has_expert_hits, st->expert_hits);
+	counter_u64(out, "k3_expert_demand_misses_total",
+		    "Routed experts that had to be read (a prefetch for the same step counts here).",
+		    st->has_expert_misses, st->expert_misses);
+	counter_u64(out, "k3_expert_prefetch_issued_total", "Prefetch (router lookahead) reads started.",
+		    st->has_prefetch_issued, st->prefetch_issued);
+	counter_u64(out, "k3_expert_prefetch_issued_bytes_total",
+		    "Bytes of prefetch reads (part of k3_expert_bytes_read_total).",
+		    st->has_prefetch_issued_bytes, st->prefetch_issued_bytes);
+	counter_u64(out, "k3_expert_prefetch_used_total", "Prefetched experts used by a later step.",
+		    st->has_prefetch_used, st->prefetch_used);
+	counter_u64(out, "k3_expert_prefetch_wasted_bytes_total",
+		    "Bytes of prefetched experts evicted unused.",
+		    st->has_prefetch_wasted_bytes, st->prefetch_wasted_bytes);
+	counter_f64(out, "k3_expert_io_wait_seconds_total",
+		    "Time generations waited for expert reads.", st->has_io_wait_s_total, st->io_wait_s_total);
+	counter_f64(out, "k3_expert_compute_seconds_total",
+		    "Time generations spent on everything but waiting for expert reads.",
+		    st->has_compute_s_total, st->compute_s_total);
+	if (st->has_expert_cache_bytes)
+		evbuffer_add_printf(out,
+			"# HELP k3_expert_cache_bytes Size of k3d's RAM expert cache.\n"
+			"# TYPE k3_expert_cache_bytes gauge\n"
+			"k3_expert_cache_bytes %llu\n", (unsigned long long)st->expert_cache_bytes);
 }
 
 void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_reply *st,
@@ -90,4 +152,6 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		st->state, st->queued, st->running, (unsigned long long)st->expert_bytes_read,
 		lookups ? (double)st->expert_hits / (double)lookups : 0.0, st->prefill_s_total,
 		st->decode_s_total);
+	if (st->has_expert_bytes_read)
+		render_expert(st, out);
 }

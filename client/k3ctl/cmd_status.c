@@ -72,6 +72,12 @@ int k3ctl_cmd_status(int argc, char **argv)
 		if (s->has_expert_cache_bytes)
 			json_object_set_new(o, "expert_cache_bytes",
 					    json_integer((json_int_t)s->expert_cache_bytes));
+		if (s->has_positions_total)
+			json_object_set_new(o, "positions_total", json_integer((json_int_t)s->positions_total));
+		if (s->has_io_wait_s_total)
+			json_object_set_new(o, "io_wait_s_total", json_real(s->io_wait_s_total));
+		if (s->has_compute_s_total)
+			json_object_set_new(o, "compute_s_total", json_real(s->compute_s_total));
 		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		puts(text ? text : "{}");
 		free(text);
@@ -107,6 +113,13 @@ int k3ctl_cmd_status(int argc, char **argv)
 			       (unsigned long long)s->prefetch_wasted_bytes);
 		if (s->has_expert_cache_bytes)
 			printf("expert cache: %.3f GB\n", (double)s->expert_cache_bytes / 1e9);
+		if (s->has_expert_bytes_read && s->has_positions_total && s->positions_total)
+			printf("per token:   %.0f expert bytes read over %llu positions computed\n",
+			       (double)s->expert_bytes_read / (double)s->positions_total,
+			       (unsigned long long)s->positions_total);
+		if (s->has_io_wait_s_total && s->has_compute_s_total)
+			printf("engine time: %.3f s waiting for expert reads, %.3f s computing\n",
+			       s->io_wait_s_total, s->compute_s_total);
 	}
 	k3ctl_client_close(&c);
 	return K3CTL_EXIT_OK;

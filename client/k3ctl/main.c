@@ -92,7 +92,8 @@ static const struct {
 	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify]" },
 	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]" },
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
-		   "            [--prefetch N|off] [--io-threads N]" },
+		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
+		   "            [--io-threads N] [--disk-mib M] [--disk-samples N]" },
 };
 
 static int command_help(const char *name)

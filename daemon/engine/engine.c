@@ -41,6 +41,7 @@ struct k3_engine {
 	uint32_t *pids;              /* [chunk][K] predicted ids */
 	float *pw;                   /* [chunk][K] */
 	uint32_t *guess;             /* [chunk][K] deduplicated guesses */
+	uint32_t *guess_rank;        /* [chunk][K] each guess's rank (0 = most confident) */
 };
 
 struct k3_engine_seq {
@@ -241,6 +242,7 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->pids);
 	free(e->pw);
 	free(e->guess);
+	free(e->guess_rank);
 	free(e->lw);
 	free(e);
 }
@@ -328,8 +330,9 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->pids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pids));
 	e->pw = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pw));
 	e->guess = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess));
+	e->guess_rank = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess_rank));
 	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->ids && e->w &&
-	      e->spans && e->stamp && e->pids && e->pw && e->guess) ? 0 : -ENOMEM;
+	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank) ? 0 : -ENOMEM;
 	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
 		if (!(e->pool[i] = malloc(rowb)))
 			rc = -ENOMEM;
@@ -530,11 +533,12 @@ static void lookahead(struct k3_engine *e, uint32_t next, uint32_t nB, uint32_t 
 			uint32_t id = e->pids[(size_t)t * K + k];
 			if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
 				e->stamp[id] = e->stamp_gen;
+				e->guess_rank[ng] = k;
 				e->guess[ng++] = id;
 			}
 		}
 	if (ng)
-		e->src.prefetch(e->src.ctx, next, e->guess, ng);
+		e->src.prefetch(e->src.ctx, next, e->guess, e->guess_rank, ng, n);
 }
 
 /* The routed path of MoE layer l for n positions: router, expert spans

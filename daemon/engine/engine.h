@@ -79,8 +79,12 @@ struct k3_expert_source {
 	 * position; and after the embedding, the first MoE layer's router on
 	 * it (so its reads overlap the dense layers before it). Guesses only:
 	 * the ids that run always come from the real router at that layer.
+	 * ranks[i] is ids[i]'s rank in the router order of the first position
+	 * that predicted it (0 = most confident); positions = how many
+	 * positions the guesses were pooled from (1 in decode).
 	 */
-	void (*prefetch)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n);
+	void (*prefetch)(void *ctx, uint32_t layer, const uint32_t *ids, const uint32_t *ranks,
+			 size_t n, uint32_t positions);
 	uint32_t prefetch_max;       /* guesses per position; 0 = top_k */
 };
 

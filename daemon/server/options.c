@@ -33,8 +33,12 @@ static const char usage[] =
 	"                       auto = min(RAM, cgroup limit) - spine - state - headroom);\n"
 	"                       refused below what one token needs\n"
 	"  --io-threads N       expert reader threads (default 2, at most 16)\n"
-	"  --prefetch N|off     router-lookahead guesses per position (default: half\n"
-	"                       the model's top-k, 8 on K3)\n"
+	"  --prefetch auto|N|off  router-lookahead prefetch: auto (default) reads a\n"
+	"                       guess rank ahead only while its measured precision is\n"
+	"                       >= 0.9; N reads the N best guesses per position\n"
+	"  --direct auto|on|off expert reads with O_DIRECT: auto (default) where the\n"
+	"                       file system allows it; on = required (refuse to start\n"
+	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
@@ -95,7 +99,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -111,6 +115,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "prefetch", required_argument, NULL, O_PREFETCH },
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
+		{ "direct", required_argument, NULL, O_DIRECT },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -188,10 +193,21 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				opts->prefetch = 0;
 				break;
 			}
+			if (strcmp(optarg, "auto") == 0) {
+				opts->prefetch = -1;
+				break;
+			}
 			if ((r = k3_parse_u64(optarg, 0, K3_OPTIONS_PREFETCH_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--prefetch (a count or 'off')");
+				return k3_err_prefix(err, "--prefetch ('auto', a count or 'off')");
 			opts->prefetch = (int)v;
 			break;
+		case O_DIRECT: {
+			enum k3_store_direct d;
+			if ((r = k3_store_direct_parse(optarg, &d, err)) < 0)
+				return k3_err_prefix(err, "--direct");
+			opts->direct = (int)d;
+			break;
+		}
 		case O_TRACE:
 			if (!optarg[0])
 				return k3_err_set(err, -EINVAL, "--router-trace: empty path");
@@ -261,13 +277,14 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(cache, sizeof(cache), "auto");
 	char pf[32];
 	if (opts->prefetch < 0)
-		snprintf(pf, sizeof(pf), "half-top-k");
+		snprintf(pf, sizeof(pf), "auto");
 	else if (opts->prefetch == 0)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s router-trace=%s packs=%s",
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
+		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
 }

@@ -31,15 +31,17 @@ struct k3_options {
 	uint64_t expert_cache_bytes;  /* --expert-cache-gb: 0 = auto (store_budget.h) */
 	unsigned io_threads;          /* --io-threads: reader threads, 0 = default (2) */
 	int prefetch;                 /* --prefetch: lookahead guesses per position;
-				       * 0 = off, -1 = default (half the model's top-k) */
+				       * 0 = off, -1 = auto (the default: every rank
+				       * whose measured precision passes the gate) */
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
 	bool no_packs;                /* --no-packs: read experts from the shards */
+	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 };
 
-/* The default lookahead is the most confident half of the next MoE layer's
- * predicted experts per position (8 of K3's top-16): the first guesses are
- * the precise ones, and every wrong guess costs a read (docs/store.md,
- * "Prefetch", measured). */
+/* --prefetch N: at most this many guesses per position. The default, auto,
+ * offers every rank of the next MoE layer's predicted experts and the store
+ * reads a rank ahead only while its measured precision is >= 0.9: every
+ * wrong guess costs a read (docs/store.md, "Prefetch", measured). */
 enum { K3_OPTIONS_PREFETCH_MAX = 64 };
 
 /*

@@ -93,6 +93,9 @@ struct job {
 	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
 	struct event *publish_timer;    /* PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 	uint32_t n_gen, n_reasoning, n_cached;
+	/* engine thread, read by the loop after MSG_FINISHED (STATUS totals) */
+	uint64_t positions;             /* positions the engine computed */
+	double prefill_s, decode_s, io_wait_s, compute_s;
 	/* set by job_prepare when the request cannot run */
 	uint32_t err_status;            /* enum k3_proto_status; 0 = none */
 	const char *err_param;
@@ -554,6 +557,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 				      pos + c == n ? &out_last : &out_none, &err);
 		if (r < 0)
 			goto out;
+		j->positions += c;
 		trace_routes(s, j, pos, c);
 		pos += c;
 		prefill_end = pos;
@@ -600,6 +604,7 @@ static void run_job(struct k3_sched *s, struct job *j)
 		r = k3_engine_forward(s->engine, seq, (const int32_t *)&tok, 1, &out_last, &err);
 		if (r < 0)
 			goto out;
+		j->positions++;
 		trace_routes(s, j, n + j->n_gen - 1, 1);
 		if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
 			goto out;
@@ -634,6 +639,10 @@ out:
 		prefill_s = since(&t0);
 		decode_s = 0;
 	}
+	j->prefill_s = prefill_s;
+	j->decode_s = decode_s;
+	j->io_wait_s = (double)xd.io_wait_ns * 1e-9;
+	j->compute_s = prefill_s + decode_s > j->io_wait_s ? prefill_s + decode_s - j->io_wait_s : 0;
 	if (r < 0) {
 		struct k3_msg_error e;
 
@@ -716,6 +725,15 @@ static uint64_t expert_tensor_bytes(const struct k3_model *m)
 	return sum;
 }
 
+/* The first expert file read without O_DIRECT (for the log). */
+static uint32_t first_buffered(const struct k3_store_source *src)
+{
+	for (uint32_t f = 0; f < k3_store_source_file_count(src); f++)
+		if (!k3_store_source_file_direct(src, f))
+			return f;
+	return 0;
+}
+
 /* Per-request state the budget reserves besides the cache: MLA caches and
  * KDA states of one sequence plus activations (small next to the experts at
  * every scale this build serves; a long-context K3 request needs more and
@@ -754,14 +772,16 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
 	memset(&rep, 0, sizeof(rep));
 	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
-	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL, K3_STORE_DIRECT_AUTO,
-				       &s->xsrc, &rep, err);
+	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL,
+				       (enum k3_store_direct)o->direct, &s->xsrc, &rep, err);
 	if (r == -ENOTSUP) {
 		k3_log_warning("expert store off: %s; routed experts come from the mmapped shards", err->msg);
 		err->code = 0;
 		err->msg[0] = '\0';
 		return 0;
 	}
+	if (r == -EMEDIUMTYPE)   /* --direct on, and the file system refuses O_DIRECT */
+		return k3_err_prefix(err, "--direct on");
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");
 	if (o->no_packs)
@@ -797,13 +817,15 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
 	if (cache < b.floor_bytes)
 		cache = b.floor_bytes;
-	int prefetch = o->prefetch >= 0 ? o->prefetch
-		       : (int)(mc->num_experts_per_token / 2 ? mc->num_experts_per_token / 2 : 1);
+	/* auto: every rank is offered, the store's precision gate decides. */
+	bool pf_auto = o->prefetch < 0;
+	int prefetch = pf_auto ? (int)mc->num_experts_per_token : o->prefetch;
 	struct k3_store_config cfg = {
 		.cache_bytes = cache,
 		.io_threads = o->io_threads,
 		.policy = K3_STORE_POLICY_FREQ,
 		.prefetch_slots = prefetch ? -1 : 0,
+		.prefetch_auto = pf_auto,
 		.check_scales = true,
 	};
 	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
@@ -815,14 +837,29 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	k3_store_engine_src_init(&s->xctx, s->store, &es);
 	k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch, &es);
 	k3_engine_set_expert_source(s->engine, &es);
+	char pfs[96];
+	if (pf_auto)
+		snprintf(pfs, sizeof(pfs), "auto (a rank is read ahead while its precision >= %.2f)",
+			 K3_STORE_PREFETCH_MIN_PRECISION);
+	else if (prefetch)
+		snprintf(pfs, sizeof(pfs), "%d guesses per position", prefetch);
+	else
+		snprintf(pfs, sizeof(pfs), "off");
 	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; limit %.1f GB%s, "
-		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; "
-		    "%u files O_DIRECT, %u buffered; prefetch %d guesses per position",
+		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; prefetch %s",
 		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
 		    o->expert_cache_bytes ? "--expert-cache-gb" : "auto", (double)b.limit_bytes / 1e9,
 		    b.limited_by_cgroup ? " by cgroup" : "", (double)bi.spine_bytes / 1e9,
-		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads,
-		    info.files_direct, info.files_buffered, prefetch);
+		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
+	if (info.files_buffered && o->direct == K3_STORE_DIRECT_AUTO)
+		k3_log_warning("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
+			       " (--direct auto: the file system refused O_DIRECT for %s)",
+			       info.files_direct, info.files_buffered,
+			       k3_store_source_file_path(s->xsrc, first_buffered(s->xsrc)));
+	else
+		k3_log_info("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
+			    " (--direct %s)", info.files_direct, info.files_buffered,
+			    k3_store_direct_name((enum k3_store_direct)o->direct));
 	return 0;
 }
 
@@ -1114,6 +1151,11 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			s->totals.prompt_tokens_total += j->prompt.n;
 			s->totals.completion_tokens_total += j->n_gen;
 			s->totals.reasoning_tokens_total += j->n_reasoning;
+			s->totals.positions_total += j->positions;
+			s->totals.prefill_s_total += j->prefill_s;
+			s->totals.decode_s_total += j->decode_s;
+			s->totals.io_wait_s_total += j->io_wait_s;
+			s->totals.compute_s_total += j->compute_s;
 			if (j->conn && j->done_sent) {
 				struct timeval tv = { PUBLISH_DEADLINE_S, 0 };
 
@@ -1877,6 +1919,12 @@ static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_st
 	r->has_completion_tokens_total = true;
 	r->reasoning_tokens_total = s->totals.reasoning_tokens_total;
 	r->has_reasoning_tokens_total = true;
+	r->positions_total = s->totals.positions_total; r->has_positions_total = true;
+	r->prefill_s_total = s->totals.prefill_s_total; r->has_prefill_s_total = true;
+	r->decode_s_total = s->totals.decode_s_total; r->has_decode_s_total = true;
+	/* honest split of the engine's time (DONE io_wait_s / compute_s, summed) */
+	r->io_wait_s_total = s->totals.io_wait_s_total; r->has_io_wait_s_total = true;
+	r->compute_s_total = s->totals.compute_s_total; r->has_compute_s_total = true;
 	/* s->store is set before MSG_LOADED and never changes; its stats are
 	 * mutex-protected and monotonic since start. */
 	if (s->ready && s->store) {

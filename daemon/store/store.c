@@ -27,6 +27,8 @@ struct slot {
 	unsigned pins;
 	bool demand;             /* queued as demand (else prefetch) */
 	bool prefetched;         /* loaded by a prefetch not yet credited or wasted */
+	bool missed;             /* prefetched, and its layer's real routing did not choose
+				  * it: the cold end, evicted before anything else */
 	uint64_t prefetch_step;  /* step the prefetch was submitted in */
 	uint64_t last_use;       /* tick of the last acquire */
 	uint64_t read_bytes;     /* bytes its read cost */
@@ -42,6 +44,18 @@ struct slot {
 struct queue {
 	int32_t head, tail;
 	uint32_t len;
+};
+
+/* A lookahead guess waiting for its layer's real routing to be scored. */
+struct pending_guess {
+	int64_t ex;
+	uint32_t rank;
+};
+
+enum {
+	PENDING_MAX = 64,        /* guesses scored per layer and lookahead */
+	GATE_PRIOR_N = 4,        /* the gate's priors weigh as 4 guesses */
+	GATE_WINDOW = 512,       /* counts halve here: the estimate follows the workload */
 };
 
 struct k3_store {
@@ -66,6 +80,14 @@ struct k3_store {
 	uint64_t step, tick, acq_gen;
 	uint64_t last_exit_ns;
 	struct k3_store_stats st;
+	/* Lookahead scoring and the precision gate, per source layer id. */
+	uint32_t n_layers;             /* largest layer id + 1 */
+	struct pending_guess *pend;    /* [n_layers][PENDING_MAX] */
+	uint32_t *n_pend;              /* [n_layers] */
+	uint32_t *gate_n, *gate_hit;   /* [n_layers][K3_STORE_GUESS_RANKS], windowed */
+	uint64_t rank_n[K3_STORE_GUESS_RANKS], rank_hit[K3_STORE_GUESS_RANKS];   /* their sums over layers */
+	uint64_t rank_scored[K3_STORE_GUESS_RANKS], rank_right[K3_STORE_GUESS_RANKS];
+	double min_precision;
 };
 
 static uint64_t now_ns(void)
@@ -134,6 +156,7 @@ static void slot_drop(struct k3_store *s, int32_t i, bool eviction)
 		sl->prefetched = false;
 		s->prefetch_outstanding--;
 	}
+	sl->missed = false;
 	if (eviction && sl->state == SLOT_READY)
 		s->st.evictions++;
 	s->slot_of[sl->ex] = -1;
@@ -144,26 +167,47 @@ static void slot_drop(struct k3_store *s, int32_t i, bool eviction)
 }
 
 /* The eviction choice among READY/ERROR unpinned slots; -1 if none.
- * protect_prefetch: do not pick uncredited prefetches (a guess must not
- * evict another guess). */
-static int32_t pick_victim(struct k3_store *s, bool protect_prefetch)
+ *
+ * Guesses read ahead and not (yet) used are the cold end: a demand read
+ * takes the oldest of them before anything a demand read brought in, so a
+ * wrong guess never costs a useful expert (the guess's own read is the
+ * whole price of the mistake, counted as prefetch_wasted_bytes).
+ *
+ * for_prefetch (a guess needs a slot): an unresolved guess is never taken
+ * (a guess must not evict another guess), nor any expert of `layer`, the
+ * layer being guessed (its real routing may need it: evicting it would
+ * turn a hit into a read). */
+static int32_t pick_victim(struct k3_store *s, bool for_prefetch, uint32_t layer)
 {
 	/* FREQ: the quarter of the cache acquired most recently is protected
 	 * (token-to-token reuse); outside it the fewest decayed uses go
 	 * first, then the least recent. docs/store.md has the measurements. */
 	uint64_t window = s->n_slots / 4;
-	int32_t best = -1;
-	uint64_t best_key = 0, best_t = 0;
+	int32_t best = -1, cold = -1;
+	uint64_t best_key = 0, best_t = 0, cold_t = 0;
 
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		const struct slot *sl = &s->slots[i];
 		uint64_t key = 0;
 		if (sl->pins || (sl->state != SLOT_READY && sl->state != SLOT_ERROR))
 			continue;
-		if (protect_prefetch && sl->prefetched)
-			continue;
 		if (sl->state == SLOT_ERROR)
 			return (int32_t)i;
+		if (sl->prefetched) {
+			if (for_prefetch && !sl->missed)
+				continue;
+			/* missed guesses before unresolved ones, then oldest */
+			uint64_t t = sl->last_use + (sl->missed ? 0 : (uint64_t)1 << 62);
+			if (cold < 0 || t < cold_t) {
+				cold = (int32_t)i;
+				cold_t = t;
+			}
+			continue;
+		}
+		if (cold >= 0)
+			continue;   /* a cold slot wins anyway; keep scanning for colder ones */
+		if (for_prefetch && layer_of(s, sl->ex) == layer)
+			continue;
 		if (s->cfg.policy == K3_STORE_POLICY_FREQ)
 			key = sl->last_use + window > s->tick ? (uint64_t)1 << 32 : s->uses[sl->ex];
 		if (best < 0 || key < best_key || (key == best_key && sl->last_use < best_t)) {
@@ -172,7 +216,7 @@ static int32_t pick_victim(struct k3_store *s, bool protect_prefetch)
 			best_t = sl->last_use;
 		}
 	}
-	return best;
+	return cold >= 0 ? cold : best;
 }
 
 static int32_t find_free(struct k3_store *s)
@@ -195,6 +239,7 @@ static void slot_assign(struct k3_store *s, int32_t i, int64_t ex)
 	sl->acq_gen = 0;
 	sl->counted_step = UINT64_MAX;   /* a new occupant has not been counted */
 	sl->prefetched = false;
+	sl->missed = false;
 	sl->err = 0;
 	sl->read_bytes = 0;
 	sl->sort_file = plan.read[0].file;
@@ -324,6 +369,9 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 				  K3_STORE_MAX_IO_THREADS);
 	if ((unsigned)cfg->policy >= K3_STORE_POLICY_COUNT)
 		return k3_err_set(err, -EINVAL, "unknown eviction policy %d", (int)cfg->policy);
+	if (!(cfg->prefetch_min_precision >= 0 && cfg->prefetch_min_precision <= 1))
+		return k3_err_set(err, -EINVAL, "prefetch precision gate %g is not in [0, 1]",
+				  cfg->prefetch_min_precision);
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return k3_err_set(err, -ENOMEM, "out of memory");
@@ -346,10 +394,22 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 		s->cfg.prefetch_slots = (int)(s->n_slots / 2);
 	s->n_threads = cfg->dry_run ? 0 : cfg->io_threads ? cfg->io_threads
 							  : K3_STORE_DEFAULT_IO_THREADS;
+	s->min_precision = cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
+							    : K3_STORE_PREFETCH_MIN_PRECISION;
+	for (size_t i = 0; i < n_ex; i++) {
+		uint32_t l = k3_store_source_expert(src, i)->layer;
+		if (l + 1 > s->n_layers)
+			s->n_layers = l + 1;   /* <= K3_STORE_MAX_LAYERS (store_source.h) */
+	}
 	s->slots = calloc(s->n_slots, sizeof(*s->slots));
 	s->slot_of = malloc(n_ex * sizeof(*s->slot_of));
 	s->uses = calloc(n_ex, sizeof(*s->uses));
-	if (!s->slots || !s->slot_of || !s->uses) {
+	s->pend = calloc((size_t)s->n_layers * PENDING_MAX, sizeof(*s->pend));
+	s->n_pend = calloc(s->n_layers, sizeof(*s->n_pend));
+	s->gate_n = calloc((size_t)s->n_layers * K3_STORE_GUESS_RANKS, sizeof(*s->gate_n));
+	s->gate_hit = calloc((size_t)s->n_layers * K3_STORE_GUESS_RANKS, sizeof(*s->gate_hit));
+	if (!s->slots || !s->slot_of || !s->uses || !s->pend || !s->n_pend || !s->gate_n ||
+	    !s->gate_hit) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -394,6 +454,10 @@ fail:
 	free(s->slots);
 	free(s->slot_of);
 	free(s->uses);
+	free(s->pend);
+	free(s->n_pend);
+	free(s->gate_n);
+	free(s->gate_hit);
 	free(s);
 	return rc;
 }
@@ -416,6 +480,10 @@ void k3_store_free(struct k3_store *s)
 	free(s->slots);
 	free(s->slot_of);
 	free(s->uses);
+	free(s->pend);
+	free(s->n_pend);
+	free(s->gate_n);
+	free(s->gate_hit);
 	free(s);
 }
 
@@ -476,6 +544,79 @@ static size_t cancel_layer(struct k3_store *s, uint32_t layer, uint64_t keep_gen
 		i = next;
 	}
 	return n;
+}
+
+/* Guesses of `layer` (every layer: UINT32_MAX) still unused after its real
+ * routing (or at the end of a request) are mispredictions: cold end. */
+static void resolve_layer(struct k3_store *s, uint32_t layer)
+{
+	if (!s->prefetch_outstanding)
+		return;
+	for (uint32_t i = 0; i < s->n_slots; i++) {
+		struct slot *sl = &s->slots[i];
+		if (sl->prefetched && (layer == UINT32_MAX || layer_of(s, sl->ex) == layer))
+			sl->missed = true;
+	}
+}
+
+static uint32_t *gate_cell(uint32_t *table, uint32_t layer, uint32_t rank)
+{
+	return &table[(size_t)layer * K3_STORE_GUESS_RANKS + rank];
+}
+
+/* Scores the lookahead guesses of `layer` waiting since its last lookahead
+ * against the real routing: the experts this acquire `gen` pinned. */
+static void score_layer(struct k3_store *s, uint32_t layer, uint64_t gen)
+{
+	if (layer >= s->n_layers)
+		return;
+	struct pending_guess *pg = &s->pend[(size_t)layer * PENDING_MAX];
+	for (uint32_t k = 0; k < s->n_pend[layer]; k++) {
+		int32_t i = s->slot_of[pg[k].ex];
+		bool right = i >= 0 && s->slots[i].acq_gen == gen;
+		uint32_t *n = gate_cell(s->gate_n, layer, pg[k].rank);
+		uint32_t *h = gate_cell(s->gate_hit, layer, pg[k].rank);
+		uint32_t r = pg[k].rank;
+		if (*n >= GATE_WINDOW) {
+			s->rank_n[r] -= *n - (*n >> 1);
+			s->rank_hit[r] -= *h - (*h >> 1);
+			*n >>= 1;
+			*h >>= 1;
+		}
+		++*n;
+		*h += right;
+		s->rank_n[r]++;
+		s->rank_hit[r] += right;
+		s->st.guesses_scored++;
+		s->st.guesses_right += right;
+		s->rank_scored[pg[k].rank]++;
+		s->rank_right[pg[k].rank] += right;
+	}
+	s->n_pend[layer] = 0;
+}
+
+/* The gate of "--prefetch auto": rank `rank` of `layer` is read ahead only
+ * while its estimated precision is at least the threshold. The estimate
+ * shrinks the layer's own record towards the rank's record over all layers,
+ * which itself starts at 50%:
+ *
+ *   pooled = (right_all + 2) / (scored_all + 4)
+ *   p      = (right + 4 pooled) / (scored + 4)
+ *
+ * so nothing is read ahead before the first guesses were scored, a model
+ * with many MoE layers learns a rank in a token or two, and a layer whose
+ * guesses are worse than the others' (the first MoE layer, guessed from
+ * the embedding) closes on its own record within a few tokens. */
+static bool gate_open(const struct k3_store *s, uint32_t layer, uint32_t rank)
+{
+	if (!s->cfg.prefetch_auto)
+		return true;
+	if (layer >= s->n_layers || rank >= K3_STORE_GUESS_RANKS)
+		return false;
+	double pooled = ((double)s->rank_hit[rank] + GATE_PRIOR_N * 0.5) /
+			((double)s->rank_n[rank] + GATE_PRIOR_N);
+	double n = *gate_cell(s->gate_n, layer, rank), h = *gate_cell(s->gate_hit, layer, rank);
+	return (h + GATE_PRIOR_N * pooled) / (n + GATE_PRIOR_N) >= s->min_precision;
 }
 
 int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts,
@@ -568,8 +709,10 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 	}
 
 	/* The real routing is known: queued guesses for this layer that it
-	 * did not choose are mispredictions. */
+	 * did not choose are mispredictions (dropped unread); those read or
+	 * being read go to the cold end. */
 	cancel_layer(s, layer, gen);
+	resolve_layer(s, layer);
 
 	/* Pass 2: slots for the misses. */
 	for (size_t k = 0; k < n; k++) {
@@ -590,7 +733,7 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 			if (i >= 0 && s->slots[i].state != SLOT_FREE)
 				slot_drop(s, i, false);
 			if (i < 0) {
-				i = pick_victim(s, false);
+				i = pick_victim(s, false, layer);
 				if (i >= 0)
 					slot_drop(s, i, true);
 			}
@@ -629,6 +772,8 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		got[k] = i;
 		miss[n_miss++] = i;
 	}
+
+	score_layer(s, layer, gen);
 
 	/* Issue the misses sorted by file offset, ahead of every prefetch. */
 	qsort_r(miss, n_miss, sizeof(*miss), cmp_issue, s);
@@ -701,24 +846,48 @@ void k3_store_release(struct k3_store *s, const struct k3_store_view *views, siz
 
 /* ---- prefetch ---- */
 
-size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n)
+size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32_t *experts,
+				const uint32_t *ranks, size_t n, bool score)
 {
 	int32_t queued[64];
 	size_t nq = 0;
+	bool full = false;
 
 	pthread_mutex_lock(&s->mu);
-	for (size_t k = 0; k < n && nq < sizeof(queued) / sizeof(queued[0]); k++) {
+	if (score && layer < s->n_layers)
+		s->n_pend[layer] = 0;   /* a newer lookahead replaces an unscored one */
+	if (layer >= s->n_layers)
+		score = false;
+	for (size_t k = 0; k < n; k++) {
 		int64_t ex = k3_store_source_find(s->src, layer, experts[k]);
+		uint32_t rank = ranks ? ranks[k] : (uint32_t)k;
 		int32_t i;
-		if (s->prefetch_outstanding >= (uint32_t)s->cfg.prefetch_slots)
+		if (nq == sizeof(queued) / sizeof(queued[0]))
+			full = true;
+		if (full && (!score || s->n_pend[layer] == PENDING_MAX))
 			break;
 		if (ex < 0 || s->slot_of[ex] >= 0)
+			continue;   /* unknown, or resident / loading: costs nothing */
+		if (score && rank < K3_STORE_GUESS_RANKS && s->n_pend[layer] < PENDING_MAX)
+			s->pend[(size_t)layer * PENDING_MAX + s->n_pend[layer]++] =
+				(struct pending_guess){ ex, rank };
+		if (full || s->cfg.prefetch_slots == 0)
 			continue;
+		if (!gate_open(s, layer, rank)) {
+			s->st.prefetch_skipped++;
+			continue;
+		}
+		if (s->prefetch_outstanding >= (uint32_t)s->cfg.prefetch_slots) {
+			full = true;
+			continue;
+		}
 		i = find_free(s);
 		if (i < 0) {
-			i = pick_victim(s, true);
-			if (i < 0)
-				break;
+			i = pick_victim(s, true, layer);
+			if (i < 0) {
+				full = true;
+				continue;
+			}
 			slot_drop(s, i, true);
 		}
 		slot_assign(s, i, ex);
@@ -741,12 +910,30 @@ size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *exp
 	return nq;
 }
 
+size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n)
+{
+	return k3_store_prefetch_ranked(s, layer, experts, NULL, n, true);
+}
+
+void k3_store_guess_table(struct k3_store *s, uint64_t *scored, uint64_t *right)
+{
+	pthread_mutex_lock(&s->mu);
+	memcpy(scored, s->rank_scored, sizeof(s->rank_scored));
+	memcpy(right, s->rank_right, sizeof(s->rank_right));
+	pthread_mutex_unlock(&s->mu);
+}
+
 size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer)
 {
 	size_t n;
 
 	pthread_mutex_lock(&s->mu);
 	n = cancel_layer(s, layer, 0);
+	resolve_layer(s, layer);
+	if (layer == UINT32_MAX)
+		memset(s->n_pend, 0, s->n_layers * sizeof(*s->n_pend));
+	else if (layer < s->n_layers)
+		s->n_pend[layer] = 0;
 	pthread_mutex_unlock(&s->mu);
 	return n;
 }
@@ -799,6 +986,8 @@ void k3_store_info_get(struct k3_store *s, struct k3_store_info *info)
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		info->resident += s->slots[i].state != SLOT_FREE;
 		info->pinned += s->slots[i].pins > 0;
+		if (s->slots[i].prefetched && s->slots[i].state == SLOT_READY)
+			info->prefetch_unused_bytes += s->slots[i].read_bytes;
 	}
 	pthread_mutex_unlock(&s->mu);
 	for (uint32_t f = 0; f < k3_store_source_file_count(s->src); f++) {

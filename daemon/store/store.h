@@ -37,7 +37,13 @@
 enum {
 	K3_STORE_MAX_IO_THREADS = 16,
 	K3_STORE_DEFAULT_IO_THREADS = 2,   /* >= 2 reads in flight (issue 7) */
+	K3_STORE_GUESS_RANKS = 64,         /* ranks the precision gate tracks */
 };
+
+/* Default precision gate of "--prefetch auto": a wrong guess costs one
+ * expert read, so at 0.9 at most about a tenth of the prefetch bytes are
+ * waste (docs/store.md, "Prefetch", has the measurements). */
+#define K3_STORE_PREFETCH_MIN_PRECISION 0.9
 
 /* Eviction policy among unpinned resident experts. docs/store.md has the
  * trace measurements behind the default (bench_store_policy). */
@@ -59,6 +65,15 @@ struct k3_store_config {
 	 * reading or resident): bounds what a bad guess can evict.
 	 * -1 = auto (half the slots), 0 = prefetch off. */
 	int prefetch_slots;
+	/* The precision gate ("--prefetch auto"). false: every guess offered
+	 * is read (within prefetch_slots). true: a guess of rank r for layer L
+	 * is read only while the measured precision of rank r at layer L (the
+	 * share of such guesses, read or not, that L's real routing then
+	 * chose, shrunk towards rank r's precision over all layers, which
+	 * starts at 50%: nothing is read ahead before guesses were scored) is
+	 * at least prefetch_min_precision. */
+	bool prefetch_auto;
+	double prefetch_min_precision;   /* 0 = K3_STORE_PREFETCH_MIN_PRECISION */
 	/* Touch every page of every slot at creation, so a budget the machine
 	 * cannot back fails at start (or is visible in RSS) instead of in the
 	 * middle of a generation; costs about 1 s per 10 GB at start. */
@@ -100,6 +115,13 @@ struct k3_store_stats {
 	uint64_t prefetch_late;          /* prefetched and acquired in the same step: no credit */
 	uint64_t prefetch_cancelled;     /* queued guesses dropped before their read started */
 	uint64_t prefetch_wasted_bytes;  /* read by prefetch, evicted before any use */
+	uint64_t prefetch_skipped;       /* guesses not read: their rank's precision was below the gate */
+	/* Lookahead quality, whether or not the guess was read: guesses of
+	 * single-position lookaheads for experts not resident at the time
+	 * (the ones a read would cost), and how many of them the layer's real
+	 * routing then chose. */
+	uint64_t guesses_scored;
+	uint64_t guesses_right;
 	uint64_t evictions;
 	uint64_t io_wait_ns;             /* time acquire spent waiting for reads */
 	uint64_t compute_ns;             /* time between acquires (the engine computing) */
@@ -113,6 +135,9 @@ struct k3_store_info {
 	uint32_t pinned;
 	uint32_t files_direct, files_buffered;
 	unsigned io_threads;
+	/* Bytes read by prefetch, resident and not used (yet): waste if they
+	 * are evicted unused (then counted in prefetch_wasted_bytes). */
+	uint64_t prefetch_unused_bytes;
 };
 
 struct k3_store;
@@ -149,13 +174,30 @@ void k3_store_release(struct k3_store *s, const struct k3_store_view *views, siz
 
 /* Queues low-priority reads of experts[0..n) of `layer` (guesses, best
  * first; at most 64 per call are considered) into free slots, or slots the
- * policy would evict anyway (never another unused guess), within the
- * prefetch_slots bound. Experts already resident or unknown are skipped.
- * Returns how many reads were queued. */
+ * policy would evict anyway (never an unresolved guess, never an expert of
+ * `layer`: its own routing may need it), within the prefetch_slots bound.
+ * Experts already resident or unknown are skipped. ranks[i] is the rank of
+ * experts[i] in its position's router order (0 = most confident; NULL:
+ * ranks[i] = i); with prefetch_auto only ranks whose measured precision
+ * passes the gate are read. score: the guesses come from a one-position
+ * lookahead and count towards the precision estimate (a chunk's guesses
+ * are judged against the union of its positions' routes, which would
+ * flatter them). A guess read and not chosen by the real routing sits at
+ * the cold end of the cache: the next eviction takes it before anything a
+ * demand read brought in. Returns how many reads were queued. */
+size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32_t *experts,
+				const uint32_t *ranks, size_t n, bool score);
+/* k3_store_prefetch_ranked(s, layer, experts, NULL, n, true). */
 size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n);
 
+/* Lookahead quality by rank since the store started, summed over layers:
+ * scored[r] guesses of rank r (not resident when guessed), right[r] of
+ * them chosen by the real routing. r < K3_STORE_GUESS_RANKS. */
+void k3_store_guess_table(struct k3_store *s, uint64_t *scored, uint64_t *right);
+
 /* Drops every queued (not yet started) prefetch of `layer`, or of all
- * layers when layer == UINT32_MAX. Returns how many were dropped. */
+ * layers when layer == UINT32_MAX, and moves that layer's guesses being
+ * read or resident to the cold end. Returns how many were dropped. */
 size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer);
 
 /* Marks the engine idle (end of a request), so the wait until the next

@@ -98,12 +98,16 @@ static void src_release_layer(void *vctx, uint32_t layer)
 	c->n_layer_views = 0;
 }
 
-static void src_prefetch(void *vctx, uint32_t layer, const uint32_t *ids, size_t n)
+static void src_prefetch(void *vctx, uint32_t layer, const uint32_t *ids, const uint32_t *ranks,
+			 size_t n, uint32_t positions)
 {
 	struct k3_store_engine_src *c = vctx;
 
+	/* Only one-position lookaheads score the guesses: a chunk's guesses
+	 * meet the union of its positions' routes, which would flatter the
+	 * precision that decode (one position) gets. */
 	c->guesses += n;
-	c->guesses_queued += k3_store_prefetch(c->store, layer, ids, n);
+	c->guesses_queued += k3_store_prefetch_ranked(c->store, layer, ids, ranks, n, positions == 1);
 }
 
 void k3_store_engine_src_set_prefetch(struct k3_store_engine_src *ctx, uint32_t per_position,

@@ -50,20 +50,44 @@ void k3_store_source_free(struct k3_store_source *src)
 	free(src);
 }
 
+const char *k3_store_direct_name(enum k3_store_direct d)
+{
+	switch (d) {
+	case K3_STORE_DIRECT_AUTO: return "auto";
+	case K3_STORE_DIRECT_ON: return "on";
+	case K3_STORE_DIRECT_OFF: return "off";
+	}
+	return "?";
+}
+
+int k3_store_direct_parse(const char *str, enum k3_store_direct *out, struct k3_err *err)
+{
+	static const enum k3_store_direct all[] = { K3_STORE_DIRECT_AUTO, K3_STORE_DIRECT_ON,
+						    K3_STORE_DIRECT_OFF };
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		if (strcmp(str, k3_store_direct_name(all[i])) == 0) {
+			*out = all[i];
+			return 0;
+		}
+	return k3_err_set(err, -EINVAL, "'%s' is not 'auto', 'on' or 'off'", str);
+}
+
 /* One aligned read at offset 0 tells whether this file system accepts
- * O_DIRECT for real (some accept the open flag and fail the read). */
-static bool direct_probe(int fd)
+ * O_DIRECT for real (some accept the open flag and fail the read).
+ * Returns 0 or the read's negative errno. */
+static int direct_probe(int fd)
 {
 	void *buf = NULL;
 	ssize_t n;
 
 	if (posix_memalign(&buf, K3_STORE_ALIGN, K3_STORE_ALIGN) != 0)
-		return false;
+		return -ENOMEM;
 	do
 		n = pread(fd, buf, K3_STORE_ALIGN, 0);
 	while (n < 0 && errno == EINTR);
+	int rc = n < 0 ? -errno : 0;
 	free(buf);
-	return n >= 0;
+	return rc;
 }
 
 int k3_store_source_add_file(struct k3_store_source *src, const char *path,
@@ -76,18 +100,26 @@ int k3_store_source_add_file(struct k3_store_source *src, const char *path,
 	if (src->n_files >= K3_STORE_MAX_FILES)
 		return k3_err_set(err, -EMFILE, "more than %d expert files", K3_STORE_MAX_FILES);
 	if (src->direct != K3_STORE_DIRECT_OFF) {
+		int probe = 0;
 		f.fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-		if (f.fd >= 0 && direct_probe(f.fd)) {
+		if (f.fd < 0 && errno != EINVAL)
+			return k3_err_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
+		if (f.fd >= 0 && (probe = direct_probe(f.fd)) == 0) {
 			f.direct = true;
-		} else if (f.fd >= 0 || errno == EINVAL) {
+		} else {
 			if (f.fd >= 0)
 				close(f.fd);
 			f.fd = -1;
 			if (src->direct == K3_STORE_DIRECT_ON)
-				return k3_err_set(err, -EINVAL,
-						  "'%s': the file system refuses O_DIRECT", path);
-		} else {
-			return k3_err_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
+				return k3_err_set(err, -EMEDIUMTYPE,
+						  "O_DIRECT was required, but the file system holding"
+						  " '%s' refuses it (%s: %s; tmpfs before Linux 6.6,"
+						  " ramfs, and some FUSE and network file systems do):"
+						  " use --direct auto (O_DIRECT where it works, else"
+						  " buffered reads) or --direct off, or keep the model"
+						  " on a local ext4, xfs or btrfs disk", path,
+						  probe ? "an aligned 4 KiB read failed" : "open with O_DIRECT failed",
+						  strerror(probe ? -probe : EINVAL));
 		}
 	}
 	if (f.fd < 0) {

@@ -54,6 +54,12 @@ enum k3_store_direct {
 	K3_STORE_DIRECT_ON = 2,   /* O_DIRECT or fail (tests, benchmarks) */
 };
 
+/* "auto", "on", "off". */
+const char *k3_store_direct_name(enum k3_store_direct d);
+/* Parses "auto", "on" or "off". Returns 0 or -EINVAL (message names the
+ * choices). */
+int k3_store_direct_parse(const char *s, enum k3_store_direct *out, struct k3_err *err);
+
 struct k3_store_extent {
 	uint32_t file;     /* index returned by k3_store_source_add_file */
 	uint64_t offset;   /* absolute byte offset in that file */
@@ -78,8 +84,10 @@ void k3_store_source_free(struct k3_store_source *src);
 
 /* Opens `path` read-only for expert reads and returns its index in *file.
  * Refuses non-regular files. Chooses O_DIRECT or buffered as described
- * above. Returns 0, -EMFILE past K3_STORE_MAX_FILES, -EINVAL when DIRECT_ON
- * was asked and the file system refuses it, or the open/read errno. */
+ * above. Returns 0, -EMFILE past K3_STORE_MAX_FILES, -EMEDIUMTYPE when
+ * DIRECT_ON was asked and the file system refuses O_DIRECT (the message
+ * names the file, what failed and the alternatives), or the open/read
+ * errno. */
 int k3_store_source_add_file(struct k3_store_source *src, const char *path,
 			     uint32_t *file, struct k3_err *err);
 

@@ -30,6 +30,9 @@ is a JSON object:
   prompt_tokens, cached_tokens   numbers for DONE (defaults derived)
 Anything else gets the default script: "Hello" " from" " fake" " k3d" "."
 
+--status-hang: STATUS is read and never answered (a stuck daemon that still
+accepts connections and answers HELLO).
+
 Every GENERATE, CANCEL, DONE and closed connection is appended to --log
 as one JSON line, so tests can check what the gateway sent and whether it
 cancelled.
@@ -434,12 +437,17 @@ class Daemon:
                               state=STATE[self.args.state])
                 elif name == "PING":
                     self.send(conn, "PONG", rid, state=STATE[self.args.state])
+                elif name == "STATUS" and self.args.status_hang:
+                    self.log(ev="status_ignored", conn=conn["id"])
                 elif name == "STATUS":
                     self.send(conn, "STATUS_REPLY", rid, version="fake", state=STATE[self.args.state],
                               pid=os.getpid(), uptime_s=time.time() - self.started,
                               connections=self.conns, running=len(self.running), queued=len(self.queue),
                               queue_max=self.args.queue, expert_bytes_read=123456, expert_hits=3,
-                              expert_misses=1, prefill_s_total=0.5, decode_s_total=1.5)
+                              expert_misses=1, prefill_s_total=0.5, decode_s_total=1.5,
+                              prefetch_issued=4, prefetch_issued_bytes=40960, prefetch_used=3,
+                              prefetch_wasted_bytes=10240, expert_cache_bytes=1048576,
+                              io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64)
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)
                 elif name == "CANCEL":
@@ -470,6 +478,7 @@ async def main():
     ap.add_argument("--queue", type=int, default=0)
     ap.add_argument("--state", default="ready", choices=list(STATE))
     ap.add_argument("--model", default="kimi-k3-fake")
+    ap.add_argument("--status-hang", action="store_true")
     ap.add_argument("--header", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                      "..", "..", "proto", "k3_proto.h"))
     args = ap.parse_args()

@@ -634,6 +634,62 @@ def test_metrics(st):
                  "k3_daemon_queue_depth 0", "k3_daemon_expert_bytes_read_total 123456",
                  "k3_daemon_expert_cache_hit_ratio 0.750000", "k3_gateway_daemon_up 1"):
         assert name in text, name
+    # The expert store's counters from STATUS (fake: 123456 bytes over 64
+    # positions, 3 hits, 1 miss, ...), each with HELP and TYPE lines.
+    want = {
+        "k3_expert_bytes_read_total": ("counter", "123456"),
+        "k3_expert_positions_total": ("counter", "64"),
+        "k3_expert_bytes_read_per_token": ("gauge", "1929.0"),
+        "k3_expert_demand_hits_total": ("counter", "3"),
+        "k3_expert_demand_misses_total": ("counter", "1"),
+        "k3_expert_prefetch_issued_total": ("counter", "4"),
+        "k3_expert_prefetch_issued_bytes_total": ("counter", "40960"),
+        "k3_expert_prefetch_used_total": ("counter", "3"),
+        "k3_expert_prefetch_wasted_bytes_total": ("counter", "10240"),
+        "k3_expert_io_wait_seconds_total": ("counter", "0.250000"),
+        "k3_expert_compute_seconds_total": ("counter", "1.750000"),
+        "k3_expert_cache_bytes": ("gauge", "1048576"),
+    }
+    lines = text.splitlines()
+    for name, (kind, value) in want.items():
+        assert "# TYPE %s %s" % (name, kind) in lines, name
+        assert any(ln.startswith("# HELP %s " % name) for ln in lines), name
+        assert "%s %s" % (name, value) in lines, (name, [ln for ln in lines if ln.startswith(name)])
+    # Exposition format: every sample's metric has a TYPE line before it.
+    typed = set()
+    for ln in lines:
+        if ln.startswith("# TYPE "):
+            typed.add(ln.split()[2])
+        elif ln and not ln.startswith("#"):
+            assert ln.split("{")[0].split()[0] in typed, ln
+
+
+def test_metrics_status_timeout():
+    """k3d accepts and answers HELLO but never STATUS: /metrics answers 503
+    with the JSON error shape after --daemon-timeout, instead of hanging."""
+    with Stack(fake_args=["--status-hang"], gw_args=["--daemon-timeout", "1"]) as s:
+        t0 = time.time()
+        status, hd, body = s.raw("GET", "/metrics")
+        took = time.time() - t0
+        assert status == 503, (status, body)
+        assert 0.9 <= took < 5, took
+        assert hd["content-type"].startswith("application/json")
+        assert hd["retry-after"] == "1"
+        err = json.loads(body)["error"]
+        assert err["type"] == "server_error" and err["code"] == "daemon_timeout"
+        assert "STATUS" in err["message"] and err["param"] is None
+        assert [e["ev"] for e in s.fake.events("status_ignored")] == ["status_ignored"]
+        # the gateway closed its k3d connection
+        deadline = time.time() + 5
+        while time.time() < deadline and not s.fake.events("closed"):
+            time.sleep(0.05)
+        assert s.fake.events("closed")
+        # the next scrape behaves the same (nothing leaked), and the
+        # 503 was counted
+        status, _, body = s.raw("GET", "/metrics")
+        assert status == 503
+        status, _, body = s.raw("GET", "/health")
+        assert status == 200
 
 
 # ---- separate stacks ----------------------------------------------------------------

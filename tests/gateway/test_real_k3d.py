@@ -189,3 +189,27 @@ def test_real_readme_snippet(real):
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README", "exec"), {})
     assert len(out.getvalue().strip()) > 0
+
+
+def test_real_metrics_expert_counters(real):
+    """/metrics carries the real k3d's expert-store counters from STATUS,
+    consistent with each other after a generation."""
+    chat(real, max_tokens=4)
+    status, hd, body = real.raw("GET", "/metrics")
+    assert status == 200
+    vals = {}
+    for ln in body.decode().splitlines():
+        if ln.startswith("k3_expert_"):
+            name, v = ln.split()
+            vals[name] = float(v)
+    for name in ("k3_expert_bytes_read_total", "k3_expert_positions_total", "k3_expert_bytes_read_per_token",
+                 "k3_expert_demand_hits_total", "k3_expert_demand_misses_total",
+                 "k3_expert_prefetch_issued_total", "k3_expert_prefetch_used_total",
+                 "k3_expert_prefetch_wasted_bytes_total", "k3_expert_io_wait_seconds_total",
+                 "k3_expert_compute_seconds_total", "k3_expert_cache_bytes"):
+        assert name in vals, name
+    assert vals["k3_expert_bytes_read_total"] > 0 and vals["k3_expert_positions_total"] > 0
+    assert abs(vals["k3_expert_bytes_read_per_token"] - vals["k3_expert_bytes_read_total"] /
+               vals["k3_expert_positions_total"]) < 1
+    assert vals["k3_expert_demand_hits_total"] + vals["k3_expert_demand_misses_total"] > 0
+    assert vals["k3_expert_compute_seconds_total"] > 0 and vals["k3_expert_io_wait_seconds_total"] >= 0

@@ -54,6 +54,9 @@ static void fill(uint32_t type, union k3_proto_body *b)
 		b->status_reply.queued = 0; b->status_reply.has_queued = true;
 		b->status_reply.queue_max = 4; b->status_reply.has_queue_max = true;
 		b->status_reply.expert_bytes_read = 25830000000ull; b->status_reply.has_expert_bytes_read = true;
+		b->status_reply.io_wait_s_total = 12.25; b->status_reply.has_io_wait_s_total = true;
+		b->status_reply.compute_s_total = 3.5; b->status_reply.has_compute_s_total = true;
+		b->status_reply.positions_total = 1000; b->status_reply.has_positions_total = true;
 		break;
 	case K3_MSG_MODEL_INFO_REPLY:
 		b->model_info_reply.id = k3_proto_str_of("kimi-k3"); b->model_info_reply.has_id = true;

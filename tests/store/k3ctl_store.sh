@@ -53,7 +53,19 @@ gb=$(echo "$b" | grep -o '"greedy":\[[0-9,]*\]')
 echo "$ga" | grep -Eq '^"greedy":\[[0-9]+(,[0-9]+){5}\]$' || fail "bench greedy: $ga"
 echo "$b" | grep -q '"cache_bytes":98304,' || fail "bench floor cache: $b"
 [ "$(json_field "$a" bytes_read)" -gt 0 ] || fail "bench read nothing: $a"
-echo "$a" | grep -Eq '"disk_gbps_before":0(\.0*)?,' && fail "no disk bandwidth: $a"
+echo "$a" | grep -Eq '"disk_gbps":\{"median":0(\.0*)?,' && fail "no disk bandwidth: $a"
+echo "$a" | grep -Eq '"disk_gbps_samples":\[[0-9.e+-]+(,[0-9.e+-]+){4}\]' || fail "5 disk samples: $a"
+echo "$a" | grep -Eq '"cold_read_ratio":\{"median":[0-9]' || fail "cold-read ratio: $a"
+echo "$a" | grep -q '"lookahead_by_rank":\[' || fail "lookahead table: $a"
+# --prefetch auto (the default) with a gate, --direct off, 3 samples: same ids
+c=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch-gate 0.05 \
+	--direct off --disk-mib 1 --disk-samples 3 2>/dev/null)
+gc=$(echo "$c" | grep -o '"greedy":\[[0-9,]*\]')
+[ "$ga" = "$gc" ] || fail "bench greedy with auto prefetch, --direct off differs: $ga vs $gc"
+echo "$c" | grep -q '"direct":"off"' || fail "bench --direct off: $c"
+echo "$c" | grep -Eq '"disk_gbps_samples":\[[0-9.e+-]+(,[0-9.e+-]+){2}\]' || fail "3 disk samples: $c"
+"$k3ctl" bench --model "$model" --prefetch 3 --prefetch-gate 0.5 2>/dev/null && fail "gate without auto"
+"$k3ctl" bench --model "$model" --direct maybe 2>/dev/null && fail "bad --direct"
 [ "$(echo "$a" | head -c 1)" = "{" ] || fail "bench --json prints only JSON: $a"
 if "$k3ctl" bench --model "$model" --expert-cache-gb 0.00001 2>"$t/err"; then fail "bench below floor"; fi
 grep -q "below the floor" "$t/err" || fail "bench floor message: $(cat "$t/err")"

@@ -299,9 +299,10 @@ static void test_prefetch(struct k3_store_source *src)
 	T_EQ_U64(d.bytes_read, d.demand_bytes + d.prefetch_issued_bytes);
 	k3_store_free(s);
 
-	/* One slot: X acquired and released, a guess Y evicts X and waits
-	 * (held), then the same step acquires Y: the guess must become a
-	 * demand read (a slot's previous occupant's counts must not leak). */
+	/* One slot: X (layer 2) acquired and released, a guess Y (layer 1)
+	 * evicts X and waits (held), then the same step acquires Y: the guess
+	 * must become a demand read (a slot's previous occupant's counts must
+	 * not leak). */
 	{
 		struct k3_store_config c1 = { .cache_bytes = slot_bytes, .prefetch_slots = 1,
 					      .io_threads = 2 };
@@ -309,10 +310,14 @@ static void test_prefetch(struct k3_store_source *src)
 		T_EQ_INT(k3_store_new(src, &c1, &s, &err), 0);
 		k3_store_hold_prefetch(s, true);
 		k3_store_step_begin(s);
-		T_EQ_INT(k3_store_acquire(s, 1, &x, 1, v, &err), 0);
+		T_EQ_INT(k3_store_acquire(s, 2, &x, 1, v, &err), 0);
 		k3_store_release(s, v, 1);
+		/* A guess never evicts an expert of the layer it guesses for. */
+		uint32_t y1 = 6;
+		T_EQ_U64(k3_store_prefetch(s, 2, &y1, 1), 0);
+		T_OK(k3_store_resident(s, 2, 0));
 		T_EQ_U64(k3_store_prefetch(s, 1, &y, 1), 1);
-		T_OK(!k3_store_resident(s, 1, 0));
+		T_OK(!k3_store_resident(s, 2, 0));
 		T_EQ_INT(k3_store_acquire(s, 1, &y, 1, v, &err), 0);
 		T_EQ_INT(view_errors(v, 1), 0);
 		k3_store_release(s, v, 1);
@@ -329,6 +334,147 @@ static void test_prefetch(struct k3_store_source *src)
 	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
 	T_EQ_U64(k3_store_prefetch(s, 1, guess, 3), 0);
 	k3_store_free(s);
+}
+
+/* A guess read and not chosen by its layer's real routing is the cold end:
+ * the next demand miss evicts it before any expert a demand read brought
+ * in, whatever the policy says about those. */
+static void test_prefetch_cold_end(struct k3_store_source *src, enum k3_store_policy pol)
+{
+	struct k3_store *s = mk(src, 5, 2, pol);
+	struct k3_store_stats a, b, d;
+	struct k3_store_view v[2];
+	struct k3_err err = { 0 };
+
+	if (!s)
+		return;
+	touch(s, 2, 0);
+	touch(s, 2, 3);
+	touch(s, 2, 6);
+	/* Step: lookahead guesses 9 for layer 1 (read), the real routing of
+	 * layer 1 picks 12: a miss into the last free slot. */
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	uint32_t g = 9, r = 12;
+	T_EQ_U64(k3_store_prefetch(s, 1, &g, 1), 1);
+	k3_store_drain(s);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 1, &r, 1, v, &err), 0);
+	k3_store_release(s, v, 1);
+	/* The cache is full: 0, 3, 6 (demand), 9 (wrong guess), 12. A miss of
+	 * layer 3 must take 9, not the least recent (LRU) or least used
+	 * outside the recent window (FREQ) demand expert 0. */
+	touch(s, 3, 0);
+	T_OK(!k3_store_resident(s, 1, 9));
+	T_OK(k3_store_resident(s, 2, 0) && k3_store_resident(s, 2, 3) && k3_store_resident(s, 2, 6) &&
+	     k3_store_resident(s, 1, 12) && k3_store_resident(s, 3, 0));
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_issued, 1);
+	T_EQ_U64(d.prefetch_used, 0);
+	T_EQ_U64(d.prefetch_wasted_bytes, cost(src, 1, 9));
+	T_EQ_U64(d.guesses_scored, 1);
+	T_EQ_U64(d.guesses_right, 0);
+	k3_store_free(s);
+}
+
+/* --prefetch auto: guesses are scored against the real routing whether or
+ * not they are read; a rank is read ahead only once its estimated precision
+ * reaches the gate (one layer here, so the pooled record is the layer's:
+ * pooled = (n + 2) / (n + 4), p = (n + 4 pooled) / (n + 4) after n right
+ * guesses); a rank that keeps missing stays closed. */
+static void test_prefetch_gate(struct k3_store_source *src)
+{
+	struct k3_store_config cfg = {
+		.cache_bytes = 6 * k3_store_source_slot_bytes(src), .io_threads = 1,
+		.prefetch_slots = -1, .prefetch_auto = true, .prefetch_min_precision = 0.75,
+	};
+	struct k3_store *s = NULL;
+	struct k3_store_stats st;
+	struct k3_store_view v[2];
+	struct k3_err err = { 0 };
+	uint64_t scored[K3_STORE_GUESS_RANKS], right[K3_STORE_GUESS_RANKS];
+	size_t issued_at = 0;
+
+	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+	if (!s)
+		return;
+	/* Each round: guess (rank 0 = a, rank 1 = b) for layer 1, where the
+	 * real routing picks a (rank 0 right) and never b (rank 1 wrong). The
+	 * experts alternate so neither guess is resident when made. */
+	for (size_t round = 0; round < 24; round++) {
+		uint32_t a = round % 2 ? 0 : 3, bb = round % 2 ? 6 : 9;
+		uint32_t guess[2] = { a, bb };
+		uint32_t ranks[2] = { 0, 1 };
+		k3_store_step_begin(s);
+		/* keep them out of the cache: evict layer 1 by touching layer 2 */
+		for (uint32_t x = 0; x < 6; x++)
+			touch(s, 2, x * 3);
+		k3_store_step_begin(s);
+		size_t q = k3_store_prefetch_ranked(s, 1, guess, ranks, 2, true);
+		T_OK(q <= 1);   /* rank 1 never opens */
+		if (q && !issued_at)
+			issued_at = round + 1;
+		k3_store_drain(s);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 1, &a, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+	}
+	/* n = 1: p = 0.68; n = 2: p = 0.78 >= 0.75: round 3. */
+	T_EQ_U64(issued_at, 3);
+	k3_store_stats_get(s, &st);
+	T_EQ_U64(st.guesses_scored, 48);
+	T_EQ_U64(st.guesses_right, 24);
+	T_EQ_U64(st.prefetch_issued, 24 - 2);
+	T_EQ_U64(st.prefetch_used, 24 - 2);
+	T_EQ_U64(st.prefetch_skipped, 2 + 24);
+	T_EQ_U64(st.prefetch_wasted_bytes, 0);
+	k3_store_guess_table(s, scored, right);
+	T_EQ_U64(scored[0], 24);
+	T_EQ_U64(right[0], 24);
+	T_EQ_U64(scored[1], 24);
+	T_EQ_U64(right[1], 0);
+	/* Chunk guesses (score = false) are not scored. */
+	uint32_t g = 12;
+	k3_store_step_begin(s);
+	k3_store_prefetch_ranked(s, 1, &g, NULL, 1, false);
+	k3_store_drain(s);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 1, &g, 1, v, &err), 0);
+	k3_store_release(s, v, 1);
+	k3_store_stats_get(s, &st);
+	T_EQ_U64(st.guesses_scored, 48);
+	k3_store_free(s);
+
+	/* Two layers, one rank: layer 1's guesses are always right, layer 2's
+	 * always wrong. The pooled record is half right; layer 2 stays closed
+	 * on its own record, layer 1 opens on its own. */
+	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), 0);
+	if (!s)
+		return;
+	size_t l1 = 0, l2 = 0;
+	for (size_t round = 0; round < 16; round++) {
+		uint32_t a = round % 2 ? 0 : 3, x = round % 2 ? 6 : 9, y = 12;
+		for (uint32_t e = 0; e < 6; e++)
+			touch(s, 3, e * 3);
+		k3_store_step_begin(s);
+		l1 += k3_store_prefetch(s, 1, &a, 1);
+		l2 += k3_store_prefetch(s, 2, &x, 1);
+		k3_store_drain(s);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 1, &a, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 2, &y, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+	}
+	T_OK(l1 >= 10);
+	T_EQ_U64(l2, 0);
+	k3_store_free(s);
+
+	/* Gate outside [0, 1] is refused. */
+	cfg.prefetch_min_precision = 1.5;
+	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), -EINVAL);
 }
 
 /* Random steps with prefetch under both policies and 1..3 threads: every
@@ -421,6 +567,9 @@ int main(void)
 	test_pinning(on);
 	test_eviction(off);
 	test_prefetch(off);
+	test_prefetch_cold_end(off, K3_STORE_POLICY_LRU);
+	test_prefetch_cold_end(off, K3_STORE_POLICY_FREQ);
+	test_prefetch_gate(off);
 	test_random(off, K3_STORE_POLICY_LRU, 1);
 	test_random(on, K3_STORE_POLICY_FREQ, 3);
 	test_random(off, K3_STORE_POLICY_FREQ, 2);

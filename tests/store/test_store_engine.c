@@ -82,6 +82,7 @@ struct variant {
 	enum k3_store_policy policy;
 	uint32_t lookahead;        /* engine router lookahead: guesses per position, 0 = off */
 	bool per_expert;           /* hide the layer-wide interface (one expert per call) */
+	double gate;               /* > 0: --prefetch auto with this precision gate */
 };
 
 static void result_free(struct result *r)
@@ -119,6 +120,7 @@ static void run(const struct variant *v, struct result *r)
 				.cache_bytes = slots * k3_store_source_slot_bytes(src),
 				.io_threads = v->threads, .policy = v->policy,
 				.check_scales = true, .prefetch_slots = -1,
+				.prefetch_auto = v->gate > 0, .prefetch_min_precision = v->gate,
 			};
 			rc = k3_store_new(src, &cfg, &store, &err);
 		}
@@ -247,20 +249,24 @@ static void run_case(const char *name)
 	T_EQ_INT(ref.rc, 0);
 
 	const struct variant vs[] = {
-		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 0, false },
-		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU, 0, false },
-		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ, 0, false },
-		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU, 0, false },
-		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, false },
-		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU, 0, false },
-		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ, 0, false },
-		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU, 0, false },
+		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 0, false, 0 },
+		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU, 0, false, 0 },
+		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ, 0, false, 0 },
+		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU, 0, false, 0 },
+		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, false, 0 },
+		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU, 0, false, 0 },
+		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ, 0, false, 0 },
+		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU, 0, false, 0 },
 		/* chunk of 64 through a floor cache: the engine groups positions */
-		{ false, "packs, floor, chunk 64 (grouped), O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, K, 64, K3_STORE_POLICY_FREQ, 0, false },
-		{ false, "lookahead 16, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 4, K3_STORE_POLICY_FREQ, 16, false },
-		{ false, "lookahead 4, packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_LRU, 4, false },
-		{ false, "lookahead 16, packs, unlimited, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 16, false },
-		{ false, "per-expert, packs, small, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, true },
+		{ false, "packs, floor, chunk 64 (grouped), O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, K, 64, K3_STORE_POLICY_FREQ, 0, false, 0 },
+		{ false, "lookahead 16, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 4, K3_STORE_POLICY_FREQ, 16, false, 0 },
+		{ false, "lookahead 4, packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_LRU, 4, false, 0 },
+		{ false, "lookahead 16, packs, unlimited, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 16, false, 0 },
+		{ false, "per-expert, packs, small, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, true, 0 },
+		/* --prefetch auto: every rank offered, the precision gate reads
+		 * some (a low gate, so guesses are read on these tiny models) */
+		{ false, "lookahead auto (gate 0.01), shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 1, K3_STORE_POLICY_FREQ, K, false, 0.01 },
+		{ false, "lookahead auto (gate 0.9), packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_FREQ, K, false, 0.9 },
 	};
 	for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++) {
 		run(&vs[i], &got);
@@ -281,7 +287,11 @@ static void run_case(const char *name)
 			T_EQ_U64(got.st.demand_hits + got.st.demand_misses, per_step(&ref, vs[i].chunk));
 		else   /* grouped: a group is a step, so more steps than chunks */
 			T_OK(got.st.demand_hits + got.st.demand_misses > per_step(&ref, vs[i].chunk));
-		if (vs[i].prefetch || vs[i].lookahead) {
+		if (vs[i].gate >= 0.5) {
+			/* the gate may keep every rank closed here */
+			T_OK(got.st.prefetch_used + got.st.prefetch_late <= got.st.prefetch_issued);
+			T_OK(got.st.guesses_scored > 0);
+		} else if (vs[i].prefetch || vs[i].lookahead) {
 			T_OK(got.st.prefetch_issued > 0);
 			T_OK(got.st.prefetch_used + got.st.prefetch_late <= got.st.prefetch_issued);
 		} else {
@@ -300,7 +310,7 @@ static void run_case(const char *name)
 	/* Below what one step pins: a clear error, never a computation. */
 	{
 		const struct variant below = { false, "below floor", false, K3_STORE_DIRECT_OFF, 2, K - 1, 1,
-					       K3_STORE_POLICY_FREQ, 0, false };
+					       K3_STORE_POLICY_FREQ, 0, false, 0 };
 		run(&below, &got);
 		T_EQ_INT(got.rc, -ENOSPC);
 		T_OK(strstr(got.msg, "cannot hold") != NULL);
