@@ -450,42 +450,66 @@ uint32_t k3_engine_seq_len(const struct k3_engine_seq *s)
 
 #define PCALL(call) do { rc = (call); if (rc) return prov_err(e, err, rc, &st); } while (0)
 
-/* Layer-wide expert source: shared experts for all n positions, then the
- * routed experts in consecutive groups of positions whose distinct experts
- * fit the source (one group = the whole chunk unless max_experts binds).
+/* End of the group of positions starting at t0 whose distinct experts fit
+ * the source (cap = max_experts; 0 = no limit): one group = the whole
+ * chunk unless the cap binds. */
+static uint32_t group_end(struct k3_engine *e, uint32_t t0, uint32_t n)
+{
+	uint32_t K = e->K, cap = e->src.max_experts, t1 = t0, distinct = 0;
+
+	e->stamp_gen++;
+	if (e->stamp_gen == 0) {   /* wrapped: forget every old mark */
+		memset(e->stamp, 0, e->cfg.n_experts * sizeof(*e->stamp));
+		e->stamp_gen = 1;
+	}
+	while (t1 < n) {
+		uint32_t add = 0;
+		for (uint32_t k = 0; k < K; k++) {
+			uint32_t id = e->ids[(size_t)t1 * K + k];
+			if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
+				e->stamp[id] = e->stamp_gen;
+				add++;
+			}
+		}
+		/* A position that alone exceeds cap still goes: the source
+		 * refuses it with its own clear error. */
+		if (cap && t1 > t0 && distinct + add > cap)
+			break;
+		distinct += add;
+		t1++;
+	}
+	return t1;
+}
+
+/* Layer-wide expert source: the first group's experts are requested
+ * (request_layer, when the source has it) before the shared experts run,
+ * so their reads overlap that compute; then the routed experts in
+ * consecutive groups of positions that each fit the source.
  * e->ids / e->w hold the real routing. */
 static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_err *err)
 {
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
-	uint32_t K = e->K, D = e->D, cap = e->src.max_experts;
+	uint32_t K = e->K, D = e->D;
+	uint32_t t1 = group_end(e, 0, n);
+	bool requested = false;
 	int rc;
 
-	PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
+	if (e->src.request_layer) {
+		rc = e->src.request_layer(e->src.ctx, l, e->ids, (size_t)t1 * K, err);
+		if (rc)
+			return rc;
+		requested = true;
+	}
+	rc = p->mlp(e->pm, l, e->x, n, e->mb, &st);
+	if (rc) {
+		if (requested)
+			e->src.release_layer(e->src.ctx, l);
+		return prov_err(e, err, rc, &st);
+	}
 	for (uint32_t t0 = 0; t0 < n;) {
-		uint32_t t1 = t0, distinct = 0;
-
-		e->stamp_gen++;
-		if (e->stamp_gen == 0) {   /* wrapped: forget every old mark */
-			memset(e->stamp, 0, e->cfg.n_experts * sizeof(*e->stamp));
-			e->stamp_gen = 1;
-		}
-		while (t1 < n) {
-			uint32_t add = 0;
-			for (uint32_t k = 0; k < K; k++) {
-				uint32_t id = e->ids[(size_t)t1 * K + k];
-				if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
-					e->stamp[id] = e->stamp_gen;
-					add++;
-				}
-			}
-			/* A position that alone exceeds cap still goes: the
-			 * source refuses it with its own clear error. */
-			if (cap && t1 > t0 && distinct + add > cap)
-				break;
-			distinct += add;
-			t1++;
-		}
+		if (t0 > 0)
+			t1 = group_end(e, t0, n);
 		size_t off = (size_t)t0 * K, cnt = (size_t)(t1 - t0) * K;
 		rc = e->src.acquire_layer(e->src.ctx, l, e->ids + off, cnt, e->spans + off, err);
 		if (rc)

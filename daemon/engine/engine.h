@@ -65,6 +65,17 @@ struct k3_expert_source {
 	int (*acquire_layer)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n,
 			     struct k3_prov_expert *out, struct k3_err *err);
 	void (*release_layer)(void *ctx, uint32_t layer);
+	/*
+	 * Optional, with acquire_layer: starts getting what the next
+	 * acquire_layer(ctx, layer, ids, n) will ask for without waiting, so
+	 * a streaming source's reads run while the engine computes the shared
+	 * experts (called right after the router). After a 0 return the engine
+	 * calls either that acquire_layer (same layer and ids, which then only
+	 * waits) or, on an error in between, release_layer(layer). These are
+	 * demand reads: the real routing, not a guess.
+	 */
+	int (*request_layer)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n,
+			     struct k3_err *err);
 	/* With acquire_layer: the most distinct experts one acquire_layer may
 	 * hold (a RAM cache's slots); 0 = no limit. The engine splits a chunk's
 	 * positions into consecutive groups that each fit (results are

@@ -76,6 +76,8 @@ struct k3_store {
 	bool hold_prefetch;
 	struct queue q[3];
 	uint32_t in_flight;
+	uint32_t prefetch_in_flight;    /* of in_flight, prefetch reads */
+	uint32_t prefetch_readers;      /* most readers prefetch reads may occupy */
 	uint32_t prefetch_outstanding;  /* slots with prefetched == true */
 	uint64_t step, tick, acq_gen;
 	uint64_t last_exit_ns;
@@ -277,20 +279,26 @@ static void *reader_main(void *arg)
 		uint64_t bytes = 0;
 		int rc = 0;
 
+		/* Demand reads always go first, and prefetch reads never take
+		 * the last free reader (prefetch_readers = readers - 1 when
+		 * there are several): a demand read issued while guesses are
+		 * being read starts at once instead of behind one of them. */
 		while (!s->stop && s->q[Q_DEMAND].len == 0 &&
-		       (s->q[Q_PREFETCH].len == 0 || s->hold_prefetch))
+		       (s->q[Q_PREFETCH].len == 0 || s->hold_prefetch ||
+			s->prefetch_in_flight >= s->prefetch_readers))
 			pthread_cond_wait(&s->work_cv, &s->mu);
 		if (s->stop)
 			break;
-		/* Demand reads always go first. */
 		i = s->q[Q_DEMAND].len ? s->q[Q_DEMAND].head : s->q[Q_PREFETCH].head;
 		sl = &s->slots[i];
 		q_remove(s, i);
 		demand = sl->demand;
 		sl->state = SLOT_READING;
 		s->in_flight++;
-		if (!demand)
+		if (!demand) {
 			s->st.prefetch_issued++;
+			s->prefetch_in_flight++;
+		}
 		k3_store_source_plan(s->src, (size_t)sl->ex, &plan);
 		pthread_mutex_unlock(&s->mu);
 
@@ -313,6 +321,11 @@ static void *reader_main(void *arg)
 
 		pthread_mutex_lock(&s->mu);
 		s->in_flight--;
+		if (!demand) {
+			s->prefetch_in_flight--;
+			if (s->q[Q_PREFETCH].len)   /* a reader may take the next guess */
+				pthread_cond_signal(&s->work_cv);
+		}
 		s->st.bytes_read += bytes;
 		s->st.reads++;
 		if (demand)
@@ -394,6 +407,7 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 		s->cfg.prefetch_slots = (int)(s->n_slots / 2);
 	s->n_threads = cfg->dry_run ? 0 : cfg->io_threads ? cfg->io_threads
 							  : K3_STORE_DEFAULT_IO_THREADS;
+	s->prefetch_readers = s->n_threads ? s->n_threads : 1;
 	s->min_precision = cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
 							    : K3_STORE_PREFETCH_MIN_PRECISION;
 	for (size_t i = 0; i < n_ex; i++) {
@@ -619,12 +633,12 @@ static bool gate_open(const struct k3_store *s, uint32_t layer, uint32_t rank)
 	return (h + GATE_PRIOR_N * pooled) / (n + GATE_PRIOR_N) >= s->min_precision;
 }
 
-int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts,
+int k3_store_request(struct k3_store *s, uint32_t layer, const uint32_t *experts,
 		     size_t n, struct k3_store_view *views, struct k3_err *err)
 {
 	int32_t *got = NULL, *miss = NULL;
 	size_t n_miss = 0;
-	uint64_t gen, t0, t1;
+	uint64_t gen, t0;
 	int rc = 0;
 
 	if (n == 0)
@@ -786,37 +800,11 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		pthread_cond_broadcast(&s->work_cv);
 
 	for (size_t k = 0; k < n; k++) {
-		struct slot *sl = &s->slots[got[k]];
-		while (sl->state == SLOT_QUEUED || sl->state == SLOT_READING)
-			pthread_cond_wait(&s->done_cv, &s->mu);
-		if (sl->state == SLOT_ERROR && rc == 0 && sl->err == -EBADMSG)
-			rc = k3_err_set(err, -EBADMSG, "expert (%" PRIu32 ", %" PRIu32 ") has an MXFP4"
-					" scale byte 255 (NaN): the checkpoint is damaged",
-					layer, experts[k]);
-		else if (sl->state == SLOT_ERROR && rc == 0)
-			rc = k3_err_set(err, sl->err, "cannot read expert (%" PRIu32 ", %" PRIu32
-					") from '%s': %s", layer, experts[k],
-					k3_store_source_file_path(s->src,
-						k3_store_source_expert(s->src, (size_t)sl->ex)->ext[0].file),
-					strerror(-sl->err));
-	}
-	t1 = now_ns();
-	s->st.io_wait_ns += t1 - t0;
-	if (rc)
-		goto fail;
-	for (size_t k = 0; k < n; k++) {
-		const struct slot *sl = &s->slots[got[k]];
-		struct k3_store_plan plan;
-		k3_store_source_plan(s->src, (size_t)sl->ex, &plan);
-		views[k].layer = layer;
-		views[k].expert = experts[k];
-		views[k].slot = (uint32_t)got[k];
-		for (int a = 0; a < K3_STORE_ARRAYS; a++) {
-			views[k].array[a] = sl->mem ? sl->mem + plan.array_offset[a] : NULL;
-			views[k].length[a] = plan.array_length[a];
-		}
+		views[k] = (struct k3_store_view){ .layer = layer, .expert = experts[k],
+						   .slot = (uint32_t)got[k] };
 	}
 	s->last_exit_ns = now_ns();
+	s->st.io_wait_ns += s->last_exit_ns - t0;
 	pthread_mutex_unlock(&s->mu);
 	free(got);
 	free(miss);
@@ -831,6 +819,76 @@ fail:
 	free(got);
 	free(miss);
 	return rc;
+}
+
+/* unpin_call over the slots of views[0..n) (one request). */
+static void unpin_views(struct k3_store *s, const struct k3_store_view *views, size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		int32_t i = (int32_t)views[k].slot;
+		unpin_call(s, &i, 1);
+	}
+}
+
+int k3_store_wait(struct k3_store *s, struct k3_store_view *views, size_t n, struct k3_err *err)
+{
+	uint64_t t0;
+	int rc = 0;
+
+	if (n == 0)
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	t0 = now_ns();
+	if (s->last_exit_ns && t0 > s->last_exit_ns)
+		s->st.compute_ns += t0 - s->last_exit_ns;
+	for (size_t k = 0; k < n; k++) {
+		struct slot *sl = &s->slots[views[k].slot];
+		while (sl->state == SLOT_QUEUED || sl->state == SLOT_READING)
+			pthread_cond_wait(&s->done_cv, &s->mu);
+		if (sl->state == SLOT_ERROR && rc == 0 && sl->err == -EBADMSG)
+			rc = k3_err_set(err, -EBADMSG, "expert (%" PRIu32 ", %" PRIu32 ") has an MXFP4"
+					" scale byte 255 (NaN): the checkpoint is damaged",
+					views[k].layer, views[k].expert);
+		else if (sl->state == SLOT_ERROR && rc == 0)
+			rc = k3_err_set(err, sl->err, "cannot read expert (%" PRIu32 ", %" PRIu32
+					") from '%s': %s", views[k].layer, views[k].expert,
+					k3_store_source_file_path(s->src,
+						k3_store_source_expert(s->src, (size_t)sl->ex)->ext[0].file),
+					strerror(-sl->err));
+	}
+	if (rc) {
+		unpin_views(s, views, n);
+	} else {
+		for (size_t k = 0; k < n; k++) {
+			const struct slot *sl = &s->slots[views[k].slot];
+			struct k3_store_plan plan;
+			k3_store_source_plan(s->src, (size_t)sl->ex, &plan);
+			for (int a = 0; a < K3_STORE_ARRAYS; a++) {
+				views[k].array[a] = sl->mem ? sl->mem + plan.array_offset[a] : NULL;
+				views[k].length[a] = plan.array_length[a];
+			}
+		}
+	}
+	s->last_exit_ns = now_ns();
+	s->st.io_wait_ns += s->last_exit_ns - t0;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+void k3_store_request_abort(struct k3_store *s, const struct k3_store_view *views, size_t n)
+{
+	pthread_mutex_lock(&s->mu);
+	unpin_views(s, views, n);
+	pthread_mutex_unlock(&s->mu);
+}
+
+int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts,
+		     size_t n, struct k3_store_view *views, struct k3_err *err)
+{
+	int rc = k3_store_request(s, layer, experts, n, views, err);
+	if (rc)
+		return rc;
+	return k3_store_wait(s, views, n, err);
 }
 
 void k3_store_release(struct k3_store *s, const struct k3_store_view *views, size_t n)

@@ -36,7 +36,9 @@
 
 enum {
 	K3_STORE_MAX_IO_THREADS = 16,
-	K3_STORE_DEFAULT_IO_THREADS = 2,   /* >= 2 reads in flight (issue 7) */
+	/* >= 2 reads in flight (issue 7); prefetch reads may occupy all
+	 * readers but one (a demand read never waits behind a guess). */
+	K3_STORE_DEFAULT_IO_THREADS = 2,
 	K3_STORE_GUESS_RANKS = 64,         /* ranks the precision gate tracks */
 };
 
@@ -168,6 +170,24 @@ void k3_store_step_begin(struct k3_store *s);
  * read errno (-EIO...) naming the expert. On error nothing stays pinned. */
 int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts,
 		     size_t n, struct k3_store_view *views, struct k3_err *err);
+
+/* The two halves of k3_store_acquire, so the reads of a layer's misses
+ * run while the caller computes something else (the shared experts):
+ * k3_store_request does everything acquire does except waiting (pins,
+ * counts demand hits and misses, cancels the layer's wrong guesses, queues
+ * the misses ahead of every prefetch) and fills views[0..n) with layer,
+ * expert and slot only; k3_store_wait then blocks until those experts are
+ * readable and fills their arrays. After a 0 from request exactly one of
+ * k3_store_wait (then k3_store_release as usual) or k3_store_request_abort
+ * must follow. Errors as acquire; on an error of either half nothing of
+ * this request stays pinned. Time inside both counts as I/O wait, time
+ * between them as compute. */
+int k3_store_request(struct k3_store *s, uint32_t layer, const uint32_t *experts,
+		     size_t n, struct k3_store_view *views, struct k3_err *err);
+int k3_store_wait(struct k3_store *s, struct k3_store_view *views, size_t n, struct k3_err *err);
+/* Gives up a request that will not be waited for: unpins its experts and
+ * drops those of its reads that have not started. */
+void k3_store_request_abort(struct k3_store *s, const struct k3_store_view *views, size_t n);
 
 /* Unpins views[0..n) from one acquire. */
 void k3_store_release(struct k3_store *s, const struct k3_store_view *views, size_t n);

@@ -54,15 +54,8 @@ static void src_release(void *vctx, uint32_t layer, uint32_t expert)
 		c->last_error = -ENOENT;
 }
 
-static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, size_t n,
-			     struct k3_prov_expert *out, struct k3_err *err)
+static int grow_layer_views(struct k3_store_engine_src *c, size_t n, struct k3_err *err)
 {
-	struct k3_store_engine_src *c = vctx;
-	int rc;
-
-	if (c->n_layer_views)
-		return k3_err_set(err, -EBUSY, "layer %u acquired while layer %u is still held",
-				  layer, c->layer);
 	if (n > c->cap_layer_views) {
 		struct k3_store_view *nv = realloc(c->layer_views, n * sizeof(*nv));
 		if (!nv)
@@ -70,12 +63,11 @@ static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, si
 		c->layer_views = nv;
 		c->cap_layer_views = n;
 	}
-	k3_store_step_begin(c->store);
-	c->layer = layer;
-	rc = k3_store_acquire(c->store, layer, ids, n, c->layer_views, err);
-	if (rc)
-		return rc;
-	c->n_layer_views = n;
+	return 0;
+}
+
+static void fill_spans(const struct k3_store_engine_src *c, size_t n, struct k3_prov_expert *out)
+{
 	for (size_t i = 0; i < n; i++) {
 		const struct k3_store_view *v = &c->layer_views[i];
 		out[i].w1_packed = v->array[K3_STORE_W1_PACKED];
@@ -85,6 +77,73 @@ static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, si
 		out[i].w3_packed = v->array[K3_STORE_W3_PACKED];
 		out[i].w3_scale = v->array[K3_STORE_W3_SCALE];
 	}
+}
+
+static int src_request_layer(void *vctx, uint32_t layer, const uint32_t *ids, size_t n,
+			     struct k3_err *err)
+{
+	struct k3_store_engine_src *c = vctx;
+	int rc;
+
+	if (c->n_layer_views || c->n_requested)
+		return k3_err_set(err, -EBUSY, "layer %u requested while layer %u is still held",
+				  layer, c->layer);
+	if (n == 0)
+		return 0;
+	rc = grow_layer_views(c, n, err);
+	if (rc)
+		return rc;
+	if (n > c->cap_req_ids) {
+		uint32_t *ni = realloc(c->req_ids, n * sizeof(*ni));
+		if (!ni)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		c->req_ids = ni;
+		c->cap_req_ids = n;
+	}
+	k3_store_step_begin(c->store);
+	c->layer = layer;
+	rc = k3_store_request(c->store, layer, ids, n, c->layer_views, err);
+	if (rc)
+		return rc;
+	memcpy(c->req_ids, ids, n * sizeof(*ids));
+	c->n_requested = n;
+	return 0;
+}
+
+static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, size_t n,
+			     struct k3_prov_expert *out, struct k3_err *err)
+{
+	struct k3_store_engine_src *c = vctx;
+	int rc;
+
+	if (c->n_requested) {
+		size_t nr = c->n_requested;
+		c->n_requested = 0;
+		if (layer == c->layer && n == nr && memcmp(ids, c->req_ids, n * sizeof(*ids)) == 0) {
+			rc = k3_store_wait(c->store, c->layer_views, n, err);
+			if (rc)
+				return rc;
+			c->n_layer_views = n;
+			fill_spans(c, n, out);
+			return 0;
+		}
+		/* Not what was requested (a caller outside the engine's
+		 * order): give the request up and acquire afresh. */
+		k3_store_request_abort(c->store, c->layer_views, nr);
+	}
+	if (c->n_layer_views)
+		return k3_err_set(err, -EBUSY, "layer %u acquired while layer %u is still held",
+				  layer, c->layer);
+	rc = grow_layer_views(c, n, err);
+	if (rc)
+		return rc;
+	k3_store_step_begin(c->store);
+	c->layer = layer;
+	rc = k3_store_acquire(c->store, layer, ids, n, c->layer_views, err);
+	if (rc)
+		return rc;
+	c->n_layer_views = n;
+	fill_spans(c, n, out);
 	return 0;
 }
 
@@ -94,6 +153,10 @@ static void src_release_layer(void *vctx, uint32_t layer)
 
 	if (layer != c->layer && !c->last_error)
 		c->last_error = -ENOENT;
+	if (c->n_requested) {   /* requested, never acquired (an error in between) */
+		k3_store_request_abort(c->store, c->layer_views, c->n_requested);
+		c->n_requested = 0;
+	}
 	k3_store_release(c->store, c->layer_views, c->n_layer_views);
 	c->n_layer_views = 0;
 }
@@ -129,6 +192,7 @@ void k3_store_engine_src_init(struct k3_store_engine_src *ctx, struct k3_store *
 					  .release = src_release,
 					  .acquire_layer = src_acquire_layer,
 					  .release_layer = src_release_layer,
+					  .request_layer = src_request_layer,
 					  .max_experts = info.n_slots };
 }
 
@@ -138,6 +202,9 @@ void k3_store_engine_src_release(struct k3_store_engine_src *ctx)
 	ctx->held = NULL;
 	free(ctx->layer_views);
 	ctx->layer_views = NULL;
+	free(ctx->req_ids);
+	ctx->req_ids = NULL;
+	ctx->n_requested = ctx->cap_req_ids = 0;
 	ctx->n_layer_views = ctx->cap_layer_views = 0;
 	ctx->n_held = ctx->cap_held = 0;
 }

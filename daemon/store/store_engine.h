@@ -9,7 +9,10 @@
  * layer and group of positions, so a chunk's experts are deduplicated, its
  * misses issued together sorted by offset with several reads in flight,
  * and all of them pinned until the layer's routed_experts op is done; each
- * acquire_layer is one store step. max_experts is the store's slot count,
+ * acquire_layer is one store step. request_layer (k3_store_request) starts
+ * that step right after the router, so the misses are being read while the
+ * engine computes the shared experts; the acquire_layer that follows with
+ * the same ids only waits (k3_store_wait). max_experts is the store's slot count,
  * so a chunk whose distinct experts exceed the cache runs in groups of
  * positions instead of failing.
  *
@@ -37,6 +40,11 @@ struct k3_store_engine_src {
 	size_t n_layer_views, cap_layer_views;
 	uint64_t guesses;              /* lookahead guesses offered to the store */
 	uint64_t guesses_queued;       /* of which k3_store_prefetch queued a read */
+	/* request_layer done, acquire_layer not yet: layer_views[0..n_requested)
+	 * are k3_store_request views for req_ids[0..n_requested) of `layer`. */
+	size_t n_requested;
+	uint32_t *req_ids;
+	size_t cap_req_ids;
 };
 
 /* Initializes ctx over store and fills *out for k3_engine_set_expert_source.

@@ -7,6 +7,7 @@
 #include <errno.h>
 
 #include "store/store.h"
+#include "store/store_engine.h"
 #include "store/store_pack.h"
 #include "fixture.h"
 
@@ -525,6 +526,99 @@ static void test_random(struct k3_store_source *src, enum k3_store_policy pol, u
 	k3_store_free(s);
 }
 
+/* request + wait = acquire: the misses are counted as demand (not
+ * prefetch) at the request, their reads run before the wait, the bytes are
+ * the shard bytes; an aborted request leaves nothing pinned. */
+static void test_request(struct k3_store_source *src, unsigned threads)
+{
+	struct k3_store *s = mk(src, 6, threads, K3_STORE_POLICY_LRU);
+	struct k3_store_stats a, b, d;
+	struct k3_store_info info;
+	struct k3_store_view v[4];
+	struct k3_err err = { 0 };
+	uint32_t ids[3] = { 12, 3, 12 }, other[2] = { 6, 15 };
+
+	if (!s)
+		return;
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_request(s, 2, ids, 3, v, &err), 0);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.demand_misses, 2);   /* 12 twice: one count */
+	T_EQ_U64(d.demand_hits, 0);
+	T_EQ_U64(d.prefetch_issued, 0);
+	k3_store_info_get(s, &info);
+	T_EQ_INT((int)info.pinned, 2);
+	T_OK(v[0].array[0] == NULL);    /* only the wait hands out the bytes */
+	k3_store_drain(s);              /* the reads ran without a wait */
+	T_OK(k3_store_resident(s, 2, 12) && k3_store_resident(s, 2, 3));
+	T_EQ_INT(k3_store_wait(s, v, 3, &err), 0);
+	T_EQ_INT(view_errors(v, 3), 0);
+	k3_store_release(s, v, 3);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.reads, 2);
+	if (!k3_store_source_file_direct(src, 0))   /* O_DIRECT rounds to 4 KiB */
+		T_EQ_U64(d.demand_bytes, cost(src, 2, 12) + cost(src, 2, 3));
+	T_OK(d.demand_bytes >= cost(src, 2, 12) + cost(src, 2, 3));
+	T_EQ_U64(d.bytes_read, d.demand_bytes);
+
+	/* Abort: nothing stays pinned, a later acquire gets the right bytes. */
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_request(s, 3, other, 2, v, &err), 0);
+	k3_store_request_abort(s, v, 2);
+	k3_store_drain(s);
+	k3_store_info_get(s, &info);
+	T_EQ_INT((int)info.pinned, 0);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 3, other, 2, v, &err), 0);
+	T_EQ_INT(view_errors(v, 2), 0);
+	k3_store_release(s, v, 2);
+
+	/* The engine adapter: request_layer then acquire_layer with the same
+	 * ids only waits (one step); different ids give the request up and
+	 * acquire afresh; release_layer after a request alone aborts it. */
+	{
+		struct k3_store_engine_src ectx;
+		struct k3_expert_source es;
+		struct k3_prov_expert sp[3];
+		uint32_t l1[3] = { 0, 9, 0 }, l1b[2] = { 15, 6 };
+		k3_store_engine_src_init(&ectx, s, &es);
+		T_OK(es.request_layer != NULL);
+		k3_store_stats_get(s, &a);
+		T_EQ_INT(es.request_layer(es.ctx, 1, l1, 3, &err), 0);
+		T_EQ_INT(es.acquire_layer(es.ctx, 1, l1, 3, sp, &err), 0);
+		size_t i0 = fx_find(&fx, 1, 0), i3 = fx_find(&fx, 1, 9);
+		T_OK(memcmp(sp[0].w2_scale, fx_array(&fx, i0, K3_STORE_W2_SCALE),
+			    fx_len[K3_STORE_W2_SCALE]) == 0);
+		T_OK(memcmp(sp[1].w3_packed, fx_array(&fx, i3, K3_STORE_W3_PACKED),
+			    fx_len[K3_STORE_W3_PACKED]) == 0);
+		T_OK(sp[2].w1_packed == sp[0].w1_packed);
+		es.release_layer(es.ctx, 1);
+		k3_store_stats_get(s, &b);
+		k3_store_stats_sub(&b, &a, &d);
+		T_EQ_U64(d.steps, 1);
+		T_EQ_U64(d.demand_misses, 2);
+
+		T_EQ_INT(es.request_layer(es.ctx, 1, l1, 3, &err), 0);
+		T_EQ_INT(es.acquire_layer(es.ctx, 1, l1b, 2, sp, &err), 0);
+		size_t i5 = fx_find(&fx, 1, 15);
+		T_OK(memcmp(sp[0].w1_packed, fx_array(&fx, i5, K3_STORE_W1_PACKED),
+			    fx_len[K3_STORE_W1_PACKED]) == 0);
+		es.release_layer(es.ctx, 1);
+		T_EQ_INT(es.request_layer(es.ctx, 3, other, 2, &err), 0);
+		T_EQ_INT(es.request_layer(es.ctx, 3, other, 2, &err), -EBUSY);
+		es.release_layer(es.ctx, 3);
+		k3_store_drain(s);
+		k3_store_info_get(s, &info);
+		T_EQ_INT((int)info.pinned, 0);
+		T_EQ_INT(ectx.last_error, 0);
+		k3_store_engine_src_release(&ectx);
+	}
+	k3_store_free(s);
+}
+
 int main(void)
 {
 	struct k3_store_source *off, *on, *pk;
@@ -570,6 +664,8 @@ int main(void)
 	test_prefetch_cold_end(off, K3_STORE_POLICY_LRU);
 	test_prefetch_cold_end(off, K3_STORE_POLICY_FREQ);
 	test_prefetch_gate(off);
+	test_request(off, 1);
+	test_request(on, 2);
 	test_random(off, K3_STORE_POLICY_LRU, 1);
 	test_random(on, K3_STORE_POLICY_FREQ, 3);
 	test_random(off, K3_STORE_POLICY_FREQ, 2);
