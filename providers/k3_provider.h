@@ -237,6 +237,29 @@ struct k3_provider {
 	/* Compute threads for later calls (1..256). */
 	int (*set_threads)(k3_prov_model *m, uint32_t threads,
 			   struct k3_prov_status *st);
+
+	/*
+	 * Optional (all three or none; present when struct_size covers them):
+	 * routed_experts in pieces, so an engine whose expert spans arrive one
+	 * by one (a streaming store) computes each expert as soon as its span
+	 * is readable. routed_begin(x, T, ids) starts the call (the down
+	 * projection); routed_expert(expert, span) computes every slot of
+	 * ids[T][top_k] that holds `expert`, each slot's output in its own
+	 * buffer (the span need only live for that call); routed_end adds the
+	 * weighted sum over the slots in route order k = 0..top_k-1, then
+	 * RMSNorm and Wup, into out, exactly as routed_experts would: the
+	 * result is bit-identical whatever order the experts came in. Between
+	 * begin and end only routed_expert may be called on this model handle
+	 * (the state lives in the provider's scratch); ids and x must stay
+	 * unchanged until end. routed_expert of an expert with no (remaining)
+	 * slot, or routed_end before every slot was computed: -EINVAL.
+	 */
+	int (*routed_begin)(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+			    const uint32_t *ids, struct k3_prov_status *st);
+	int (*routed_expert)(k3_prov_model *m, uint32_t layer, uint32_t expert,
+			     const struct k3_prov_expert *span, struct k3_prov_status *st);
+	int (*routed_end)(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
+			  struct k3_prov_status *st);
 };
 
 #endif

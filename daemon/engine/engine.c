@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@
 struct k3_engine {
 	const struct k3_model *model;
 	const struct k3_provider *prov;
+	bool prov_pieces;            /* prov has routed_begin/expert/end */
 	k3_prov_model *pm;
 	struct k3_prov_config cfg;
 	struct k3_prov_weights weights;
@@ -264,6 +266,9 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 		return k3_err_set(err, -ENOMEM, "out of memory");
 	e->model = model;
 	e->prov = prov;
+	e->prov_pieces = prov->struct_size >= offsetof(struct k3_provider, routed_end) +
+						sizeof(prov->routed_end) &&
+			 prov->routed_begin && prov->routed_expert && prov->routed_end;
 	const struct k3_model_config *mc = k3_model_config(model);
 	const struct k3_model_plan *plan = k3_model_plan(model);
 	int rc = build_config(mc, &e->cfg, err);
@@ -506,6 +511,27 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 		if (requested)
 			e->src.release_layer(e->src.ctx, l);
 		return prov_err(e, err, rc, &st);
+	}
+	/* One group, a source that hands experts out as they arrive and a
+	 * provider that computes them one by one: each expert runs as soon as
+	 * its span is readable; the provider sums in route order at the end,
+	 * so the result does not depend on the arrival order. */
+	if (requested && t1 == n && e->src.await_expert && e->prov_pieces) {
+		uint32_t id;
+		struct k3_prov_expert sp;
+		rc = p->routed_begin(e->pm, l, e->x, n, e->ids, &st);
+		while (rc == 0) {
+			int got = e->src.await_expert(e->src.ctx, l, &id, &sp, err);
+			if (got < 0)
+				return got;   /* the source released the request */
+			if (got == 0)
+				break;
+			rc = p->routed_expert(e->pm, l, id, &sp, &st);
+		}
+		if (rc == 0)
+			rc = p->routed_end(e->pm, l, e->w, e->mb, &st);
+		e->src.release_layer(e->src.ctx, l);
+		return rc ? prov_err(e, err, rc, &st) : 0;
 	}
 	for (uint32_t t0 = 0; t0 < n;) {
 		if (t0 > 0)

@@ -76,6 +76,18 @@ struct k3_expert_source {
 	 */
 	int (*request_layer)(void *ctx, uint32_t layer, const uint32_t *ids, size_t n,
 			     struct k3_err *err);
+	/*
+	 * Optional, with request_layer: instead of the acquire_layer after a
+	 * request, hands the requested experts out one at a time in the order
+	 * they become readable, so the engine computes each as it arrives.
+	 * Returns 1 with *expert and *out (its spans, valid until
+	 * release_layer), 0 once every distinct expert of the request was
+	 * handed out (release_layer follows, as after acquire_layer), or a
+	 * negative errno (the source then holds nothing of the request and
+	 * release_layer is not called).
+	 */
+	int (*await_expert)(void *ctx, uint32_t layer, uint32_t *expert,
+			    struct k3_prov_expert *out, struct k3_err *err);
 	/* With acquire_layer: the most distinct experts one acquire_layer may
 	 * hold (a RAM cache's slots); 0 = no limit. The engine splits a chunk's
 	 * positions into consecutive groups that each fit (results are

@@ -407,7 +407,7 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 		s->cfg.prefetch_slots = (int)(s->n_slots / 2);
 	s->n_threads = cfg->dry_run ? 0 : cfg->io_threads ? cfg->io_threads
 							  : K3_STORE_DEFAULT_IO_THREADS;
-	s->prefetch_readers = s->n_threads ? s->n_threads : 1;
+	s->prefetch_readers = s->n_threads > 1 ? s->n_threads - 1 : 1;
 	s->min_precision = cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
 							    : K3_STORE_PREFETCH_MIN_PRECISION;
 	for (size_t i = 0; i < n_ex; i++) {
@@ -868,6 +868,79 @@ int k3_store_wait(struct k3_store *s, struct k3_store_view *views, size_t n, str
 				views[k].length[a] = plan.array_length[a];
 			}
 		}
+	}
+	s->last_exit_ns = now_ns();
+	s->st.io_wait_ns += s->last_exit_ns - t0;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+static void fill_view(struct k3_store *s, struct k3_store_view *v)
+{
+	const struct slot *sl = &s->slots[v->slot];
+	struct k3_store_plan plan;
+
+	k3_store_source_plan(s->src, (size_t)sl->ex, &plan);
+	for (int a = 0; a < K3_STORE_ARRAYS; a++) {
+		v->array[a] = sl->mem ? sl->mem + plan.array_offset[a] : NULL;
+		v->length[a] = plan.array_length[a];
+	}
+}
+
+int k3_store_wait_any(struct k3_store *s, struct k3_store_view *views, size_t n,
+		      uint8_t *taken, size_t *which, struct k3_err *err)
+{
+	uint64_t t0;
+	int rc = 0;
+
+	pthread_mutex_lock(&s->mu);
+	t0 = now_ns();
+	if (s->last_exit_ns && t0 > s->last_exit_ns)
+		s->st.compute_ns += t0 - s->last_exit_ns;
+	for (;;) {
+		bool left = false;
+		size_t k;
+		for (k = 0; k < n; k++) {
+			const struct slot *sl;
+			if (taken[k])
+				continue;
+			left = true;
+			sl = &s->slots[views[k].slot];
+			if (sl->state != SLOT_QUEUED && sl->state != SLOT_READING)
+				break;
+		}
+		if (!left) {
+			rc = 0;
+			break;
+		}
+		if (k == n) {
+			pthread_cond_wait(&s->done_cv, &s->mu);
+			continue;
+		}
+		const struct slot *sl = &s->slots[views[k].slot];
+		if (sl->state == SLOT_ERROR) {
+			if (sl->err == -EBADMSG)
+				rc = k3_err_set(err, -EBADMSG, "expert (%" PRIu32 ", %" PRIu32 ") has an"
+						" MXFP4 scale byte 255 (NaN): the checkpoint is damaged",
+						views[k].layer, views[k].expert);
+			else
+				rc = k3_err_set(err, sl->err, "cannot read expert (%" PRIu32 ", %" PRIu32
+						") from '%s': %s", views[k].layer, views[k].expert,
+						k3_store_source_file_path(s->src,
+							k3_store_source_expert(s->src, (size_t)sl->ex)->ext[0].file),
+						strerror(-sl->err));
+			unpin_views(s, views, n);
+			break;
+		}
+		for (size_t j = k; j < n; j++) {
+			if (!taken[j] && views[j].slot == views[k].slot) {
+				fill_view(s, &views[j]);
+				taken[j] = 1;
+			}
+		}
+		*which = k;
+		rc = 1;
+		break;
 	}
 	s->last_exit_ns = now_ns();
 	s->st.io_wait_ns += s->last_exit_ns - t0;

@@ -185,6 +185,14 @@ int k3_store_acquire(struct k3_store *s, uint32_t layer, const uint32_t *experts
 int k3_store_request(struct k3_store *s, uint32_t layer, const uint32_t *experts,
 		     size_t n, struct k3_store_view *views, struct k3_err *err);
 int k3_store_wait(struct k3_store *s, struct k3_store_view *views, size_t n, struct k3_err *err);
+/* Like k3_store_wait, one expert at a time in the order they become
+ * readable: among views[0..n) whose taken[k] is 0, picks one that is ready
+ * (blocking until one is), fills its arrays and those of its duplicates
+ * (same slot), sets their taken[] to 1, and returns 1 with *which = its
+ * index; returns 0 when every view is taken. On an error (as wait) every
+ * view of the request is unpinned, taken or not. */
+int k3_store_wait_any(struct k3_store *s, struct k3_store_view *views, size_t n,
+		      uint8_t *taken, size_t *which, struct k3_err *err);
 /* Gives up a request that will not be waited for: unpins its experts and
  * drops those of its reads that have not started. */
 void k3_store_request_abort(struct k3_store *s, const struct k3_store_view *views, size_t n);

@@ -66,10 +66,10 @@ static int grow_layer_views(struct k3_store_engine_src *c, size_t n, struct k3_e
 	return 0;
 }
 
-static void fill_spans(const struct k3_store_engine_src *c, size_t n, struct k3_prov_expert *out)
+static void fill_spans(const struct k3_store_view *views, size_t n, struct k3_prov_expert *out)
 {
 	for (size_t i = 0; i < n; i++) {
-		const struct k3_store_view *v = &c->layer_views[i];
+		const struct k3_store_view *v = &views[i];
 		out[i].w1_packed = v->array[K3_STORE_W1_PACKED];
 		out[i].w1_scale = v->array[K3_STORE_W1_SCALE];
 		out[i].w2_packed = v->array[K3_STORE_W2_PACKED];
@@ -98,6 +98,10 @@ static int src_request_layer(void *vctx, uint32_t layer, const uint32_t *ids, si
 		if (!ni)
 			return k3_err_set(err, -ENOMEM, "out of memory");
 		c->req_ids = ni;
+		uint8_t *nt = realloc(c->taken, n);
+		if (!nt)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		c->taken = nt;
 		c->cap_req_ids = n;
 	}
 	k3_store_step_begin(c->store);
@@ -124,7 +128,7 @@ static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, si
 			if (rc)
 				return rc;
 			c->n_layer_views = n;
-			fill_spans(c, n, out);
+			fill_spans(c->layer_views, n, out);
 			return 0;
 		}
 		/* Not what was requested (a caller outside the engine's
@@ -143,8 +147,37 @@ static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, si
 	if (rc)
 		return rc;
 	c->n_layer_views = n;
-	fill_spans(c, n, out);
+	fill_spans(c->layer_views, n, out);
 	return 0;
+}
+
+static int src_await_expert(void *vctx, uint32_t layer, uint32_t *expert,
+			    struct k3_prov_expert *out, struct k3_err *err)
+{
+	struct k3_store_engine_src *c = vctx;
+	size_t k;
+	int rc;
+
+	if (c->n_requested) {   /* the first call after request_layer */
+		if (layer != c->layer)
+			return k3_err_set(err, -EINVAL, "layer %u awaited, layer %u requested",
+					  layer, c->layer);
+		c->n_layer_views = c->n_requested;
+		c->n_requested = 0;
+		memset(c->taken, 0, c->n_layer_views);
+	}
+	if (c->n_layer_views == 0)
+		return 0;
+	rc = k3_store_wait_any(c->store, c->layer_views, c->n_layer_views, c->taken, &k, err);
+	if (rc < 0) {
+		c->n_layer_views = 0;   /* wait_any unpinned the request */
+		return rc;
+	}
+	if (rc == 0)
+		return 0;
+	*expert = c->layer_views[k].expert;
+	fill_spans(&c->layer_views[k], 1, out);
+	return 1;
 }
 
 static void src_release_layer(void *vctx, uint32_t layer)
@@ -193,6 +226,7 @@ void k3_store_engine_src_init(struct k3_store_engine_src *ctx, struct k3_store *
 					  .acquire_layer = src_acquire_layer,
 					  .release_layer = src_release_layer,
 					  .request_layer = src_request_layer,
+					  .await_expert = src_await_expert,
 					  .max_experts = info.n_slots };
 }
 
@@ -204,6 +238,8 @@ void k3_store_engine_src_release(struct k3_store_engine_src *ctx)
 	ctx->layer_views = NULL;
 	free(ctx->req_ids);
 	ctx->req_ids = NULL;
+	free(ctx->taken);
+	ctx->taken = NULL;
 	ctx->n_requested = ctx->cap_req_ids = 0;
 	ctx->n_layer_views = ctx->cap_layer_views = 0;
 	ctx->n_held = ctx->cap_held = 0;

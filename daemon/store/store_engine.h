@@ -12,7 +12,9 @@
  * acquire_layer is one store step. request_layer (k3_store_request) starts
  * that step right after the router, so the misses are being read while the
  * engine computes the shared experts; the acquire_layer that follows with
- * the same ids only waits (k3_store_wait). max_experts is the store's slot count,
+ * the same ids only waits (k3_store_wait), or await_expert
+ * (k3_store_wait_any) hands the experts out one by one as their reads
+ * finish. max_experts is the store's slot count,
  * so a chunk whose distinct experts exceed the cache runs in groups of
  * positions instead of failing.
  *
@@ -45,6 +47,7 @@ struct k3_store_engine_src {
 	size_t n_requested;
 	uint32_t *req_ids;
 	size_t cap_req_ids;
+	uint8_t *taken;                /* [cap_req_ids]: await_expert handed layer_views[i] out */
 };
 
 /* Initializes ctx over store and fills *out for k3_engine_set_expert_source.

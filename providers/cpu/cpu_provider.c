@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,10 @@ struct k3_prov_model {
 	uint32_t *eslot;         /* [slots] */
 	struct k3_cpu_job *ejobs;  /* [3 * slots] */
 	uint8_t *edone;          /* [slots] */
+	/* routed_begin .. routed_end in progress (routed_expert fills rows) */
+	const uint32_t *r_ids;   /* borrowed from routed_begin */
+	uint32_t r_layer, r_T, r_rows;
+	bool r_open;
 };
 
 struct k3_prov_kda_state {
@@ -1034,68 +1039,82 @@ static int cpu_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t
 	return 0;
 }
 
-static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
-			      const uint32_t *ids, const float *weights,
-			      const struct k3_prov_expert *experts, float *out,
-			      struct k3_prov_status *st)
+/* Validates ids and spans of a routed call's slots; spans may be NULL
+ * (routed_begin: they come later). */
+static int routed_check(k3_prov_model *m, uint32_t layer, uint32_t T, const uint32_t *ids,
+			const struct k3_prov_expert *experts, struct k3_prov_status *st)
 {
 	int rc = check_T(m, T, st);
 	if (!rc)
 		rc = check_layer(m, layer, 0, K3_PROV_FFN_MOE, st);
 	if (rc)
 		return rc;
-	const struct cpu_layer *L = &m->layers[layer];
-	const struct k3_prov_config *c = &m->cfg;
-	uint32_t D = c->hidden, lat = c->latent, I = c->moe_inter, K = c->top_k;
-	size_t W = m->wide, TK = (size_t)T * K;
+	size_t TK = (size_t)T * m->cfg.top_k;
 	for (size_t i = 0; i < TK; i++) {
-		const struct k3_prov_expert *e = &experts[i];
-		if (ids[i] >= c->n_experts || !e->w1_packed || !e->w1_scale || !e->w2_packed ||
-		    !e->w2_scale || !e->w3_packed || !e->w3_scale)
+		const struct k3_prov_expert *e = experts ? &experts[i] : NULL;
+		if (ids[i] >= m->cfg.n_experts ||
+		    (e && (!e->w1_packed || !e->w1_scale || !e->w2_packed || !e->w2_scale ||
+			   !e->w3_packed || !e->w3_scale)))
 			return fail(st, -EINVAL, "layer %u: expert slot %zu (id %u) has no span",
 				    layer, i, ids[i]);
 	}
-	float *z = m->s[0], *ysum = m->s[1];
-	k3_cpu_linear(&m->ctx, &L->ldown, x, D, T, z, W);
+	return 0;
+}
 
-	/* Group the T*K slots by expert so each expert's weights stream once
-	 * per call: gather the inputs of its slots (group order), run all
-	 * experts' W1/W3 as one parallel region, SiTU, then all W2. The
-	 * matmuls are batch invariant, so a slot's output does not depend on
-	 * its companions. row_of[slot] = the slot's row in the gathered order. */
+/* The n slots rows[first..first+n) of one expert (inputs gathered in gx):
+ * W1/W3, SiTU, W2 into Y rows first..first+n. Batch invariant, so a
+ * slot's output does not depend on its companions or on which call
+ * computed it. */
+static void expert_rows(k3_prov_model *m, const struct k3_prov_expert *sp, uint32_t first,
+			uint32_t n)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t lat = c->latent, I = c->moe_inter;
 	float *gx = m->ex, *g = m->eg, *u = m->eu, *Y = m->ey;
-	uint32_t *row_of = m->eslot;
-	uint8_t *done = m->edone;
-	struct k3_cpu_job *jobs = m->ejobs;
-	uint32_t ng = 0, rows = 0;
-	memset(done, 0, TK);
-	for (size_t i = 0; i < TK; i++) {
-		if (done[i])
-			continue;
-		uint32_t e = ids[i], first = rows;
-		for (size_t j = i; j < TK; j++) {
-			if (done[j] || ids[j] != e)
-				continue;
-			done[j] = 1;
-			row_of[j] = rows;
-			memcpy(gx + (size_t)rows * lat, z + (j / K) * W, lat * sizeof(float));
-			rows++;
-		}
-		const struct k3_prov_expert *sp = &experts[i];
-		uint32_t n = rows - first;
-		jobs[2 * ng] = MXJOB(sp->w1_packed, sp->w1_scale, I, lat, gx + (size_t)first * lat,
-				     lat, n, g + (size_t)first * I, I);
-		jobs[2 * ng + 1] = MXJOB(sp->w3_packed, sp->w3_scale, I, lat, gx + (size_t)first * lat,
-					 lat, n, u + (size_t)first * I, I);
-		/* the W2 job of this group, kept past the W1/W3 pairs */
-		jobs[2 * TK + ng] = MXJOB(sp->w2_packed, sp->w2_scale, lat, I, g + (size_t)first * I,
-					  I, n, Y + (size_t)first * lat, lat);
-		ng++;
-	}
-	k3_cpu_linear_multi(&m->ctx, jobs, 2 * ng);
-	for (uint32_t r = 0; r < rows; r++)
+	struct k3_cpu_job jobs[3];
+
+	jobs[0] = MXJOB(sp->w1_packed, sp->w1_scale, I, lat, gx + (size_t)first * lat, lat, n,
+			g + (size_t)first * I, I);
+	jobs[1] = MXJOB(sp->w3_packed, sp->w3_scale, I, lat, gx + (size_t)first * lat, lat, n,
+			u + (size_t)first * I, I);
+	jobs[2] = MXJOB(sp->w2_packed, sp->w2_scale, lat, I, g + (size_t)first * I, I, n,
+			Y + (size_t)first * lat, lat);
+	k3_cpu_linear_multi(&m->ctx, jobs, 2);
+	for (uint32_t r = first; r < first + n; r++)
 		situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
-	k3_cpu_linear_multi(&m->ctx, jobs + 2 * TK, ng);
+	k3_cpu_linear_multi(&m->ctx, jobs + 2, 1);
+}
+
+/* Gathers the not yet computed slots of expert e (z = Wdown x rows) into
+ * gx rows from m->r_rows on; returns how many. */
+static uint32_t gather_expert(k3_prov_model *m, const uint32_t *ids, size_t TK, uint32_t e,
+			      const float *z)
+{
+	uint32_t lat = m->cfg.latent, K = m->cfg.top_k, rows = m->r_rows, n = 0;
+	size_t W = m->wide;
+
+	for (size_t j = 0; j < TK; j++) {
+		if (m->edone[j] || ids[j] != e)
+			continue;
+		m->edone[j] = 1;
+		m->eslot[j] = rows + n;
+		memcpy(m->ex + (size_t)(rows + n) * lat, z + (j / K) * W, lat * sizeof(float));
+		n++;
+	}
+	return n;
+}
+
+/* The end of a routed call: out[T][D] += Wup(RMSNorm(sum_k w[t][k] *
+ * Y[row_of[t][k]])), the sum in route order k = 0..K-1. */
+static void routed_sum(k3_prov_model *m, const struct cpu_layer *L, uint32_t T,
+		       const float *weights, float *out)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t D = c->hidden, lat = c->latent, K = c->top_k;
+	size_t W = m->wide;
+	float *ysum = m->s[1], *Y = m->ey;
+	const uint32_t *row_of = m->eslot;
+
 	for (uint32_t t = 0; t < T; t++) {
 		float *ys = ysum + t * W;
 		for (uint32_t k = 0; k < K; k++) {
@@ -1114,6 +1133,106 @@ static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, 
 	k3_cpu_linear(&m->ctx, &L->lup, ysum, W, T, r, W);
 	for (uint32_t t = 0; t < T; t++)
 		store(out + (size_t)t * D, r + t * W, D, K3_PROV_OUT_ACCUMULATE);
+}
+
+static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+			      const uint32_t *ids, const float *weights,
+			      const struct k3_prov_expert *experts, float *out,
+			      struct k3_prov_status *st)
+{
+	int rc = routed_check(m, layer, T, ids, experts, st);
+	if (rc)
+		return rc;
+	const struct cpu_layer *L = &m->layers[layer];
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t D = c->hidden, lat = c->latent, I = c->moe_inter, K = c->top_k;
+	size_t W = m->wide, TK = (size_t)T * K;
+	float *z = m->s[0];
+	k3_cpu_linear(&m->ctx, &L->ldown, x, D, T, z, W);
+
+	/* Group the T*K slots by expert so each expert's weights stream once
+	 * per call: gather the inputs of its slots (group order), run all
+	 * experts' W1/W3 as one parallel region, SiTU, then all W2. The
+	 * matmuls are batch invariant, so a slot's output does not depend on
+	 * its companions. row_of[slot] = the slot's row in the gathered order. */
+	float *gx = m->ex, *g = m->eg, *u = m->eu, *Y = m->ey;
+	struct k3_cpu_job *jobs = m->ejobs;
+	uint32_t ng = 0, rows = 0;
+	m->r_open = false;
+	m->r_rows = 0;
+	memset(m->edone, 0, TK);
+	for (size_t i = 0; i < TK; i++) {
+		if (m->edone[i])
+			continue;
+		uint32_t first = rows;
+		m->r_rows = rows;
+		rows += gather_expert(m, ids, TK, ids[i], z);
+		const struct k3_prov_expert *sp = &experts[i];
+		uint32_t n = rows - first;
+		jobs[2 * ng] = MXJOB(sp->w1_packed, sp->w1_scale, I, lat, gx + (size_t)first * lat,
+				     lat, n, g + (size_t)first * I, I);
+		jobs[2 * ng + 1] = MXJOB(sp->w3_packed, sp->w3_scale, I, lat, gx + (size_t)first * lat,
+					 lat, n, u + (size_t)first * I, I);
+		/* the W2 job of this group, kept past the W1/W3 pairs */
+		jobs[2 * TK + ng] = MXJOB(sp->w2_packed, sp->w2_scale, lat, I, g + (size_t)first * I,
+					  I, n, Y + (size_t)first * lat, lat);
+		ng++;
+	}
+	k3_cpu_linear_multi(&m->ctx, jobs, 2 * ng);
+	for (uint32_t r = 0; r < rows; r++)
+		situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
+	k3_cpu_linear_multi(&m->ctx, jobs + 2 * TK, ng);
+	routed_sum(m, L, T, weights, out);
+	return 0;
+}
+
+static int cpu_routed_begin(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T,
+			    const uint32_t *ids, struct k3_prov_status *st)
+{
+	int rc = routed_check(m, layer, T, ids, NULL, st);
+	if (rc)
+		return rc;
+	const struct cpu_layer *L = &m->layers[layer];
+	k3_cpu_linear(&m->ctx, &L->ldown, x, m->cfg.hidden, T, m->s[0], m->wide);
+	memset(m->edone, 0, (size_t)T * m->cfg.top_k);
+	m->r_ids = ids;
+	m->r_layer = layer;
+	m->r_T = T;
+	m->r_rows = 0;
+	m->r_open = true;
+	return 0;
+}
+
+static int cpu_routed_expert(k3_prov_model *m, uint32_t layer, uint32_t expert,
+			     const struct k3_prov_expert *sp, struct k3_prov_status *st)
+{
+	if (!m->r_open || layer != m->r_layer)
+		return fail(st, -EINVAL, "layer %u: routed_expert outside routed_begin..end", layer);
+	if (!sp->w1_packed || !sp->w1_scale || !sp->w2_packed || !sp->w2_scale ||
+	    !sp->w3_packed || !sp->w3_scale)
+		return fail(st, -EINVAL, "layer %u: expert %u has no span", layer, expert);
+	uint32_t first = m->r_rows;
+	uint32_t n = gather_expert(m, m->r_ids, (size_t)m->r_T * m->cfg.top_k, expert, m->s[0]);
+	if (n == 0)
+		return fail(st, -EINVAL, "layer %u: expert %u has no slot left in this call",
+			    layer, expert);
+	m->r_rows += n;
+	expert_rows(m, sp, first, n);
+	return 0;
+}
+
+static int cpu_routed_end(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
+			  struct k3_prov_status *st)
+{
+	if (!m->r_open || layer != m->r_layer)
+		return fail(st, -EINVAL, "layer %u: routed_end without routed_begin", layer);
+	m->r_open = false;
+	size_t TK = (size_t)m->r_T * m->cfg.top_k;
+	for (size_t j = 0; j < TK; j++)
+		if (!m->edone[j])
+			return fail(st, -EINVAL, "layer %u: expert %u (slot %zu) was not computed",
+				    layer, m->r_ids[j], j);
+	routed_sum(m, &m->layers[layer], m->r_T, weights, out);
 	return 0;
 }
 
@@ -1193,6 +1312,9 @@ const struct k3_provider k3_provider_cpu = {
 	.ffn_norm = cpu_ffn_norm,
 	.router = cpu_router,
 	.routed_experts = cpu_routed_experts,
+	.routed_begin = cpu_routed_begin,
+	.routed_expert = cpu_routed_expert,
+	.routed_end = cpu_routed_end,
 	.mlp = cpu_mlp,
 	.add = cpu_add,
 	.logits = cpu_logits,

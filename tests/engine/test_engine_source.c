@@ -47,6 +47,79 @@ static void src_release(void *ctx, uint32_t layer, uint32_t expert)
 	((struct counting *)ctx)->released++;
 }
 
+/* A layer-wide source that hands the requested experts out one by one in
+ * REVERSE order of first appearance (await_expert), as a store whose reads
+ * finish out of order would: the results must not change. */
+struct streaming {
+	const struct k3_model *m;
+	uint32_t layer, ids[64], distinct[64];
+	size_t n, n_distinct, next;
+	long requests, awaited, releases;
+	bool held;
+};
+
+static struct k3_prov_expert span_of(const struct k3_model *m, uint32_t layer, uint32_t expert)
+{
+	const struct k3_expert *x = &k3_model_plan(m)->layers[layer].moe.experts[expert];
+	return (struct k3_prov_expert){ x->w1.packed->data, x->w1.scale->data, x->w3.packed->data,
+					x->w3.scale->data, x->w2.packed->data, x->w2.scale->data };
+}
+
+static int st_request(void *ctx, uint32_t layer, const uint32_t *ids, size_t n, struct k3_err *err)
+{
+	struct streaming *c = ctx;
+	if (c->held || n > 64)
+		return k3_err_set(err, -EBUSY, "test source: busy or too many");
+	c->layer = layer;
+	c->n = n;
+	c->n_distinct = 0;
+	for (size_t i = 0; i < n; i++) {
+		bool seen = false;
+		for (size_t j = 0; j < c->n_distinct; j++)
+			seen |= c->distinct[j] == ids[i];
+		if (!seen)
+			c->distinct[c->n_distinct++] = ids[i];
+		c->ids[i] = ids[i];
+	}
+	c->next = 0;
+	c->held = true;
+	c->requests++;
+	return 0;
+}
+
+static int st_acquire_layer(void *ctx, uint32_t layer, const uint32_t *ids, size_t n,
+			    struct k3_prov_expert *out, struct k3_err *err)
+{
+	struct streaming *c = ctx;
+	(void)err;
+	for (size_t i = 0; i < n; i++)
+		out[i] = span_of(c->m, layer, ids[i]);
+	c->held = true;
+	return 0;
+}
+
+static int st_await(void *ctx, uint32_t layer, uint32_t *expert, struct k3_prov_expert *out,
+		    struct k3_err *err)
+{
+	struct streaming *c = ctx;
+	if (!c->held || layer != c->layer)
+		return k3_err_set(err, -EINVAL, "test source: await without request");
+	if (c->next == c->n_distinct)
+		return 0;
+	*expert = c->distinct[c->n_distinct - 1 - c->next++];
+	*out = span_of(c->m, layer, *expert);
+	c->awaited++;
+	return 1;
+}
+
+static void st_release_layer(void *ctx, uint32_t layer)
+{
+	struct streaming *c = ctx;
+	(void)layer;
+	c->held = false;
+	c->releases++;
+}
+
 int main(void)
 {
 	struct k3_err err = { 0 };
@@ -103,6 +176,35 @@ int main(void)
 						    c.log_expert[i] == r2[((size_t)t * nm + mi) * K + k];
 	}
 	T_OK(order_ok);
+
+	/* streaming source, experts computed in reverse arrival order: same
+	 * bits (the provider sums in route order whatever the order) */
+	{
+		struct k3_engine_seq *s3 = NULL;
+		struct streaming sc = { .m = model };
+		struct k3_expert_source ss = { .ctx = &sc, .acquire = src_acquire,
+					       .release = src_release,
+					       .acquire_layer = st_acquire_layer,
+					       .release_layer = st_release_layer,
+					       .request_layer = st_request, .await_expert = st_await };
+		float *l3 = calloc((size_t)V, sizeof(float));
+		uint32_t *r3 = calloc((size_t)T * nm * K, sizeof(uint32_t));
+		float *w3 = calloc((size_t)T * nm * K, sizeof(float));
+		T_OK(k3_engine_seq_new(e, 16, &s3, &err) == 0);
+		k3_engine_set_expert_source(e, &ss);
+		struct k3_engine_out o4 = { K3_ENGINE_LOGITS_LAST, l3, r3, w3 };
+		T_OK(k3_engine_forward(e, s3, ids, T, &o4, &err) == 0);
+		T_OK(memcmp(l1, l3, V * sizeof(float)) == 0);
+		T_OK(memcmp(r1, r3, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
+		T_OK(memcmp(w1, w3, (size_t)T * nm * K * sizeof(float)) == 0);
+		T_EQ_INT(sc.requests, 2 * (long)nm);   /* chunks of 4 and 2 */
+		T_EQ_INT(sc.releases, sc.requests);
+		T_OK(sc.awaited > 0 && sc.awaited <= (long)T * nm * K);
+		T_OK(!sc.held);
+		k3_engine_set_expert_source(e, &src);   /* the counting source again */
+		k3_engine_seq_free(s3);
+		free(l3); free(r3); free(w3);
+	}
 
 	/* a failing source: its error, then the sequence is poisoned */
 	c.fail_layer = (int)ml[nm - 1];
