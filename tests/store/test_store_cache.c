@@ -607,6 +607,31 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 		T_OK(memcmp(sp[0].w1_packed, fx_array(&fx, i5, K3_STORE_W1_PACKED),
 			    fx_len[K3_STORE_W1_PACKED]) == 0);
 		es.release_layer(es.ctx, 1);
+		/* await_expert: each distinct expert once (duplicates share
+		 * one hand-out), the right bytes, then 0; one step. */
+		uint32_t l2[4] = { 6, 15, 6, 0 }, seen = 0, id;
+		int got, outs = 0;
+		T_OK(es.await_expert != NULL);
+		k3_store_stats_get(s, &a);
+		T_EQ_INT(es.request_layer(es.ctx, 2, l2, 4, &err), 0);
+		while ((got = es.await_expert(es.ctx, 2, &id, sp, &err)) == 1) {
+			size_t ix = fx_find(&fx, 2, id);
+			outs++;
+			T_OK(ix != (size_t)-1 && memcmp(sp[0].w2_packed,
+				fx_array(&fx, ix, K3_STORE_W2_PACKED), fx_len[K3_STORE_W2_PACKED]) == 0);
+			seen |= 1u << (id / 3);
+		}
+		T_EQ_INT(got, 0);
+		T_EQ_INT(outs, 3);
+		T_EQ_INT((int)seen, (1 << 2) | (1 << 5) | 1);
+		k3_store_info_get(s, &info);
+		T_EQ_INT((int)info.pinned, 3);   /* held until release_layer */
+		es.release_layer(es.ctx, 2);
+		k3_store_stats_get(s, &b);
+		k3_store_stats_sub(&b, &a, &d);
+		T_EQ_U64(d.steps, 1);
+		T_EQ_U64(d.demand_hits + d.demand_misses, 3);
+
 		T_EQ_INT(es.request_layer(es.ctx, 3, other, 2, &err), 0);
 		T_EQ_INT(es.request_layer(es.ctx, 3, other, 2, &err), -EBUSY);
 		es.release_layer(es.ctx, 3);
