@@ -121,6 +121,34 @@ const struct k3_kern_ops *k3_kern_ops_active(void)
 	return active_ops;
 }
 
+const struct k3_kern_elem_ops *k3_kern_elem_for(enum k3_kern_isa isa)
+{
+	if (!k3_kern_ops_for(isa))
+		return NULL;
+#if defined(K3_KERN_HAVE_AVX2)
+	/* every CPU with AVX-512F has AVX2 + FMA */
+	if (isa == K3_KERN_ISA_AVX2 || isa == K3_KERN_ISA_AVX512)
+		return &k3_kern_elem_avx2;
+#endif
+	return &k3_kern_elem_ref;
+}
+
+static const struct k3_kern_elem_ops *active_elem;
+static pthread_once_t elem_once = PTHREAD_ONCE_INIT;
+
+static void choose_elem(void)
+{
+	active_elem = k3_kern_elem_for(k3_kern_ops_active()->isa);
+	if (!active_elem)
+		active_elem = &k3_kern_elem_ref;
+}
+
+const struct k3_kern_elem_ops *k3_kern_elem_active(void)
+{
+	pthread_once(&elem_once, choose_elem);
+	return active_elem;
+}
+
 enum k3_kern_isa k3_kern_active_isa(void)
 {
 	return k3_kern_ops_active()->isa;
