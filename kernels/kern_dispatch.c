@@ -262,7 +262,8 @@ int k3_kern_matmul_many(struct k3_kern_pool *pool, size_t n_jobs,
 }
 
 struct matmul_t_job {
-	const struct k3_kern_ops *ops;
+	void (*t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
+		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
 	const struct k3_kern_mat *w;
 	size_t T, ldx, ldy;
 	const float *x;
@@ -273,7 +274,7 @@ static void matmul_t_task(void *ctx, size_t begin, size_t end)
 {
 	const struct matmul_t_job *j = ctx;
 
-	j->ops->matmul_t_cols(j->w, begin, end, j->T, j->x, j->ldx, j->y, j->ldy);
+	j->t_cols(j->w, begin, end, j->T, j->x, j->ldx, j->y, j->ldy);
 }
 
 int k3_kern_matmul_t(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
@@ -287,8 +288,10 @@ int k3_kern_matmul_t(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
 		return -EINVAL;
 	if (T == 0)
 		return 0;
-	j = (struct matmul_t_job){ .ops = k3_kern_ops_active(), .w = w, .T = T,
-		.ldx = ldx, .ldy = ldy, .x = x, .y = y };
+	j = (struct matmul_t_job){ .t_cols = k3_kern_elem_active()->matmul_t_cols,
+		.w = w, .T = T, .ldx = ldx, .ldy = ldy, .x = x, .y = y };
+	if (!j.t_cols)
+		j.t_cols = k3_kern_ops_active()->matmul_t_cols;
 	k3_kern_pool_for(pool, w->cols, 64, matmul_t_task, &j);
 	return 0;
 }

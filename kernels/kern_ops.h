@@ -58,6 +58,9 @@ extern const struct k3_kern_ops k3_kern_ops_neon;
  *   tanh       y = tanh(x)
  *   situ_glu   k3_kern_situ_glu (§7.1)
  *   kda_decay  k3_kern_kda_decay (§5.3.4)
+ *   matmul_t_cols  NULL, or a transposed product with the contract of
+ *              k3_kern_ops.matmul_t_cols that k3_kern_matmul_t prefers
+ *              (AVX2: streams W in storage order; bit-identical results)
  * ref: libm expf/tanhf (the oracle). avx2: polynomial kernels of
  * x86_avx2_elem.c, within the ulp bounds of docs/kernels.md. AVX-512 uses
  * the AVX2 table; NEON the ref table.
@@ -72,6 +75,8 @@ struct k3_kern_elem_ops {
 		float beta2, float *act);
 	void (*kda_decay)(size_t n, const float *f, const float *dt_bias, float A,
 		float lower_bound, float *alpha);
+	void (*matmul_t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
+		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
 };
 
 extern const struct k3_kern_elem_ops k3_kern_elem_ref;

@@ -27,6 +27,7 @@
  *   sigmoid  1 / (1 + exp(-x)), the formula of the libm path.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kern_ops.h"
@@ -240,7 +241,66 @@ static void avx2_kda_decay(size_t n, const float *f, const float *dt_bias,
 	}
 }
 
+/* ------------------------------------------------------------------ */
+/* Transposed product, streaming W in storage order                    */
+
+INLINE __m256 load_w8(const struct k3_kern_mat *w, size_t r, size_t ld, size_t c)
+{
+	if (w->dtype == K3_KERN_DT_BF16) {
+		__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w->data + r * ld + c));
+
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+	}
+	return _mm256_loadu_ps((const float *)w->data + r * ld + c);
+}
+
+static float load_w1(const struct k3_kern_mat *w, size_t r, size_t ld, size_t c)
+{
+	float f;
+
+	if (w->dtype == K3_KERN_DT_BF16) {
+		uint32_t u = (uint32_t)((const uint16_t *)w->data)[r * ld + c] << 16;
+
+		memcpy(&f, &u, sizeof(f));
+		return f;
+	}
+	return ((const float *)w->data)[r * ld + c];
+}
+
+/*
+ * y[t][c] = sum_r W[r][c] x[t][r] for c in [c0, c1): the same FMA chain in
+ * r order from +0 as k3_kern_ops.matmul_t_cols (so bit-identical to it for
+ * every element), but W is read row after row in storage order, once for
+ * all T, with y kept in L1. The column-block form of x86_avx2.c reads each
+ * row 8 times with a 512-byte stride (one cache line per pass) for K3's
+ * 128 x 512 WUK_h, which the prefetcher hides poorly: at decode it ran at
+ * about a tenth of the GEMV's bandwidth.
+ */
+static void avx2_matmul_t_stream(const struct k3_kern_mat *w, size_t c0,
+	size_t c1, size_t T, const float *x, size_t ldx, float *y, size_t ldy)
+{
+	size_t ld = w->ld ? w->ld : w->cols;
+
+	for (size_t t = 0; t < T; t++)
+		memset(y + t * ldy + c0, 0, (c1 - c0) * sizeof(float));
+	for (size_t r = 0; r < w->rows; r++) {
+		for (size_t t = 0; t < T; t++) {
+			float xs = x[t * ldx + r];
+			__m256 xr = _mm256_set1_ps(xs);
+			float *yt = y + t * ldy;
+			size_t c = c0;
+
+			for (; c + 8 <= c1; c += 8)
+				_mm256_storeu_ps(yt + c, _mm256_fmadd_ps(load_w8(w, r, ld, c),
+					xr, _mm256_loadu_ps(yt + c)));
+			for (; c < c1; c++)
+				yt[c] = fmaf(load_w1(w, r, ld, c), xs, yt[c]);
+		}
+	}
+}
+
 const struct k3_kern_elem_ops k3_kern_elem_avx2 = {
+	.matmul_t_cols = avx2_matmul_t_stream,
 	.isa = K3_KERN_ISA_AVX2,
 	.exp_shift = avx2_exp_shift,
 	.sigmoid = avx2_sigmoid,

@@ -12,6 +12,9 @@
  *
  * Invariance: a value is bit-identical whether computed alone (n = 1), in
  * a block of 8, or in a run starting at any offset (tail lanes).
+ *
+ * The table's streaming transposed product (AVX2) is bit-identical to the
+ * ISA's k3_kern_ops.matmul_t_cols.
  */
 #include <errno.h>
 #include <math.h>
@@ -295,6 +298,53 @@ static void test_invariance(const struct k3_kern_elem_ops *el)
 	T_EQ_MEM(full, part, sizeof(full));
 }
 
+/* A table's transposed product (when it has one) is bit-identical to the
+ * ISA's matmul_t_cols: same FMA chain per element, only the memory order
+ * differs. Odd shapes, padded ld, sub-ranges of columns, T up to 9. */
+static void test_matmul_t(const struct k3_kern_elem_ops *el, const struct k3_kern_ops *ops)
+{
+	static const size_t shapes[][5] = {
+		/* rows, cols, ld, T, dtype */
+		{ 128, 512, 512, 1, K3_KERN_DT_BF16 },
+		{ 128, 256, 256, 1, K3_KERN_DT_BF16 },
+		{ 7, 45, 53, 3, K3_KERN_DT_BF16 },
+		{ 150, 256, 320, 8, K3_KERN_DT_F32 },
+		{ 1, 9, 9, 9, K3_KERN_DT_F32 },
+		{ 33, 131, 140, 2, K3_KERN_DT_F32 },
+	};
+
+	if (!el->matmul_t_cols)
+		return;
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		size_t R = shapes[s][0], C = shapes[s][1], ld = shapes[s][2], T = shapes[s][3];
+		int bf = shapes[s][4] == K3_KERN_DT_BF16;
+		void *wd = kt_alloc(R * ld * (bf ? 2 : 4));
+		float *x = kt_alloc(T * R * sizeof(float));
+		float *y0 = kt_alloc(T * C * sizeof(float)), *y1 = kt_alloc(T * C * sizeof(float));
+		struct k3_kern_mat m = { .dtype = bf ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
+			.rows = R, .cols = C, .ld = ld, .data = wd };
+
+		if (bf)
+			kt_fill_bf16(wd, R * ld);
+		else
+			kt_fill(wd, R * ld);
+		kt_fill(x, T * R);
+		ops->matmul_t_cols(&m, 0, C, T, x, R, y0, C);
+		el->matmul_t_cols(&m, 0, C, T, x, R, y1, C);
+		T_EQ_MEM(y0, y1, T * C * sizeof(float));
+		/* a sub-range writes only its columns, with the same values */
+		memset(y1, 0xAB, T * C * sizeof(float));
+		el->matmul_t_cols(&m, C / 3, C, T, x, R, y1, C);
+		for (size_t t = 0; t < T; t++)
+			T_EQ_MEM(y0 + t * C + C / 3, y1 + t * C + C / 3, (C - C / 3) * sizeof(float));
+		T_OK(((const uint8_t *)y1)[0] == 0xAB || C / 3 == 0);
+		free(wd);
+		free(x);
+		free(y0);
+		free(y1);
+	}
+}
+
 /* The public entry points use the active ISA's table. */
 static void test_public(void)
 {
@@ -351,6 +401,7 @@ int main(void)
 		test_special(el);
 		test_composites(el);
 		test_invariance(el);
+		test_matmul_t(el, k3_kern_ops_for((enum k3_kern_isa)isa));
 	}
 	test_public();
 	return t_done();
