@@ -1,7 +1,9 @@
 /*
  * x86_avx2_elem.c - AVX2 + FMA elementwise transcendentals (exp, sigmoid,
- * SiLU, tanh, SiTU-GLU, KDA decay): the table k3_kern_elem_avx2 of
- * kern_ops.h. Part of the k3kern_avx2 static library (-mavx2 -mfma).
+ * SiLU, tanh, SiTU-GLU, KDA decay) and a streaming transposed product: the
+ * table k3_kern_elem_avx2 of kern_ops.h. Part of the k3kern_avx2 static
+ * library (-mavx2 -mfma); kept apart from x86_avx2.c, whose matmul code is
+ * tuned separately.
  *
  * Why: libm's expf/tanhf are scalar calls (about 10-20 ns each with the
  * expm1f inside tanhf); a decode token of the "mid" model runs about 230k
