@@ -11,10 +11,12 @@
  *  MXFP4 row . x: per 32-column group g, four decoded 8-lane vectors
  *    w0..w3 give p = (w0 x0 + w1 x1) + (w2 x2 + w3 x3) (mul then FMA,
  *    pairwise add) and acc = fma(p, group scale, acc): one scale multiply
- *    per group; hsum8 at the end. For cols <= 16384 (all K3 MXFP4) the
- *    vectors hold the group's columns in the fixed permuted lane order of
- *    perm_col() (bf16-pattern decode, no int->float conversions); wider
- *    matrices use the column-order int8 decode (rows_mxfp4).
+ *    per group; hsum8 at the end. For cols <= 16384 the vectors hold the
+ *    group's columns in the fixed permuted lane order of perm_col()
+ *    (bf16-pattern decode, no int->float conversions); when cols is also a
+ *    multiple of 64 (every K3 MXFP4 matrix) two groups are decoded at once
+ *    and reduced as described at rows_mxfp4_pair(); wider matrices use the
+ *    column-order int8 decode (rows_mxfp4).
  *  The same inline row kernel serves every (rows x tokens) block size, so a
  *  y element is the same bits whether T = 1 or T = 64 and however the rows
  *  are split among threads.
@@ -286,6 +288,108 @@ INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
 			out[t * ldo + i] = hsum8(acc[i * nt + t]);
 }
 
+/*
+ * Pair-of-groups MXFP4 path (cols a multiple of 64 and <= PERM_SCRATCH:
+ * every K3 MXFP4 matrix). One 32-byte load holds groups g (bytes 0..15,
+ * 128-bit lane 0) and g+1 (lane 1), so the nibble split, the two pshufb
+ * LUTs and the byte unpacks each serve 64 columns at once and no
+ * cross-lane insert is needed; the two scales form one [s_g x4 | s_g+1 x4]
+ * vector. Eight fp32 vectors A_e, A_o, B_e, B_o, C_e, C_o, D_e, D_o (lane
+ * order: perm64_col()); reduction per pair:
+ *   p0 = A_e x0 (mul), then FMA A_o x1, B_e x2, B_o x3 into p0;
+ *   p1 = C_e x4 (mul), then FMA C_o x5, D_e x6, D_o x7 into p1;
+ *   acc = fma(p0 + p1, scales, acc); hsum8(acc) at the end.
+ * Why: the shuffle ports are what bound this kernel on AVX2 (Zen 3: FP1/FP2
+ * carry every shuffle and shift and FP1 half the FMAs); per 64 weights this
+ * issues 8 shuffles + 1 insert instead of 10, with the same 8 shift/AND ops.
+ */
+static inline size_t perm64_col(int v, int k)
+{
+	int q = v >> 1, o = v & 1, h = k >> 2, j = k & 3;
+
+	return (size_t)(32 * h + 16 * (q & 1) + (q >> 1) + 4 * j + 2 * o);
+}
+
+static void perm64_x(size_t cols, const float *x, float *xp)
+{
+	for (size_t g = 0; g < cols / 64; g++)
+		for (int v = 0; v < 8; v++)
+			for (int k = 0; k < 8; k++)
+				xp[64 * g + 8 * v + k] = x[64 * g + perm64_col(v, k)];
+}
+
+/* Bytes ahead of the current pair that each row stream prefetches: far
+ * enough to cover DRAM latency at the decode rate (measured 512..2048
+ * about equal, 1024 best on Zen 3). */
+enum { MX64_PREFETCH = 1024 };
+/* Rows per call at T = 1: one row keeps all eight weight vectors, the
+ * eight x vectors and the accumulator in registers; 2 and 4 rows measured
+ * 10-25 % slower (spills). */
+enum { MX64_ROWS = 1 };
+
+INLINE void rows_mxfp4_pair(size_t nr, size_t nt, size_t cols,
+	const uint8_t *const *pr, const uint8_t *const *sr,
+	const float *const *xp, float *out, size_t ldo)
+{
+	const __m256i lut_hb = _mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)e2m1_hb));
+	const __m256i lut_lb = _mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)e2m1_lb));
+	const __m256i m = _mm256_set1_epi8(0x0F);
+	const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+	__m256 acc[8];
+
+	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
+		acc[k] = _mm256_setzero_ps();
+	for (size_t g = 0; g < cols / 32; g += 2) {
+		K3_UNROLL for (size_t i = 0; i < nr; i++) {
+			__m256i v, il, ih, a, b, c, d, hb, lb;
+			__m256 w[8], s;
+
+			_mm_prefetch((const char *)(pr[i] + 16 * g + MX64_PREFETCH), _MM_HINT_T0);
+			v = _mm256_loadu_si256((const __m256i *)(pr[i] + 16 * g));
+			il = _mm256_and_si256(v, m);
+			ih = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+			hb = _mm256_shuffle_epi8(lut_hb, il);
+			lb = _mm256_shuffle_epi8(lut_lb, il);
+			a = _mm256_unpacklo_epi8(lb, hb);
+			b = _mm256_unpackhi_epi8(lb, hb);
+			hb = _mm256_shuffle_epi8(lut_hb, ih);
+			lb = _mm256_shuffle_epi8(lut_lb, ih);
+			c = _mm256_unpacklo_epi8(lb, hb);
+			d = _mm256_unpackhi_epi8(lb, hb);
+			w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+			w[1] = _mm256_castsi256_ps(_mm256_and_si256(a, hi16));
+			w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+			w[3] = _mm256_castsi256_ps(_mm256_and_si256(b, hi16));
+			w[4] = _mm256_castsi256_ps(_mm256_slli_epi32(c, 16));
+			w[5] = _mm256_castsi256_ps(_mm256_and_si256(c, hi16));
+			w[6] = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+			w[7] = _mm256_castsi256_ps(_mm256_and_si256(d, hi16));
+			s = _mm256_insertf128_ps(
+				_mm256_castps128_ps256(_mm_broadcast_ss(&scale_tab[sr[i][g] + 1])),
+				_mm_broadcast_ss(&scale_tab[sr[i][g + 1] + 1]), 1);
+			K3_UNROLL for (size_t t = 0; t < nt; t++) {
+				const float *x = xp[t] + 32 * g;
+				__m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+				__m256 p1 = _mm256_mul_ps(w[4], _mm256_loadu_ps(x + 32));
+
+				p0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), p0);
+				p1 = _mm256_fmadd_ps(w[5], _mm256_loadu_ps(x + 40), p1);
+				p0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), p0);
+				p1 = _mm256_fmadd_ps(w[6], _mm256_loadu_ps(x + 48), p1);
+				p0 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), p0);
+				p1 = _mm256_fmadd_ps(w[7], _mm256_loadu_ps(x + 56), p1);
+				acc[i * nt + t] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), s,
+					acc[i * nt + t]);
+			}
+		}
+	}
+	K3_UNROLL for (size_t i = 0; i < nr; i++)
+		K3_UNROLL for (size_t t = 0; t < nt; t++)
+			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+}
+
 /* ------------------------------------------------------------------ */
 
 /* Block shapes: T = 1 takes 4 rows at once (independent FMA chains hide
@@ -294,6 +398,7 @@ INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
 #define BLOCK(FN, NR, NT, ...) do {                                           \
 	switch ((NR) * 8 + (NT)) {                                                \
 	case 4 * 8 + 1: FN(4, 1, __VA_ARGS__); break;                             \
+	case 2 * 8 + 1: FN(2, 1, __VA_ARGS__); break;                             \
 	case 1 * 8 + 4: FN(1, 4, __VA_ARGS__); break;                             \
 	case 1 * 8 + 3: FN(1, 3, __VA_ARGS__); break;                             \
 	case 1 * 8 + 2: FN(1, 2, __VA_ARGS__); break;                             \
@@ -315,7 +420,11 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
 	size_t slots = PERM_SCRATCH / cols > 4 ? 4 : PERM_SCRATCH / cols;
 	bool perm = w->dtype == K3_KERN_DT_MXFP4 && slots >= 1;
+	bool pair = perm && cols % 64 == 0;
 	size_t max_nt = perm ? slots : 4;
+	/* rows per call at T = 1 (the pair path keeps its eight weight vectors
+	 * in registers only with few rows) */
+	size_t nr1 = pair ? MX64_ROWS : 4;
 
 	if (w->dtype == K3_KERN_DT_MXFP4)
 		pthread_once(&scale_once, scale_init);
@@ -330,15 +439,18 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 				xt[k] = x + (t + k) * ldx;
 				if (perm) {
 					if (perm_tok[k] != t + k) {
-						perm_x(cols, xt[k], xperm + k * cols);
+						if (pair)
+							perm64_x(cols, xt[k], xperm + k * cols);
+						else
+							perm_x(cols, xt[k], xperm + k * cols);
 						perm_tok[k] = t + k;
 					}
 					xt[k] = xperm + k * cols;
 				}
 			}
 			for (size_t r = tile; r < tile_end; ) {
-				/* one token: 4 rows at once; more: 1 row x nt tokens */
-				size_t nr = (nt == 1 && r + 4 <= tile_end) ? 4 : 1;
+				/* one token: nr1 rows at once; more: 1 row x nt tokens */
+				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
 				float *out = y + t * ldy + (r - r0);
 
 				if (w->dtype == K3_KERN_DT_MXFP4) {
@@ -348,7 +460,11 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 						pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
 						sr[i] = w->scales + (r + i) * (cols / 32);
 					}
-					if (perm) {
+					if (pair) {
+#define MX2(NR_, NT_, ...) rows_mxfp4_pair(NR_, NT_, cols, pr, sr, xt, out, ldy)
+						BLOCK(MX2, nr, nt, 0);
+#undef MX2
+					} else if (perm) {
 #define MXP(NR_, NT_, ...) rows_mxfp4_perm(NR_, NT_, cols, pr, sr, xt, out, ldy)
 						BLOCK(MXP, nr, nt, 0);
 #undef MXP

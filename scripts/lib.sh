@@ -5,10 +5,12 @@ k3_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Build and runtime packages, all from Debian 12. Installed only when
 # missing, so a machine that has them prints nothing here. chromium is
-# test tooling only: the gateway's CORS test drives it headless.
+# test tooling only: the gateway's CORS test drives it headless; so are the
+# aarch64 cross compiler and qemu-user, which run the NEON kernels tests.
 k3_packages="build-essential meson ninja-build pkg-config \
 libevent-dev libjansson-dev libpcre2-dev libsystemd-dev libssl-dev \
-python3 python3-venv clang systemd curl chromium"
+python3 python3-venv clang systemd curl chromium \
+gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 
 k3_install_deps() {
 	local missing="" p
@@ -23,6 +25,35 @@ k3_install_deps() {
 	$sudo apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
 		$missing >/dev/null
+}
+
+# The aarch64 stage (scripts/test-aarch64) needs arm64 builds of the
+# libraries. Installing them adds the arm64 architecture to dpkg, so it is
+# done only when asked: K3_TEST_AARCH64=1 (set by .ci/run). Never
+# libevent-dev:arm64: it is not multi-arch and would remove the native one
+# (the cross build does without libevent: no k3d, no gateway).
+k3_arm64_packages="libjansson-dev:arm64 libpcre2-dev:arm64 \
+libsystemd-dev:arm64 libssl-dev:arm64"
+
+k3_have_aarch64() {
+	command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 &&
+		command -v qemu-aarch64 >/dev/null 2>&1 &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/jansson.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libpcre2-8.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libsystemd.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libcrypto.pc ]
+}
+
+k3_install_arm64_deps() {
+	k3_have_aarch64 && return 0
+	local sudo=""
+	[ "$(id -u)" -ne 0 ] && sudo="sudo"
+	echo "k3d: adding the arm64 architecture to dpkg and installing:" \
+		"$k3_arm64_packages" >&2
+	$sudo dpkg --add-architecture arm64 &&
+		$sudo apt-get update -qq >/dev/null &&
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+			--no-install-recommends $k3_arm64_packages >/dev/null
 }
 
 # k3_build DIR [meson options...]: configure (once) and build quietly; the
