@@ -201,9 +201,14 @@ void k3_kern_rmsnorm_gated(size_t n, const float *o, const float *w,
  */
 void k3_kern_l2norm(size_t n, const float *x, float eps, float scale, float *y);
 
-/* Elementwise activations, in place allowed (libm-exact on every ISA):
- * sigmoid(x) = 1/(1+e^-x); silu(x) = x*sigmoid(x); softplus(x) =
- * log(1+e^x) (x > 20 returns x). */
+/* Elementwise activations, in place allowed: sigmoid(x) = 1/(1+e^-x);
+ * silu(x) = x*sigmoid(x); softplus(x) = log(1+e^x) (x > 20 returns x).
+ * ref ISA: libm expf/tanhf. AVX2/AVX-512: 8-lane polynomial exp/tanh
+ * (x86_avx2_elem.c), within the ulp bounds measured in docs/kernels.md
+ * and asserted by tests/kernels/test_kern_elem.c. Either way an element's
+ * value depends only on its input (batch invariant). softplus is libm on
+ * every ISA (not on a hot path). The same holds for softmax, SiTU-GLU,
+ * the gated RMSNorm, the KDA conv and decay below. */
 void k3_kern_sigmoid(size_t n, const float *x, float *y);
 void k3_kern_silu(size_t n, const float *x, float *y);
 void k3_kern_softplus(size_t n, const float *x, float *y);

@@ -121,6 +121,34 @@ const struct k3_kern_ops *k3_kern_ops_active(void)
 	return active_ops;
 }
 
+const struct k3_kern_elem_ops *k3_kern_elem_for(enum k3_kern_isa isa)
+{
+	if (!k3_kern_ops_for(isa))
+		return NULL;
+#if defined(K3_KERN_HAVE_AVX2)
+	/* every CPU with AVX-512F has AVX2 + FMA */
+	if (isa == K3_KERN_ISA_AVX2 || isa == K3_KERN_ISA_AVX512)
+		return &k3_kern_elem_avx2;
+#endif
+	return &k3_kern_elem_ref;
+}
+
+static const struct k3_kern_elem_ops *active_elem;
+static pthread_once_t elem_once = PTHREAD_ONCE_INIT;
+
+static void choose_elem(void)
+{
+	active_elem = k3_kern_elem_for(k3_kern_ops_active()->isa);
+	if (!active_elem)
+		active_elem = &k3_kern_elem_ref;
+}
+
+const struct k3_kern_elem_ops *k3_kern_elem_active(void)
+{
+	pthread_once(&elem_once, choose_elem);
+	return active_elem;
+}
+
 enum k3_kern_isa k3_kern_active_isa(void)
 {
 	return k3_kern_ops_active()->isa;
@@ -234,7 +262,8 @@ int k3_kern_matmul_many(struct k3_kern_pool *pool, size_t n_jobs,
 }
 
 struct matmul_t_job {
-	const struct k3_kern_ops *ops;
+	void (*t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
+		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
 	const struct k3_kern_mat *w;
 	size_t T, ldx, ldy;
 	const float *x;
@@ -245,7 +274,7 @@ static void matmul_t_task(void *ctx, size_t begin, size_t end)
 {
 	const struct matmul_t_job *j = ctx;
 
-	j->ops->matmul_t_cols(j->w, begin, end, j->T, j->x, j->ldx, j->y, j->ldy);
+	j->t_cols(j->w, begin, end, j->T, j->x, j->ldx, j->y, j->ldy);
 }
 
 int k3_kern_matmul_t(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
@@ -259,8 +288,10 @@ int k3_kern_matmul_t(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
 		return -EINVAL;
 	if (T == 0)
 		return 0;
-	j = (struct matmul_t_job){ .ops = k3_kern_ops_active(), .w = w, .T = T,
-		.ldx = ldx, .ldy = ldy, .x = x, .y = y };
+	j = (struct matmul_t_job){ .t_cols = k3_kern_elem_active()->matmul_t_cols,
+		.w = w, .T = T, .ldx = ldx, .ldy = ldy, .x = x, .y = y };
+	if (!j.t_cols)
+		j.t_cols = k3_kern_ops_active()->matmul_t_cols;
 	k3_kern_pool_for(pool, w->cols, 64, matmul_t_task, &j);
 	return 0;
 }

@@ -1,9 +1,11 @@
 /*
- * kern_elem.c - elementwise and row ops of k3_kernels.h. These are O(n) per
- * token (n <= 33792) against O(n * d) for the matrix products, so they stay
- * portable C with libm transcendentals, identical on every ISA; only their
- * reductions (dot, sum of squares, axpy) go through the ISA table, so each
- * result is fixed per ISA and independent of batch size.
+ * kern_elem.c - elementwise and row ops of k3_kernels.h. Their reductions
+ * (dot, sum of squares, axpy) go through the ISA table and their
+ * transcendentals (exp, sigmoid, SiLU, tanh) through the elementwise table
+ * (kern_ops.h: libm in the ref ISA, defined here; polynomial kernels for
+ * AVX2), so each result is fixed per ISA and independent of batch size.
+ * The router's sigmoid stays libm on every ISA: 64-384 calls per layer
+ * cost nothing, and route selection is the most tie-sensitive output.
  */
 #include <errno.h>
 #include <math.h>
@@ -88,11 +90,18 @@ void k3_kern_rmsnorm(size_t n, const float *x, const float *w, float eps,
 void k3_kern_rmsnorm_gated(size_t n, const float *o, const float *w,
 	const float *g, float eps, float *y)
 {
+	const struct k3_kern_elem_ops *el = k3_kern_elem_active();
 	float ms = k3_kern_sumsq(n, o) / (float)n;
 	float r = 1.0f / sqrtf(ms + eps);
+	float sg[64];
 
-	for (size_t j = 0; j < n; j++)
-		y[j] = o[j] * r * w[j] * sigmoid1(g[j]);
+	for (size_t j0 = 0; j0 < n; j0 += 64) {
+		size_t m = n - j0 < 64 ? n - j0 : 64;
+
+		el->sigmoid(m, g + j0, sg);
+		for (size_t j = 0; j < m; j++)
+			y[j0 + j] = o[j0 + j] * r * w[j0 + j] * sg[j];
+	}
 }
 
 void k3_kern_l2norm(size_t n, const float *x, float eps, float scale, float *y)
@@ -103,16 +112,71 @@ void k3_kern_l2norm(size_t n, const float *x, float eps, float scale, float *y)
 		y[i] = x[i] * inv * scale;
 }
 
-void k3_kern_sigmoid(size_t n, const float *x, float *y)
+/* ---- the ref elementwise table: libm, the oracle ---- */
+
+static void ref_exp_shift(size_t n, const float *x, float shift, float *y)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] = expf(x[i] - shift);
+}
+
+static void ref_sigmoid(size_t n, const float *x, float *y)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = sigmoid1(x[i]);
 }
 
-void k3_kern_silu(size_t n, const float *x, float *y)
+static void ref_silu(size_t n, const float *x, float *y)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = x[i] * sigmoid1(x[i]);
+}
+
+static void ref_tanh(size_t n, const float *x, float *y)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] = tanhf(x[i]);
+}
+
+static void ref_situ_glu(size_t n, const float *g, const float *u, float beta1,
+	float beta2, float *act)
+{
+	if (beta1 <= 0.0f)
+		beta1 = 1.0f;
+	for (size_t i = 0; i < n; i++) {
+		float gi = g[i], ui = u[i];
+		float a = beta1 * tanhf(gi / beta1) * sigmoid1(gi);
+		float up = beta2 > 0.0f ? beta2 * tanhf(ui / beta2) : ui;
+
+		act[i] = a * up;
+	}
+}
+
+static void ref_kda_decay(size_t n, const float *f, const float *dt_bias,
+	float A, float lower_bound, float *alpha)
+{
+	for (size_t i = 0; i < n; i++)
+		alpha[i] = expf(lower_bound * sigmoid1(A * (f[i] + dt_bias[i])));
+}
+
+const struct k3_kern_elem_ops k3_kern_elem_ref = {
+	.isa = K3_KERN_ISA_REF,
+	.exp_shift = ref_exp_shift,
+	.sigmoid = ref_sigmoid,
+	.silu = ref_silu,
+	.tanh = ref_tanh,
+	.situ_glu = ref_situ_glu,
+	.kda_decay = ref_kda_decay,
+};
+
+void k3_kern_sigmoid(size_t n, const float *x, float *y)
+{
+	k3_kern_elem_active()->sigmoid(n, x, y);
+}
+
+void k3_kern_silu(size_t n, const float *x, float *y)
+{
+	k3_kern_elem_active()->silu(n, x, y);
 }
 
 void k3_kern_softplus(size_t n, const float *x, float *y)
@@ -128,10 +192,9 @@ void k3_kern_softmax(size_t n, float *x)
 	for (size_t i = 1; i < n; i++)
 		if (x[i] > mx)
 			mx = x[i];
-	for (size_t i = 0; i < n; i++) {
-		x[i] = expf(x[i] - mx);
+	k3_kern_elem_active()->exp_shift(n, x, mx, x);
+	for (size_t i = 0; i < n; i++)
 		sum += x[i];
-	}
 	inv = 1.0f / sum;
 	for (size_t i = 0; i < n; i++)
 		x[i] *= inv;
@@ -140,15 +203,7 @@ void k3_kern_softmax(size_t n, float *x)
 void k3_kern_situ_glu(size_t n, const float *g, const float *u, float beta1,
 	float beta2, float *act)
 {
-	if (beta1 <= 0.0f)
-		beta1 = 1.0f;
-	for (size_t i = 0; i < n; i++) {
-		float gi = g[i], ui = u[i];
-		float a = beta1 * tanhf(gi / beta1) * sigmoid1(gi);
-		float up = beta2 > 0.0f ? beta2 * tanhf(ui / beta2) : ui;
-
-		act[i] = a * up;
-	}
+	k3_kern_elem_active()->situ_glu(n, g, u, beta1, beta2, act);
 }
 
 void k3_kern_attnres_score_vec(size_t D, const float *nw, const float *pw,
@@ -185,18 +240,18 @@ void k3_kern_kda_conv_silu(size_t C, const float *w, float *hist,
 		const float *wc = w + 4 * c;
 		float s = wc[0] * h0[c] + wc[1] * h1[c] + wc[2] * h2[c] + wc[3] * x[c];
 
-		y[c] = s * sigmoid1(s);
+		y[c] = s;
 		h0[c] = h1[c];
 		h1[c] = h2[c];
 		h2[c] = x[c];
 	}
+	k3_kern_elem_active()->silu(C, y, y);
 }
 
 void k3_kern_kda_decay(size_t n, const float *f, const float *dt_bias,
 	float A, float lower_bound, float *alpha)
 {
-	for (size_t i = 0; i < n; i++)
-		alpha[i] = expf(lower_bound * sigmoid1(A * (f[i] + dt_bias[i])));
+	k3_kern_elem_active()->kda_decay(n, f, dt_bias, A, lower_bound, alpha);
 }
 
 void k3_kern_mla_attend(size_t n_ctx, size_t d, size_t d_out,

@@ -2,7 +2,8 @@
  * kern_ops.h - internal: the per-ISA function table behind k3_kernels.h.
  *
  * Each ISA file (ref_*.c, x86_avx2.c, x86_avx512.c, arm_neon.c) defines one
- * `const struct k3_kern_ops k3_kern_ops_<isa>` and nothing else public, and
+ * `const struct k3_kern_ops k3_kern_ops_<isa>` and nothing else public
+ * (x86_avx2_elem.c: `k3_kern_elem_avx2`, kern_elem.c: `k3_kern_elem_ref`), and
  * depends only on libc/libm, so the per-ISA static libraries can be linked
  * in any order after the common one. Tests use k3_kern_ops_for() to run
  * two ISAs side by side in one process; production code goes through the
@@ -45,6 +46,48 @@ extern const struct k3_kern_ops k3_kern_ops_avx512;
 #if defined(K3_KERN_HAVE_NEON)
 extern const struct k3_kern_ops k3_kern_ops_neon;
 #endif
+
+/*
+ * Elementwise transcendentals, per ISA (separate from k3_kern_ops so the
+ * matmul files stay untouched by them). Every entry: n elements, any n,
+ * in place allowed, each output element a function of its own inputs only
+ * (never of n, the index or the thread), so results are batch invariant.
+ *   exp_shift  y = exp(x - shift)
+ *   sigmoid    y = 1 / (1 + exp(-x))
+ *   silu       y = x * sigmoid(x)
+ *   tanh       y = tanh(x)
+ *   situ_glu   k3_kern_situ_glu (§7.1)
+ *   kda_decay  k3_kern_kda_decay (§5.3.4)
+ *   matmul_t_cols  NULL, or a transposed product with the contract of
+ *              k3_kern_ops.matmul_t_cols that k3_kern_matmul_t prefers
+ *              (AVX2: streams W in storage order; bit-identical results)
+ * ref: libm expf/tanhf (the oracle). avx2: polynomial kernels of
+ * x86_avx2_elem.c, within the ulp bounds of docs/kernels.md. AVX-512 uses
+ * the AVX2 table; NEON the ref table.
+ */
+struct k3_kern_elem_ops {
+	enum k3_kern_isa isa;
+	void (*exp_shift)(size_t n, const float *x, float shift, float *y);
+	void (*sigmoid)(size_t n, const float *x, float *y);
+	void (*silu)(size_t n, const float *x, float *y);
+	void (*tanh)(size_t n, const float *x, float *y);
+	void (*situ_glu)(size_t n, const float *g, const float *u, float beta1,
+		float beta2, float *act);
+	void (*kda_decay)(size_t n, const float *f, const float *dt_bias, float A,
+		float lower_bound, float *alpha);
+	void (*matmul_t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
+		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
+};
+
+extern const struct k3_kern_elem_ops k3_kern_elem_ref;
+#if defined(K3_KERN_HAVE_AVX2)
+extern const struct k3_kern_elem_ops k3_kern_elem_avx2;
+#endif
+
+/* The elementwise table for an ISA (NULL when the ISA is not runnable),
+ * and the one of the ISA chosen for this process. */
+const struct k3_kern_elem_ops *k3_kern_elem_for(enum k3_kern_isa isa);
+const struct k3_kern_elem_ops *k3_kern_elem_active(void);
 
 /* The table for an ISA, or NULL when not built in or not runnable here. */
 const struct k3_kern_ops *k3_kern_ops_for(enum k3_kern_isa isa);

@@ -1,7 +1,7 @@
 /*
  * kern_pool.c - the compute thread pool (kern_pool.h).
  *
- * One job at a time: the caller publishes (fn, ctx, n, chunk) and bumps a
+ * One job at a time: the caller publishes (fn, ctx, n, piece bounds) and bumps a
  * generation counter; workers wake, run their piece, and count down. Short
  * spins on the counter before sleeping on a condition variable keep the
  * per-call latency low for back-to-back matmuls of one token (decode runs
@@ -42,7 +42,19 @@ static void set_err(struct k3_err *err, int code, const char *msg, long v)
 #define JOB_PIECES(v) ((unsigned)(((v) >> 16) & 0xFFFFu))
 #define JOB_NEXT(v)   ((unsigned)((v) & 0xFFFFu))
 
-enum { MAX_PIECES = 0xFFFF, PIECES_PER_THREAD = 4 };
+/*
+ * Pieces shrink geometrically (a "guided" schedule): piece k holds
+ * ceil(remaining / (4 x threads)) blocks, but at least 1/(8 x threads) of
+ * the job. The first piece is as long as the former equal pieces (a
+ * quarter of a thread's share: a worker descheduled while holding one
+ * stalls the call no longer than before) and the last ones are half that:
+ * the thread that finishes first waits at most 1/(8 x threads) of the job
+ * for the others, half the former join tail, for about 14 piece claims
+ * per job at 2 threads instead of 8 (each a CAS on a shared line, ~0.1 us).
+ * The bounds depend only on (n, grain, threads); which thread runs a
+ * piece never changes a result either way.
+ */
+enum { MAX_PIECES = 128 };
 
 struct k3_kern_pool {
 	int n_threads;
@@ -59,7 +71,8 @@ struct k3_kern_pool {
 	/* the current job, written before `job` is published */
 	k3_kern_task_fn fn;
 	void *ctx;
-	size_t n, chunk;
+	size_t n, grain;
+	size_t bound[MAX_PIECES + 1];   /* piece k = blocks [bound[k], bound[k+1]) */
 };
 
 struct worker_arg {
@@ -93,8 +106,8 @@ static void run_pieces(struct k3_kern_pool *p, uint32_t gen)
 		piece = JOB_NEXT(v);
 		np = JOB_PIECES(v);
 		{
-			size_t b = (size_t)piece * p->chunk;
-			size_t e = b + p->chunk;
+			size_t b = p->bound[piece] * p->grain;
+			size_t e = p->bound[piece + 1] * p->grain;
 
 			if (e > p->n)
 				e = p->n;
@@ -227,7 +240,7 @@ int k3_kern_pool_threads(const struct k3_kern_pool *p)
 void k3_kern_pool_for(struct k3_kern_pool *p, size_t n, size_t grain,
 	k3_kern_task_fn fn, void *ctx)
 {
-	size_t blocks, pieces, per;
+	size_t blocks, pieces;
 	uint64_t v;
 	uint32_t gen;
 
@@ -242,17 +255,31 @@ void k3_kern_pool_for(struct k3_kern_pool *p, size_t n, size_t grain,
 		fn(ctx, 0, n);
 		return;
 	}
-	pieces = (size_t)p->n_threads * PIECES_PER_THREAD;
-	if (pieces > blocks)
-		pieces = blocks;
-	if (pieces > MAX_PIECES)
-		pieces = MAX_PIECES;
-	per = (blocks + pieces - 1) / pieces;
-	pieces = (blocks + per - 1) / per;
+	{
+		size_t div = 4 * (size_t)p->n_threads, b = 0;
+		size_t floor_sz = (blocks + 8 * (size_t)p->n_threads - 1) /
+			(8 * (size_t)p->n_threads);
+
+		pieces = 0;
+		while (b < blocks) {
+			size_t sz = (blocks - b + div - 1) / div;
+
+			if (sz < floor_sz)
+				sz = floor_sz;
+			if (sz > blocks - b)
+				sz = blocks - b;
+
+			if (pieces == MAX_PIECES - 1)
+				sz = blocks - b;     /* the last slot takes the rest */
+			p->bound[pieces++] = b;
+			b += sz;
+		}
+		p->bound[pieces] = blocks;
+	}
 	p->fn = fn;
 	p->ctx = ctx;
 	p->n = n;
-	p->chunk = per * grain;
+	p->grain = grain;
 	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
 	v = atomic_load_explicit(&p->job, memory_order_relaxed);
 	gen = JOB_GEN(v) + 1;

@@ -976,11 +976,16 @@ static int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 					      att + t * W + (size_t)hh * vh, vh);
 		}
 		k3_cpu_linear_multi(&m->ctx, m->mla_jobs, H);
-		for (uint32_t hh = 0; hh < H; hh++) {
-			float *ot = att + t * W + (size_t)hh * vh;
-			const float *gt = gz + t * W + (size_t)hh * vh;
-			for (uint32_t j = 0; j < vh; j++)
-				ot[j] *= k3_cpu_sigmoid(gt[j]);
+		if (m->reference) {
+			for (uint32_t hh = 0; hh < H; hh++) {
+				float *ot = att + t * W + (size_t)hh * vh;
+				const float *gt = gz + t * W + (size_t)hh * vh;
+				for (uint32_t j = 0; j < vh; j++)
+					ot[j] *= k3_cpu_sigmoid(gt[j]);
+			}
+		} else {
+			k3_kern_sigmoid((size_t)H * vh, gz + t * W, m->tmp);
+			k3_kern_mul((size_t)H * vh, att + t * W, m->tmp, att + t * W);
 		}
 	}
 	float *y = m->s[0];

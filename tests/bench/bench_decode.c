@@ -9,8 +9,10 @@
  * identical pages get merged on these machines), the weight bytes one
  * decode token touches (every non-expert tensor except the embedding, one
  * embedding row, top_k experts per MoE layer), median decode tokens/s, the
- * bandwidth floor (bandwidth / bytes per token) and their ratio, and median
- * prefill tokens/s for one chunk.
+ * bandwidth floor (bandwidth / bytes per token) and their ratio, the share
+ * of a decode token the engine thread spent on a CPU (median CPU time x
+ * median tok/s: well below 100% means other tenants took the core and the
+ * ratio understates the code), and median prefill tokens/s for one chunk.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,6 +43,16 @@ static uint64_t bytes_per_token(const struct k3_model *m, uint32_t top_k)
 		if (plan->layers[l].is_moe)
 			b += (uint64_t)top_k * plan->layers[l].moe.experts[0].payload_bytes;
 	return b;
+}
+
+/* CPU seconds of the calling thread: with the decode wall time, shows how
+ * much of a token the engine thread was descheduled on a shared host. */
+static double thread_cpu(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int parse_list(const char *s, uint32_t *out, int max)
@@ -133,6 +145,7 @@ int main(int argc, char **argv)
 		/* decode: 16-token prompt, 2 warm-up steps, then n_decode timed steps */
 		k3_engine_forward(e, s, ids, n_prefill < 16 ? (uint32_t)n_prefill : 16, &out, &err);
 		double *dt = malloc((size_t)n_decode * sizeof(double));
+		double *ct = malloc((size_t)n_decode * sizeof(double));
 		/* bandwidth right before and right after the timed decode: the
 		 * machine is shared, so the floor uses the larger (conservative) */
 		double rt[5];
@@ -141,11 +154,13 @@ int main(int argc, char **argv)
 		double bw0 = (double)nbw / k3_bench_median(rt, 5) / 1e9;
 		for (uint64_t i = 0; i < n_decode + 2; i++) {
 			int32_t tok = (int32_t)k3_engine_argmax(logits, V);
-			double t0 = k3_bench_now();
+			double t0 = k3_bench_now(), c0 = thread_cpu();
 			if (k3_engine_forward(e, s, &tok, 1, &out, &err))
 				fprintf(stderr, "bench_decode: %s\n", err.msg);
-			if (i >= 2)
+			if (i >= 2) {
 				dt[i - 2] = k3_bench_now() - t0;
+				ct[i - 2] = thread_cpu() - c0;
+			}
 		}
 		for (int r = 0; r < 5; r++)
 			rt[r] = k3_bench_read_pass(buf, nbw, th);
@@ -154,12 +169,15 @@ int main(int argc, char **argv)
 		double dec = 1.0 / k3_bench_median(dt, (int)n_decode);
 		double floor_tps = bw * 1e9 / (double)bpt;
 		printf("threads %u: bandwidth %.1f GB/s (%.1f before, %.1f after) | decode %.1f tok/s, %.1f MB/token -> "
-		       "floor %.1f tok/s, ratio %.0f%% (%.1f GB/s of weights) | prefill %llu: %.1f tok/s\n",
+		       "floor %.1f tok/s, ratio %.0f%% (%.1f GB/s of weights) | engine thread on CPU %.0f%% "
+		       "(%.1f tok per CPU-s) | prefill %llu: %.1f tok/s\n",
 		       th, bw, bw0, bw1, dec, (double)bpt / 1e6, floor_tps, 100.0 * dec / floor_tps,
-		       dec * (double)bpt / 1e9, (unsigned long long)n_prefill,
-		       (double)n_prefill / k3_bench_median(pt, 5));
+		       dec * (double)bpt / 1e9, 100.0 * k3_bench_median(ct, (int)n_decode) * dec,
+		       1.0 / k3_bench_median(ct, (int)n_decode),
+		       (unsigned long long)n_prefill, (double)n_prefill / k3_bench_median(pt, 5));
 		fflush(stdout);
 		free(dt);
+		free(ct);
 		free(ids);
 		free(logits);
 		k3_engine_seq_free(s);

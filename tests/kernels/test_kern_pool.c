@@ -2,7 +2,8 @@
  * test_kern_pool.c - the compute pool runs every index of a parallel-for
  * exactly once, for any n, grain and thread count, under many back-to-back
  * jobs (late workers must not run a piece of a newer job or run one twice),
- * and runs nested calls inline.
+ * and runs nested calls inline. Also with more threads than the guided
+ * schedule has piece slots for.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -81,6 +82,27 @@ int main(void)
 		atomic_store(&nested_calls, 0);
 		k3_kern_pool_for(p, 8, 1, outer_task, NULL);
 		T_EQ_INT(atomic_load(&nested_calls), 80);
+		k3_kern_pool_free(p);
+	}
+	/* Many threads: the guided schedule would want more than its 128
+	 * piece slots (4999 blocks, 48 threads: 1/384-of-the-job floor), so
+	 * the last slot must take the rest. A few jobs only: 47 workers spin
+	 * on the 2 cores of a build box. */
+	{
+		struct k3_kern_pool *p = k3_kern_pool_new(48, NULL);
+		int wrong = 0;
+
+		T_OK(p != NULL);
+		for (int rep = 0; p && rep < 3; rep++) {
+			c.n = 4999;
+			for (size_t i = 0; i < c.n; i++)
+				atomic_store(&c.hits[i], 0);
+			k3_kern_pool_for(p, c.n, rep == 2 ? 3 : 1, cover_task, &c);
+			for (size_t i = 0; i < c.n; i++)
+				wrong += atomic_load(&c.hits[i]) != 1;
+		}
+		T_EQ_INT(wrong, 0);
+		T_EQ_INT(atomic_load(&c.bad_range), 0);
 		k3_kern_pool_free(p);
 	}
 	k3_kern_pool_for(NULL, 7, 2, cover_task, &c);   /* NULL pool: inline */
