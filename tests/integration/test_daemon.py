@@ -311,6 +311,13 @@ def test_lifecycle(k3d):
     check(p.returncode == 1 and "writable by others" in p.stderr, "world-writable dir refused")
     p = subprocess.run([k3d, "--queue", "x"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 2 and "--queue" in p.stderr, "bad option exits 2 naming it")
+    p = subprocess.run([k3d, "--model"], capture_output=True, text=True, timeout=10)
+    check(p.returncode == 2 and "'--model' needs a value" in p.stderr,
+          f"an option without its value says so: {p.stderr}")
+    for bad_opt in (["--direct", "maybe"], ["--prefetch", "-1"], ["--io-threads", "0"],
+                    ["--expert-cache-gb", "nan"]):
+        p = subprocess.run([k3d, *bad_opt], capture_output=True, text=True, timeout=10)
+        check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt} exits 2: {p.stderr}")
     p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock")], capture_output=True,
                        text=True, timeout=10, env={**os.environ, "STATE_DIRECTORY": bad})
     check(p.returncode == 1 and "k3ctl demo-model" in p.stderr and "k3ctl setup" in p.stderr,
