@@ -190,6 +190,15 @@ uint64_t k3_store_trace_bytes(const struct k3_store_trace *t)
 	return t->size;
 }
 
+int k3_store_trace_flush(struct k3_store_trace *t, struct k3_err *err)
+{
+	int rc = flush(t);
+
+	if (rc)
+		return k3_err_set(err, rc, "cannot write the router trace: %s", strerror(-rc));
+	return 0;
+}
+
 int k3_store_trace_close(struct k3_store_trace *t, struct k3_err *err)
 {
 	int rc;

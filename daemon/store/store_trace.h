@@ -71,6 +71,12 @@ bool k3_store_trace_capped(const struct k3_store_trace *t);
 /* File size including buffered bytes. */
 uint64_t k3_store_trace_bytes(const struct k3_store_trace *t);
 
+/* Writes the buffered records to the file now (k3d calls it after each
+ * request, so a reader such as k3ctl warm-expert-cache sees every finished
+ * request and a crash loses at most the running one). A no-op in sync mode.
+ * Returns 0 or the write errno; the buffer is emptied either way. */
+int k3_store_trace_flush(struct k3_store_trace *t, struct k3_err *err);
+
 /* Flushes and closes. Returns 0 or the flush/close errno. Accepts NULL. */
 int k3_store_trace_close(struct k3_store_trace *t, struct k3_err *err);
 

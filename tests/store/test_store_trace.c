@@ -131,6 +131,25 @@ int main(void)
 		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 3);
 	}
 
+	/* A buffered writer holds records until flushed; after
+	 * k3_store_trace_flush the file has them (k3d flushes per request). */
+	{
+		struct stat st;
+		T_EQ_INT(k3_store_trace_open(p("flush.jsonl"), 0, K3_STORE_TRACE_BUFFERED, &t, &err), 0);
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+		T_EQ_INT(stat(p("flush.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, 0);
+		T_EQ_INT(k3_store_trace_flush(t, &err), 0);
+		T_EQ_INT(stat(p("flush.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 2);
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		T_EQ_INT(stat(p("flush.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 3);
+		unlink(p("flush.jsonl"));
+	}
+
 	/* Engine route output ([T][n_moe][k]) becomes one record per
 	 * (position, MoE layer), with model layer numbers. */
 	{
