@@ -314,7 +314,7 @@ def test_lifecycle(k3d):
     p = subprocess.run([k3d, "--model"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 2 and "'--model' needs a value" in p.stderr,
           f"an option without its value says so: {p.stderr}")
-    for bad_opt in (["--direct", "maybe"], ["--prefetch", "-1"], ["--io-threads", "0"],
+    for bad_opt in (["--direct", "maybe"], ["--prefetch", "-1"], ["--prefetch", "0"], ["--io-threads", "0"],
                     ["--expert-cache-gb", "nan"]):
         p = subprocess.run([k3d, *bad_opt], capture_output=True, text=True, timeout=10)
         check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt} exits 2: {p.stderr}")
