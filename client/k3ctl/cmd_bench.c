@@ -618,6 +618,9 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	       (double)info.n_slots * (double)info.slot_bytes / 1e9,
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
 	       (double)b.floor_bytes / 1e9, info.io_threads, pfs);
+	if (rep.packs_rejected)
+		fprintf(hdr, "note: %u packs rejected, those layers read from the shards; first: %s\n",
+			rep.packs_rejected, rep.first_rejection);
 	if (info.files_buffered)
 		fprintf(hdr, "note: buffered store reads may be served from the page cache; bytes "
 			"counted are bytes asked of the kernel\n");
