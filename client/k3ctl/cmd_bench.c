@@ -607,7 +607,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	else
 		snprintf(pfs, sizeof(pfs), "off");
 	FILE *hdr = k3ctl_g.json ? stderr : stdout;   /* --json: stdout is one JSON object */
-	fprintf(hdr, "model %s: %u MoE layers x %u experts, top-%u; %zu experts of %llu bytes = %.3f GB\n",
+	fprintf(hdr, "model %s: %u MoE layers x %u experts, top-%u; %zu experts in cache slots of %llu "
+		"bytes (the largest expert read, O_DIRECT alignment included) = %.3f GB\n",
 	       model_dir, mc->n_moe, mc->num_experts, mc->num_experts_per_token,
 	       k3_store_source_count(src), (unsigned long long)slot, (double)pool / 1e9);
 	fprintf(hdr, "experts from %s; store reads: %u files O_DIRECT, %u buffered (--direct %s); "
