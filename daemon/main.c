@@ -55,6 +55,35 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 	k3_server_drain(d->srv);
 }
 
+/* The weights are mapped read-only; a model file truncated (or rewritten
+ * in place) under a running k3d turns the next access into SIGBUS, which
+ * otherwise kills it without a word. Say what most likely happened, then
+ * die of the signal as before (SA_RESETHAND: returning re-runs the faulting
+ * access with the default action), so systemd's restart logic is unchanged.
+ * Only write(2): async-signal-safe. */
+static void sigbus_handler(int sig)
+{
+	static const char msg[] =
+		"k3d: SIGBUS: a mapped model file shrank or became unreadable under k3d (truncated "
+		"or rewritten in place?); exiting. Put new model files in place with a rename, "
+		"never by rewriting them, and restart k3d.\n";
+	ssize_t w = write(2, msg, sizeof(msg) - 1);
+
+	(void)w;
+	(void)sig;
+}
+
+static void install_sigbus_handler(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = sigbus_handler;
+	sa.sa_flags = SA_RESETHAND;
+	sigemptyset(&sa.sa_mask);
+	(void)sigaction(SIGBUS, &sa, NULL);
+}
+
 /* The model to load: --model, else the default model root when present. */
 static const char *pick_model(struct k3_options *opts, char *buf, size_t size)
 {
@@ -102,6 +131,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	install_sigbus_handler();
 	if (evthread_use_pthreads() != 0) {
 		k3_log_err("libevent lacks pthread support");
 		return 1;

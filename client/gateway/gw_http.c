@@ -561,11 +561,19 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 	case K3_STATUS_SHUTTING_DOWN:
 		send_error(r, 503, "server_error", NULL, NULL, "k3d is shutting down: %s", msg);
 		break;
-	case K3_STATUS_CONTEXT_EXCEEDED:
+	case K3_STATUS_CONTEXT_EXCEEDED: {
+		/* k3d quotes the max_new it got; a larger value was sent as
+		 * the wire bound, so name what the client asked for. */
+		char asked[128] = "";
+		if (r->oai.has_max_new && r->oai.max_asked > (long long)r->oai.max_new &&
+		    strcmp(param, r->oai.max_param ? r->oai.max_param : "max_tokens") == 0)
+			snprintf(asked, sizeof(asked), " ('%.32s' was %lld, sent to k3d as its bound %u)",
+				 param, r->oai.max_asked, (unsigned)r->oai.max_new);
 		send_error(r, 400, "invalid_request_error", param[0] ? param : "messages", "context_length_exceeded",
-			   "%s%s", strstr(msg, "maximum context length") ? "" :
-			   "This model's maximum context length was exceeded: ", msg);
+			   "%s%s%s", strstr(msg, "maximum context length") ? "" :
+			   "This model's maximum context length was exceeded: ", msg, asked);
 		break;
+	}
 	case K3_STATUS_INVALID_ARGUMENT:
 	case K3_STATUS_BAD_REQUEST:
 		send_error(r, 400, "invalid_request_error", param, "invalid_value", "%s", msg);

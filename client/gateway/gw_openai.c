@@ -692,6 +692,7 @@ static const char *const completions_known[] = {
 static int set_max_new(struct gw_openai_request *r, json_int_t n)
 {
 	r->has_max_new = true;
+	r->max_asked = (long long)n;
 	/* Past K3's context no request can generate more, so larger values
 	 * mean "until the context fills" rather than an error. */
 	r->max_new = n > (json_int_t)K3_LIM_MAX_NEW ? K3_LIM_MAX_NEW : (uint32_t)n;

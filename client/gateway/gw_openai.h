@@ -59,6 +59,7 @@ struct gw_openai_request {
 	bool has_max_new;
 	uint32_t max_new;
 	const char *max_param;  /* the field max_new came from (static string) */
+	long long max_asked;    /* its value as sent; above K3_LIM_MAX_NEW, max_new is the bound */
 	uint32_t effort;        /* enum k3_proto_effort */
 };
 

@@ -607,7 +607,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	else
 		snprintf(pfs, sizeof(pfs), "off");
 	FILE *hdr = k3ctl_g.json ? stderr : stdout;   /* --json: stdout is one JSON object */
-	fprintf(hdr, "model %s: %u MoE layers x %u experts, top-%u; %zu experts of %llu bytes = %.3f GB\n",
+	fprintf(hdr, "model %s: %u MoE layers x %u experts, top-%u; %zu experts in cache slots of %llu "
+		"bytes (the largest expert read, O_DIRECT alignment included) = %.3f GB\n",
 	       model_dir, mc->n_moe, mc->num_experts, mc->num_experts_per_token,
 	       k3_store_source_count(src), (unsigned long long)slot, (double)pool / 1e9);
 	fprintf(hdr, "experts from %s; store reads: %u files O_DIRECT, %u buffered (--direct %s); "
@@ -618,6 +619,9 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	       (double)info.n_slots * (double)info.slot_bytes / 1e9,
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
 	       (double)b.floor_bytes / 1e9, info.io_threads, pfs);
+	if (rep.packs_rejected)
+		fprintf(hdr, "note: %u packs rejected, those layers read from the shards; first: %s\n",
+			rep.packs_rejected, rep.first_rejection);
 	if (info.files_buffered)
 		fprintf(hdr, "note: buffered store reads may be served from the page cache; bytes "
 			"counted are bytes asked of the kernel\n");

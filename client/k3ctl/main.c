@@ -93,7 +93,8 @@ static const struct {
 	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]" },
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
-		   "            [--io-threads N] [--disk-mib M] [--disk-samples N]" },
+		   "            [--io-threads N] [--threads N] [--no-packs] [--disk-mib M]\n"
+		   "            [--disk-samples N] [--seed N]" },
 };
 
 static int command_help(const char *name)

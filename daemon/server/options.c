@@ -130,7 +130,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->prefetch = -1;
 	opterr = 0;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		switch (c) {
 		case O_SOCKET:
 			if (strlen(optarg) >= sizeof(opts->socket_path) || optarg[0] == '\0')
@@ -197,7 +197,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				opts->prefetch = -1;
 				break;
 			}
-			if ((r = k3_parse_u64(optarg, 0, K3_OPTIONS_PREFETCH_MAX, &v, err)) < 0)
+			if ((r = k3_parse_u64(optarg, 1, K3_OPTIONS_PREFETCH_MAX, &v, err)) < 0)
 				return k3_err_prefix(err, "--prefetch ('auto', a count or 'off')");
 			opts->prefetch = (int)v;
 			break;

@@ -617,6 +617,16 @@ out:
 	stage_release(&st);
 	free(logits);
 	k3_engine_set_cancel(s->engine, NULL);
+	if (s->trace) {
+		/* Each finished request is on disk for warm-expert-cache, and a
+		 * crash loses at most the running one. */
+		struct k3_err terr = { 0, "" };
+		if (k3_store_trace_flush(s->trace, &terr) < 0) {
+			k3_log_warning("router trace stopped: %s", terr.msg);
+			k3_store_trace_close(s->trace, NULL);
+			s->trace = NULL;
+		}
+	}
 	memset(&xd, 0, sizeof(xd));
 	if (s->store) {
 		/* Guesses still queued are for layers this request has passed:

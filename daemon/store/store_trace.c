@@ -23,6 +23,45 @@ struct k3_store_trace {
 	size_t used;
 };
 
+/* A writer stopped mid-record (full disk, crash, kill) leaves a last line
+ * without its newline; appending after it would bury a malformed line in
+ * the middle, and readers refuse the whole file for it. So the torn tail
+ * (at most one line) is cut off before appending. A non-empty file with no
+ * newline in its last K3_STORE_TRACE_LINE_MAX bytes is not a trace:
+ * refused. Updates st->st_size. */
+static int drop_torn_tail(int fd, const char *path, struct stat *st, struct k3_err *err)
+{
+	char buf[K3_STORE_TRACE_LINE_MAX];
+	off_t size = st->st_size, from;
+	ssize_t got;
+
+	if (size == 0)
+		return 0;
+	from = size > (off_t)sizeof(buf) ? size - (off_t)sizeof(buf) : 0;
+	got = pread(fd, buf, (size_t)(size - from), from);
+	if (got != size - from)
+		return k3_err_set(err, got < 0 ? -errno : -EIO, "cannot read the end of router"
+				  " trace '%s'", path);
+	if (buf[got - 1] == '\n')
+		return 0;
+	for (ssize_t i = got - 1; i >= 0; i--)
+		if (buf[i] == '\n') {
+			if (ftruncate(fd, from + i + 1) != 0)
+				return k3_err_set(err, -errno, "cannot cut the torn last line of router"
+						  " trace '%s': %s", path, strerror(errno));
+			st->st_size = from + i + 1;
+			return 0;
+		}
+	if (from > 0)
+		return k3_err_set(err, -EINVAL, "'%s' is not a router trace (no newline in its"
+				  " last %zu bytes); refusing to append to it", path, sizeof(buf));
+	if (ftruncate(fd, 0) != 0)
+		return k3_err_set(err, -errno, "cannot cut the torn last line of router trace"
+				  " '%s': %s", path, strerror(errno));
+	st->st_size = 0;
+	return 0;
+}
+
 int k3_store_trace_open(const char *path, uint64_t cap_bytes, enum k3_store_trace_mode mode,
 			struct k3_store_trace **out, struct k3_err *err)
 {
@@ -43,7 +82,7 @@ int k3_store_trace_open(const char *path, uint64_t cap_bytes, enum k3_store_trac
 	}
 	/* O_NOFOLLOW: a symlink planted at the path (even a dangling one)
 	 * fails with ELOOP instead of redirecting the daemon's writes. */
-	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0640);
+	fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0640);
 	if (fd < 0) {
 		if (errno == ELOOP)
 			return k3_err_set(err, -ELOOP, "router trace '%s' is a symlink; refusing"
@@ -57,6 +96,13 @@ int k3_store_trace_open(const char *path, uint64_t cap_bytes, enum k3_store_trac
 	}
 	/* O_NONBLOCK was only for opening a FIFO safely. */
 	(void)fcntl(fd, F_SETFL, O_APPEND);
+	{
+		int rc = drop_torn_tail(fd, path, &st, err);
+		if (rc < 0) {
+			close(fd);
+			return rc;
+		}
+	}
 	t = calloc(1, sizeof(*t));
 	if (!t || (mode == K3_STORE_TRACE_BUFFERED && !(t->buf = malloc(TRACE_BUF)))) {
 		free(t);
@@ -188,6 +234,15 @@ bool k3_store_trace_capped(const struct k3_store_trace *t)
 uint64_t k3_store_trace_bytes(const struct k3_store_trace *t)
 {
 	return t->size;
+}
+
+int k3_store_trace_flush(struct k3_store_trace *t, struct k3_err *err)
+{
+	int rc = flush(t);
+
+	if (rc)
+		return k3_err_set(err, rc, "cannot write the router trace: %s", strerror(-rc));
+	return 0;
 }
 
 int k3_store_trace_close(struct k3_store_trace *t, struct k3_err *err)
@@ -361,6 +416,12 @@ int k3_store_trace_rank(const char *path, struct k3_store_trace_rank **out, size
 		if (len == 1 && line[0] == '\n')
 			continue;
 		rc = k3_store_trace_parse(line, len, &rec, err);
+		if (rc && line[len - 1] != '\n' && feof(f)) {
+			/* A torn last line: the writer is mid-record or was
+			 * stopped in one (full disk, crash). Not an error. */
+			rc = 0;
+			break;
+		}
 		if (rc) {
 			k3_err_prefix(err, "'%s' line %" PRIu64, path, lineno);
 			goto out;

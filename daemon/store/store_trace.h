@@ -45,6 +45,9 @@ struct k3_store_trace;
 
 /* Opens path for appending (created 0640 if missing). Refuses a symlink as
  * the last component (-ELOOP) and anything but a regular file (-EINVAL).
+ * A last line without its newline (a writer stopped mid-record) is cut off
+ * first; a non-empty file with no newline in its last
+ * K3_STORE_TRACE_LINE_MAX bytes is refused (-EINVAL: not a trace).
  * cap_bytes: the file never grows beyond it (0 = the default, 8 GiB).
  * Returns 0 or a negative errno with the reason in err. */
 int k3_store_trace_open(const char *path, uint64_t cap_bytes, enum k3_store_trace_mode mode,
@@ -71,6 +74,12 @@ bool k3_store_trace_capped(const struct k3_store_trace *t);
 /* File size including buffered bytes. */
 uint64_t k3_store_trace_bytes(const struct k3_store_trace *t);
 
+/* Writes the buffered records to the file now (k3d calls it after each
+ * request, so a reader such as k3ctl warm-expert-cache sees every finished
+ * request and a crash loses at most the running one). A no-op in sync mode.
+ * Returns 0 or the write errno; the buffer is emptied either way. */
+int k3_store_trace_flush(struct k3_store_trace *t, struct k3_err *err);
+
 /* Flushes and closes. Returns 0 or the flush/close errno. Accepts NULL. */
 int k3_store_trace_close(struct k3_store_trace *t, struct k3_err *err);
 
@@ -94,7 +103,9 @@ struct k3_store_trace_rank {
 /* Reads the trace at path and ranks every (layer, expert) seen by uses,
  * most used first (ties: layer, then expert ascending). *out is malloc'd
  * (free it), *n its length, *records the lines read. Refuses non-regular
- * files; a malformed line fails with its line number.
+ * files; a malformed line fails with its line number, except a last line
+ * without a newline that does not parse (torn: being written, or cut by a
+ * full disk or a crash), which is skipped.
  * Returns 0 or a negative errno. */
 int k3_store_trace_rank(const char *path, struct k3_store_trace_rank **out, size_t *n,
 			uint64_t *records, struct k3_err *err);

@@ -311,6 +311,13 @@ def test_lifecycle(k3d):
     check(p.returncode == 1 and "writable by others" in p.stderr, "world-writable dir refused")
     p = subprocess.run([k3d, "--queue", "x"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 2 and "--queue" in p.stderr, "bad option exits 2 naming it")
+    p = subprocess.run([k3d, "--model"], capture_output=True, text=True, timeout=10)
+    check(p.returncode == 2 and "'--model' needs a value" in p.stderr,
+          f"an option without its value says so: {p.stderr}")
+    for bad_opt in (["--direct", "maybe"], ["--prefetch", "-1"], ["--prefetch", "0"], ["--io-threads", "0"],
+                    ["--expert-cache-gb", "nan"]):
+        p = subprocess.run([k3d, *bad_opt], capture_output=True, text=True, timeout=10)
+        check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt} exits 2: {p.stderr}")
     p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock")], capture_output=True,
                        text=True, timeout=10, env={**os.environ, "STATE_DIRECTORY": bad})
     check(p.returncode == 1 and "k3ctl demo-model" in p.stderr and "k3ctl setup" in p.stderr,
@@ -367,6 +374,35 @@ def test_setup():
     shutil.rmtree(root, ignore_errors=True)
 
 
+def test_sigbus(k3d):
+    # A model file truncated under a running k3d: the next touch of the
+    # mapped weights is SIGBUS. k3d still dies of it, but says why first.
+    tmp = tempfile.mkdtemp()
+    model = os.path.join(tmp, "m")
+    shutil.copytree(os.environ["K3_TEST_MODEL"], model)
+    sock = os.path.join(tmp, "k.sock")
+    p = subprocess.Popen([k3d, "--socket", sock, "--model", model], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(100):
+            if k3ctl(sock, "ping").returncode == 0:
+                break
+            time.sleep(0.1)
+        for f in os.listdir(model):
+            if f.endswith(".safetensors"):
+                os.truncate(os.path.join(model, f), 4096)
+        k3ctl(sock, "run", "--max-new", "2", "hello")
+        err = p.communicate(timeout=30)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == -signal.SIGBUS or "AddressSanitizer" in err,
+          f"k3d dies of SIGBUS (rc {p.returncode})")
+    check("SIGBUS: a mapped model file shrank" in err or "AddressSanitizer" in err,
+          f"the SIGBUS is explained: {err[-300:]}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     d = Daemon(K3D)
@@ -397,6 +433,8 @@ def main():
     test_setup()
     print("-- test_notify")
     test_notify(K3D)
+    print("-- test_sigbus")
+    test_sigbus(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")
     return 1 if failures else 0

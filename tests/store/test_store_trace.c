@@ -131,6 +131,25 @@ int main(void)
 		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 3);
 	}
 
+	/* A buffered writer holds records until flushed; after
+	 * k3_store_trace_flush the file has them (k3d flushes per request). */
+	{
+		struct stat st;
+		T_EQ_INT(k3_store_trace_open(p("flush.jsonl"), 0, K3_STORE_TRACE_BUFFERED, &t, &err), 0);
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+		T_EQ_INT(stat(p("flush.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, 0);
+		T_EQ_INT(k3_store_trace_flush(t, &err), 0);
+		T_EQ_INT(stat(p("flush.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 2);
+		T_EQ_INT(k3_store_trace_write(t, &r, &err), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		T_EQ_INT(stat(p("flush.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)len * 3);
+		unlink(p("flush.jsonl"));
+	}
+
 	/* Engine route output ([T][n_moe][k]) becomes one record per
 	 * (position, MoE layer), with model layer numbers. */
 	{
@@ -213,8 +232,56 @@ int main(void)
 		T_OK(strstr(err.msg, "line 2") != NULL);
 	}
 
+	/* A torn last line (writer stopped mid-record by a full disk or a
+	 * crash): readers skip it, and the next writer cuts it off before
+	 * appending, so the file stays a valid trace. */
+	{
+		char one[K3_STORE_TRACE_LINE_MAX];
+		struct k3_store_trace_rec a = mkrec(5, 1, 0), b = mkrec(6, 1, 3);
+		int la = k3_store_trace_format(&a, one, sizeof(one));
+		FILE *f = fopen(p("torn.jsonl"), "w");
+		T_OK(f != NULL);
+		fwrite(one, 1, (size_t)la, f);
+		fwrite(one, 1, (size_t)la / 2, f);
+		fclose(f);
+		struct k3_store_trace_rank *rk = NULL;
+		size_t nr;
+		uint64_t recs;
+		T_EQ_INT(k3_store_trace_rank(p("torn.jsonl"), &rk, &nr, &recs, &err), 0);
+		T_EQ_U64(recs, 1);
+		free(rk);
+		T_EQ_INT(k3_store_trace_open(p("torn.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), 0);
+		T_EQ_U64(k3_store_trace_bytes(t), (uint64_t)la);
+		T_EQ_INT(k3_store_trace_write(t, &b, &err), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		rk = NULL;
+		T_EQ_INT(k3_store_trace_rank(p("torn.jsonl"), &rk, &nr, &recs, &err), 0);
+		T_EQ_U64(recs, 2);
+		free(rk);
+		struct stat st;
+		T_EQ_INT(stat(p("torn.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)la + (uint64_t)k3_store_trace_format(&b, one, sizeof(one)));
+
+		/* Only a torn line: cut to empty. No newline in the last
+		 * LINE_MAX bytes of a bigger file: not a trace, left alone. */
+		f = fopen(p("torn.jsonl"), "w");
+		fputs("{\"request\":1,", f);
+		fclose(f);
+		T_EQ_INT(k3_store_trace_open(p("torn.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), 0);
+		T_EQ_U64(k3_store_trace_bytes(t), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		f = fopen(p("torn.jsonl"), "w");
+		for (int i = 0; i < K3_STORE_TRACE_LINE_MAX + 10; i++)
+			fputc('x', f);
+		fclose(f);
+		T_EQ_INT(k3_store_trace_open(p("torn.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), -EINVAL);
+		T_OK(strstr(err.msg, "not a router trace") != NULL);
+		T_EQ_INT(stat(p("torn.jsonl"), &st), 0);
+		T_EQ_U64((uint64_t)st.st_size, (uint64_t)K3_STORE_TRACE_LINE_MAX + 10);
+	}
+
 	static const char *const names[] = { "buf.jsonl", "sync.jsonl", "cap.jsonl", "link.jsonl",
-					     "dangling.jsonl", "fifo", "bad.jsonl" };
+					     "dangling.jsonl", "fifo", "bad.jsonl", "torn.jsonl" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		unlink(p(names[i]));
 	rmdir(dir);
