@@ -889,11 +889,12 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	struct gw_req *r = arg;
 
 	if (r->req && r->kind == K_METRICS) {
-		/* STATUS sent after the handshake, no STATUS_REPLY in time. */
-		send_error(r, 503, "server_error", NULL, "daemon_timeout",
-			   "k3d answered HELLO but not STATUS within %u s (--daemon-timeout): it may be "
-			   "stuck.",
-			   r->g->cfg.daemon_timeout_s);
+		/* STATUS sent after the handshake, no STATUS_REPLY in time: the
+		 * same answer as a k3d that is down (200, the gateway's own
+		 * metrics, k3_gateway_daemon_up 0), because a scraper keeps a
+		 * 200 series and alerts on daemon_up, where a 503 would only
+		 * drop the gateway's counters from the scrape. */
+		metrics_reply(r, NULL);
 		daemon_close(r);
 		req_maybe_free(r);
 		return;
