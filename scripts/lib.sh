@@ -52,7 +52,7 @@ k3_install_arm64_deps() {
 		"$k3_arm64_packages" >&2
 	$sudo dpkg --add-architecture arm64 &&
 		$sudo apt-get update -qq >/dev/null &&
-		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-remove \
 			--no-install-recommends $k3_arm64_packages >/dev/null
 }
 
