@@ -175,32 +175,6 @@ INLINE __m256 group_dot(const __m256 w[4], const float *x)
 	return _mm256_add_ps(p0, p1);
 }
 
-INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
-	const uint8_t *const *pr, const uint8_t *const *sr,
-	const float *const *xt, float *out, size_t ldo)
-{
-	const __m128i lut = _mm_loadu_si128((const __m128i *)e2m1x2);
-	__m256 acc[8];
-
-	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
-		acc[k] = _mm256_setzero_ps();
-	for (size_t g = 0; g < cols / 32; g++) {
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {
-			__m256 w[4];
-			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g]]);
-
-			_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
-			decode_group(pr[i] + 16 * g, lut, w);
-			K3_UNROLL for (size_t t = 0; t < nt; t++)
-				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xt[t] + 32 * g),
-					s, acc[i * nt + t]);
-		}
-	}
-	K3_UNROLL for (size_t i = 0; i < nr; i++)
-		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = hsum8(acc[i * nt + t]);
-}
-
 /*
  * Permuted-x MXFP4 path (cols <= PERM_SCRATCH: every K3 MXFP4 matrix).
  * No int->float conversion at all: two pshufb LUTs give the high and low
@@ -259,10 +233,24 @@ INLINE void decode_perm(const uint8_t *p, __m256i lut_hb, __m256i lut_lb,
 	w[3] = _mm256_castsi256_ps(_mm256_and_si256(whi, hi16));
 }
 
-INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
-	const uint8_t *const *pr, const uint8_t *const *sr,
-	const float *const *xp, float *out, size_t ldo)
+/* acc[i * nt + t] -> out[t * ldo + i]: the final 8 -> 1 fold of every
+ * MXFP4 row kernel. */
+INLINE void store_rows(size_t nr, size_t nt, const __m256 *acc, float *out, size_t ldo)
 {
+	K3_UNROLL for (size_t i = 0; i < nr; i++)
+		K3_UNROLL for (size_t t = 0; t < nt; t++)
+			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+}
+
+/* One 32-column group per step. perm (a compile-time constant at each call
+ * site): the bf16-pattern decode into perm_col() lane order, scale
+ * 2^(s-127); otherwise the column-order int8 decode (2 x E2M1), scale
+ * 2^(s-128). The rest of the reduction is the same. */
+INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
+	const uint8_t *const *pr, const uint8_t *const *sr,
+	const float *const *xt, float *out, size_t ldo, bool perm)
+{
+	const __m128i lut = _mm_loadu_si128((const __m128i *)e2m1x2);
 	const __m256i lut_hb = _mm256_broadcastsi128_si256(
 		_mm_loadu_si128((const __m128i *)e2m1_hb));
 	const __m256i lut_lb = _mm256_broadcastsi128_si256(
@@ -274,18 +262,21 @@ INLINE void rows_mxfp4_perm(size_t nr, size_t nt, size_t cols,
 	for (size_t g = 0; g < cols / 32; g++) {
 		K3_UNROLL for (size_t i = 0; i < nr; i++) {
 			__m256 w[4];
-			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g] + 1]);
+			__m256 s = _mm256_broadcast_ss(&scale_tab[sr[i][g] + (perm ? 1 : 0)]);
 
-			_mm_prefetch((const char *)(pr[i] + nr * (cols / 2) + 16 * g), _MM_HINT_T0);
-			decode_perm(pr[i] + 16 * g, lut_hb, lut_lb, w);
+			if (perm) {
+				_mm_prefetch((const char *)(pr[i] + nr * (cols / 2) + 16 * g), _MM_HINT_T0);
+				decode_perm(pr[i] + 16 * g, lut_hb, lut_lb, w);
+			} else {
+				_mm_prefetch((const char *)(pr[i] + 16 * g + 512), _MM_HINT_T0);
+				decode_group(pr[i] + 16 * g, lut, w);
+			}
 			K3_UNROLL for (size_t t = 0; t < nt; t++)
-				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xp[t] + 32 * g),
+				acc[i * nt + t] = _mm256_fmadd_ps(group_dot(w, xt[t] + 32 * g),
 					s, acc[i * nt + t]);
 		}
 	}
-	K3_UNROLL for (size_t i = 0; i < nr; i++)
-		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+	store_rows(nr, nt, acc, out, ldo);
 }
 
 /*
@@ -385,9 +376,7 @@ INLINE void rows_mxfp4_pair(size_t nr, size_t nt, size_t cols,
 			}
 		}
 	}
-	K3_UNROLL for (size_t i = 0; i < nr; i++)
-		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+	store_rows(nr, nt, acc, out, ldo);
 }
 
 /* ------------------------------------------------------------------ */
@@ -465,11 +454,11 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 						BLOCK(MX2, nr, nt, 0);
 #undef MX2
 					} else if (perm) {
-#define MXP(NR_, NT_, ...) rows_mxfp4_perm(NR_, NT_, cols, pr, sr, xt, out, ldy)
+#define MXP(NR_, NT_, ...) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy, true)
 						BLOCK(MXP, nr, nt, 0);
 #undef MXP
 					} else {
-#define MX(NR_, NT_, ...) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy)
+#define MX(NR_, NT_, ...) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy, false)
 						BLOCK(MX, nr, nt, 0);
 #undef MX
 					}
