@@ -127,16 +127,6 @@ struct probe {
 	uint32_t top_k;
 };
 
-static int cmp_idx_layer(const void *a, const void *b, void *ctx)
-{
-	const struct k3_store_source *src = ctx;
-	const struct k3_store_expert *x = k3_store_source_expert(src, *(const size_t *)a);
-	const struct k3_store_expert *y = k3_store_source_expert(src, *(const size_t *)b);
-	if (x->layer != y->layer)
-		return x->layer < y->layer ? -1 : 1;
-	return x->expert < y->expert ? -1 : x->expert > y->expert;
-}
-
 static int probe_open(struct probe *p, const struct k3_store_source *src, uint32_t top_k,
 		      unsigned io_threads, struct k3_err *err)
 {
@@ -152,7 +142,7 @@ static int probe_open(struct probe *p, const struct k3_store_source *src, uint32
 		return k3_err_set(err, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++)
 		p->by_layer[i] = i;
-	qsort_r(p->by_layer, n, sizeof(*p->by_layer), cmp_idx_layer, (void *)src);
+	qsort_r(p->by_layer, n, sizeof(*p->by_layer), k3_store_source_cmp_index, (void *)src);
 	for (size_t i = 0; i < n; i++) {
 		uint32_t l = k3_store_source_expert(src, p->by_layer[i])->layer;
 		if (p->n_layers == 0 || p->layers[p->n_layers - 1].layer != l)

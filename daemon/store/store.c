@@ -366,6 +366,23 @@ static void dry_read(struct k3_store *s, int32_t i)
 
 /* ---- lifecycle ---- */
 
+/* Slots, arrays and s itself: what k3_store_new allocates before it
+ * starts anything (also its failure path, where the locks may not exist). */
+static void free_memory(struct k3_store *s)
+{
+	if (s->slots)
+		for (uint32_t i = 0; i < s->n_slots; i++)
+			free(s->slots[i].mem);
+	free(s->slots);
+	free(s->slot_of);
+	free(s->uses);
+	free(s->pend);
+	free(s->n_pend);
+	free(s->gate_n);
+	free(s->gate_hit);
+	free(s);
+}
+
 int k3_store_new(const struct k3_store_source *src, const struct k3_store_config *cfg,
 		 struct k3_store **out, struct k3_err *err)
 {
@@ -462,17 +479,7 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	*out = s;
 	return 0;
 fail:
-	if (s->slots)
-		for (uint32_t i = 0; i < s->n_slots; i++)
-			free(s->slots[i].mem);
-	free(s->slots);
-	free(s->slot_of);
-	free(s->uses);
-	free(s->pend);
-	free(s->n_pend);
-	free(s->gate_n);
-	free(s->gate_hit);
-	free(s);
+	free_memory(s);
 	return rc;
 }
 
@@ -486,19 +493,10 @@ void k3_store_free(struct k3_store *s)
 	pthread_mutex_unlock(&s->mu);
 	for (unsigned t = 0; t < s->n_threads; t++)
 		pthread_join(s->threads[t], NULL);
-	for (uint32_t i = 0; i < s->n_slots; i++)
-		free(s->slots[i].mem);
 	pthread_cond_destroy(&s->done_cv);
 	pthread_cond_destroy(&s->work_cv);
 	pthread_mutex_destroy(&s->mu);
-	free(s->slots);
-	free(s->slot_of);
-	free(s->uses);
-	free(s->pend);
-	free(s->n_pend);
-	free(s->gate_n);
-	free(s->gate_hit);
-	free(s);
+	free_memory(s);
 }
 
 void k3_store_step_begin(struct k3_store *s)

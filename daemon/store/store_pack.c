@@ -456,17 +456,6 @@ int k3_store_pack_add_to_source(const struct k3_store_pack *pack, const char *pa
 
 /* ---- writer ---- */
 
-static int cmp_expert(const void *a, const void *b, void *ctx)
-{
-	const struct k3_store_source *src = ctx;
-	const struct k3_store_expert *x = k3_store_source_expert(src, *(const size_t *)a);
-	const struct k3_store_expert *y = k3_store_source_expert(src, *(const size_t *)b);
-
-	if (x->layer != y->layer)
-		return x->layer < y->layer ? -1 : 1;
-	return x->expert < y->expert ? -1 : x->expert > y->expert;
-}
-
 /* Lays out the pack for src: entries sorted, spans placed, hashes unset. */
 static int plan_layout(const struct k3_store_source *src, struct pack_entry **out_ent,
 		       size_t **out_order, uint64_t *data_offset, uint64_t *file_bytes,
@@ -484,7 +473,7 @@ static int plan_layout(const struct k3_store_source *src, struct pack_entry **ou
 	}
 	for (size_t i = 0; i < n; i++)
 		order[i] = i;
-	qsort_r(order, n, sizeof(*order), cmp_expert, (void *)src);
+	qsort_r(order, n, sizeof(*order), k3_store_source_cmp_index, (void *)src);
 	*data_offset = align_to(HDR_BYTES + (uint64_t)n_idents * SRC_REC +
 				(uint64_t)n * DIR_REC, K3_STORE_ALIGN);
 	cursor = *data_offset;

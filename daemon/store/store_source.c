@@ -259,6 +259,17 @@ const struct k3_store_expert *k3_store_source_expert(const struct k3_store_sourc
 	return i < src->n_experts ? &src->experts[i] : NULL;
 }
 
+int k3_store_source_cmp_index(const void *a, const void *b, void *ctx)
+{
+	const struct k3_store_source *src = ctx;
+	const struct k3_store_expert *x = &src->experts[*(const size_t *)a];
+	const struct k3_store_expert *y = &src->experts[*(const size_t *)b];
+
+	if (x->layer != y->layer)
+		return x->layer < y->layer ? -1 : 1;
+	return x->expert < y->expert ? -1 : x->expert > y->expert;
+}
+
 int64_t k3_store_source_find(const struct k3_store_source *src,
 			     uint32_t layer, uint32_t expert)
 {

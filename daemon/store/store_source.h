@@ -103,6 +103,10 @@ size_t k3_store_source_count(const struct k3_store_source *src);
 const struct k3_store_expert *k3_store_source_expert(const struct k3_store_source *src,
 						     size_t i);
 
+/* qsort_r comparator over expert indices (size_t elements) of the source
+ * passed as ctx: by layer, then expert number. Indices must be < count. */
+int k3_store_source_cmp_index(const void *a, const void *b, void *ctx);
+
 /* Index of (layer, expert) in the source, or -1 when unknown. O(1). */
 int64_t k3_store_source_find(const struct k3_store_source *src,
 			     uint32_t layer, uint32_t expert);
