@@ -634,9 +634,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	 * sample reads at most the pool once (at least 16 MiB). */
 	if (!disk_mib_set && dmax > pool) {
 		dmax = pool > (16u << 20) ? pool : (16u << 20);
-		fprintf(hdr, "note: disk samples of %.1f MiB (the expert pool once; --disk-mib sets "
-			"it); a pool this small is mostly in the host's caches, so the disk figures "
-			"are indicative only\n", (double)dmax / (1 << 20));
+		fprintf(hdr, "note: disk samples of %.1f MiB (the %.1f MiB expert pool once, at least "
+			"16 MiB; --disk-mib sets it); a pool this small is mostly in the host's caches, "
+			"so the disk figures are indicative only\n", (double)dmax / (1 << 20),
+			(double)pool / (1 << 20));
 	}
 	if ((rc = take_sample(sm, "before", dsrc, info.io_threads, dbufs, &probe, dmax, &dseed, &err)))
 		goto fail;
