@@ -17,6 +17,11 @@
  * GEMV streams from DRAM rather than from the L3.
  *
  *   bench_gemv [--runs N] [--threads 1,2] [--tokens T] [--bw-mib M] [--set-mib M]
+ *              [--shape RxC]... [--dtype bf16|mxfp4|both]
+ *
+ * --shape RxC (repeatable, up to 8) replaces the four K3 shapes, e.g. the
+ * mid comparison model's 1024x1024 projections or its 512x512 latent
+ * experts, to see how small products fare against the same yardstick.
  *
  * --tokens T (default 1) multiplies T positions per call (a prefill chunk):
  * the GB/s column still counts weight bytes streamed per call, so T > 1
@@ -53,9 +58,11 @@ static int parse_uint(const char *s, long lo, long hi, long *out)
 
 int main(int argc, char **argv)
 {
-	static const size_t shapes[4][2] = {
+	size_t shapes[8][2] = {
 		{ 7168, 12288 }, { 12288, 7168 }, { 3072, 3584 }, { 3584, 3072 },
 	};
+	int n_shapes = 4, user_shapes = 0, dt_first = 0, dt_last = 1;
+	size_t max_dim = 12288;
 	long runs = 7, bw_mib = 1024, set_mib = 512;
 	size_t ntok = 1;
 	int threads[8] = { 1, 2 }, n_threads = 2;
@@ -83,6 +90,32 @@ int main(int argc, char **argv)
 		    parse_uint(argv[i + 1], 1, 65536, &v) == 0) {
 			set_mib = v;
 			i++;
+		} else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc &&
+		    user_shapes < 8) {
+			unsigned long r, c;
+			char tail;
+
+			/* cols a multiple of 32 (one MXFP4 group), both in 32..65536 */
+			if (sscanf(argv[++i], "%lux%lu%c", &r, &c, &tail) != 2 ||
+			    r < 1 || r > 65536 || c < 32 || c > 65536 || c % 32 != 0) {
+				fprintf(stderr, "bench_gemv: bad shape '%s' (want RxC, "
+					"rows 1..65536, cols a multiple of 32 up to 65536)\n", argv[i]);
+				return 2;
+			}
+			shapes[user_shapes][0] = r;
+			shapes[user_shapes][1] = c;
+			n_shapes = ++user_shapes;
+		} else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+			i++;
+			if (strcmp(argv[i], "bf16") == 0) {
+				dt_first = dt_last = 0;
+			} else if (strcmp(argv[i], "mxfp4") == 0) {
+				dt_first = dt_last = 1;
+			} else if (strcmp(argv[i], "both") != 0) {
+				fprintf(stderr, "bench_gemv: bad dtype '%s' (bf16, mxfp4 or both)\n",
+					argv[i]);
+				return 2;
+			}
 		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
 			char *s = argv[++i], *tok, *save = NULL;
 
@@ -97,7 +130,7 @@ int main(int argc, char **argv)
 			}
 		} else {
 			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] [--tokens T] "
-				"[--bw-mib M] [--set-mib M]\n");
+				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|both]\n");
 			return 2;
 		}
 	}
@@ -111,24 +144,28 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	for (int s = 0; s < n_shapes; s++)
+		for (int d = 0; d < 2; d++)
+			if (shapes[s][d] > max_dim)
+				max_dim = shapes[s][d];
 	bw_bytes = (size_t)bw_mib << 20;
 	bwbuf = aligned_alloc(64, bw_bytes);
-	x = malloc(ntok * 12288 * sizeof(float));
-	y = malloc(ntok * 12288 * sizeof(float));
+	x = malloc(ntok * max_dim * sizeof(float));
+	y = malloc(ntok * max_dim * sizeof(float));
 	if (!bwbuf || !x || !y)
 		return 1;
 	k3_bench_fill_random(bwbuf, bw_bytes);
 	/* random bits as floats may be NaN/Inf: harmless for a read benchmark,
 	 * but keep x finite for the GEMV */
-	for (size_t i = 0; i < ntok * 12288; i++)
+	for (size_t i = 0; i < ntok * max_dim; i++)
 		x[i] = (float)((double)(k3_bench_rand() >> 11) * 0x1.0p-53 - 0.5);
 
 	printf("%-6s %-12s %3s %9s %9s %6s\n", "dtype", "rows x cols", "thr",
 		"GEMV GB/s", "mem GB/s", "ratio");
-	for (int dt = 0; dt < 2; dt++) {
+	for (int dt = dt_first; dt <= dt_last; dt++) {
 		enum k3_kern_dtype dtype = dt == 0 ? K3_KERN_DT_BF16 : K3_KERN_DT_MXFP4;
 
-		for (int s = 0; s < 4; s++) {
+		for (int s = 0; s < n_shapes; s++) {
 			size_t rows = shapes[s][0], cols = shapes[s][1];
 			size_t wbytes = dtype == K3_KERN_DT_BF16 ? rows * cols * 2 : rows * cols / 2;
 			size_t sbytes = dtype == K3_KERN_DT_BF16 ? 0 : rows * cols / 32;

@@ -180,7 +180,8 @@ int main(void)
 	struct k3_kern_pool *pools[3];
 	static const struct { enum k3_kern_dtype dt; size_t rows, cols; } shapes[] = {
 		{ K3_KERN_DT_BF16, 37, 259 },
-		{ K3_KERN_DT_BF16, 40, 1024 },
+		{ K3_KERN_DT_BF16, 40, 1024 },   /* short rows: one row per call at T = 1 */
+		{ K3_KERN_DT_BF16, 21, 2080 },   /* long rows: four per call, plus a tail */
 		{ K3_KERN_DT_F32, 19, 577 },
 		{ K3_KERN_DT_MXFP4, 37, 288 },
 		{ K3_KERN_DT_MXFP4, 23, 3584 },
