@@ -43,7 +43,7 @@ struct gw_metrics {
 	double prefill_s, decode_s;
 	uint64_t expert_bytes_read, expert_hits, expert_misses;
 	uint64_t cancels_sent;
-	unsigned in_flight;          /* HTTP requests holding a daemon connection */
+	unsigned in_flight;          /* API requests holding a daemon connection (not /health, /metrics) */
 };
 
 struct gw {

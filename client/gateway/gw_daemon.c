@@ -27,6 +27,8 @@ struct gw_daemon {
 	bool free_pending;          /* gw_daemon_free called inside a callback */
 	unsigned depth;             /* callbacks currently on the stack */
 	char why[256];              /* pending failure reason */
+	char path[108];             /* socket path, for failure messages */
+	unsigned timeout_s;         /* handshake bound, for failure messages */
 	union k3_proto_body body;
 };
 
@@ -62,8 +64,13 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (d->why[0])
 		fail_now(d, d->why);
-	else if (!d->hello_ok)
-		fail_now(d, "k3d did not answer HELLO in time");
+	else if (!d->hello_ok) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "k3d at '%s' accepted the connection but did not answer HELLO within %u s",
+			 d->path, d->timeout_s);
+		fail_now(d, why);
+	}
 }
 
 /* Fails from the event loop rather than from the caller's stack. */
@@ -139,12 +146,15 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	if (what & BEV_EVENT_EOF)
-		fail_now(d, "k3d closed the connection");
-	else if (what & BEV_EVENT_ERROR) {
+	if (what & BEV_EVENT_EOF) {
 		char why[256];
 
-		snprintf(why, sizeof(why), "cannot reach k3d: %s",
+		snprintf(why, sizeof(why), "k3d at '%s' closed the connection", d->path);
+		fail_now(d, why);
+	} else if (what & BEV_EVENT_ERROR) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "cannot reach k3d at '%s': %s", d->path,
 			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
 		fail_now(d, why);
 	}
@@ -164,6 +174,8 @@ struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsi
 	d->frame_fn = frame_fn;
 	d->fail_fn = fail_fn;
 	d->arg = arg;
+	d->timeout_s = timeout_s;
+	snprintf(d->path, sizeof(d->path), "%s", path);
 	d->timer = evtimer_new(base, timer_cb, d);
 	d->bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!d->timer || !d->bev) {

@@ -54,6 +54,7 @@ struct gw_req {
 	long long created;
 	char model[K3_LIM_NAME_MAX + 1];
 	bool generate_sent, accepted, started, done, cancel_sent;
+	bool counted;                    /* counted in m.in_flight (not a /health or /metrics probe) */
 	struct evbuffer *content, *reasoning;
 	json_t *tool_calls;              /* non-stream: accumulated calls, by index */
 	json_t *tool_seen;               /* stream: indices whose first delta went out */
@@ -596,7 +597,9 @@ static void daemon_close(struct gw_req *r)
 		return;
 	gw_daemon_free(r->d);
 	r->d = NULL;
-	r->g->m.in_flight--;
+	if (r->counted)
+		r->g->m.in_flight--;
+	r->counted = false;
 }
 
 static void send_generate(struct gw_req *r)
@@ -618,18 +621,60 @@ static void send_generate(struct gw_req *r)
 
 /* ---- the k3d conversation ----------------------------------------------- */
 
-static void health_reply(struct gw_req *r, bool ready, const char *model)
+/* /health: 200 {"status":"ok","model":ID} when model is set, else 503
+ * {"status":STATE,"error":WHY} with Retry-After. STATE tells a load
+ * balancer or an operator which not-ready case this is: "loading",
+ * "draining", "no_model" (what k3d said in HELLO_OK) or "unavailable" (no
+ * connection, no handshake in time, or k3d refused the connection); WHY
+ * is a sentence with what to check. */
+static void health_reply(struct gw_req *r, const char *model, const char *state, const char *why)
 {
 	if (!r->req)
 		return;
-	if (ready) {
+	if (model) {
 		send_json(r, 200, json_pack("{s:s,s:s}", "status", "ok", "model", model));
 	} else {
 		char ra[16];
 
 		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
 		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
-		send_json(r, 503, json_pack("{s:s}", "status", "loading"));
+		send_json(r, 503, json_pack("{s:s,s:s}", "status", state, "error", why));
+	}
+}
+
+/* /health when k3d cannot be talked to: why is gw_daemon's sentence (it
+ * names the socket path and the errno text). */
+static void health_unavailable(struct gw_req *r, const char *why)
+{
+	char msg[512];
+
+	snprintf(msg, sizeof(msg), "%s; is k3d running? (systemctl status k3d)", why);
+	health_reply(r, NULL, "unavailable", msg);
+}
+
+/* /health from the state in HELLO_OK. */
+static void health_from_state(struct gw_req *r, unsigned state)
+{
+	char msg[256];
+
+	switch (state) {
+	case K3_STATE_READY:
+		health_reply(r, r->model, NULL, NULL);
+		break;
+	case K3_STATE_LOADING:
+		health_reply(r, NULL, "loading", "k3d is loading the model; retry after Retry-After seconds");
+		break;
+	case K3_STATE_DRAINING:
+		health_reply(r, NULL, "draining",
+			     "k3d is draining (shutting down or restarting) and takes no new requests");
+		break;
+	case K3_STATE_NO_MODEL:
+		health_reply(r, NULL, "no_model", "k3d has no model loaded; start it with --model DIR");
+		break;
+	default:
+		snprintf(msg, sizeof(msg), "k3d reported an unknown state %u", state);
+		health_reply(r, NULL, "unavailable", msg);
+		break;
 	}
 }
 
@@ -661,7 +706,7 @@ static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 		snprintf(r->model, sizeof(r->model), "kimi-k3");
 	switch (r->kind) {
 	case K_HEALTH:
-		health_reply(r, ready, r->model);
+		health_from_state(r, h->state);
 		daemon_close(r);
 		break;
 	case K_METRICS: {
@@ -758,8 +803,10 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 				 (int)b->error.message.len, b->error.message.p ? b->error.message.p : "");
 			if (r->kind == K_METRICS)
 				metrics_reply(r, NULL);
+			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_SHUTTING_DOWN)
+				health_reply(r, NULL, "draining", why);
 			else if (r->kind == K_HEALTH)
-				health_reply(r, false, NULL);
+				health_unavailable(r, why);
 			else
 				send_error(r, 503, "server_error", NULL, NULL, "%s", why);
 			daemon_close(r);
@@ -779,7 +826,7 @@ static void daemon_fail(struct gw_daemon *d, const char *why, void *arg)
 	if (r->req) {
 		switch (r->kind) {
 		case K_HEALTH:
-			health_reply(r, false, NULL);
+			health_unavailable(r, why);
 			break;
 		case K_METRICS:
 			metrics_reply(r, NULL);
@@ -917,7 +964,11 @@ static void start_daemon(struct gw_req *r)
 		send_error(r, 503, "server_error", NULL, NULL, "k3d is not available: out of memory");
 		return;
 	}
-	r->g->m.in_flight++;
+	/* The probes are not counted: a scrape would otherwise always see its
+	 * own STATUS connection, and an idle gateway would never read 0. */
+	r->counted = r->kind != K_HEALTH && r->kind != K_METRICS;
+	if (r->counted)
+		r->g->m.in_flight++;
 	if (r->evcon) {
 		struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
 		evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;

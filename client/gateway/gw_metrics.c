@@ -114,7 +114,7 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		"# HELP k3_gateway_cancels_total CANCELs sent to k3d because a client went away.\n"
 		"# TYPE k3_gateway_cancels_total counter\n"
 		"k3_gateway_cancels_total %llu\n"
-		"# HELP k3_gateway_in_flight Requests now holding a k3d connection.\n"
+		"# HELP k3_gateway_in_flight API requests now holding a k3d connection (the /health and /metrics probes are not counted).\n"
 		"# TYPE k3_gateway_in_flight gauge\n"
 		"k3_gateway_in_flight %u\n",
 		(unsigned long long)m->prompt_tokens, (unsigned long long)m->completion_tokens,

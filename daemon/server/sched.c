@@ -750,10 +750,33 @@ static uint32_t first_buffered(const struct k3_store_source *src)
  * --expert-cache-gb N then sets the share explicitly). */
 #define SCHED_STATE_RESERVE ((uint64_t)512 << 20)
 
+/* Opens --router-trace FILE and the per-chunk route buffers. Apart from
+ * the model so that a bad trace path is reported as what it is (a symlink,
+ * not a regular file, not writable), never as "cannot load model". */
+static int open_trace(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	size_t per;
+	int r;
+
+	if (!o->router_trace)
+		return 0;
+	per = (size_t)PREFILL_CHUNK * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
+	r = k3_store_trace_open(o->router_trace, 0, K3_STORE_TRACE_BUFFERED, &s->trace, err);
+	if (r < 0)
+		return r;
+	s->route_ids = calloc(per ? per : 1, sizeof(*s->route_ids));
+	s->route_w = calloc(per ? per : 1, sizeof(*s->route_w));
+	if (!s->route_ids || !s->route_w)
+		return k3_err_set(err, -ENOMEM, "out of memory for the router trace buffers");
+	k3_log_info("router trace: appending to %s", o->router_trace);
+	return 0;
+}
+
 /* Opens the expert store behind the engine (docs/store.md, "For the
  * engine"): packs when valid (else shards, logged with the reason), the
- * RAM budget (refused below one token's floor), the reader threads, the
- * lookahead, and --router-trace. A model whose experts the store cannot
+ * RAM budget (refused below one token's floor), the reader threads and the
+ * lookahead. A model whose experts the store cannot
  * stream (not MXFP4) keeps the mmapped tensors, with a warning. */
 static int open_store(struct k3_sched *s, struct k3_err *err)
 {
@@ -764,17 +787,6 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	char packdir[4096];
 	int r;
 
-	if (o->router_trace) {
-		size_t per = (size_t)PREFILL_CHUNK * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
-		r = k3_store_trace_open(o->router_trace, 0, K3_STORE_TRACE_BUFFERED, &s->trace, err);
-		if (r < 0)
-			return k3_err_prefix(err, "--router-trace");
-		s->route_ids = calloc(per ? per : 1, sizeof(*s->route_ids));
-		s->route_w = calloc(per ? per : 1, sizeof(*s->route_w));
-		if (!s->route_ids || !s->route_w)
-			return k3_err_set(err, -ENOMEM, "out of memory");
-		k3_log_info("router trace: appending to %s", o->router_trace);
-	}
 	if (!mc->n_moe)
 		return 0;
 	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
@@ -978,6 +990,11 @@ static void load_model(struct k3_sched *s)
 		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
 		r = k3_engine_open(s->model, &eo, &s->engine, &err);
+	if (r == 0 && (r = open_trace(s, &err)) < 0) {
+		snprintf(msg, sizeof(msg), "cannot use --router-trace: %s", err.msg);
+		post_kind(s, MSG_LOADED, NULL, false, msg);
+		return;
+	}
 	if (r == 0)
 		r = open_store(s, &err);
 	if (r < 0) {

@@ -32,6 +32,8 @@ Anything else gets the default script: "Hello" " from" " fake" " k3d" "."
 
 --status-hang: STATUS is read and never answered (a stuck daemon that still
 accepts connections and answers HELLO).
+--hello-hang: HELLO is read and never answered (a daemon stuck before the
+handshake that still accepts connections).
 
 Every GENERATE, CANCEL, DONE and closed connection is appended to --log
 as one JSON line, so tests can check what the gateway sent and whether it
@@ -427,6 +429,9 @@ class Daemon:
                     self.send(conn, "ERROR", rid, status=STATUS["BAD_REQUEST"], message="bad header")
                     break
                 name, body = self.proto.decode(typ, payload)
+                if not hello and self.args.hello_hang:
+                    self.log(ev="hello_ignored", conn=conn["id"])
+                    continue
                 if not hello:
                     if name != "HELLO":
                         self.send(conn, "ERROR", rid, status=STATUS["BAD_REQUEST"], message="HELLO first")
@@ -479,6 +484,7 @@ async def main():
     ap.add_argument("--state", default="ready", choices=list(STATE))
     ap.add_argument("--model", default="kimi-k3-fake")
     ap.add_argument("--status-hang", action="store_true")
+    ap.add_argument("--hello-hang", action="store_true")
     ap.add_argument("--header", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                      "..", "..", "proto", "k3_proto.h"))
     args = ap.parse_args()

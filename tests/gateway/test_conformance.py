@@ -677,6 +677,7 @@ def test_metrics_status_timeout():
         assert hd["content-type"].startswith("text/plain")
         text = body.decode() if isinstance(body, bytes) else body
         assert "\nk3_gateway_daemon_up 0\n" in "\n" + text
+        assert "\nk3_gateway_in_flight 0\n" in "\n" + text   # the scrape's own connection is not counted
         assert "k3_expert_bytes_read_total" not in text   # no STATUS, no k3d figures
         assert [e["ev"] for e in s.fake.events("status_ignored")] == ["status_ignored"]
         # the gateway closed its k3d connection
@@ -689,6 +690,58 @@ def test_metrics_status_timeout():
         assert status == 200
         status, _, body = s.raw("GET", "/health")
         assert status == 200
+
+
+def test_health_states_and_idle_in_flight():
+    """/health names each state k3d reports in HELLO_OK (a load balancer or
+    an operator can tell loading from draining from no model), and an idle
+    gateway's /metrics reads k3_gateway_in_flight 0: the probes' own k3d
+    connections are not counted."""
+    want = {
+        "ready": (200, {"status": "ok", "model": "kimi-k3-fake"}),
+        "draining": (503, {"status": "draining",
+                           "error": "k3d is draining (shutting down or restarting) and takes no new requests"}),
+        "no_model": (503, {"status": "no_model", "error": "k3d has no model loaded; start it with --model DIR"}),
+    }
+    for state, (code, body_want) in want.items():
+        with Stack(fake_args=["--state", state], gw_args=["--retry-after", "7"]) as s:
+            status, hd, body = s.raw("GET", "/health")
+            assert (status, json.loads(body)) == (code, body_want), state
+            assert ("retry-after" in hd) == (code == 503) and hd.get("retry-after", "7") == "7", (state, hd)
+            if state != "ready":
+                continue
+            for _ in range(2):   # a scrape after a scrape and after /health
+                status, _, body = s.raw("GET", "/metrics")
+                lines = body.decode().splitlines()
+                assert status == 200 and "k3_gateway_daemon_up 1" in lines
+                assert "k3_gateway_in_flight 0" in lines, [ln for ln in lines if "in_flight" in ln]
+            # a request in flight is counted, and released when it ends
+            it = iter(s.client().chat.completions.create(
+                model="m", messages=fake_msg({"tokens": ["a", {"sleep": 1}, "b"]}), stream=True))
+            next(it)
+            lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+            assert "k3_gateway_in_flight 1" in lines, [ln for ln in lines if "in_flight" in ln]
+            assert "".join(ch.choices[0].delta.content or "" for ch in it) == "ab"
+            lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+            assert "k3_gateway_in_flight 0" in lines, [ln for ln in lines if "in_flight" in ln]
+
+
+def test_health_handshake_hang():
+    """k3d accepts the connection but never answers HELLO: /health answers
+    503 unavailable once --daemon-timeout runs out (instead of hanging or
+    claiming "loading"), and /metrics still answers 200 with
+    k3_gateway_daemon_up 0 and k3_gateway_in_flight 0."""
+    with Stack(fake_args=["--hello-hang"], gw_args=["--daemon-timeout", "1"]) as s:
+        status, hd, body = s.raw("GET", "/health", timeout=15)
+        assert status == 503 and hd["retry-after"] == "1", (status, body)
+        assert json.loads(body) == {
+            "status": "unavailable",
+            "error": "k3d at '%s' accepted the connection but did not answer HELLO within 1 s; is k3d "
+                     "running? (systemctl status k3d)" % s.sock}
+        assert s.fake.events("hello_ignored")
+        status, _, body = s.raw("GET", "/metrics", timeout=15)
+        lines = body.decode().splitlines()
+        assert status == 200 and "k3_gateway_daemon_up 0" in lines and "k3_gateway_in_flight 0" in lines
 
 
 # ---- separate stacks ----------------------------------------------------------------
@@ -727,7 +780,12 @@ def test_queue_fifo_then_429():                                  # T62
 def test_daemon_down_then_up():                                  # T66
     with Stack(start_fake=False, gw_args=["--retry-after", "3"]) as s:
         status, hd, body = s.raw("GET", "/health")
-        assert status == 503 and json.loads(body) == {"status": "loading"} and hd["retry-after"] == "3"
+        assert status == 503 and hd["retry-after"] == "3", (status, body)
+        j = json.loads(body)
+        assert j["status"] == "unavailable" and set(j) == {"status", "error"}, j
+        # names the socket, the errno text and what to check
+        assert j["error"] == ("cannot connect to k3d at '%s': No such file or directory; is k3d running? "
+                              "(systemctl status k3d)" % s.sock), j
         with pytest.raises(openai.InternalServerError) as ei:
             s.client().chat.completions.create(model="m", messages=HI)
         assert ei.value.status_code == 503 and ei.value.response.headers["retry-after"] == "3"
@@ -741,7 +799,9 @@ def test_daemon_down_then_up():                                  # T66
 def test_loading_state():
     with Stack(fake_args=["--state", "loading"]) as s:
         status, hd, body = s.raw("GET", "/health")
-        assert status == 503 and json.loads(body) == {"status": "loading"}
+        assert status == 503 and hd["retry-after"] == "1"
+        assert json.loads(body) == {"status": "loading",
+                                    "error": "k3d is loading the model; retry after Retry-After seconds"}
         with pytest.raises(openai.InternalServerError) as ei:
             s.client().chat.completions.create(model="m", messages=HI)
         assert ei.value.status_code == 503

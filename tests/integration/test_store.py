@@ -380,6 +380,34 @@ def test_direct_refusal():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_router_trace_refusal():
+    """A bad --router-trace FILE (a symlink, a directory, a path whose folder
+    is missing) stops k3d with a message about the trace file, never
+    "cannot load model" (the model itself is fine)."""
+    model = os.path.join(SHARED, "golden", "forward", "k3tiny_a", "model")
+    if not os.path.isdir(model):
+        print("skip: --router-trace refusal (no golden model)")
+        return
+    tmp = tempfile.mkdtemp(prefix="k3d-rtrace-")
+    try:
+        link = os.path.join(tmp, "trace.jsonl")
+        os.symlink(os.path.join(tmp, "elsewhere.jsonl"), link)
+        missing = os.path.join(tmp, "no-such-dir", "trace.jsonl")
+        for path, want in ((link, f"cannot use --router-trace: router trace '{link}' is a symlink; "
+                                  "refusing to follow it"),
+                           (tmp, f"cannot use --router-trace: router trace '{tmp}' is not a regular file"),
+                           (missing, f"cannot use --router-trace: cannot open router trace '{missing}': "
+                                     "No such file or directory")):
+            p = subprocess.run([K3D, "--model", model, "--socket", os.path.join(tmp, "k3d.sock"),
+                                "--threads", "1", "--router-trace", path],
+                               capture_output=True, text=True, timeout=60)
+            check(p.returncode != 0 and want in p.stderr and "cannot load model" not in p.stderr,
+                  f"--router-trace {path}: k3d stops with '{want}' (rc {p.returncode}): {p.stderr[-600:]}")
+        check(not os.path.exists(os.path.join(tmp, "elsewhere.jsonl")), "the symlink's target was not created")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_bad_options():
     for args, words in ((["--prefetch", "banana"], "--prefetch"), (["--io-threads", "0"], "--io-threads"),
                         (["--direct", "sometimes"], "--direct"),
@@ -397,6 +425,7 @@ def test_bad_options():
 def main():
     t0 = time.time()
     test_bad_options()
+    test_router_trace_refusal()
     test_direct_refusal()
     run_case("k3tiny_a")
     run_case("k3tiny_b")
