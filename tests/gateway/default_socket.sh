@@ -10,16 +10,20 @@ mkdir "$d/with" "$d/without"
 python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' \
 	"$d/with/k3d.sock" || exit 1
 fail=0
-# first_line WANT ENV...: start the gateway on a free port, read its
+# check WANT ENV...: start the gateway on a free port, read its
 # "listening on ..., k3d at PATH" line, stop it.
 check() {
 	want=$1
 	shift
+	# a fresh file: the background job may open it after the loop below
+	# starts, and must not be read as the previous case's line
+	rm -f "$d/err"
 	env -u K3D_SOCKET -u XDG_RUNTIME_DIR "$@" "$gw" --listen 127.0.0.1:0 --quiet \
 		2>"$d/err" &
 	pid=$!
 	i=0
-	while [ $i -lt 100 ] && ! grep -q "k3d at" "$d/err"; do
+	while [ $i -lt 100 ] && ! { grep -q "k3d at" "$d/err" 2>/dev/null &&
+		[ -z "$(tail -c 1 "$d/err")" ]; }; do
 		sleep 0.05
 		i=$((i + 1))
 	done
