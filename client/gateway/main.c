@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -25,6 +26,23 @@
 
 #define DEFAULT_SOCKET "/run/k3d/k3d.sock"
 
+/* The same default as k3ctl's (client/k3ctl/client.c): a k3d started by
+ * hand without --socket listens on $XDG_RUNTIME_DIR/k3d.sock, and the
+ * gateway must find it where k3ctl does. An empty K3D_SOCKET is unset. */
+static const char *default_socket(void)
+{
+	static char buf[108];
+	const char *env = getenv("K3D_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
+	struct stat st;
+
+	if (env && *env)
+		return env;
+	if (xdg && *xdg && (size_t)snprintf(buf, sizeof(buf), "%s/k3d.sock", xdg) < sizeof(buf) &&
+	    stat(buf, &st) == 0)
+		return buf;
+	return DEFAULT_SOCKET;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -33,7 +51,9 @@ static void usage(FILE *f)
 		"                         port 0 picks a free one); ignored under systemd\n"
 		"                         socket activation\n"
 		"  --allow-remote         allow a non-loopback --listen address\n"
-		"  --socket PATH          k3d's Unix socket (default $K3D_SOCKET or " DEFAULT_SOCKET ")\n"
+		"  --socket PATH          k3d's Unix socket (default $K3D_SOCKET, else\n"
+		"                         $XDG_RUNTIME_DIR/k3d.sock when it exists, else\n"
+		"                         " DEFAULT_SOCKET ")\n"
 		"  --api-key-file PATH    require 'Authorization: Bearer KEY' (KEY = the file's\n"
 		"                         first line) on every endpoint but /health and OPTIONS\n"
 		"  --cors ORIGIN          answer CORS for ORIGIN ('*' = any; repeatable, %d at most)\n"
@@ -199,7 +219,7 @@ int main(int argc, char **argv)
 	uint16_t port;
 
 	g.cfg.listen = "127.0.0.1:8000";
-	g.cfg.socket_path = getenv("K3D_SOCKET") ? getenv("K3D_SOCKET") : DEFAULT_SOCKET;
+	g.cfg.socket_path = default_socket();
 	g.cfg.max_body = K3_LIM_HTTP_BODY_DEFAULT;
 	g.cfg.read_timeout_s = 60;
 	g.cfg.keepalive_s = 15;

@@ -2,6 +2,7 @@
 #include "store/store_trace.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -23,12 +24,26 @@ struct k3_store_trace {
 	size_t used;
 };
 
+/* Every record line starts with this (k3_store_trace_format). */
+static const char REC_START[] = "{\"request\":";
+
+/* True when p[0..n) (n >= 1) is REC_START, starts with it, or is a prefix
+ * of it (a record torn after its first bytes). */
+static bool starts_record(const char *p, size_t n)
+{
+	size_t k = sizeof(REC_START) - 1;
+
+	return memcmp(p, REC_START, n < k ? n : k) == 0;
+}
+
 /* A writer stopped mid-record (full disk, crash, kill) leaves a last line
  * without its newline; appending after it would bury a malformed line in
  * the middle, and readers refuse the whole file for it. So the torn tail
- * (at most one line) is cut off before appending. A non-empty file with no
- * newline in its last K3_STORE_TRACE_LINE_MAX bytes is not a trace:
- * refused. Updates st->st_size. */
+ * (at most one line) is cut off before appending. Nothing is cut from, or
+ * appended to, a file that is not a trace (a mistyped path must not lose
+ * the last line of someone's notes): a non-empty file must start with a
+ * record, its torn tail too, and have a newline in its last
+ * K3_STORE_TRACE_LINE_MAX bytes; otherwise refused. Updates st->st_size. */
 static int drop_torn_tail(int fd, const char *path, struct stat *st, struct k3_err *err)
 {
 	char buf[K3_STORE_TRACE_LINE_MAX];
@@ -37,6 +52,14 @@ static int drop_torn_tail(int fd, const char *path, struct stat *st, struct k3_e
 
 	if (size == 0)
 		return 0;
+	got = pread(fd, buf, size < (off_t)sizeof(REC_START) ? (size_t)size :
+		    sizeof(REC_START) - 1, 0);
+	if (got <= 0)
+		return k3_err_set(err, got < 0 ? -errno : -EIO, "cannot read the start of router"
+				  " trace '%s'", path);
+	if (!starts_record(buf, (size_t)got))
+		return k3_err_set(err, -EINVAL, "'%s' is not a router trace (it does not start"
+				  " with %s); refusing to append to it", path, REC_START);
 	from = size > (off_t)sizeof(buf) ? size - (off_t)sizeof(buf) : 0;
 	got = pread(fd, buf, (size_t)(size - from), from);
 	if (got != size - from)
@@ -46,6 +69,10 @@ static int drop_torn_tail(int fd, const char *path, struct stat *st, struct k3_e
 		return 0;
 	for (ssize_t i = got - 1; i >= 0; i--)
 		if (buf[i] == '\n') {
+			if (!starts_record(buf + i + 1, (size_t)(got - i - 1)))
+				return k3_err_set(err, -EINVAL, "'%s' is not a router trace (its last"
+						  " line is not a record); refusing to append to it",
+						  path);
 			if (ftruncate(fd, from + i + 1) != 0)
 				return k3_err_set(err, -errno, "cannot cut the torn last line of router"
 						  " trace '%s': %s", path, strerror(errno));

@@ -56,6 +56,27 @@ static int parse_uint(const char *s, long lo, long hi, long *out)
 	return 0;
 }
 
+/* "RxC": both parts strict decimal (k3_parse_u64: no sign, no blanks, no
+ * wrap-around of "-1"), rows 1..65536, cols a multiple of 32 (one MXFP4
+ * group) in 32..65536. */
+static int parse_shape(const char *s, size_t *rows, size_t *cols)
+{
+	const char *xp = strchr(s, 'x');
+	char rbuf[16];
+	long r, c;
+
+	if (!xp || (size_t)(xp - s) >= sizeof(rbuf))
+		return -1;
+	memcpy(rbuf, s, (size_t)(xp - s));
+	rbuf[xp - s] = '\0';
+	if (parse_uint(rbuf, 1, 65536, &r) != 0 || parse_uint(xp + 1, 32, 65536, &c) != 0 ||
+	    c % 32 != 0)
+		return -1;
+	*rows = (size_t)r;
+	*cols = (size_t)c;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	size_t shapes[8][2] = {
@@ -90,20 +111,17 @@ int main(int argc, char **argv)
 		    parse_uint(argv[i + 1], 1, 65536, &v) == 0) {
 			set_mib = v;
 			i++;
-		} else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc &&
-		    user_shapes < 8) {
-			unsigned long r, c;
-			char tail;
-
-			/* cols a multiple of 32 (one MXFP4 group), both in 32..65536 */
-			if (sscanf(argv[++i], "%lux%lu%c", &r, &c, &tail) != 2 ||
-			    r < 1 || r > 65536 || c < 32 || c > 65536 || c % 32 != 0) {
+		} else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+			if (user_shapes == 8) {
+				fprintf(stderr, "bench_gemv: too many --shape (at most 8)\n");
+				return 2;
+			}
+			if (parse_shape(argv[++i], &shapes[user_shapes][0],
+			    &shapes[user_shapes][1]) != 0) {
 				fprintf(stderr, "bench_gemv: bad shape '%s' (want RxC, "
 					"rows 1..65536, cols a multiple of 32 up to 65536)\n", argv[i]);
 				return 2;
 			}
-			shapes[user_shapes][0] = r;
-			shapes[user_shapes][1] = c;
 			n_shapes = ++user_shapes;
 		} else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
 			i++;
@@ -174,8 +192,11 @@ int main(int argc, char **argv)
 			struct k3_kern_mat *m = calloc(copies, sizeof(*m));
 			uint8_t *store = malloc(copies * per);
 
-			if (!m || !store)
+			if (!m || !store) {
+				fprintf(stderr, "bench_gemv: no memory for %zu x %zu bytes of %zux%zu "
+					"weights\n", copies, per, rows, cols);
 				return 1;
+			}
 			for (size_t k = 0; k < copies; k++) {
 				uint8_t *base = store + k * per;
 

@@ -278,6 +278,37 @@ int main(void)
 		T_OK(strstr(err.msg, "not a router trace") != NULL);
 		T_EQ_INT(stat(p("torn.jsonl"), &st), 0);
 		T_EQ_U64((uint64_t)st.st_size, (uint64_t)K3_STORE_TRACE_LINE_MAX + 10);
+
+		/* A mistyped --router-trace at someone's file: refused, not a
+		 * byte cut or appended (this used to truncate "hello world" to
+		 * empty and cut the unterminated last line of a text file). */
+		static const char *const not_traces[] = {
+			"hello world", "line1\nline2 no newline", "notes\n",
+			"{\"request\":1}\ngarbage tail", "{\"reque",
+		};
+		for (size_t i = 0; i < sizeof(not_traces) / sizeof(not_traces[0]); i++) {
+			size_t n = strlen(not_traces[i]);
+			char got_bytes[64] = { 0 };
+
+			f = fopen(p("torn.jsonl"), "w");
+			fputs(not_traces[i], f);
+			fclose(f);
+			int rc = k3_store_trace_open(p("torn.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err);
+			if (i == 4) {
+				/* a first record torn inside its prefix is a trace */
+				T_EQ_INT(rc, 0);
+				T_EQ_U64(k3_store_trace_bytes(t), 0);
+				T_EQ_INT(k3_store_trace_close(t, &err), 0);
+				continue;
+			}
+			T_EQ_INT(rc, -EINVAL);
+			T_OK(strstr(err.msg, "not a router trace") != NULL);
+			f = fopen(p("torn.jsonl"), "r");
+			T_OK(f != NULL);
+			T_EQ_U64((uint64_t)fread(got_bytes, 1, sizeof(got_bytes) - 1, f), (uint64_t)n);
+			fclose(f);
+			T_EQ_STR(got_bytes, not_traces[i]);
+		}
 	}
 
 	static const char *const names[] = { "buf.jsonl", "sync.jsonl", "cap.jsonl", "link.jsonl",

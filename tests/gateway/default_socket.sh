@@ -1,0 +1,45 @@
+#!/bin/sh
+# default_socket.sh K3_GATEWAY: without --socket the gateway looks for k3d
+# where k3ctl does: $K3D_SOCKET (unless empty), else $XDG_RUNTIME_DIR/k3d.sock
+# when it exists (where k3d listens when started by hand without --socket),
+# else /run/k3d/k3d.sock. Checked on the startup line, which names the path.
+gw=$1
+d=$(mktemp -d) || exit 1
+trap 'rm -rf "$d"' EXIT
+mkdir "$d/with" "$d/without"
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' \
+	"$d/with/k3d.sock" || exit 1
+fail=0
+# check WANT ENV...: start the gateway on a free port, read its
+# "listening on ..., k3d at PATH" line, stop it.
+check() {
+	want=$1
+	shift
+	# a fresh file: the background job may open it after the loop below
+	# starts, and must not be read as the previous case's line
+	rm -f "$d/err"
+	env -u K3D_SOCKET -u XDG_RUNTIME_DIR "$@" "$gw" --listen 127.0.0.1:0 --quiet \
+		2>"$d/err" &
+	pid=$!
+	i=0
+	while [ $i -lt 100 ] && ! { grep -q "k3d at" "$d/err" 2>/dev/null &&
+		[ -z "$(tail -c 1 "$d/err")" ]; }; do
+		sleep 0.05
+		i=$((i + 1))
+	done
+	kill "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	got=$(sed -n 's/.*, k3d at //p' "$d/err" | head -1)
+	if [ "$got" != "$want" ]; then
+		echo "FAIL: $* -> k3d at '$got', want '$want'"
+		cat "$d/err"
+		fail=1
+	fi
+}
+check "$d/with/k3d.sock" XDG_RUNTIME_DIR="$d/with"
+check "$d/with/k3d.sock" XDG_RUNTIME_DIR="$d/with" K3D_SOCKET=
+check /elsewhere/k.sock XDG_RUNTIME_DIR="$d/with" K3D_SOCKET=/elsewhere/k.sock
+check /run/k3d/k3d.sock XDG_RUNTIME_DIR="$d/without"
+check /run/k3d/k3d.sock
+[ $fail = 0 ] && echo "ok: 5 default-socket cases"
+exit $fail
