@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -22,26 +21,9 @@
 
 #include "gw.h"
 #include "k3_build_config.h"
+#include "k3_client_socket.h"
 #include "k3_limits.h"
 
-#define DEFAULT_SOCKET "/run/k3d/k3d.sock"
-
-/* The same default as k3ctl's (client/k3ctl/client.c): a k3d started by
- * hand without --socket listens on $XDG_RUNTIME_DIR/k3d.sock, and the
- * gateway must find it where k3ctl does. An empty K3D_SOCKET is unset. */
-static const char *default_socket(void)
-{
-	static char buf[108];
-	const char *env = getenv("K3D_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-	struct stat st;
-
-	if (env && *env)
-		return env;
-	if (xdg && *xdg && (size_t)snprintf(buf, sizeof(buf), "%s/k3d.sock", xdg) < sizeof(buf) &&
-	    stat(buf, &st) == 0)
-		return buf;
-	return DEFAULT_SOCKET;
-}
 
 static void usage(FILE *f)
 {
@@ -53,7 +35,7 @@ static void usage(FILE *f)
 		"  --allow-remote         allow a non-loopback --listen address\n"
 		"  --socket PATH          k3d's Unix socket (default $K3D_SOCKET, else\n"
 		"                         $XDG_RUNTIME_DIR/k3d.sock when it exists, else\n"
-		"                         " DEFAULT_SOCKET ")\n"
+		"                         " K3_CLIENT_SYSTEMD_SOCKET ")\n"
 		"  --api-key-file PATH    require 'Authorization: Bearer KEY' (KEY = the file's\n"
 		"                         first line) on every endpoint but /health and OPTIONS\n"
 		"  --cors ORIGIN          answer CORS for ORIGIN ('*' = any; repeatable, %d at most)\n"
@@ -219,7 +201,7 @@ int main(int argc, char **argv)
 	uint16_t port;
 
 	g.cfg.listen = "127.0.0.1:8000";
-	g.cfg.socket_path = default_socket();
+	g.cfg.socket_path = k3_client_default_socket();
 	g.cfg.max_body = K3_LIM_HTTP_BODY_DEFAULT;
 	g.cfg.read_timeout_s = 60;
 	g.cfg.keepalive_s = 15;

@@ -7,27 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "k3_build_config.h"
-
-const char *k3ctl_client_default_socket(void)
-{
-	static char buf[108];
-	const char *env = getenv("K3D_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-	struct stat st;
-
-	if (env && *env)
-		return env;
-	if (xdg && *xdg) {
-		snprintf(buf, sizeof(buf), "%s/k3d.sock", xdg);
-		if (stat(buf, &st) == 0)
-			return buf;
-	}
-	return "/run/k3d/k3d.sock";
-}
 
 static int write_all(int fd, const uint8_t *p, size_t n)
 {

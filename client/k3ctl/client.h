@@ -50,8 +50,4 @@ int k3ctl_client_call(struct k3ctl_client *c, uint32_t type, const void *body, i
 		      struct k3_proto_header *h, union k3_proto_body *reply, uint32_t *status,
 		      struct k3_err *err);
 
-/* The socket k3ctl talks to: --socket, else $K3D_SOCKET, else
- * $XDG_RUNTIME_DIR/k3d.sock when it exists, else /run/k3d/k3d.sock. */
-const char *k3ctl_client_default_socket(void);
-
 #endif

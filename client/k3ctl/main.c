@@ -10,6 +10,7 @@
 
 #include "client.h"
 #include "k3_build_config.h"
+#include "k3_client_socket.h"
 #include "k3ctl.h"
 
 struct k3ctl_globals k3ctl_g;
@@ -152,7 +153,7 @@ int main(int argc, char **argv)
 	}
 	args[n] = NULL;
 	if (!k3ctl_g.socket_path)
-		k3ctl_g.socket_path = k3ctl_client_default_socket();
+		k3ctl_g.socket_path = k3_client_default_socket();
 	if (n == 0) {
 		usage(stderr);
 		return K3CTL_EXIT_USAGE;
