@@ -27,18 +27,38 @@ void gw_metrics_count(struct gw_metrics *m, enum gw_ep_metric ep, int status)
 	}
 }
 
+/* One metric's "# HELP" and "# TYPE" lines; type is "counter" or "gauge". */
+static void help_type(struct evbuffer *out, const char *name, const char *type, const char *help)
+{
+	evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void metric_u64(struct evbuffer *out, const char *name, const char *type, const char *help,
+		       uint64_t v)
+{
+	help_type(out, name, type, help);
+	evbuffer_add_printf(out, "%s %llu\n", name, (unsigned long long)v);
+}
+
+/* digits: decimals printed (6 for seconds and ratios) */
+static void metric_f64(struct evbuffer *out, const char *name, const char *type, const char *help,
+		       int digits, double v)
+{
+	help_type(out, name, type, help);
+	evbuffer_add_printf(out, "%s %.*f\n", name, digits, v);
+}
+
+/* A counter k3d reports only when it has it (has = its optional field). */
 static void counter_u64(struct evbuffer *out, const char *name, const char *help, bool has, uint64_t v)
 {
 	if (has)
-		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
-				    name, (unsigned long long)v);
+		metric_u64(out, name, "counter", help, v);
 }
 
 static void counter_f64(struct evbuffer *out, const char *name, const char *help, bool has, double v)
 {
 	if (has)
-		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %.6f\n", name, help, name,
-				    name, v);
+		metric_f64(out, name, "counter", help, 6, v);
 }
 
 /* The expert store's counters since k3d started (docs/store.md "Counters";
@@ -54,11 +74,9 @@ static void render_expert(const struct k3_msg_status_reply *st, struct evbuffer 
 		    "Token positions the engine computed (uncached prompt positions plus decode steps).",
 		    st->has_positions_total, st->positions_total);
 	if (st->has_positions_total)
-		evbuffer_add_printf(out,
-			"# HELP k3_expert_bytes_read_per_token Expert bytes read / positions computed, since k3d started.\n"
-			"# TYPE k3_expert_bytes_read_per_token gauge\n"
-			"k3_expert_bytes_read_per_token %.1f\n",
-			st->positions_total ? (double)st->expert_bytes_read / (double)st->positions_total : 0.0);
+		metric_f64(out, "k3_expert_bytes_read_per_token", "gauge",
+			   "Expert bytes read / positions computed, since k3d started.", 1,
+			   st->positions_total ? (double)st->expert_bytes_read / (double)st->positions_total : 0.0);
 	counter_u64(out, "k3_expert_demand_hits_total",
 		    "Routed experts found resident, not read for the same step (once per expert per step).",
 		    st->has_expert_hits, st->expert_hits);
@@ -81,77 +99,57 @@ static void render_expert(const struct k3_msg_status_reply *st, struct evbuffer 
 		    "Time generations spent on everything but waiting for expert reads.",
 		    st->has_compute_s_total, st->compute_s_total);
 	if (st->has_expert_cache_bytes)
-		evbuffer_add_printf(out,
-			"# HELP k3_expert_cache_bytes Size of k3d's RAM expert cache.\n"
-			"# TYPE k3_expert_cache_bytes gauge\n"
-			"k3_expert_cache_bytes %llu\n", (unsigned long long)st->expert_cache_bytes);
+		metric_u64(out, "k3_expert_cache_bytes", "gauge", "Size of k3d's RAM expert cache.",
+			   st->expert_cache_bytes);
 }
 
 void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_reply *st,
 		       struct evbuffer *out)
 {
-	evbuffer_add_printf(out,
-		"# HELP k3_gateway_requests_total HTTP requests by endpoint and status (499: client went away).\n"
-		"# TYPE k3_gateway_requests_total counter\n");
+	help_type(out, "k3_gateway_requests_total", "counter",
+		  "HTTP requests by endpoint and status (499: client went away).");
 	for (unsigned ep = 0; ep < GW_M_COUNT_; ep++)
 		for (unsigned i = 0; i < GW_M_STATUSES && m->by_status[ep][i].status; i++)
 			evbuffer_add_printf(out, "k3_gateway_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
 					    ep_names[ep], m->by_status[ep][i].status,
 					    (unsigned long long)m->by_status[ep][i].n);
+	help_type(out, "k3_gateway_tokens_total", "counter",
+		  "Tokens of finished generations, by kind (reasoning is part of completion).");
 	evbuffer_add_printf(out,
-		"# HELP k3_gateway_tokens_total Tokens of finished generations, by kind (reasoning is part of completion).\n"
-		"# TYPE k3_gateway_tokens_total counter\n"
 		"k3_gateway_tokens_total{kind=\"prompt\"} %llu\n"
 		"k3_gateway_tokens_total{kind=\"completion\"} %llu\n"
 		"k3_gateway_tokens_total{kind=\"reasoning\"} %llu\n"
-		"k3_gateway_tokens_total{kind=\"cached_prompt\"} %llu\n"
-		"# HELP k3_gateway_prefill_seconds_total Prefill time of finished generations.\n"
-		"# TYPE k3_gateway_prefill_seconds_total counter\n"
-		"k3_gateway_prefill_seconds_total %.6f\n"
-		"# HELP k3_gateway_decode_seconds_total Decode time of finished generations.\n"
-		"# TYPE k3_gateway_decode_seconds_total counter\n"
-		"k3_gateway_decode_seconds_total %.6f\n"
-		"# HELP k3_gateway_cancels_total CANCELs sent to k3d because a client went away.\n"
-		"# TYPE k3_gateway_cancels_total counter\n"
-		"k3_gateway_cancels_total %llu\n"
-		"# HELP k3_gateway_in_flight API requests now holding a k3d connection (the /health and /metrics probes are not counted).\n"
-		"# TYPE k3_gateway_in_flight gauge\n"
-		"k3_gateway_in_flight %u\n",
+		"k3_gateway_tokens_total{kind=\"cached_prompt\"} %llu\n",
 		(unsigned long long)m->prompt_tokens, (unsigned long long)m->completion_tokens,
-		(unsigned long long)m->reasoning_tokens, (unsigned long long)m->cached_tokens,
-		m->prefill_s, m->decode_s, (unsigned long long)m->cancels_sent, m->in_flight);
-	evbuffer_add_printf(out,
-		"# HELP k3_gateway_daemon_up 1 when k3d answered STATUS for this scrape.\n"
-		"# TYPE k3_gateway_daemon_up gauge\n"
-		"k3_gateway_daemon_up %d\n", st ? 1 : 0);
+		(unsigned long long)m->reasoning_tokens, (unsigned long long)m->cached_tokens);
+	metric_f64(out, "k3_gateway_prefill_seconds_total", "counter",
+		   "Prefill time of finished generations.", 6, m->prefill_s);
+	metric_f64(out, "k3_gateway_decode_seconds_total", "counter",
+		   "Decode time of finished generations.", 6, m->decode_s);
+	metric_u64(out, "k3_gateway_cancels_total", "counter",
+		   "CANCELs sent to k3d because a client went away.", m->cancels_sent);
+	metric_u64(out, "k3_gateway_in_flight", "gauge",
+		   "API requests now holding a k3d connection (the /health and /metrics probes are not counted).",
+		   m->in_flight);
+	metric_u64(out, "k3_gateway_daemon_up", "gauge",
+		   "1 when k3d answered STATUS for this scrape.", st ? 1 : 0);
 	if (!st)
 		return;
 	uint64_t lookups = st->expert_hits + st->expert_misses;
-	evbuffer_add_printf(out,
-		"# HELP k3_daemon_state k3d state (0 loading, 1 ready, 2 draining, 3 no model).\n"
-		"# TYPE k3_daemon_state gauge\n"
-		"k3_daemon_state %u\n"
-		"# HELP k3_daemon_queue_depth Generations waiting for the engine slot.\n"
-		"# TYPE k3_daemon_queue_depth gauge\n"
-		"k3_daemon_queue_depth %u\n"
-		"# HELP k3_daemon_running Generations running now.\n"
-		"# TYPE k3_daemon_running gauge\n"
-		"k3_daemon_running %u\n"
-		"# HELP k3_daemon_expert_bytes_read_total Expert weight bytes read from storage.\n"
-		"# TYPE k3_daemon_expert_bytes_read_total counter\n"
-		"k3_daemon_expert_bytes_read_total %llu\n"
-		"# HELP k3_daemon_expert_cache_hit_ratio Expert cache hits / lookups since k3d started.\n"
-		"# TYPE k3_daemon_expert_cache_hit_ratio gauge\n"
-		"k3_daemon_expert_cache_hit_ratio %.6f\n"
-		"# HELP k3_daemon_prefill_seconds_total Prefill time, all clients.\n"
-		"# TYPE k3_daemon_prefill_seconds_total counter\n"
-		"k3_daemon_prefill_seconds_total %.6f\n"
-		"# HELP k3_daemon_decode_seconds_total Decode time, all clients.\n"
-		"# TYPE k3_daemon_decode_seconds_total counter\n"
-		"k3_daemon_decode_seconds_total %.6f\n",
-		st->state, st->queued, st->running, (unsigned long long)st->expert_bytes_read,
-		lookups ? (double)st->expert_hits / (double)lookups : 0.0, st->prefill_s_total,
-		st->decode_s_total);
+	metric_u64(out, "k3_daemon_state", "gauge",
+		   "k3d state (0 loading, 1 ready, 2 draining, 3 no model).", st->state);
+	metric_u64(out, "k3_daemon_queue_depth", "gauge", "Generations waiting for the engine slot.",
+		   st->queued);
+	metric_u64(out, "k3_daemon_running", "gauge", "Generations running now.", st->running);
+	metric_u64(out, "k3_daemon_expert_bytes_read_total", "counter",
+		   "Expert weight bytes read from storage.", st->expert_bytes_read);
+	metric_f64(out, "k3_daemon_expert_cache_hit_ratio", "gauge",
+		   "Expert cache hits / lookups since k3d started.", 6,
+		   lookups ? (double)st->expert_hits / (double)lookups : 0.0);
+	metric_f64(out, "k3_daemon_prefill_seconds_total", "counter", "Prefill time, all clients.", 6,
+		   st->prefill_s_total);
+	metric_f64(out, "k3_daemon_decode_seconds_total", "counter", "Decode time, all clients.", 6,
+		   st->decode_s_total);
 	if (st->has_expert_bytes_read)
 		render_expert(st, out);
 }
