@@ -120,9 +120,9 @@ static void usage(FILE *f)
 				*p = '-';
 		fprintf(f, "  %-20s %s\n", name, commands[i].summary);
 	}
-	fprintf(f, "\nThe socket is --socket, else $K3D_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock,\n"
-		   "else /run/k3d/k3d.sock. Exit codes: 0 ok, 1 error, 2 usage, 3 daemon\n"
-		   "unavailable. See k3ctl(1).\n");
+	fprintf(f, "\nThe socket is --socket, else $K3D_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock\n"
+		   "when it exists, else " K3_CLIENT_SYSTEMD_SOCKET ". Exit codes: 0 ok, 1 error,\n"
+		   "2 usage, 3 daemon unavailable. See k3ctl(1).\n");
 }
 
 int main(int argc, char **argv)
