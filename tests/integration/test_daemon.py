@@ -383,8 +383,11 @@ def test_sigbus(k3d):
     sock = os.path.join(tmp, "k.sock")
     p = subprocess.Popen([k3d, "--socket", sock, "--model", model], stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):
-            if k3ctl(sock, "ping").returncode == 0:
+        # Ready, not just answering PING (k3d answers PING while it loads):
+        # truncating before the headers are read fails the load instead.
+        for _ in range(300):
+            r = k3ctl(sock, "status", "--json")
+            if r.returncode == 0 and json.loads(r.stdout).get("state") == "ready":
                 break
             time.sleep(0.1)
         for f in os.listdir(model):
