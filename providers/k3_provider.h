@@ -249,8 +249,9 @@ struct k3_provider {
 	 * weighted sum over the slots in route order k = 0..top_k-1, then
 	 * RMSNorm and Wup, into out, exactly as routed_experts would: the
 	 * result is bit-identical whatever order the experts came in. Between
-	 * begin and end only routed_expert may be called on this model handle
-	 * (the state lives in the provider's scratch); ids and x must stay
+	 * begin and end only routed_expert (and routed_partial with the calls
+	 * it allows) may be called on this model handle (the state lives in
+	 * the provider's scratch); ids and x must stay
 	 * unchanged until end. routed_expert of an expert with no (remaining)
 	 * slot, or routed_end before every slot was computed: -EINVAL.
 	 */
@@ -260,6 +261,22 @@ struct k3_provider {
 			     const struct k3_prov_expert *span, struct k3_prov_status *st);
 	int (*routed_end)(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
 			  struct k3_prov_status *st);
+
+	/*
+	 * Optional (with the three above; present when struct_size covers
+	 * it): between routed_begin and routed_end, out[T][D] += Wup(RMSNorm(
+	 * sum over the slots computed so far of w[t][k] * Y[t][k])), the sum
+	 * in route order, slots not computed yet left out (a position with
+	 * none adds 0). The same arithmetic as routed_end over fewer terms:
+	 * with every slot computed it adds exactly what routed_end adds. The
+	 * call changes none of the routed call's state, so routed_expert and
+	 * routed_end may follow; attnres_mix, ffn_norm and router may also
+	 * be called in between (the engine's lookahead on this partial sum
+	 * while it waits for the last experts' reads). Errors: -EINVAL
+	 * outside routed_begin..end.
+	 */
+	int (*routed_partial)(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
+			      struct k3_prov_status *st);
 };
 
 #endif

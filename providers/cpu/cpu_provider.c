@@ -1018,7 +1018,8 @@ static int cpu_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t
 	const struct k3_prov_config *c = &m->cfg;
 	size_t W = m->wide;
 	uint32_t K = c->top_k;
-	float *lg = m->s[0];
+	/* not s[0..2]: the lookahead runs the router inside a routed call */
+	float *lg = m->s[3];
 	k3_cpu_linear(&m->ctx, &L->router, x, c->hidden, T, lg, W);
 	for (uint32_t t = 0; t < T; t++) {
 		float *s = lg + t * W;
@@ -1110,9 +1111,11 @@ static uint32_t gather_expert(k3_prov_model *m, const uint32_t *ids, size_t TK, 
 }
 
 /* The end of a routed call: out[T][D] += Wup(RMSNorm(sum_k w[t][k] *
- * Y[row_of[t][k]])), the sum in route order k = 0..K-1. */
+ * Y[row_of[t][k]])), the sum in route order k = 0..K-1; with `partial`,
+ * over the slots computed so far only (edone), for routed_partial. Uses
+ * s[1] and s[2]: s[0] holds the routed call's down projection. */
 static void routed_sum(k3_prov_model *m, const struct cpu_layer *L, uint32_t T,
-		       const float *weights, float *out)
+		       const float *weights, float *out, bool partial)
 {
 	const struct k3_prov_config *c = &m->cfg;
 	uint32_t D = c->hidden, lat = c->latent, K = c->top_k;
@@ -1122,16 +1125,22 @@ static void routed_sum(k3_prov_model *m, const struct cpu_layer *L, uint32_t T,
 
 	for (uint32_t t = 0; t < T; t++) {
 		float *ys = ysum + t * W;
+		bool first = true;
 		for (uint32_t k = 0; k < K; k++) {
+			if (partial && !m->edone[(size_t)t * K + k])
+				continue;
 			const float *y = Y + (size_t)row_of[(size_t)t * K + k] * lat;
 			float wk = weights[(size_t)t * K + k];
-			if (k == 0)
+			if (first)
 				for (uint32_t i = 0; i < lat; i++)
 					ys[i] = wk * y[i];
 			else
 				for (uint32_t i = 0; i < lat; i++)
 					ys[i] += wk * y[i];
+			first = false;
 		}
+		if (first)   /* partial, nothing computed yet: RMSNorm(0) = 0 */
+			memset(ys, 0, lat * sizeof(float));
 		rmsnorm(m, ys, L->lnorm, lat, c->rms_eps, ys);
 	}
 	float *r = m->s[2];
@@ -1187,7 +1196,7 @@ static int cpu_routed_experts(k3_prov_model *m, uint32_t layer, const float *x, 
 	for (uint32_t r = 0; r < rows; r++)
 		situ_rows(m, g + (size_t)r * I, u + (size_t)r * I, I);
 	k3_cpu_linear_multi(&m->ctx, jobs + 2 * TK, ng);
-	routed_sum(m, L, T, weights, out);
+	routed_sum(m, L, T, weights, out, false);
 	return 0;
 }
 
@@ -1237,7 +1246,17 @@ static int cpu_routed_end(k3_prov_model *m, uint32_t layer, const float *weights
 		if (!m->edone[j])
 			return fail(st, -EINVAL, "layer %u: expert %u (slot %zu) was not computed",
 				    layer, m->r_ids[j], j);
-	routed_sum(m, &m->layers[layer], m->r_T, weights, out);
+	routed_sum(m, &m->layers[layer], m->r_T, weights, out, false);
+	return 0;
+}
+
+static int cpu_routed_partial(k3_prov_model *m, uint32_t layer, const float *weights,
+			      float *out, struct k3_prov_status *st)
+{
+	if (!m->r_open || layer != m->r_layer)
+		return fail(st, -EINVAL, "layer %u: routed_partial outside routed_begin..end",
+			    layer);
+	routed_sum(m, &m->layers[layer], m->r_T, weights, out, true);
 	return 0;
 }
 
@@ -1320,6 +1339,7 @@ const struct k3_provider k3_provider_cpu = {
 	.routed_begin = cpu_routed_begin,
 	.routed_expert = cpu_routed_expert,
 	.routed_end = cpu_routed_end,
+	.routed_partial = cpu_routed_partial,
 	.mlp = cpu_mlp,
 	.add = cpu_add,
 	.logits = cpu_logits,
