@@ -705,8 +705,14 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	double f_slow = r_slow > compute_tok ? r_slow : compute_tok;
 	double f_fast = r_fast > compute_tok ? r_fast : compute_tok;
 	uint64_t dacc = dec.st.demand_hits + dec.st.demand_misses;
-	uint64_t scored[K3_STORE_GUESS_RANKS], right[K3_STORE_GUESS_RANKS];
-	k3_store_guess_table(store, scored, right);
+	uint64_t scored[K3_STORE_GUESS_KINDS][K3_STORE_GUESS_RANKS];
+	uint64_t right[K3_STORE_GUESS_KINDS][K3_STORE_GUESS_RANKS];
+	static const char *const kind_key[K3_STORE_GUESS_KINDS] = {
+		"lookahead_by_rank", "partial_lookahead_by_rank" };
+	static const char *const kind_name[K3_STORE_GUESS_KINDS] = {
+		"after the layer", "partial" };
+	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++)
+		k3_store_guess_table(store, (enum k3_store_guess_kind)g, scored[g], right[g]);
 	struct k3_store_stats all;
 	k3_store_stats_sub(&s2, &s0, &all);
 	struct k3_store_info info_end;
@@ -738,11 +744,14 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		json_object_set_new(o, "prefetch_precision",
 				    json_real(all.prefetch_issued ? (double)all.prefetch_used /
 								    (double)all.prefetch_issued : 0));
-		json_t *gr = json_array();
-		for (int r = 0; r < K3_STORE_GUESS_RANKS && r < (int)mc->num_experts_per_token; r++)
-			json_array_append_new(gr, json_pack("{s:I, s:I}", "scored", (json_int_t)scored[r],
-							    "right", (json_int_t)right[r]));
-		json_object_set_new(o, "lookahead_by_rank", gr);
+		for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
+			json_t *gr = json_array();
+			for (int r = 0; r < K3_STORE_GUESS_RANKS && r < (int)mc->num_experts_per_token;
+			     r++)
+				json_array_append_new(gr, json_pack("{s:I, s:I}",
+					"scored", (json_int_t)scored[g][r], "right", (json_int_t)right[g][r]));
+			json_object_set_new(o, kind_key[g], gr);
+		}
 		json_t *g = json_array();
 		for (uint32_t i = 0; i < gen; i++)
 			json_array_append_new(g, json_integer(gen_ids[i]));
@@ -788,10 +797,13 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		       (double)all.prefetch_wasted_bytes / 1e6,
 		       (double)info_end.prefetch_unused_bytes / 1e6);
 		printf("lookahead precision by rank (guesses not resident when made, read or not):");
-		for (int r = 0; r < SHOW_RANKS && r < (int)mc->num_experts_per_token; r++)
-			printf(" r%d %.0f%% of %llu;", r,
-			       scored[r] ? 100.0 * (double)right[r] / (double)scored[r] : 0,
-			       (unsigned long long)scored[r]);
+		for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
+			printf("%s %s:", g ? ";" : "", kind_name[g]);
+			for (int r = 0; r < SHOW_RANKS && r < (int)mc->num_experts_per_token; r++)
+				printf(" r%d %.0f%% of %llu", r, scored[g][r] ? 100.0 *
+				       (double)right[g][r] / (double)scored[g][r] : 0,
+				       (unsigned long long)scored[g][r]);
+		}
 		printf("\n");
 		printf("decode time/token %.4f s vs floor max(read %.4f s at the median disk, compute "
 		       "%.4f s) = %.4f s: %.2f x floor (%.2f x .. %.2f x against the slowest .. fastest "

@@ -21,6 +21,7 @@ struct k3_engine {
 	const struct k3_model *model;
 	const struct k3_provider *prov;
 	bool prov_pieces;            /* prov has routed_begin/expert/end */
+	bool prov_partial;           /* ... and routed_partial */
 	k3_prov_model *pm;
 	struct k3_prov_config cfg;
 	struct k3_prov_weights weights;
@@ -34,6 +35,10 @@ struct k3_engine {
 	float **pool;                /* [n_blocks + 1] of [chunk][D] */
 	const float **cands;         /* [n_blocks + 1] */
 	float *h, *x, *mb, *z;       /* [chunk][D] */
+	float *part;                 /* [chunk][D]: the partial lookahead's residual */
+	/* the MoE layer being run: its AttnRes block count and the next MoE
+	 * layer (UINT32_MAX: none), for the partial lookahead */
+	uint32_t cur_nB, next_moe;
 	uint32_t *ids;               /* [chunk][K] */
 	float *w;                    /* [chunk][K] */
 	struct k3_prov_expert *spans;  /* [chunk][K] */
@@ -237,6 +242,7 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->x);
 	free(e->mb);
 	free(e->z);
+	free(e->part);
 	free(e->ids);
 	free(e->w);
 	free(e->spans);
@@ -269,6 +275,10 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->prov_pieces = prov->struct_size >= offsetof(struct k3_provider, routed_end) +
 						sizeof(prov->routed_end) &&
 			 prov->routed_begin && prov->routed_expert && prov->routed_end;
+	e->prov_partial = e->prov_pieces &&
+			  prov->struct_size >= offsetof(struct k3_provider, routed_partial) +
+						sizeof(prov->routed_partial) &&
+			  prov->routed_partial;
 	const struct k3_model_config *mc = k3_model_config(model);
 	const struct k3_model_plan *plan = k3_model_plan(model);
 	int rc = build_config(mc, &e->cfg, err);
@@ -328,6 +338,7 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->x = malloc(rowb);
 	e->mb = malloc(rowb);
 	e->z = malloc(rowb);
+	e->part = malloc(rowb);
 	e->ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->ids));
 	e->w = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->w));
 	e->spans = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->spans));
@@ -336,7 +347,7 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->pw = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pw));
 	e->guess = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess));
 	e->guess_rank = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess_rank));
-	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->ids && e->w &&
+	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->part && e->ids && e->w &&
 	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank) ? 0 : -ENOMEM;
 	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
 		if (!(e->pool[i] = malloc(rowb)))
@@ -455,18 +466,25 @@ uint32_t k3_engine_seq_len(const struct k3_engine_seq *s)
 
 #define PCALL(call) do { rc = (call); if (rc) return prov_err(e, err, rc, &st); } while (0)
 
-/* End of the group of positions starting at t0 whose distinct experts fit
- * the source (cap = max_experts; 0 = no limit): one group = the whole
- * chunk unless the cap binds. */
-static uint32_t group_end(struct k3_engine *e, uint32_t t0, uint32_t n)
+/* A fresh mark for e->stamp: experts stamped with it were counted by the
+ * current pass. */
+static void stamp_next(struct k3_engine *e)
 {
-	uint32_t K = e->K, cap = e->src.max_experts, t1 = t0, distinct = 0;
-
 	e->stamp_gen++;
 	if (e->stamp_gen == 0) {   /* wrapped: forget every old mark */
 		memset(e->stamp, 0, e->cfg.n_experts * sizeof(*e->stamp));
 		e->stamp_gen = 1;
 	}
+}
+
+/* End of the group of positions starting at t0 whose distinct experts fit
+ * the source (cap = max_experts; 0 = no limit): one group = the whole
+ * chunk unless the cap binds. *n_distinct = the group's distinct experts. */
+static uint32_t group_end(struct k3_engine *e, uint32_t t0, uint32_t n, uint32_t *n_distinct)
+{
+	uint32_t K = e->K, cap = e->src.max_experts, t1 = t0, distinct = 0;
+
+	stamp_next(e);
 	while (t1 < n) {
 		uint32_t add = 0;
 		for (uint32_t k = 0; k < K; k++) {
@@ -483,7 +501,75 @@ static uint32_t group_end(struct k3_engine *e, uint32_t t0, uint32_t n)
 		distinct += add;
 		t1++;
 	}
+	*n_distinct = distinct;
 	return t1;
+}
+
+/* Router lookahead (engine.h, prefetch) for MoE layer `next`: its router
+ * on the current residual pool[0..nB] (with pool[nB] replaced by `last`
+ * when not NULL), AttnRes-mixed and normed with that layer's weights (the
+ * layers in between are not run); at most `per` guesses per position.
+ * Called after each MoE layer for the next one, after the embedding for
+ * the first one (whose reads then overlap the dense layers before it),
+ * and by partial_lookahead. Uses e->z and e->h as scratch (both are
+ * rewritten before their next use) and never touches e->ids / e->w / e->x.
+ * Failures only lose the guess. */
+static void lookahead(struct k3_engine *e, uint32_t next, uint32_t nB, uint32_t n,
+		      const float *last, uint32_t per)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t K = e->K;
+	size_t ng = 0;
+
+	if (e->src.prefetch_max && e->src.prefetch_max < per)
+		per = e->src.prefetch_max;
+	if (per > K)
+		per = K;
+	for (uint32_t j = 0; j <= nB; j++)
+		e->cands[j] = e->pool[j];
+	if (last)
+		e->cands[nB] = last;
+	if (p->attnres_mix(e->pm, K3_PROV_MIX_MLP, next, e->cands, nB + 1, n, e->z, &st) ||
+	    p->ffn_norm(e->pm, next, e->z, n, e->h, &st) ||
+	    p->router(e->pm, next, e->h, n, e->pids, e->pw, &st))
+		return;
+	/* Rank-major across positions: every position's first choice, then
+	 * every second choice... each expert once. */
+	stamp_next(e);
+	for (uint32_t k = 0; k < per; k++)
+		for (uint32_t t = 0; t < n; t++) {
+			uint32_t id = e->pids[(size_t)t * K + k];
+			if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
+				e->stamp[id] = e->stamp_gen;
+				e->guess_rank[ng] = k;
+				e->guess[ng++] = id;
+			}
+		}
+	if (ng)
+		e->src.prefetch(e->src.ctx, next, e->guess, e->guess_rank, ng, n, last != NULL);
+}
+
+/* Guesses per position of the partial lookahead (ranks 0 and 1): enough
+ * to keep the readers busy through the end of the layer's compute, where
+ * the lookahead after the layer, on the whole residual, adds the rest.
+ * Reading more of the partial guesses read more wrong ones for no gain
+ * (docs/store.md, "Partial lookahead"). */
+enum { PARTIAL_GUESSES = 2 };
+
+/* The partial lookahead of MoE layer l (routed call open, its shared
+ * experts in e->mb): the next MoE layer's lookahead on P + shared +
+ * the routed experts computed so far. Failures only lose the guess. */
+static void partial_lookahead(struct k3_engine *e, uint32_t l, uint32_t n)
+{
+	struct k3_prov_status st = { 0 };
+	const float *P = e->pool[e->cur_nB];
+	size_t nd = (size_t)n * e->D;
+
+	for (size_t i = 0; i < nd; i++)
+		e->part[i] = P[i] + e->mb[i];
+	if (e->prov->routed_partial(e->pm, l, e->w, e->part, &st) == 0)
+		lookahead(e, e->next_moe, e->cur_nB, n, e->part, PARTIAL_GUESSES);
 }
 
 /* Layer-wide expert source: the first group's experts are requested
@@ -496,7 +582,8 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
 	uint32_t K = e->K, D = e->D;
-	uint32_t t1 = group_end(e, 0, n);
+	uint32_t distinct;
+	uint32_t t1 = group_end(e, 0, n, &distinct);
 	bool requested = false;
 	int rc;
 
@@ -515,18 +602,27 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 	/* One group, a source that hands experts out as they arrive and a
 	 * provider that computes them one by one: each expert runs as soon as
 	 * its span is readable; the provider sums in route order at the end,
-	 * so the result does not depend on the arrival order. */
+	 * so the result does not depend on the arrival order. Once half of
+	 * them ran and the rest are still being read, the partial lookahead
+	 * queues the next layer's likeliest reads in that wait. */
 	if (requested && t1 == n && e->src.await_expert && e->prov_pieces) {
-		uint32_t id;
+		uint32_t id, taken = 0;
 		struct k3_prov_expert sp;
+		bool partial = e->prov_partial && e->src.would_block && e->src.prefetch &&
+			       e->next_moe != UINT32_MAX;
 		rc = p->routed_begin(e->pm, l, e->x, n, e->ids, &st);
 		while (rc == 0) {
+			if (partial && 2 * taken >= distinct && e->src.would_block(e->src.ctx, l)) {
+				partial = false;
+				partial_lookahead(e, l, n);
+			}
 			int got = e->src.await_expert(e->src.ctx, l, &id, &sp, err);
 			if (got < 0)
 				return got;   /* the source released the request */
 			if (got == 0)
 				break;
 			rc = p->routed_expert(e->pm, l, id, &sp, &st);
+			taken++;
 		}
 		if (rc == 0)
 			rc = p->routed_end(e->pm, l, e->w, e->mb, &st);
@@ -535,7 +631,7 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 	}
 	for (uint32_t t0 = 0; t0 < n;) {
 		if (t0 > 0)
-			t1 = group_end(e, t0, n);
+			t1 = group_end(e, t0, n, &distinct);
 		size_t off = (size_t)t0 * K, cnt = (size_t)(t1 - t0) * K;
 		rc = e->src.acquire_layer(e->src.ctx, l, e->ids + off, cnt, e->spans + off, err);
 		if (rc)
@@ -548,47 +644,6 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 		t0 = t1;
 	}
 	return 0;
-}
-
-/* Router lookahead (engine.h, prefetch) for MoE layer `next`: its router
- * on the current residual pool[0..nB], AttnRes-mixed and normed with that
- * layer's weights (the layers in between are not run). Called after each
- * MoE layer for the next one, and after the embedding for the first one
- * (whose reads then overlap the dense layers before it). Uses e->z and e->h
- * as scratch (both are rewritten before their next use) and never touches
- * e->ids / e->w. Failures only lose the guess. */
-static void lookahead(struct k3_engine *e, uint32_t next, uint32_t nB, uint32_t n)
-{
-	const struct k3_provider *p = e->prov;
-	struct k3_prov_status st = { 0 };
-	uint32_t K = e->K;
-	uint32_t per = e->src.prefetch_max && e->src.prefetch_max < K ? e->src.prefetch_max : K;
-	size_t ng = 0;
-
-	for (uint32_t j = 0; j <= nB; j++)
-		e->cands[j] = e->pool[j];
-	if (p->attnres_mix(e->pm, K3_PROV_MIX_MLP, next, e->cands, nB + 1, n, e->z, &st) ||
-	    p->ffn_norm(e->pm, next, e->z, n, e->h, &st) ||
-	    p->router(e->pm, next, e->h, n, e->pids, e->pw, &st))
-		return;
-	/* Rank-major across positions: every position's first choice, then
-	 * every second choice... each expert once. */
-	e->stamp_gen++;
-	if (e->stamp_gen == 0) {
-		memset(e->stamp, 0, e->cfg.n_experts * sizeof(*e->stamp));
-		e->stamp_gen = 1;
-	}
-	for (uint32_t k = 0; k < per; k++)
-		for (uint32_t t = 0; t < n; t++) {
-			uint32_t id = e->pids[(size_t)t * K + k];
-			if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
-				e->stamp[id] = e->stamp_gen;
-				e->guess_rank[ng] = k;
-				e->guess[ng++] = id;
-			}
-		}
-	if (ng)
-		e->src.prefetch(e->src.ctx, next, e->guess, e->guess_rank, ng, n);
 }
 
 /* The routed path of MoE layer l for n positions: router, expert spans
@@ -652,7 +707,7 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 
 	PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
 	if (e->src.prefetch && e->n_moe)
-		lookahead(e, e->moe_layers[0], 0, n);
+		lookahead(e, e->moe_layers[0], 0, n, NULL, e->K);
 	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
 		const float *hin = e->pool[0];
 		/* Cancellation is honoured between layers: a K3 layer step is the
@@ -684,6 +739,9 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_MLP, l, e->cands, nB + 1, n, e->h, &st));
 		PCALL(p->ffn_norm(e->pm, l, e->h, n, e->x, &st));
 		if (e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE) {
+			e->cur_nB = nB;
+			e->next_moe = (uint32_t)e->moe_index[l] + 1 < e->n_moe ?
+				      e->moe_layers[e->moe_index[l] + 1] : UINT32_MAX;
 			rc = moe_layer(e, l, n, pos0, out, err);
 			if (rc)
 				return rc;
@@ -692,8 +750,8 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 		}
 		PCALL(p->add(e->pm, P, e->mb, nd, &st));
 		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE &&
-		    (uint32_t)e->moe_index[l] + 1 < e->n_moe)
-			lookahead(e, e->moe_layers[e->moe_index[l] + 1], nB, n);
+		    e->next_moe != UINT32_MAX)
+			lookahead(e, e->next_moe, nB, n, NULL, e->K);
 	}
 	/* 5) output AttnRes, final norm, lm_head (spec §10) */
 	if (!out || !out->logits)

@@ -88,6 +88,18 @@ struct k3_expert_source {
 	 */
 	int (*await_expert)(void *ctx, uint32_t layer, uint32_t *expert,
 			    struct k3_prov_expert *out, struct k3_err *err);
+	/*
+	 * Optional, with await_expert and prefetch: true when the next
+	 * await_expert would block (every expert not yet handed out is still
+	 * being read). Once at least half of a layer's experts were computed
+	 * and this says the rest are not readable yet, the engine runs the
+	 * partial lookahead (the next MoE layer's router on the residual
+	 * with the experts computed so far; provider routed_partial) and
+	 * passes its top guesses to prefetch, so reads of the next layer
+	 * queue up before this layer's last reads end instead of after its
+	 * compute. Must not block; a wrong answer only moves that lookahead.
+	 */
+	bool (*would_block)(void *ctx, uint32_t layer);
 	/* With acquire_layer: the most distinct experts one acquire_layer may
 	 * hold (a RAM cache's slots); 0 = no limit. The engine splits a chunk's
 	 * positions into consecutive groups that each fit (results are
@@ -104,10 +116,12 @@ struct k3_expert_source {
 	 * the ids that run always come from the real router at that layer.
 	 * ranks[i] is ids[i]'s rank in the router order of the first position
 	 * that predicted it (0 = most confident); positions = how many
-	 * positions the guesses were pooled from (1 in decode).
+	 * positions the guesses were pooled from (1 in decode); partial: the
+	 * guesses come from the partial lookahead (would_block), on a
+	 * residual with only part of the previous layer's experts.
 	 */
 	void (*prefetch)(void *ctx, uint32_t layer, const uint32_t *ids, const uint32_t *ranks,
-			 size_t n, uint32_t positions);
+			 size_t n, uint32_t positions, bool partial);
 	uint32_t prefetch_max;       /* guesses per position; 0 = top_k */
 };
 

@@ -52,6 +52,17 @@ struct pending_guess {
 	uint32_t rank;
 };
 
+/* One lookahead kind's guesses waiting to be scored, and the gate's record
+ * of that kind: the after-layer and the partial lookahead guess with
+ * different precision, and each kind's reads are gated on its own. */
+struct guess_record {
+	struct pending_guess *pend;    /* [n_layers][PENDING_MAX] */
+	uint32_t *n_pend;              /* [n_layers] */
+	uint32_t *gate_n, *gate_hit;   /* [n_layers][K3_STORE_GUESS_RANKS], windowed */
+	uint64_t rank_n[K3_STORE_GUESS_RANKS], rank_hit[K3_STORE_GUESS_RANKS];   /* their sums over layers */
+	uint64_t rank_scored[K3_STORE_GUESS_RANKS], rank_right[K3_STORE_GUESS_RANKS];
+};
+
 enum {
 	PENDING_MAX = 64,        /* guesses scored per layer and lookahead */
 	GATE_PRIOR_N = 4,        /* the gate's priors weigh as 4 guesses */
@@ -74,6 +85,7 @@ struct k3_store {
 	unsigned n_threads;
 	bool stop;
 	bool hold_prefetch;
+	bool hold_reads;               /* no read starts at all (tests) */
 	struct queue q[3];
 	uint32_t in_flight;
 	uint32_t prefetch_in_flight;    /* of in_flight, prefetch reads */
@@ -84,11 +96,7 @@ struct k3_store {
 	struct k3_store_stats st;
 	/* Lookahead scoring and the precision gate, per source layer id. */
 	uint32_t n_layers;             /* largest layer id + 1 */
-	struct pending_guess *pend;    /* [n_layers][PENDING_MAX] */
-	uint32_t *n_pend;              /* [n_layers] */
-	uint32_t *gate_n, *gate_hit;   /* [n_layers][K3_STORE_GUESS_RANKS], windowed */
-	uint64_t rank_n[K3_STORE_GUESS_RANKS], rank_hit[K3_STORE_GUESS_RANKS];   /* their sums over layers */
-	uint64_t rank_scored[K3_STORE_GUESS_RANKS], rank_right[K3_STORE_GUESS_RANKS];
+	struct guess_record rec[K3_STORE_GUESS_KINDS];   /* by enum k3_store_guess_kind */
 	double min_precision;
 };
 
@@ -283,9 +291,9 @@ static void *reader_main(void *arg)
 		 * the last free reader (prefetch_readers = readers - 1 when
 		 * there are several): a demand read issued while guesses are
 		 * being read starts at once instead of behind one of them. */
-		while (!s->stop && s->q[Q_DEMAND].len == 0 &&
+		while (!s->stop && (s->hold_reads || (s->q[Q_DEMAND].len == 0 &&
 		       (s->q[Q_PREFETCH].len == 0 || s->hold_prefetch ||
-			s->prefetch_in_flight >= s->prefetch_readers))
+			s->prefetch_in_flight >= s->prefetch_readers))))
 			pthread_cond_wait(&s->work_cv, &s->mu);
 		if (s->stop)
 			break;
@@ -376,10 +384,12 @@ static void free_memory(struct k3_store *s)
 	free(s->slots);
 	free(s->slot_of);
 	free(s->uses);
-	free(s->pend);
-	free(s->n_pend);
-	free(s->gate_n);
-	free(s->gate_hit);
+	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
+		free(s->rec[g].pend);
+		free(s->rec[g].n_pend);
+		free(s->rec[g].gate_n);
+		free(s->rec[g].gate_hit);
+	}
 	free(s);
 }
 
@@ -435,12 +445,16 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	s->slots = calloc(s->n_slots, sizeof(*s->slots));
 	s->slot_of = malloc(n_ex * sizeof(*s->slot_of));
 	s->uses = calloc(n_ex, sizeof(*s->uses));
-	s->pend = calloc((size_t)s->n_layers * PENDING_MAX, sizeof(*s->pend));
-	s->n_pend = calloc(s->n_layers, sizeof(*s->n_pend));
-	s->gate_n = calloc((size_t)s->n_layers * K3_STORE_GUESS_RANKS, sizeof(*s->gate_n));
-	s->gate_hit = calloc((size_t)s->n_layers * K3_STORE_GUESS_RANKS, sizeof(*s->gate_hit));
-	if (!s->slots || !s->slot_of || !s->uses || !s->pend || !s->n_pend || !s->gate_n ||
-	    !s->gate_hit) {
+	bool rec_ok = true;
+	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
+		struct guess_record *r = &s->rec[g];
+		r->pend = calloc((size_t)s->n_layers * PENDING_MAX, sizeof(*r->pend));
+		r->n_pend = calloc(s->n_layers, sizeof(*r->n_pend));
+		r->gate_n = calloc((size_t)s->n_layers * K3_STORE_GUESS_RANKS, sizeof(*r->gate_n));
+		r->gate_hit = calloc((size_t)s->n_layers * K3_STORE_GUESS_RANKS, sizeof(*r->gate_hit));
+		rec_ok &= r->pend && r->n_pend && r->gate_n && r->gate_hit;
+	}
+	if (!s->slots || !s->slot_of || !s->uses || !rec_ok) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -576,35 +590,39 @@ static uint32_t *gate_cell(uint32_t *table, uint32_t layer, uint32_t rank)
 	return &table[(size_t)layer * K3_STORE_GUESS_RANKS + rank];
 }
 
-/* Scores the lookahead guesses of `layer` waiting since its last lookahead
- * against the real routing: the experts this acquire `gen` pinned. */
+/* Scores the lookahead guesses of `layer` (of both kinds) waiting since
+ * their last lookahead against the real routing: the experts this acquire
+ * `gen` pinned. */
 static void score_layer(struct k3_store *s, uint32_t layer, uint64_t gen)
 {
 	if (layer >= s->n_layers)
 		return;
-	struct pending_guess *pg = &s->pend[(size_t)layer * PENDING_MAX];
-	for (uint32_t k = 0; k < s->n_pend[layer]; k++) {
-		int32_t i = s->slot_of[pg[k].ex];
-		bool right = i >= 0 && s->slots[i].acq_gen == gen;
-		uint32_t *n = gate_cell(s->gate_n, layer, pg[k].rank);
-		uint32_t *h = gate_cell(s->gate_hit, layer, pg[k].rank);
-		uint32_t r = pg[k].rank;
-		if (*n >= GATE_WINDOW) {
-			s->rank_n[r] -= *n - (*n >> 1);
-			s->rank_hit[r] -= *h - (*h >> 1);
-			*n >>= 1;
-			*h >>= 1;
+	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
+		struct guess_record *rc = &s->rec[g];
+		struct pending_guess *pg = &rc->pend[(size_t)layer * PENDING_MAX];
+		for (uint32_t k = 0; k < rc->n_pend[layer]; k++) {
+			int32_t i = s->slot_of[pg[k].ex];
+			bool right = i >= 0 && s->slots[i].acq_gen == gen;
+			uint32_t r = pg[k].rank;
+			uint32_t *n = gate_cell(rc->gate_n, layer, r);
+			uint32_t *h = gate_cell(rc->gate_hit, layer, r);
+			if (*n >= GATE_WINDOW) {
+				rc->rank_n[r] -= *n - (*n >> 1);
+				rc->rank_hit[r] -= *h - (*h >> 1);
+				*n >>= 1;
+				*h >>= 1;
+			}
+			++*n;
+			*h += right;
+			rc->rank_n[r]++;
+			rc->rank_hit[r] += right;
+			rc->rank_scored[r]++;
+			rc->rank_right[r] += right;
+			s->st.guesses_scored++;
+			s->st.guesses_right += right;
 		}
-		++*n;
-		*h += right;
-		s->rank_n[r]++;
-		s->rank_hit[r] += right;
-		s->st.guesses_scored++;
-		s->st.guesses_right += right;
-		s->rank_scored[pg[k].rank]++;
-		s->rank_right[pg[k].rank] += right;
+		rc->n_pend[layer] = 0;
 	}
-	s->n_pend[layer] = 0;
 }
 
 /* The gate of "--prefetch auto": rank `rank` of `layer` is read ahead only
@@ -619,15 +637,16 @@ static void score_layer(struct k3_store *s, uint32_t layer, uint64_t gen)
  * with many MoE layers learns a rank in a token or two, and a layer whose
  * guesses are worse than the others' (the first MoE layer, guessed from
  * the embedding) closes on its own record within a few tokens. */
-static bool gate_open(const struct k3_store *s, uint32_t layer, uint32_t rank)
+static bool gate_open(const struct k3_store *s, const struct guess_record *rc, uint32_t layer,
+		      uint32_t rank)
 {
 	if (!s->cfg.prefetch_auto)
 		return true;
 	if (layer >= s->n_layers || rank >= K3_STORE_GUESS_RANKS)
 		return false;
-	double pooled = ((double)s->rank_hit[rank] + GATE_PRIOR_N * 0.5) /
-			((double)s->rank_n[rank] + GATE_PRIOR_N);
-	double n = *gate_cell(s->gate_n, layer, rank), h = *gate_cell(s->gate_hit, layer, rank);
+	double pooled = ((double)rc->rank_hit[rank] + GATE_PRIOR_N * 0.5) /
+			((double)rc->rank_n[rank] + GATE_PRIOR_N);
+	double n = *gate_cell(rc->gate_n, layer, rank), h = *gate_cell(rc->gate_hit, layer, rank);
 	return (h + GATE_PRIOR_N * pooled) / (n + GATE_PRIOR_N) >= s->min_precision;
 }
 
@@ -946,6 +965,26 @@ int k3_store_wait_any(struct k3_store *s, struct k3_store_view *views, size_t n,
 	return rc;
 }
 
+bool k3_store_would_block(struct k3_store *s, const struct k3_store_view *views, size_t n,
+			  const uint8_t *taken)
+{
+	bool left = false;
+
+	pthread_mutex_lock(&s->mu);
+	for (size_t k = 0; k < n; k++) {
+		if (taken[k])
+			continue;
+		enum slot_state state = s->slots[views[k].slot].state;
+		if (state != SLOT_QUEUED && state != SLOT_READING) {
+			left = false;
+			break;
+		}
+		left = true;
+	}
+	pthread_mutex_unlock(&s->mu);
+	return left;
+}
+
 void k3_store_request_abort(struct k3_store *s, const struct k3_store_view *views, size_t n)
 {
 	pthread_mutex_lock(&s->mu);
@@ -976,15 +1015,19 @@ void k3_store_release(struct k3_store *s, const struct k3_store_view *views, siz
 /* ---- prefetch ---- */
 
 size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32_t *experts,
-				const uint32_t *ranks, size_t n, bool score)
+				const uint32_t *ranks, size_t n, bool score,
+				enum k3_store_guess_kind kind)
 {
 	int32_t queued[64];
 	size_t nq = 0;
 	bool full = false;
 
+	if ((unsigned)kind >= K3_STORE_GUESS_KINDS)
+		return 0;
+	struct guess_record *rc = &s->rec[kind];
 	pthread_mutex_lock(&s->mu);
 	if (score && layer < s->n_layers)
-		s->n_pend[layer] = 0;   /* a newer lookahead replaces an unscored one */
+		rc->n_pend[layer] = 0;   /* a newer lookahead replaces an unscored one */
 	if (layer >= s->n_layers)
 		score = false;
 	for (size_t k = 0; k < n; k++) {
@@ -993,16 +1036,16 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 		int32_t i;
 		if (nq == sizeof(queued) / sizeof(queued[0]))
 			full = true;
-		if (full && (!score || s->n_pend[layer] == PENDING_MAX))
+		if (full && (!score || rc->n_pend[layer] == PENDING_MAX))
 			break;
 		if (ex < 0 || s->slot_of[ex] >= 0)
 			continue;   /* unknown, or resident / loading: costs nothing */
-		if (score && rank < K3_STORE_GUESS_RANKS && s->n_pend[layer] < PENDING_MAX)
-			s->pend[(size_t)layer * PENDING_MAX + s->n_pend[layer]++] =
+		if (score && rank < K3_STORE_GUESS_RANKS && rc->n_pend[layer] < PENDING_MAX)
+			rc->pend[(size_t)layer * PENDING_MAX + rc->n_pend[layer]++] =
 				(struct pending_guess){ ex, rank };
 		if (full || s->cfg.prefetch_slots == 0)
 			continue;
-		if (!gate_open(s, layer, rank)) {
+		if (!gate_open(s, rc, layer, rank)) {
 			s->st.prefetch_skipped++;
 			continue;
 		}
@@ -1041,14 +1084,17 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 
 size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n)
 {
-	return k3_store_prefetch_ranked(s, layer, experts, NULL, n, true);
+	return k3_store_prefetch_ranked(s, layer, experts, NULL, n, true, K3_STORE_GUESS_AFTER);
 }
 
-void k3_store_guess_table(struct k3_store *s, uint64_t *scored, uint64_t *right)
+void k3_store_guess_table(struct k3_store *s, enum k3_store_guess_kind kind, uint64_t *scored,
+			  uint64_t *right)
 {
+	if ((unsigned)kind >= K3_STORE_GUESS_KINDS)
+		kind = K3_STORE_GUESS_AFTER;
 	pthread_mutex_lock(&s->mu);
-	memcpy(scored, s->rank_scored, sizeof(s->rank_scored));
-	memcpy(right, s->rank_right, sizeof(s->rank_right));
+	memcpy(scored, s->rec[kind].rank_scored, sizeof(s->rec[kind].rank_scored));
+	memcpy(right, s->rec[kind].rank_right, sizeof(s->rec[kind].rank_right));
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -1059,10 +1105,12 @@ size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer)
 	pthread_mutex_lock(&s->mu);
 	n = cancel_layer(s, layer, 0);
 	resolve_layer(s, layer);
-	if (layer == UINT32_MAX)
-		memset(s->n_pend, 0, s->n_layers * sizeof(*s->n_pend));
-	else if (layer < s->n_layers)
-		s->n_pend[layer] = 0;
+	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
+		if (layer == UINT32_MAX)
+			memset(s->rec[g].n_pend, 0, s->n_layers * sizeof(*s->rec[g].n_pend));
+		else if (layer < s->n_layers)
+			s->rec[g].n_pend[layer] = 0;
+	}
 	pthread_mutex_unlock(&s->mu);
 	return n;
 }
@@ -1077,10 +1125,19 @@ void k3_store_hold_prefetch(struct k3_store *s, bool hold)
 	pthread_mutex_unlock(&s->mu);
 }
 
+void k3_store_hold_reads(struct k3_store *s, bool hold)
+{
+	pthread_mutex_lock(&s->mu);
+	s->hold_reads = hold;
+	pthread_cond_broadcast(&s->work_cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
 void k3_store_drain(struct k3_store *s)
 {
 	pthread_mutex_lock(&s->mu);
-	while (s->q[Q_DEMAND].len || (s->q[Q_PREFETCH].len && !s->hold_prefetch) ||
+	while ((!s->hold_reads && (s->q[Q_DEMAND].len ||
+				   (s->q[Q_PREFETCH].len && !s->hold_prefetch))) ||
 	       s->in_flight)
 		pthread_cond_wait(&s->done_cv, &s->mu);
 	pthread_mutex_unlock(&s->mu);

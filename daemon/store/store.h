@@ -193,12 +193,31 @@ int k3_store_wait(struct k3_store *s, struct k3_store_view *views, size_t n, str
  * view of the request is unpinned, taken or not. */
 int k3_store_wait_any(struct k3_store *s, struct k3_store_view *views, size_t n,
 		      uint8_t *taken, size_t *which, struct k3_err *err);
+/* True when the next k3_store_wait_any on the same views and taken[]
+ * would block: some view is not taken and none of those is readable yet
+ * (its read queued or in flight). The engine runs its partial lookahead
+ * then, in time it would otherwise spend waiting. Does not block. */
+bool k3_store_would_block(struct k3_store *s, const struct k3_store_view *views, size_t n,
+			  const uint8_t *taken);
 /* Gives up a request that will not be waited for: unpins its experts and
  * drops those of its reads that have not started. */
 void k3_store_request_abort(struct k3_store *s, const struct k3_store_view *views, size_t n);
 
 /* Unpins views[0..n) from one acquire. */
 void k3_store_release(struct k3_store *s, const struct k3_store_view *views, size_t n);
+
+/* Which lookahead made a guess. Each kind is scored and gated on its own
+ * record: they guess with different precision. */
+enum k3_store_guess_kind {
+	/* the next MoE layer's router on the residual after a layer (or on
+	 * the embedding, for the first MoE layer) */
+	K3_STORE_GUESS_AFTER = 0,
+	/* the same on the residual with only part of the layer's routed
+	 * experts, while the layer waits for its last reads (engine.h,
+	 * would_block) */
+	K3_STORE_GUESS_PARTIAL = 1,
+	K3_STORE_GUESS_KINDS
+};
 
 /* Queues low-priority reads of experts[0..n) of `layer` (guesses, best
  * first; at most 64 per call are considered) into free slots, or slots the
@@ -210,18 +229,23 @@ void k3_store_release(struct k3_store *s, const struct k3_store_view *views, siz
  * passes the gate are read. score: the guesses come from a one-position
  * lookahead and count towards the precision estimate (a chunk's guesses
  * are judged against the union of its positions' routes, which would
- * flatter them). A guess read and not chosen by the real routing sits at
- * the cold end of the cache: the next eviction takes it before anything a
- * demand read brought in. Returns how many reads were queued. */
+ * flatter them). kind: which lookahead guessed; the gate and the scores
+ * are kept per kind, and a new lookahead of one kind replaces that kind's
+ * unscored guesses of `layer` only. A guess read and not chosen by the
+ * real routing sits at the cold end of the cache: the next eviction takes
+ * it before anything a demand read brought in. Returns how many reads
+ * were queued (0 for an unknown kind). */
 size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32_t *experts,
-				const uint32_t *ranks, size_t n, bool score);
-/* k3_store_prefetch_ranked(s, layer, experts, NULL, n, true). */
+				const uint32_t *ranks, size_t n, bool score,
+				enum k3_store_guess_kind kind);
+/* k3_store_prefetch_ranked(s, layer, experts, NULL, n, true, K3_STORE_GUESS_AFTER). */
 size_t k3_store_prefetch(struct k3_store *s, uint32_t layer, const uint32_t *experts, size_t n);
 
-/* Lookahead quality by rank since the store started, summed over layers:
- * scored[r] guesses of rank r (not resident when guessed), right[r] of
- * them chosen by the real routing. r < K3_STORE_GUESS_RANKS. */
-void k3_store_guess_table(struct k3_store *s, uint64_t *scored, uint64_t *right);
+/* Lookahead quality of one kind by rank since the store started, summed
+ * over layers: scored[r] guesses of rank r (not resident when guessed),
+ * right[r] of them chosen by the real routing. r < K3_STORE_GUESS_RANKS. */
+void k3_store_guess_table(struct k3_store *s, enum k3_store_guess_kind kind, uint64_t *scored,
+			  uint64_t *right);
 
 /* Drops every queued (not yet started) prefetch of `layer`, or of all
  * layers when layer == UINT32_MAX, and moves that layer's guesses being
@@ -236,6 +260,10 @@ void k3_store_idle(struct k3_store *s);
  * queued; demand reads are unaffected). For tests that need a guess to stay
  * cancellable, and for phases where the disk must serve demand only. */
 void k3_store_hold_prefetch(struct k3_store *s, bool hold);
+/* While held, reader threads start no read at all, demand reads included:
+ * for tests that need a request's reads to stay queued (a wait for one of
+ * them blocks until the hold is lifted; k3_store_drain ignores them). */
+void k3_store_hold_reads(struct k3_store *s, bool hold);
 
 /* Blocks until no read is queued or in flight (tests, shutdown, preload). */
 void k3_store_drain(struct k3_store *s);

@@ -151,6 +151,17 @@ static int src_acquire_layer(void *vctx, uint32_t layer, const uint32_t *ids, si
 	return 0;
 }
 
+/* The first await_expert or would_block after request_layer: the request's
+ * views become the layer's, none taken yet. */
+static void start_await(struct k3_store_engine_src *c)
+{
+	if (c->n_requested) {
+		c->n_layer_views = c->n_requested;
+		c->n_requested = 0;
+		memset(c->taken, 0, c->n_layer_views);
+	}
+}
+
 static int src_await_expert(void *vctx, uint32_t layer, uint32_t *expert,
 			    struct k3_prov_expert *out, struct k3_err *err)
 {
@@ -158,14 +169,10 @@ static int src_await_expert(void *vctx, uint32_t layer, uint32_t *expert,
 	size_t k;
 	int rc;
 
-	if (c->n_requested) {   /* the first call after request_layer */
-		if (layer != c->layer)
-			return k3_err_set(err, -EINVAL, "layer %u awaited, layer %u requested",
-					  layer, c->layer);
-		c->n_layer_views = c->n_requested;
-		c->n_requested = 0;
-		memset(c->taken, 0, c->n_layer_views);
-	}
+	if (c->n_requested && layer != c->layer)
+		return k3_err_set(err, -EINVAL, "layer %u awaited, layer %u requested",
+				  layer, c->layer);
+	start_await(c);
 	if (c->n_layer_views == 0)
 		return 0;
 	rc = k3_store_wait_any(c->store, c->layer_views, c->n_layer_views, c->taken, &k, err);
@@ -178,6 +185,16 @@ static int src_await_expert(void *vctx, uint32_t layer, uint32_t *expert,
 	*expert = c->layer_views[k].expert;
 	fill_spans(&c->layer_views[k], 1, out);
 	return 1;
+}
+
+static bool src_would_block(void *vctx, uint32_t layer)
+{
+	struct k3_store_engine_src *c = vctx;
+
+	if (layer != c->layer)
+		return false;
+	start_await(c);
+	return k3_store_would_block(c->store, c->layer_views, c->n_layer_views, c->taken);
 }
 
 static void src_release_layer(void *vctx, uint32_t layer)
@@ -195,7 +212,7 @@ static void src_release_layer(void *vctx, uint32_t layer)
 }
 
 static void src_prefetch(void *vctx, uint32_t layer, const uint32_t *ids, const uint32_t *ranks,
-			 size_t n, uint32_t positions)
+			 size_t n, uint32_t positions, bool partial)
 {
 	struct k3_store_engine_src *c = vctx;
 
@@ -203,7 +220,9 @@ static void src_prefetch(void *vctx, uint32_t layer, const uint32_t *ids, const 
 	 * meet the union of its positions' routes, which would flatter the
 	 * precision that decode (one position) gets. */
 	c->guesses += n;
-	c->guesses_queued += k3_store_prefetch_ranked(c->store, layer, ids, ranks, n, positions == 1);
+	c->guesses_queued += k3_store_prefetch_ranked(c->store, layer, ids, ranks, n, positions == 1,
+						      partial ? K3_STORE_GUESS_PARTIAL
+							      : K3_STORE_GUESS_AFTER);
 }
 
 void k3_store_engine_src_set_prefetch(struct k3_store_engine_src *ctx, uint32_t per_position,
@@ -227,6 +246,7 @@ void k3_store_engine_src_init(struct k3_store_engine_src *ctx, struct k3_store *
 					  .release_layer = src_release_layer,
 					  .request_layer = src_request_layer,
 					  .await_expert = src_await_expert,
+					  .would_block = src_would_block,
 					  .max_experts = info.n_slots };
 }
 

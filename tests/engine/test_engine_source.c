@@ -4,6 +4,9 @@
  *   - the engine acquires exactly the routed (layer, expert) pairs, one per
  *     position and slot, and releases every one; results through a custom
  *     source are bit-identical to the default (model tensors);
+ *   - a streaming source that says its reads are still in flight gets the
+ *     partial lookahead: the next MoE layer's top guesses while the layer
+ *     is held, results unchanged;
  *   - a failing source fails the call with its code and message and
  *     poisons the sequence;
  *   - bad ids, empty calls and unknown providers are refused with messages.
@@ -56,6 +59,10 @@ struct streaming {
 	size_t n, n_distinct, next;
 	long requests, awaited, releases;
 	bool held;
+	/* would_block / prefetch, for the partial lookahead */
+	bool block;                  /* what would_block answers */
+	uint32_t n_experts, next_of[64];   /* next_of[layer] = next MoE layer */
+	long asked, partial, late, bad_partial;
 };
 
 static struct k3_prov_expert span_of(const struct k3_model *m, uint32_t layer, uint32_t expert)
@@ -110,6 +117,36 @@ static int st_await(void *ctx, uint32_t layer, uint32_t *expert, struct k3_prov_
 	*out = span_of(c->m, layer, *expert);
 	c->awaited++;
 	return 1;
+}
+
+static bool st_would_block(void *ctx, uint32_t layer)
+{
+	struct streaming *c = ctx;
+	(void)layer;
+	c->asked++;
+	return c->block;
+}
+
+/* Partial lookahead guesses come while a layer is held, for the next MoE
+ * layer, ranks 0..1, ids in range, each once; the others after it. */
+static void st_prefetch(void *ctx, uint32_t layer, const uint32_t *ids, const uint32_t *ranks,
+			size_t n, uint32_t positions, bool partial)
+{
+	struct streaming *c = ctx;
+	if (!partial) {
+		c->late++;
+		c->bad_partial += c->held;
+		return;
+	}
+	c->partial++;
+	bool ok = c->held && layer == c->next_of[c->layer] && n > 0 &&
+		  n <= 2 * (size_t)positions;
+	for (size_t i = 0; i < n; i++) {
+		ok &= ids[i] < c->n_experts && ranks[i] < 2;
+		for (size_t j = 0; j < i; j++)
+			ok &= ids[j] != ids[i];
+	}
+	c->bad_partial += !ok;
 }
 
 static void st_release_layer(void *ctx, uint32_t layer)
@@ -201,6 +238,35 @@ int main(void)
 		T_EQ_INT(sc.releases, sc.requests);
 		T_OK(sc.awaited > 0 && sc.awaited <= (long)T * nm * K);
 		T_OK(!sc.held);
+		/* the same with prefetch: the partial lookahead runs in every MoE
+		 * layer but the last when the reads are "in flight", never when
+		 * they are ready, and changes no bit */
+		for (uint32_t mi = 0; mi + 1 < nm; mi++)
+			sc.next_of[ml[mi]] = ml[mi + 1];
+		sc.next_of[ml[nm - 1]] = UINT32_MAX;
+		sc.n_experts = k3_model_config(model)->num_experts;
+		ss.would_block = st_would_block;
+		ss.prefetch = st_prefetch;
+		for (int block = 0; block < 2; block++) {
+			struct k3_engine_seq *s4 = NULL;
+			sc.block = block;
+			sc.asked = sc.partial = sc.late = sc.bad_partial = 0;
+			memset(l3, 0, V * sizeof(float));
+			T_OK(k3_engine_seq_new(e, 16, &s4, &err) == 0);
+			k3_engine_set_expert_source(e, &ss);
+			T_OK(k3_engine_forward(e, s4, ids, T, &o4, &err) == 0);
+			T_OK(memcmp(l1, l3, V * sizeof(float)) == 0);
+			T_OK(memcmp(r1, r3, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
+			T_OK(memcmp(w1, w3, (size_t)T * nm * K * sizeof(float)) == 0);
+			T_OK(sc.asked > 0);
+			/* two chunks; per chunk one partial lookahead per MoE layer
+			 * but the last, and nm late ones (embedding + after each) */
+			T_EQ_INT(sc.partial, block ? 2 * (long)(nm - 1) : 0);
+			T_EQ_INT(sc.late, 2 * (long)nm);
+			T_EQ_INT(sc.bad_partial, 0);
+			T_OK(!sc.held);
+			k3_engine_seq_free(s4);
+		}
 		k3_engine_set_expert_source(e, &src);   /* the counting source again */
 		k3_engine_seq_free(s3);
 		free(l3); free(r3); free(w3);

@@ -412,7 +412,8 @@ static void test_prefetch_gate(struct k3_store_source *src)
 		for (uint32_t x = 0; x < 6; x++)
 			touch(s, 2, x * 3);
 		k3_store_step_begin(s);
-		size_t q = k3_store_prefetch_ranked(s, 1, guess, ranks, 2, true);
+		size_t q = k3_store_prefetch_ranked(s, 1, guess, ranks, 2, true,
+						    K3_STORE_GUESS_AFTER);
 		T_OK(q <= 1);   /* rank 1 never opens */
 		if (q && !issued_at)
 			issued_at = round + 1;
@@ -430,21 +431,44 @@ static void test_prefetch_gate(struct k3_store_source *src)
 	T_EQ_U64(st.prefetch_used, 24 - 2);
 	T_EQ_U64(st.prefetch_skipped, 2 + 24);
 	T_EQ_U64(st.prefetch_wasted_bytes, 0);
-	k3_store_guess_table(s, scored, right);
+	k3_store_guess_table(s, K3_STORE_GUESS_AFTER, scored, right);
 	T_EQ_U64(scored[0], 24);
 	T_EQ_U64(right[0], 24);
 	T_EQ_U64(scored[1], 24);
 	T_EQ_U64(right[1], 0);
+	/* The partial lookahead's record is its own: rank 0 is open for the
+	 * lookahead after a layer, closed for a partial guess until partial
+	 * guesses were scored; both kinds' guesses of one layer are scored
+	 * at its routing, each in its own table. */
+	{
+		uint32_t a = 3, r0 = 0, pb = 9;
+		for (uint32_t x = 0; x < 6; x++)
+			touch(s, 2, x * 3);
+		k3_store_step_begin(s);
+		T_EQ_U64(k3_store_prefetch_ranked(s, 1, &a, &r0, 1, true, K3_STORE_GUESS_PARTIAL), 0);
+		T_EQ_U64(k3_store_prefetch_ranked(s, 1, &pb, &r0, 1, true, K3_STORE_GUESS_AFTER), 1);
+		T_EQ_U64(k3_store_prefetch_ranked(s, 1, &a, &r0, 1, true, (enum k3_store_guess_kind)7), 0);
+		k3_store_drain(s);
+		k3_store_step_begin(s);
+		T_EQ_INT(k3_store_acquire(s, 1, &a, 1, v, &err), 0);
+		k3_store_release(s, v, 1);
+		k3_store_guess_table(s, K3_STORE_GUESS_PARTIAL, scored, right);
+		T_EQ_U64(scored[0], 1);
+		T_EQ_U64(right[0], 1);
+		k3_store_guess_table(s, K3_STORE_GUESS_AFTER, scored, right);
+		T_EQ_U64(scored[0], 25);
+		T_EQ_U64(right[0], 24);
+	}
 	/* Chunk guesses (score = false) are not scored. */
 	uint32_t g = 12;
 	k3_store_step_begin(s);
-	k3_store_prefetch_ranked(s, 1, &g, NULL, 1, false);
+	k3_store_prefetch_ranked(s, 1, &g, NULL, 1, false, K3_STORE_GUESS_AFTER);
 	k3_store_drain(s);
 	k3_store_step_begin(s);
 	T_EQ_INT(k3_store_acquire(s, 1, &g, 1, v, &err), 0);
 	k3_store_release(s, v, 1);
 	k3_store_stats_get(s, &st);
-	T_EQ_U64(st.guesses_scored, 48);
+	T_EQ_U64(st.guesses_scored, 50);
 	k3_store_free(s);
 
 	/* Two layers, one rank: layer 1's guesses are always right, layer 2's
@@ -631,6 +655,40 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 		k3_store_stats_sub(&b, &a, &d);
 		T_EQ_U64(d.steps, 1);
 		T_EQ_U64(d.demand_hits + d.demand_misses, 3);
+
+		/* would_block: true exactly while every expert not handed out
+		 * yet is still queued or being read */
+		uint32_t l0[2] = { 3, 12 }, l0b[2] = { 3, 3 };
+		T_OK(es.would_block != NULL);
+		k3_store_hold_reads(s, true);
+		T_EQ_INT(es.request_layer(es.ctx, 1, l0, 2, &err), 0);
+		T_OK(es.would_block(es.ctx, 1));        /* both reads held */
+		k3_store_hold_reads(s, false);
+		k3_store_drain(s);
+		T_OK(!es.would_block(es.ctx, 1));       /* readable */
+		outs = 0;
+		while ((got = es.await_expert(es.ctx, 1, &id, sp, &err)) == 1)
+			outs++;
+		T_EQ_INT(got, 0);
+		T_EQ_INT(outs, 2);
+		T_OK(!es.would_block(es.ctx, 1));       /* nothing left to wait for */
+		es.release_layer(es.ctx, 1);
+		for (uint32_t x = 0; x < 18; x += 3)    /* a layer-1 expert not resident */
+			if (!k3_store_resident(s, 1, x))
+				l0b[1] = x;
+		T_OK(l0b[1] != 3);
+		k3_store_hold_reads(s, true);
+		T_EQ_INT(es.request_layer(es.ctx, 1, l0b, 2, &err), 0);
+		T_OK(!es.would_block(es.ctx, 1));       /* 3 is resident */
+		T_EQ_INT(es.await_expert(es.ctx, 1, &id, sp, &err), 1);
+		T_EQ_INT((int)id, 3);
+		T_OK(es.would_block(es.ctx, 1));        /* the other one is held */
+		T_OK(!es.would_block(es.ctx, 2));       /* not the layer requested */
+		k3_store_hold_reads(s, false);
+		T_EQ_INT(es.await_expert(es.ctx, 1, &id, sp, &err), 1);
+		T_EQ_INT((int)id, (int)l0b[1]);
+		T_EQ_INT(es.await_expert(es.ctx, 1, &id, sp, &err), 0);
+		es.release_layer(es.ctx, 1);
 
 		T_EQ_INT(es.request_layer(es.ctx, 3, other, 2, &err), 0);
 		T_EQ_INT(es.request_layer(es.ctx, 3, other, 2, &err), -EBUSY);
