@@ -29,6 +29,7 @@ struct slot {
 	bool prefetched;         /* loaded by a prefetch not yet credited or wasted */
 	bool missed;             /* prefetched, and its layer's real routing did not choose
 				  * it: the cold end, evicted before anything else */
+	uint8_t guess_kind;      /* enum k3_store_guess_kind of its prefetch */
 	uint64_t prefetch_step;  /* step the prefetch was submitted in */
 	uint64_t last_use;       /* tick of the last acquire */
 	uint64_t read_bytes;     /* bytes its read cost */
@@ -572,6 +573,31 @@ static size_t cancel_layer(struct k3_store *s, uint32_t layer, uint64_t keep_gen
 	return n;
 }
 
+/* A lookahead after the layer supersedes the partial one's guesses of the
+ * same layer whose reads have not started: those it does not repeat among
+ * experts[0..n) (every guess it offers, read or gated) are dropped unread,
+ * so the better guesses go first and a guess both lookaheads doubt costs
+ * nothing. */
+static void supersede_partial(struct k3_store *s, uint32_t layer, const uint32_t *experts,
+			      size_t n)
+{
+	int32_t i = s->q[Q_PREFETCH].head;
+
+	while (i >= 0) {
+		int32_t next = s->slots[i].qnext;
+		struct slot *sl = &s->slots[i];
+		bool repeated = false;
+		if (sl->guess_kind == K3_STORE_GUESS_PARTIAL && sl->pins == 0 &&
+		    layer_of(s, sl->ex) == layer) {
+			for (size_t k = 0; k < n && !repeated; k++)
+				repeated = k3_store_source_find(s->src, layer, experts[k]) == sl->ex;
+			if (!repeated)
+				slot_drop(s, i, false);
+		}
+		i = next;
+	}
+}
+
 /* Guesses of `layer` (every layer: UINT32_MAX) still unused after its real
  * routing (or at the end of a request) are mispredictions: cold end. */
 static void resolve_layer(struct k3_store *s, uint32_t layer)
@@ -1028,6 +1054,8 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 	pthread_mutex_lock(&s->mu);
 	if (score && layer < s->n_layers)
 		rc->n_pend[layer] = 0;   /* a newer lookahead replaces an unscored one */
+	if (kind == K3_STORE_GUESS_AFTER)
+		supersede_partial(s, layer, experts, n);
 	if (layer >= s->n_layers)
 		score = false;
 	for (size_t k = 0; k < n; k++) {
@@ -1065,6 +1093,7 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 		slot_assign(s, i, ex);
 		s->slots[i].demand = false;
 		s->slots[i].prefetched = true;
+		s->slots[i].guess_kind = (uint8_t)kind;
 		s->slots[i].prefetch_step = s->step;
 		s->slots[i].last_use = ++s->tick;
 		s->prefetch_outstanding++;

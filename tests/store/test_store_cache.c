@@ -502,6 +502,42 @@ static void test_prefetch_gate(struct k3_store_source *src)
 	T_EQ_INT(k3_store_new(src, &cfg, &s, &err), -EINVAL);
 }
 
+/* The lookahead after a layer supersedes the partial lookahead's guesses
+ * of that layer whose reads have not started: the ones it does not repeat
+ * are dropped unread (prefetch_cancelled), the repeated one stays, and
+ * guesses of other layers and partial guesses already read are kept. */
+static void test_prefetch_supersede(struct k3_store_source *src)
+{
+	struct k3_store *s = mk(src, 12, 1, K3_STORE_POLICY_LRU);   /* 6 guesses may wait */
+	struct k3_store_stats a, b, d;
+	uint32_t r0[3] = { 0, 1, 2 };
+
+	if (!s)
+		return;
+	uint32_t read_first = 15, partial[2] = { 3, 6 }, other = 9, after[2] = { 6, 12 };
+	/* a partial guess that is read before the lookahead after the layer */
+	T_EQ_U64(k3_store_prefetch_ranked(s, 1, &read_first, r0, 1, true,
+					  K3_STORE_GUESS_PARTIAL), 1);
+	k3_store_drain(s);
+	k3_store_stats_get(s, &a);
+	k3_store_hold_prefetch(s, true);
+	T_EQ_U64(k3_store_prefetch_ranked(s, 1, partial, r0, 2, true, K3_STORE_GUESS_PARTIAL), 2);
+	T_EQ_U64(k3_store_prefetch_ranked(s, 2, &other, r0, 1, true, K3_STORE_GUESS_PARTIAL), 1);
+	/* 6 is repeated (already queued: not queued again), 12 is new */
+	T_EQ_U64(k3_store_prefetch_ranked(s, 1, after, r0, 2, true, K3_STORE_GUESS_AFTER), 1);
+	k3_store_hold_prefetch(s, false);
+	k3_store_drain(s);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_cancelled, 1);   /* 3, unread */
+	T_EQ_U64(d.prefetch_issued, 3);      /* 6, 9 of layer 2, 12 */
+	T_OK(!k3_store_resident(s, 1, 3));
+	T_OK(k3_store_resident(s, 1, 6) && k3_store_resident(s, 1, 12));
+	T_OK(k3_store_resident(s, 2, 9));
+	T_OK(k3_store_resident(s, 1, 15));   /* read before: kept */
+	k3_store_free(s);
+}
+
 /* Random steps with prefetch under both policies and 1..3 threads: every
  * view has the right bytes, an expert pinned across a later acquire keeps
  * them, and the byte counters add up. */
@@ -747,6 +783,7 @@ int main(void)
 	test_prefetch_cold_end(off, K3_STORE_POLICY_LRU);
 	test_prefetch_cold_end(off, K3_STORE_POLICY_FREQ);
 	test_prefetch_gate(off);
+	test_prefetch_supersede(off);
 	test_request(off, 1);
 	test_request(on, 2);
 	test_random(off, K3_STORE_POLICY_LRU, 1);
