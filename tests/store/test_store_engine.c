@@ -4,7 +4,9 @@
  * the model's mmapped tensors or from the store, for cache budgets {floor,
  * small, unlimited}, packs vs shards, O_DIRECT on/off, 1 vs 2 I/O threads,
  * both eviction policies and prefetch on/off (with deliberately poor
- * guesses); and a budget below what one step pins fails
+ * guesses), the partial lookahead forced on in every MoE layer (the
+ * store's would_block made to say yes, so the path runs whatever the
+ * timing); and a budget below what one step pins fails
  * with a clear error instead of computing with wrong weights.
  */
 #include "t.h"
@@ -28,6 +30,7 @@ struct result {
 	float *w;
 	int32_t gen[NGEN];
 	struct k3_store_stats st;
+	uint64_t partial_scored;   /* partial lookahead guesses scored, all ranks */
 	int rc;
 	char msg[K3_ERR_MSG_MAX];
 };
@@ -83,7 +86,20 @@ struct variant {
 	uint32_t lookahead;        /* engine router lookahead: guesses per position, 0 = off */
 	bool per_expert;           /* hide the layer-wide interface (one expert per call) */
 	double gate;               /* > 0: --prefetch auto with this precision gate */
+	bool partial_always;       /* would_block always says yes: the partial lookahead
+				    * runs in every MoE layer but the last */
 };
+
+/* The store adapter's would_block, asked (it starts the await) and
+ * overruled: the engine then runs the partial lookahead at half of each
+ * layer's experts, whether or not their reads are done. */
+static bool (*store_would_block)(void *ctx, uint32_t layer);
+
+static bool would_block_always(void *ctx, uint32_t layer)
+{
+	(void)store_would_block(ctx, layer);
+	return true;
+}
 
 static void result_free(struct result *r)
 {
@@ -127,6 +143,10 @@ static void run(const struct variant *v, struct result *r)
 		if (!rc) {
 			k3_store_engine_src_init(&ectx, store, &es);
 			k3_store_engine_src_set_prefetch(&ectx, v->lookahead, &es);
+			if (v->partial_always) {
+				store_would_block = es.would_block;
+				es.would_block = would_block_always;
+			}
 			if (v->per_expert)
 				es = (struct k3_expert_source){ .ctx = es.ctx, .acquire = es.acquire,
 								.release = es.release };
@@ -158,6 +178,10 @@ static void run(const struct variant *v, struct result *r)
 	snprintf(r->msg, sizeof(r->msg), "%s", rc ? err.msg : "");
 	if (store) {
 		k3_store_stats_get(store, &r->st);
+		uint64_t scored[K3_STORE_GUESS_RANKS], right[K3_STORE_GUESS_RANKS];
+		k3_store_guess_table(store, K3_STORE_GUESS_PARTIAL, scored, right);
+		for (int k = 0; k < K3_STORE_GUESS_RANKS; k++)
+			r->partial_scored += scored[k];
 		T_EQ_INT(ectx.n_held, 0);        /* the engine released all it acquired */
 		T_EQ_INT(ectx.last_error, 0);
 		k3_store_engine_src_release(&ectx);
@@ -249,24 +273,27 @@ static void run_case(const char *name)
 	T_EQ_INT(ref.rc, 0);
 
 	const struct variant vs[] = {
-		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 0, false, 0 },
-		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU, 0, false, 0 },
-		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ, 0, false, 0 },
-		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU, 0, false, 0 },
-		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, false, 0 },
-		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU, 0, false, 0 },
-		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ, 0, false, 0 },
-		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU, 0, false, 0 },
+		{ false, "shards, unlimited, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 0, false, 0, false },
+		{ false, "shards, small, buffered, 1 thread", false, K3_STORE_DIRECT_OFF, 1, 2 * K, 2, K3_STORE_POLICY_LRU, 0, false, 0, false },
+		{ false, "shards, floor, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, K, 1, K3_STORE_POLICY_FREQ, 0, false, 0, false },
+		{ false, "packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU, 0, false, 0, false },
+		{ false, "packs, small, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, false, 0, false },
+		{ false, "packs, floor, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, K, 1, K3_STORE_POLICY_LRU, 0, false, 0, false },
+		{ true, "prefetch, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 2, K3_STORE_POLICY_FREQ, 0, false, 0, false },
+		{ true, "prefetch, packs, floor + 2, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K + 2, 1, K3_STORE_POLICY_LRU, 0, false, 0, false },
 		/* chunk of 64 through a floor cache: the engine groups positions */
-		{ false, "packs, floor, chunk 64 (grouped), O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, K, 64, K3_STORE_POLICY_FREQ, 0, false, 0 },
-		{ false, "lookahead 16, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 4, K3_STORE_POLICY_FREQ, 16, false, 0 },
-		{ false, "lookahead 4, packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_LRU, 4, false, 0 },
-		{ false, "lookahead 16, packs, unlimited, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 16, false, 0 },
-		{ false, "per-expert, packs, small, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, true, 0 },
+		{ false, "packs, floor, chunk 64 (grouped), O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, K, 64, K3_STORE_POLICY_FREQ, 0, false, 0, false },
+		{ false, "lookahead 16, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 4, K3_STORE_POLICY_FREQ, 16, false, 0, false },
+		{ false, "lookahead 4, packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_LRU, 4, false, 0, false },
+		{ false, "lookahead 16, packs, unlimited, O_DIRECT auto, 2 threads", true, K3_STORE_DIRECT_AUTO, 2, 0, 64, K3_STORE_POLICY_FREQ, 16, false, 0, false },
+		{ false, "per-expert, packs, small, buffered, 2 threads", true, K3_STORE_DIRECT_OFF, 2, 2 * K, 2, K3_STORE_POLICY_FREQ, 0, true, 0, false },
 		/* --prefetch auto: every rank offered, the precision gate reads
 		 * some (a low gate, so guesses are read on these tiny models) */
-		{ false, "lookahead auto (gate 0.01), shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 1, K3_STORE_POLICY_FREQ, K, false, 0.01 },
-		{ false, "lookahead auto (gate 0.9), packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_FREQ, K, false, 0.9 },
+		{ false, "lookahead auto (gate 0.01), shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 1, K3_STORE_POLICY_FREQ, K, false, 0.01, false },
+		{ false, "lookahead auto (gate 0.9), packs, floor, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, K, 1, K3_STORE_POLICY_FREQ, K, false, 0.9, false },
+		/* the partial lookahead in every layer, prefill chunks and decode */
+		{ false, "partial lookahead forced, lookahead 2, shards, small, O_DIRECT auto, 2 threads", false, K3_STORE_DIRECT_AUTO, 2, 3 * K, 4, K3_STORE_POLICY_FREQ, 2, false, 0, true },
+		{ false, "partial lookahead forced, lookahead auto (gate 0.01), packs, unlimited, buffered, 1 thread", true, K3_STORE_DIRECT_OFF, 1, 0, 64, K3_STORE_POLICY_LRU, K, false, 0.01, true },
 	};
 	for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++) {
 		run(&vs[i], &got);
@@ -298,6 +325,10 @@ static void run_case(const char *name)
 			T_EQ_U64(got.st.prefetch_issued, 0);
 		}
 		T_EQ_U64(got.st.bytes_read, got.st.demand_bytes + got.st.prefetch_issued_bytes);
+		if (vs[i].partial_always)   /* decode guesses of experts not resident */
+			T_OK(vs[i].slots == 0 || got.partial_scored > 0);
+		else if (!vs[i].lookahead)
+			T_EQ_U64(got.partial_scored, 0);
 		if (vs[i].lookahead && vs[i].slots == 0)   /* unlimited: guesses only add reads */
 			T_OK(got.st.reads >= distinct(&ref));
 		else if (vs[i].slots == 0)   /* unlimited: each distinct expert read once */
@@ -310,7 +341,7 @@ static void run_case(const char *name)
 	/* Below what one step pins: a clear error, never a computation. */
 	{
 		const struct variant below = { false, "below floor", false, K3_STORE_DIRECT_OFF, 2, K - 1, 1,
-					       K3_STORE_POLICY_FREQ, 0, false, 0 };
+					       K3_STORE_POLICY_FREQ, 0, false, 0, false };
 		run(&below, &got);
 		T_EQ_INT(got.rc, -ENOSPC);
 		T_OK(strstr(got.msg, "cannot hold") != NULL);
