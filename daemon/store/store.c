@@ -1151,6 +1151,7 @@ void k3_store_hold_prefetch(struct k3_store *s, bool hold)
 	pthread_mutex_lock(&s->mu);
 	s->hold_prefetch = hold;
 	pthread_cond_broadcast(&s->work_cv);
+	pthread_cond_broadcast(&s->done_cv);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -1159,6 +1160,7 @@ void k3_store_hold_reads(struct k3_store *s, bool hold)
 	pthread_mutex_lock(&s->mu);
 	s->hold_reads = hold;
 	pthread_cond_broadcast(&s->work_cv);
+	pthread_cond_broadcast(&s->done_cv);   /* a drain waits on held reads no more */
 	pthread_mutex_unlock(&s->mu);
 }
 
