@@ -5,6 +5,7 @@
 #include "gw_daemon.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,20 @@ static void fail_now(struct gw_daemon *d, const char *why)
 		really_free(d);
 }
 
+/* fail_now with a formatted reason (each names the socket path). */
+static void fail_fmt(struct gw_daemon *d, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void fail_fmt(struct gw_daemon *d, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	fail_now(d, why);
+}
+
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct gw_daemon *d = arg;
@@ -64,13 +79,9 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (d->why[0])
 		fail_now(d, d->why);
-	else if (!d->hello_ok) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "k3d at '%s' accepted the connection but did not answer HELLO within %u s",
+	else if (!d->hello_ok)
+		fail_fmt(d, "k3d at '%s' accepted the connection but did not answer HELLO within %u s",
 			 d->path, d->timeout_s);
-		fail_now(d, why);
-	}
 }
 
 /* Fails from the event loop rather than from the caller's stack. */
@@ -102,10 +113,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 		p = evbuffer_pullup(in, K3_PROTO_HEADER_SIZE);
 		r = k3_proto_frame_split(p, K3_PROTO_HEADER_SIZE, &h, &payload, &err);
 		if (r < 0) {
-			char why[256];
-
-			snprintf(why, sizeof(why), "bad frame from k3d: %s", err.msg);
-			fail_now(d, why);
+			fail_fmt(d, "bad frame from k3d: %s", err.msg);
 			break;
 		}
 		if (have < (size_t)K3_PROTO_HEADER_SIZE + h.length)
@@ -119,10 +127,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 		if (r > 0)
 			r = k3_proto_decode(h.type, payload, h.length, &d->body, &err);
 		if (r < 0) {
-			char why[256];
-
-			snprintf(why, sizeof(why), "bad frame from k3d: %s", err.msg);
-			fail_now(d, why);
+			fail_fmt(d, "bad frame from k3d: %s", err.msg);
 			break;
 		}
 		if (!d->hello_ok && h.type == K3_MSG_HELLO_OK) {
@@ -146,18 +151,11 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	if (what & BEV_EVENT_EOF) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "k3d at '%s' closed the connection", d->path);
-		fail_now(d, why);
-	} else if (what & BEV_EVENT_ERROR) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "cannot reach k3d at '%s': %s", d->path,
+	if (what & BEV_EVENT_EOF)
+		fail_fmt(d, "k3d at '%s' closed the connection", d->path);
+	else if (what & BEV_EVENT_ERROR)
+		fail_fmt(d, "cannot reach k3d at '%s': %s", d->path,
 			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-		fail_now(d, why);
-	}
 }
 
 struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsigned timeout_s,

@@ -24,7 +24,6 @@
 #include "k3_client_socket.h"
 #include "k3_limits.h"
 
-
 static void usage(FILE *f)
 {
 	fprintf(f,

@@ -562,13 +562,13 @@ enum { PARTIAL_GUESSES = 2 };
  * the routed experts computed so far. Failures only lose the guess. */
 static void partial_lookahead(struct k3_engine *e, uint32_t l, uint32_t n)
 {
+	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
-	const float *P = e->pool[e->cur_nB];
 	size_t nd = (size_t)n * e->D;
 
-	for (size_t i = 0; i < nd; i++)
-		e->part[i] = P[i] + e->mb[i];
-	if (e->prov->routed_partial(e->pm, l, e->w, e->part, &st) == 0)
+	memcpy(e->part, e->pool[e->cur_nB], nd * sizeof(float));
+	if (p->add(e->pm, e->part, e->mb, nd, &st) == 0 &&
+	    p->routed_partial(e->pm, l, e->w, e->part, &st) == 0)
 		lookahead(e, e->next_moe, e->cur_nB, n, e->part, PARTIAL_GUESSES);
 }
 

@@ -108,6 +108,12 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* A slot whose read is done (ready, or failed with its error to report). */
+static bool slot_readable(const struct slot *sl)
+{
+	return sl->state != SLOT_QUEUED && sl->state != SLOT_READING;
+}
+
 /* ---- queues (doubly linked through slot indices) ---- */
 
 static void q_remove(struct k3_store *s, int32_t i)
@@ -555,7 +561,13 @@ static void unpin_call(struct k3_store *s, const int32_t *got, size_t n)
 	}
 }
 
-static size_t cancel_layer(struct k3_store *s, uint32_t layer, uint64_t keep_gen)
+/* Which queued guesses cancel_layer keeps (NULL: none). */
+typedef bool keep_fn(const struct k3_store *s, const struct slot *sl, const void *arg);
+
+/* Drops the guesses of `layer` (every layer: UINT32_MAX) still queued
+ * (unread) and unpinned, except those keep(s, slot, arg) keeps; returns how
+ * many were dropped (prefetch_cancelled counts them). */
+static size_t cancel_layer(struct k3_store *s, uint32_t layer, keep_fn *keep, const void *arg)
 {
 	size_t n = 0;
 	int32_t i = s->q[Q_PREFETCH].head;
@@ -563,8 +575,8 @@ static size_t cancel_layer(struct k3_store *s, uint32_t layer, uint64_t keep_gen
 	while (i >= 0) {
 		int32_t next = s->slots[i].qnext;
 		struct slot *sl = &s->slots[i];
-		if ((layer == UINT32_MAX || layer_of(s, sl->ex) == layer) &&
-		    sl->pins == 0 && (keep_gen == 0 || sl->acq_gen != keep_gen)) {
+		if ((layer == UINT32_MAX || layer_of(s, sl->ex) == layer) && sl->pins == 0 &&
+		    !(keep && keep(s, sl, arg))) {
 			slot_drop(s, i, false);
 			n++;
 		}
@@ -573,29 +585,36 @@ static size_t cancel_layer(struct k3_store *s, uint32_t layer, uint64_t keep_gen
 	return n;
 }
 
-/* A lookahead after the layer supersedes the partial one's guesses of the
- * same layer whose reads have not started: those it does not repeat among
- * experts[0..n) (every guess it offers, read or gated) are dropped unread,
- * so the better guesses go first and a guess both lookaheads doubt costs
- * nothing. */
-static void supersede_partial(struct k3_store *s, uint32_t layer, const uint32_t *experts,
-			      size_t n)
+/* Keeps what the acquire *arg (a uint64_t generation) pinned. */
+static bool keep_acquired(const struct k3_store *s, const struct slot *sl, const void *arg)
 {
-	int32_t i = s->q[Q_PREFETCH].head;
+	(void)s;
+	return sl->acq_gen == *(const uint64_t *)arg;
+}
 
-	while (i >= 0) {
-		int32_t next = s->slots[i].qnext;
-		struct slot *sl = &s->slots[i];
-		bool repeated = false;
-		if (sl->guess_kind == K3_STORE_GUESS_PARTIAL && sl->pins == 0 &&
-		    layer_of(s, sl->ex) == layer) {
-			for (size_t k = 0; k < n && !repeated; k++)
-				repeated = k3_store_source_find(s->src, layer, experts[k]) == sl->ex;
-			if (!repeated)
-				slot_drop(s, i, false);
-		}
-		i = next;
-	}
+/* The guesses of a lookahead after the layer (experts[0..n) of `layer`). */
+struct later_guesses {
+	uint32_t layer;
+	const uint32_t *experts;
+	size_t n;
+};
+
+/* A lookahead after the layer supersedes the partial one's guesses of the
+ * same layer whose reads have not started: those it does not repeat (among
+ * every guess it offers, read or gated) are dropped unread, so the better
+ * guesses go first and a guess both lookaheads doubt costs nothing. Keeps
+ * every other guess. */
+static bool keep_unless_superseded(const struct k3_store *s, const struct slot *sl,
+				   const void *arg)
+{
+	const struct later_guesses *g = arg;
+
+	if (sl->guess_kind != K3_STORE_GUESS_PARTIAL)
+		return true;
+	for (size_t k = 0; k < g->n; k++)
+		if (k3_store_source_find(s->src, g->layer, g->experts[k]) == sl->ex)
+			return true;
+	return false;
 }
 
 /* Guesses of `layer` (every layer: UINT32_MAX) still unused after its real
@@ -768,7 +787,7 @@ int k3_store_request(struct k3_store *s, uint32_t layer, const uint32_t *experts
 	/* The real routing is known: queued guesses for this layer that it
 	 * did not choose are mispredictions (dropped unread); those read or
 	 * being read go to the cold end. */
-	cancel_layer(s, layer, gen);
+	cancel_layer(s, layer, keep_acquired, &gen);
 	resolve_layer(s, layer);
 
 	/* Pass 2: slots for the misses. */
@@ -949,7 +968,7 @@ int k3_store_wait_any(struct k3_store *s, struct k3_store_view *views, size_t n,
 				continue;
 			left = true;
 			sl = &s->slots[views[k].slot];
-			if (sl->state != SLOT_QUEUED && sl->state != SLOT_READING)
+			if (slot_readable(sl))
 				break;
 		}
 		if (!left) {
@@ -994,21 +1013,19 @@ int k3_store_wait_any(struct k3_store *s, struct k3_store_view *views, size_t n,
 bool k3_store_would_block(struct k3_store *s, const struct k3_store_view *views, size_t n,
 			  const uint8_t *taken)
 {
-	bool left = false;
+	bool waiting = false, readable = false;
 
 	pthread_mutex_lock(&s->mu);
-	for (size_t k = 0; k < n; k++) {
+	for (size_t k = 0; k < n && !readable; k++) {
 		if (taken[k])
 			continue;
-		enum slot_state state = s->slots[views[k].slot].state;
-		if (state != SLOT_QUEUED && state != SLOT_READING) {
-			left = false;
-			break;
-		}
-		left = true;
+		if (slot_readable(&s->slots[views[k].slot]))
+			readable = true;
+		else
+			waiting = true;
 	}
 	pthread_mutex_unlock(&s->mu);
-	return left;
+	return waiting && !readable;
 }
 
 void k3_store_request_abort(struct k3_store *s, const struct k3_store_view *views, size_t n)
@@ -1055,7 +1072,8 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 	if (score && layer < s->n_layers)
 		rc->n_pend[layer] = 0;   /* a newer lookahead replaces an unscored one */
 	if (kind == K3_STORE_GUESS_AFTER)
-		supersede_partial(s, layer, experts, n);
+		cancel_layer(s, layer, keep_unless_superseded,
+			     &(struct later_guesses){ layer, experts, n });
 	if (layer >= s->n_layers)
 		score = false;
 	for (size_t k = 0; k < n; k++) {
@@ -1132,7 +1150,7 @@ size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer)
 	size_t n;
 
 	pthread_mutex_lock(&s->mu);
-	n = cancel_layer(s, layer, 0);
+	n = cancel_layer(s, layer, NULL, NULL);
 	resolve_layer(s, layer);
 	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++) {
 		if (layer == UINT32_MAX)

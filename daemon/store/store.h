@@ -233,10 +233,10 @@ enum k3_store_guess_kind {
  * are kept per kind, and a new lookahead of one kind replaces that kind's
  * unscored guesses of `layer` only. A lookahead after the layer also drops
  * the partial lookahead's guesses of `layer` whose reads have not started
- * and that it does not repeat among experts[0..n) (prefetch_cancelled). A guess read and not chosen by the
- * real routing sits at the cold end of the cache: the next eviction takes
- * it before anything a demand read brought in. Returns how many reads
- * were queued (0 for an unknown kind). */
+ * and that it does not repeat among experts[0..n) (prefetch_cancelled). A
+ * guess read and not chosen by the real routing sits at the cold end of
+ * the cache: the next eviction takes it before anything a demand read
+ * brought in. Returns how many reads were queued (0 for an unknown kind). */
 size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32_t *experts,
 				const uint32_t *ranks, size_t n, bool score,
 				enum k3_store_guess_kind kind);

@@ -2,9 +2,9 @@
 #include "store/store_trace.h"
 
 #include <errno.h>
-#include <stdbool.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
