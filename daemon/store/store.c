@@ -1071,7 +1071,7 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 	pthread_mutex_lock(&s->mu);
 	if (score && layer < s->n_layers)
 		rc->n_pend[layer] = 0;   /* a newer lookahead replaces an unscored one */
-	if (kind == K3_STORE_GUESS_AFTER)
+	if (kind == K3_STORE_GUESS_AFTER && layer < s->n_layers)   /* not UINT32_MAX = every layer */
 		cancel_layer(s, layer, keep_unless_superseded,
 			     &(struct later_guesses){ layer, experts, n });
 	if (layer >= s->n_layers)
