@@ -332,13 +332,13 @@ static void phase_print(const char *name, const struct phase *p, uint32_t tokens
 	       acc ? 100.0 * (double)s->demand_hits / (double)acc : 0, (unsigned long long)acc,
 	       (double)s->io_wait_ns * 1e-9, p->wall_s - (double)s->io_wait_ns * 1e-9);
 	printf("         prefetch: %llu issued (%.2f MB), %llu used later (%.1f%% of issued), "
-	       "%llu late (same step, counted as misses), %llu cancelled unread, %llu not read "
-	       "(gate), %.2f MB wasted\n",
+	       "%llu late (same step, counted as misses), %llu cancelled unread, %llu stopped "
+	       "part-way, %llu not read (gate), %.2f MB wasted\n",
 	       (unsigned long long)s->prefetch_issued, (double)s->prefetch_issued_bytes / 1e6,
 	       (unsigned long long)s->prefetch_used,
 	       s->prefetch_issued ? 100.0 * (double)s->prefetch_used / (double)s->prefetch_issued : 0,
 	       (unsigned long long)s->prefetch_late, (unsigned long long)s->prefetch_cancelled,
-	       (unsigned long long)s->prefetch_skipped, (double)s->prefetch_wasted_bytes / 1e6);
+	       (unsigned long long)s->prefetch_aborted, (unsigned long long)s->prefetch_skipped, (double)s->prefetch_wasted_bytes / 1e6);
 }
 
 static json_t *phase_json(const struct phase *p, uint32_t tokens)
@@ -358,6 +358,7 @@ static json_t *phase_json(const struct phase *p, uint32_t tokens)
 			      "prefetch_cancelled", (json_int_t)s->prefetch_cancelled,
 			      "prefetch_wasted_bytes", (json_int_t)s->prefetch_wasted_bytes,
 			      "io_wait_s", (double)s->io_wait_ns * 1e-9);
+	json_object_set_new(o, "prefetch_aborted", json_integer((json_int_t)s->prefetch_aborted));
 	json_object_set_new(o, "prefetch_skipped", json_integer((json_int_t)s->prefetch_skipped));
 	json_object_set_new(o, "guesses_scored", json_integer((json_int_t)s->guesses_scored));
 	json_object_set_new(o, "guesses_right", json_integer((json_int_t)s->guesses_right));

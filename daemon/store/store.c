@@ -29,6 +29,8 @@ struct slot {
 	bool prefetched;         /* loaded by a prefetch not yet credited or wasted */
 	bool missed;             /* prefetched, and its layer's real routing did not choose
 				  * it: the cold end, evicted before anything else */
+	bool abort;              /* missed while being read: its reader stops at the next
+				  * piece and drops it (a claim clears it) */
 	uint8_t guess_kind;      /* enum k3_store_guess_kind of its prefetch */
 	uint64_t prefetch_step;  /* step the prefetch was submitted in */
 	uint64_t last_use;       /* tick of the last acquire */
@@ -87,11 +89,13 @@ struct k3_store {
 	bool stop;
 	bool hold_prefetch;
 	bool hold_reads;               /* no read starts at all (tests) */
+	bool hold_pieces;              /* guesses pause between pieces (tests) */
 	struct queue q[3];
 	uint32_t in_flight;
 	uint32_t prefetch_in_flight;    /* of in_flight, prefetch reads */
 	uint32_t prefetch_readers;      /* most readers prefetch reads may occupy */
 	uint32_t prefetch_outstanding;  /* slots with prefetched == true */
+	uint64_t piece_bytes;           /* a guess's read is cut at these (cfg or default) */
 	uint64_t step, tick, acq_gen;
 	uint64_t last_exit_ns;
 	struct k3_store_stats st;
@@ -174,6 +178,7 @@ static void slot_drop(struct k3_store *s, int32_t i, bool eviction)
 		s->prefetch_outstanding--;
 	}
 	sl->missed = false;
+	sl->abort = false;
 	if (eviction && sl->state == SLOT_READY)
 		s->st.evictions++;
 	s->slot_of[sl->ex] = -1;
@@ -257,6 +262,7 @@ static void slot_assign(struct k3_store *s, int32_t i, int64_t ex)
 	sl->counted_step = UINT64_MAX;   /* a new occupant has not been counted */
 	sl->prefetched = false;
 	sl->missed = false;
+	sl->abort = false;
 	sl->err = 0;
 	sl->read_bytes = 0;
 	sl->sort_file = plan.read[0].file;
@@ -281,6 +287,71 @@ static void note_use(struct k3_store *s, int64_t ex)
 
 /* ---- readers ---- */
 
+/* Pieces of one planned read of `piece` bytes (a multiple of
+ * K3_STORE_ALIGN), cut at file offsets that are multiples of `piece` from
+ * the read's aligned start: every piece but the first starts aligned, so
+ * O_DIRECT never reads a block twice and the pieces cost exactly the bytes
+ * of the whole read. */
+static uint64_t read_pieces(const struct k3_store_read *rd, uint64_t piece)
+{
+	return (rd->offset % K3_STORE_ALIGN + rd->length + piece - 1) / piece;
+}
+
+static struct k3_store_read read_piece(const struct k3_store_read *rd, uint64_t piece,
+				       uint64_t p)
+{
+	uint64_t a = rd->offset - rd->offset % K3_STORE_ALIGN + p * piece, b = a + piece;
+	uint64_t end = rd->offset + rd->length;
+
+	if (a < rd->offset)
+		a = rd->offset;
+	if (b > end)
+		b = end;
+	return (struct k3_store_read){ .file = rd->file, .offset = a, .length = b - a,
+				       .slot_offset = rd->slot_offset + (a - rd->offset) };
+}
+
+/* Reads slot i's plan; returns 0 or a negative errno, with the device
+ * bytes in *bytes. A guess (not demand) is read in pieces: between two,
+ * under the lock, a guess its layer's real routing rejected meanwhile
+ * (abort) stops there, so a wrong guess costs the pieces read so far
+ * instead of the whole expert. Returns with s->mu held and *aborted set
+ * when it stopped; without the lock otherwise. */
+static int read_slot(struct k3_store *s, int32_t i, const struct k3_store_plan *plan,
+		     bool demand, uint64_t *bytes, bool *aborted)
+{
+	struct slot *sl = &s->slots[i];
+	bool first = true;
+
+	*bytes = 0;
+	*aborted = false;
+	for (unsigned r = 0; r < plan->n_reads; r++) {
+		uint64_t piece = demand ? UINT64_MAX : s->piece_bytes;
+		uint64_t n = demand ? 1 : read_pieces(&plan->read[r], piece);
+		for (uint64_t p = 0; p < n; p++) {
+			struct k3_store_read rd = demand ? plan->read[r]
+							 : read_piece(&plan->read[r], piece, p);
+			int64_t got;
+			if (!demand && !first) {
+				pthread_mutex_lock(&s->mu);
+				while (s->hold_pieces && !sl->abort && !s->stop)
+					pthread_cond_wait(&s->work_cv, &s->mu);
+				if (sl->abort) {
+					*aborted = true;
+					return 0;
+				}
+				pthread_mutex_unlock(&s->mu);
+			}
+			first = false;
+			got = k3_store_source_pread(s->src, &rd, sl->mem);
+			if (got < 0)
+				return (int)got;
+			*bytes += (uint64_t)got;
+		}
+	}
+	return 0;
+}
+
 static void *reader_main(void *arg)
 {
 	struct k3_store *s = arg;
@@ -290,7 +361,7 @@ static void *reader_main(void *arg)
 	for (;;) {
 		int32_t i;
 		struct slot *sl;
-		bool demand;
+		bool demand, aborted;
 		uint64_t bytes = 0;
 		int rc = 0;
 
@@ -317,15 +388,9 @@ static void *reader_main(void *arg)
 		k3_store_source_plan(s->src, (size_t)sl->ex, &plan);
 		pthread_mutex_unlock(&s->mu);
 
-		for (unsigned r = 0; r < plan.n_reads && rc == 0; r++) {
-			int64_t got = k3_store_source_pread(s->src, &plan.read[r], sl->mem);
-			if (got < 0)
-				rc = (int)got;
-			else
-				bytes += (uint64_t)got;
-		}
+		rc = read_slot(s, i, &plan, demand, &bytes, &aborted);
 
-		if (rc == 0 && s->cfg.check_scales) {
+		if (rc == 0 && !aborted && s->cfg.check_scales) {
 			static const int scales[3] = { K3_STORE_W1_SCALE, K3_STORE_W2_SCALE,
 						       K3_STORE_W3_SCALE };
 			for (int k = 0; k < 3 && rc == 0; k++)
@@ -334,7 +399,8 @@ static void *reader_main(void *arg)
 					rc = -EBADMSG;
 		}
 
-		pthread_mutex_lock(&s->mu);
+		if (!aborted)
+			pthread_mutex_lock(&s->mu);
 		s->in_flight--;
 		if (!demand) {
 			s->prefetch_in_flight--;
@@ -348,8 +414,13 @@ static void *reader_main(void *arg)
 		else
 			s->st.prefetch_issued_bytes += bytes;
 		sl->read_bytes = bytes;
-		sl->err = rc;
-		sl->state = rc ? SLOT_ERROR : SLOT_READY;
+		if (aborted) {
+			s->st.prefetch_aborted++;
+			slot_drop(s, i, false);   /* the pieces read: prefetch_wasted_bytes */
+		} else {
+			sl->err = rc;
+			sl->state = rc ? SLOT_ERROR : SLOT_READY;
+		}
 		pthread_cond_broadcast(&s->done_cv);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -419,6 +490,9 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	if (!(cfg->prefetch_min_precision >= 0 && cfg->prefetch_min_precision <= 1))
 		return k3_err_set(err, -EINVAL, "prefetch precision gate %g is not in [0, 1]",
 				  cfg->prefetch_min_precision);
+	if (cfg->prefetch_piece_bytes % K3_STORE_ALIGN)
+		return k3_err_set(err, -EINVAL, "prefetch piece of %" PRIu64 " bytes is not a"
+				  " multiple of %d", cfg->prefetch_piece_bytes, K3_STORE_ALIGN);
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return k3_err_set(err, -ENOMEM, "out of memory");
@@ -442,6 +516,8 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	s->n_threads = cfg->dry_run ? 0 : cfg->io_threads ? cfg->io_threads
 							  : K3_STORE_DEFAULT_IO_THREADS;
 	s->prefetch_readers = s->n_threads > 1 ? s->n_threads - 1 : 1;
+	s->piece_bytes = cfg->prefetch_piece_bytes ? cfg->prefetch_piece_bytes
+						   : K3_STORE_PREFETCH_PIECE_BYTES;
 	s->min_precision = cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
 							    : K3_STORE_PREFETCH_MIN_PRECISION;
 	for (size_t i = 0; i < n_ex; i++) {
@@ -618,15 +694,21 @@ static bool keep_unless_superseded(const struct k3_store *s, const struct slot *
 }
 
 /* Guesses of `layer` (every layer: UINT32_MAX) still unused after its real
- * routing (or at the end of a request) are mispredictions: cold end. */
+ * routing (or at the end of a request) are mispredictions: cold end; those
+ * still being read stop at their next piece (abort). */
 static void resolve_layer(struct k3_store *s, uint32_t layer)
 {
 	if (!s->prefetch_outstanding)
 		return;
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct slot *sl = &s->slots[i];
-		if (sl->prefetched && (layer == UINT32_MAX || layer_of(s, sl->ex) == layer))
+		if (sl->prefetched && (layer == UINT32_MAX || layer_of(s, sl->ex) == layer)) {
 			sl->missed = true;
+			if (sl->state == SLOT_READING && sl->pins == 0) {
+				sl->abort = true;
+				pthread_cond_broadcast(&s->work_cv);   /* a held reader */
+			}
+		}
 	}
 }
 
@@ -742,6 +824,7 @@ int k3_store_request(struct k3_store *s, uint32_t layer, const uint32_t *experts
 		sl = &s->slots[i];
 		got[k] = i;
 		sl->pins++;
+		sl->abort = false;   /* a rejected guess still being read: wanted after all */
 		if (sl->state == SLOT_QUEUED && sl->queue == Q_PREFETCH) {
 			/* The guess was right but its read has not started: it
 			 * becomes a demand read, issued with the misses. */
@@ -1179,6 +1262,14 @@ void k3_store_hold_reads(struct k3_store *s, bool hold)
 	s->hold_reads = hold;
 	pthread_cond_broadcast(&s->work_cv);
 	pthread_cond_broadcast(&s->done_cv);   /* a drain waits on held reads no more */
+	pthread_mutex_unlock(&s->mu);
+}
+
+void k3_store_hold_pieces(struct k3_store *s, bool hold)
+{
+	pthread_mutex_lock(&s->mu);
+	s->hold_pieces = hold;
+	pthread_cond_broadcast(&s->work_cv);
 	pthread_mutex_unlock(&s->mu);
 }
 

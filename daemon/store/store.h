@@ -46,6 +46,10 @@ enum {
  * expert read, so at 0.9 at most about a tenth of the prefetch bytes are
  * waste (docs/store.md, "Prefetch", has the measurements). */
 #define K3_STORE_PREFETCH_MIN_PRECISION 0.9
+/* A guess is read in pieces of this many bytes (demand reads whole), so a
+ * guess the real routing rejects while it is being read stops at the next
+ * piece. docs/store.md "Stopping wrong guesses" has the measurements. */
+#define K3_STORE_PREFETCH_PIECE_BYTES ((uint64_t)4 << 20)
 
 /* Eviction policy among unpinned resident experts. docs/store.md has the
  * trace measurements behind the default (bench_store_policy). */
@@ -76,6 +80,9 @@ struct k3_store_config {
 	 * at least prefetch_min_precision. */
 	bool prefetch_auto;
 	double prefetch_min_precision;   /* 0 = K3_STORE_PREFETCH_MIN_PRECISION */
+	/* Piece size of a guess's read, bytes: a multiple of K3_STORE_ALIGN;
+	 * 0 = K3_STORE_PREFETCH_PIECE_BYTES. */
+	uint64_t prefetch_piece_bytes;
 	/* Touch every page of every slot at creation, so a budget the machine
 	 * cannot back fails at start (or is visible in RSS) instead of in the
 	 * middle of a generation; costs about 1 s per 10 GB at start. */
@@ -116,6 +123,8 @@ struct k3_store_stats {
 	uint64_t prefetch_used;          /* prefetched, then acquired in a LATER step */
 	uint64_t prefetch_late;          /* prefetched and acquired in the same step: no credit */
 	uint64_t prefetch_cancelled;     /* queued guesses dropped before their read started */
+	uint64_t prefetch_aborted;       /* guesses rejected while being read, stopped part-way
+					  * (the pieces read count in prefetch_wasted_bytes) */
 	uint64_t prefetch_wasted_bytes;  /* read by prefetch, evicted before any use */
 	uint64_t prefetch_skipped;       /* guesses not read: their rank's precision was below the gate */
 	/* Lookahead quality, whether or not the guess was read: guesses of
@@ -266,6 +275,11 @@ void k3_store_hold_prefetch(struct k3_store *s, bool hold);
  * for tests that need a request's reads to stay queued (a wait for one of
  * them blocks until the hold is lifted; k3_store_drain ignores them). */
 void k3_store_hold_reads(struct k3_store *s, bool hold);
+/* While held, a guess being read stops after each piece until the hold is
+ * lifted or its layer's real routing rejects it (then it is dropped there):
+ * for tests that need a guess still in flight when the routing comes.
+ * k3_store_drain waits for held reads: lift the hold first. */
+void k3_store_hold_pieces(struct k3_store *s, bool hold);
 
 /* Blocks until no read is queued or in flight (tests, shutdown, preload). */
 void k3_store_drain(struct k3_store *s);

@@ -5,6 +5,7 @@
 #include "t.h"
 
 #include <errno.h>
+#include <time.h>
 
 #include "store/store.h"
 #include "store/store_engine.h"
@@ -13,6 +14,7 @@
 
 static struct fixture fx;
 static uint64_t slot_bytes;
+static uint64_t piece_bytes;   /* cfg.prefetch_piece_bytes of the stores mk makes */
 
 static struct k3_store *mk(struct k3_store_source *src, uint64_t slots, unsigned threads,
 			   enum k3_store_policy pol)
@@ -22,6 +24,7 @@ static struct k3_store *mk(struct k3_store_source *src, uint64_t slots, unsigned
 		.io_threads = threads,
 		.policy = pol,
 		.prefetch_slots = -1,
+		.prefetch_piece_bytes = piece_bytes,
 	};
 	struct k3_store *s = NULL;
 	struct k3_err err = { 0 };
@@ -194,6 +197,16 @@ static void test_eviction(struct k3_store_source *src)
 }
 
 /* Bytes a buffered read of (layer, expert) costs. */
+/* Device bytes of one read: O_DIRECT reads whole 4 KiB blocks. */
+static uint64_t dev_bytes(struct k3_store_source *src, const struct k3_store_read *rd)
+{
+	uint64_t head = rd->offset % 4096;
+
+	if (!k3_store_source_file_direct(src, rd->file))
+		return rd->length;
+	return (head + rd->length + 4095) / 4096 * 4096;
+}
+
 static uint64_t cost(struct k3_store_source *src, uint32_t layer, uint32_t expert)
 {
 	struct k3_store_plan plan;
@@ -201,7 +214,7 @@ static uint64_t cost(struct k3_store_source *src, uint32_t layer, uint32_t exper
 
 	k3_store_source_plan(src, (size_t)k3_store_source_find(src, layer, expert), &plan);
 	for (unsigned r = 0; r < plan.n_reads; r++)
-		n += plan.read[r].length;
+		n += dev_bytes(src, &plan.read[r]);
 	return n;
 }
 
@@ -538,6 +551,101 @@ static void test_prefetch_supersede(struct k3_store_source *src)
 	k3_store_free(s);
 }
 
+/* Waits (up to 10 s) until `n` prefetch reads have started. */
+static bool wait_issued(struct k3_store *s, uint64_t n)
+{
+	struct k3_store_stats st;
+
+	for (int i = 0; i < 10000; i++) {
+		k3_store_stats_get(s, &st);
+		if (st.prefetch_issued >= n)
+			return true;
+		nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+	}
+	return false;
+}
+
+/* A guess its layer's real routing rejects while it is being read stops at
+ * the next piece: it costs the bytes of the pieces read (counted in
+ * prefetch_wasted_bytes), not the whole expert. A guess the routing
+ * chooses while it is being read completes with the right bytes, and the
+ * stopped one, wanted again, is read afresh and right. */
+static void test_prefetch_abort(struct k3_store_source *src)
+{
+	struct k3_store *s;
+	struct k3_store_stats a, b, d;
+	struct k3_store_view v[2];
+	struct k3_store_plan plan;
+	struct k3_err err = { 0 };
+	uint32_t three = 3, zero = 0, six_nine[2] = { 6, 9 };
+
+	piece_bytes = 4096;
+	s = mk(src, 6, 1, K3_STORE_POLICY_LRU);   /* one reader: demand waits for the guess */
+	piece_bytes = 0;
+	if (!s)
+		return;
+	/* The first piece of (2, 3): up to the first 4 KiB file boundary. */
+	k3_store_source_plan(src, (size_t)k3_store_source_find(src, 2, 3), &plan);
+	struct k3_store_read piece0 = plan.read[0];
+	if (piece0.length > 4096 - piece0.offset % 4096)
+		piece0.length = 4096 - piece0.offset % 4096;
+	uint64_t first = dev_bytes(src, &piece0);
+	T_OK(first < cost(src, 2, 3));   /* the fixture's experts span several pieces */
+
+	k3_store_hold_pieces(s, true);
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	T_EQ_U64(k3_store_prefetch(s, 2, &three, 1), 1);
+	T_OK(wait_issued(s, a.prefetch_issued + 1));
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 2, &zero, 1, v, &err), 0);   /* rejects 3 */
+	T_EQ_INT(view_errors(v, 1), 0);
+	k3_store_release(s, v, 1);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_issued, 1);
+	T_EQ_U64(d.prefetch_aborted, 1);
+	T_EQ_U64(d.prefetch_wasted_bytes, first);
+	T_EQ_U64(d.bytes_read, cost(src, 2, 0) + first);
+	T_OK(!k3_store_resident(s, 2, 3));
+
+	/* Chosen while being read: it completes, right, credited as used. */
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	T_EQ_U64(k3_store_prefetch(s, 2, &six_nine[0], 1), 1);
+	T_OK(wait_issued(s, a.prefetch_issued + 1));
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_request(s, 2, six_nine, 2, v, &err), 0);
+	k3_store_hold_pieces(s, false);
+	T_EQ_INT(k3_store_wait(s, v, 2, &err), 0);
+	T_EQ_INT(view_errors(v, 2), 0);
+	k3_store_release(s, v, 2);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.prefetch_aborted, 0);
+	T_EQ_U64(d.prefetch_used, 1);
+	T_EQ_U64(d.prefetch_wasted_bytes, 0);
+	T_EQ_U64(d.bytes_read, cost(src, 2, 6) + cost(src, 2, 9));
+
+	/* The stopped guess, wanted now: a whole demand read, right bytes. */
+	k3_store_stats_get(s, &a);
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_acquire(s, 2, &three, 1, v, &err), 0);
+	T_EQ_INT(view_errors(v, 1), 0);
+	k3_store_release(s, v, 1);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_U64(d.bytes_read, cost(src, 2, 3));
+	T_EQ_U64(d.demand_misses, 1);
+
+	/* A piece that is not a multiple of 4 KiB is refused. */
+	struct k3_store_config cfg = { .cache_bytes = 6 * slot_bytes, .prefetch_piece_bytes = 5000 };
+	struct k3_store *bad = NULL;
+	T_EQ_INT(k3_store_new(src, &cfg, &bad, &err), -EINVAL);
+	T_OK(strstr(err.msg, "multiple of 4096") != NULL);
+	k3_store_free(s);
+}
+
 /* Random steps with prefetch under both policies and 1..3 threads: every
  * view has the right bytes, an expert pinned across a later acquire keeps
  * them, and the byte counters add up. */
@@ -784,11 +892,17 @@ int main(void)
 	test_prefetch_cold_end(off, K3_STORE_POLICY_FREQ);
 	test_prefetch_gate(off);
 	test_prefetch_supersede(off);
+	test_prefetch_abort(off);
+	test_prefetch_abort(on);
 	test_request(off, 1);
 	test_request(on, 2);
 	test_random(off, K3_STORE_POLICY_LRU, 1);
 	test_random(on, K3_STORE_POLICY_FREQ, 3);
 	test_random(off, K3_STORE_POLICY_FREQ, 2);
+	piece_bytes = 4096;   /* guesses in many pieces: same bytes, counters add up */
+	test_random(on, K3_STORE_POLICY_LRU, 2);
+	test_random(off, K3_STORE_POLICY_FREQ, 3);
+	piece_bytes = 0;
 
 	/* Budget below one slot: refused with the reason. */
 	{
