@@ -334,7 +334,7 @@ static int read_slot(struct k3_store *s, int32_t i, const struct k3_store_plan *
 			int64_t got;
 			if (!demand && !first) {
 				pthread_mutex_lock(&s->mu);
-				while (s->hold_pieces && !sl->abort && !s->stop)
+				while (s->hold_pieces && !s->stop)
 					pthread_cond_wait(&s->work_cv, &s->mu);
 				if (sl->abort) {
 					*aborted = true;
@@ -518,6 +518,11 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	s->prefetch_readers = s->n_threads > 1 ? s->n_threads - 1 : 1;
 	s->piece_bytes = cfg->prefetch_piece_bytes ? cfg->prefetch_piece_bytes
 						   : K3_STORE_PREFETCH_PIECE_BYTES;
+	/* No planned read (its head included) is longer than a slot: a larger
+	 * piece reads the same, and the piece arithmetic must not wrap. */
+	if (s->piece_bytes > s->slot_bytes)
+		s->piece_bytes = (s->slot_bytes + K3_STORE_ALIGN - 1) / K3_STORE_ALIGN *
+				 K3_STORE_ALIGN;
 	s->min_precision = cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
 							    : K3_STORE_PREFETCH_MIN_PRECISION;
 	for (size_t i = 0; i < n_ex; i++) {

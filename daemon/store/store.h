@@ -275,10 +275,11 @@ void k3_store_hold_prefetch(struct k3_store *s, bool hold);
  * for tests that need a request's reads to stay queued (a wait for one of
  * them blocks until the hold is lifted; k3_store_drain ignores them). */
 void k3_store_hold_reads(struct k3_store *s, bool hold);
-/* While held, a guess being read stops after each piece until the hold is
- * lifted or its layer's real routing rejects it (then it is dropped there):
- * for tests that need a guess still in flight when the routing comes.
- * k3_store_drain waits for held reads: lift the hold first. */
+/* While held, a guess being read pauses after each piece until the hold
+ * is lifted (then a guess its layer's real routing rejected meanwhile is
+ * dropped there): for tests that need a guess still in flight when the
+ * routing comes. k3_store_drain and a wait for a held guess block: lift
+ * the hold first. */
 void k3_store_hold_pieces(struct k3_store *s, bool hold);
 
 /* Blocks until no read is queued or in flight (tests, shutdown, preload). */
