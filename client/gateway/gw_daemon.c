@@ -16,6 +16,8 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 
+#include "k3_client_socket.h"
+
 struct gw_daemon {
 	struct event_base *base;
 	struct bufferevent *bev;
@@ -182,9 +184,15 @@ struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsi
 	}
 	bufferevent_setcb(d->bev, read_cb, NULL, event_cb, d);
 	event_add(d->timer, &tv);
-	if (strlen(path) >= sizeof(sun.sun_path)) {
-		fail_later(d, "k3d socket path is too long");
-		return d;
+	{
+		char why[256];
+
+		/* main() refuses such a path at start-up; this keeps the module safe
+		 * on its own. */
+		if (k3_client_socket_check(path, why, sizeof(why)) < 0) {
+			fail_later(d, why);
+			return d;
+		}
 	}
 	memcpy(sun.sun_path, path, strlen(path) + 1);
 	if (bufferevent_socket_connect(d->bev, (struct sockaddr *)&sun, sizeof(sun)) < 0) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "k3_build_config.h"
+#include "k3_client_socket.h"
 
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
@@ -129,8 +130,12 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	k3_proto_buf_init(&c->in, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 	memset(&sun, 0, sizeof(sun));
 	sun.sun_family = AF_UNIX;
-	if (strlen(path) >= sizeof(sun.sun_path))
-		return k3_err_set(err, -ENAMETOOLONG, "socket path '%s' is too long", path);
+	{
+		char why[sizeof(err->msg)];
+
+		if (k3_client_socket_check(path, why, sizeof(why)) < 0)
+			return k3_err_set(err, -ENAMETOOLONG, "%s", why);
+	}
 	strcpy(sun.sun_path, path);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0)

@@ -70,6 +70,16 @@ def test_k3ctl_basics(d):
     r = subprocess.run([K3CTL, "status"], capture_output=True, text=True,
                        env={**os.environ, "K3D_SOCKET": d.sock})
     check(r.returncode == 0, "K3D_SOCKET is honoured")
+    # sun_path holds 107 bytes and a NUL: a longer path cannot reach any k3d
+    # (exit 3, naming the limit); a 107-byte one is tried like any other.
+    long = "/" + "d" * 106
+    r = subprocess.run([K3CTL, "status"], capture_output=True, text=True,
+                       env={**os.environ, "K3D_SOCKET": long + "x"})
+    check(r.returncode == 3 and f"'{long}x' is 108 bytes" in r.stderr and "at most 107" in r.stderr,
+          f"108-byte K3D_SOCKET exits 3 naming the limit ({r.returncode}: {r.stderr!r})")
+    r = k3ctl(long, "status")
+    check(r.returncode == 3 and "cannot reach k3d" in r.stderr,
+          f"107-byte socket path is tried ({r.returncode}: {r.stderr!r})")
 
 
 def test_bad_frames(d):
