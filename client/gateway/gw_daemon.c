@@ -150,14 +150,23 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct gw_daemon *d = arg;
 
+	int e = EVUTIL_SOCKET_ERROR();
+	bool closed = (what & BEV_EVENT_EOF) ||
+		      ((what & BEV_EVENT_ERROR) && (e == ECONNRESET || e == EPIPE));
+
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	if (what & BEV_EVENT_EOF)
+	/* A peer that closes with our HELLO unread makes the kernel report
+	 * ECONNRESET (or EPIPE on write) rather than EOF: all three mean the
+	 * other end hung up, which "Connection reset by peer" does not say. */
+	if (closed && !d->hello_ok)
+		fail_fmt(d, "k3d at '%s' closed the connection before answering HELLO (is it a k3d "
+			 "socket?)", d->path);
+	else if (closed)
 		fail_fmt(d, "k3d at '%s' closed the connection", d->path);
 	else if (what & BEV_EVENT_ERROR)
-		fail_fmt(d, "cannot reach k3d at '%s': %s", d->path,
-			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		fail_fmt(d, "cannot reach k3d at '%s': %s", d->path, evutil_socket_error_to_string(e));
 }
 
 struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsigned timeout_s,

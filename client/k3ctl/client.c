@@ -44,6 +44,8 @@ int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
 	}
 	r = write_all(c->fd, out.data, out.len);
 	k3_proto_buf_release(&out);
+	if (r == -EPIPE || r == -ECONNRESET)
+		return k3_err_set(err, r, "k3d closed the connection");
 	if (r < 0)
 		return k3_err_set(err, r, "cannot send to k3d: %s", strerror(-r));
 	if (request_id)
@@ -83,10 +85,12 @@ int k3ctl_client_recv(struct k3ctl_client *c, int timeout_ms, struct k3_proto_he
 		n = recv(c->fd, chunk, sizeof(chunk), 0);
 		if (n < 0 && errno == EINTR)
 			return k3_err_set(err, -EINTR, "interrupted");
+		/* ECONNRESET: the peer closed with bytes of ours unread; for the
+		 * user that is the same as a plain close. */
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 		if (n < 0)
 			return k3_err_set(err, -errno, "cannot read from k3d: %s", strerror(errno));
-		if (n == 0)
-			return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 		if (k3_proto_buf_append(&c->in, chunk, (size_t)n) != 0)
 			return k3_err_set(err, -ENOMEM, "frame from k3d too large");
 	}
@@ -152,6 +156,14 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	hello.version = K3_PROTO_VERSION; hello.has_version = true;
 	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; hello.has_caps = true;
 	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, NULL, err);
+	if (r == -EPIPE || r == -ECONNRESET) {
+		/* Exit 3 (unavailable): -ECONNRESET whether the send or the read
+		 * noticed the close first. */
+		k3ctl_client_close(c);
+		return k3_err_set(err, -ECONNRESET, "k3d at '%s' closed the connection before "
+				  "answering HELLO (is it a k3d socket? check 'systemctl status k3d')",
+				  path);
+	}
 	if (r < 0 || h.type != K3_MSG_HELLO_OK) {
 		if (r == 0 || r == -EPROTO || r == -EREMOTEIO)
 			k3_err_prefix(err, "'%s' did not accept k3ctl's HELLO", path);

@@ -744,6 +744,41 @@ def test_health_handshake_hang():
         assert status == 200 and "k3_gateway_daemon_up 0" in lines and "k3_gateway_in_flight 0" in lines
 
 
+def test_health_peer_hangs_up():
+    """Something on k3d's socket accepts and closes without answering: /health
+    says the peer closed the connection before answering HELLO, also when the
+    close comes with the gateway's HELLO unread (the kernel reports that as
+    ECONNRESET, which used to read "Connection reset by peer"), and an API
+    request gets 503."""
+    with Stack(start_fake=False) as s:
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(s.sock)
+        ls.listen(8)
+
+        def serve(n, wait_for_hello):
+            for _ in range(n):
+                c, _ = ls.accept()
+                if wait_for_hello:
+                    c.recv(1, socket.MSG_PEEK)   # HELLO is in; closing now resets
+                c.close()
+
+        want = {"status": "unavailable",
+                "error": "k3d at '%s' closed the connection before answering HELLO (is it a k3d socket?); "
+                         "is k3d running? (systemctl status k3d)" % s.sock}
+        try:
+            for wait_for_hello in (True, False):
+                th = threading.Thread(target=serve, args=(2, wait_for_hello))
+                th.start()
+                status, hd, body = s.raw("GET", "/health")
+                assert (status, json.loads(body)) == (503, want), (wait_for_hello, body)
+                status, hd, body = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI})
+                assert status == 503 and "closed the connection before answering HELLO" in \
+                    json.loads(body)["error"]["message"], body
+                th.join(10)
+        finally:
+            ls.close()
+
+
 # ---- separate stacks ----------------------------------------------------------------
 
 def test_queue_fifo_then_429():                                  # T62
