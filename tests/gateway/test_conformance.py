@@ -664,6 +664,38 @@ def test_metrics(st):
             assert ln.split("{")[0].split()[0] in typed, ln
 
 
+def test_metrics_tokens_of_delivered_replies_only():
+    """k3_gateway_tokens_total counts the tokens of replies that reached their
+    client (what their usage objects add up to); a stream whose client went
+    away counts under k3_gateway_undelivered_tokens_total instead."""
+    def metric(text, name):
+        return [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " ")]
+
+    with Stack() as s:
+        c = s.client().chat.completions.create(
+            model="m", messages=fake_msg({"tokens": ["a", "b", "c"], "prompt_tokens": 7}))
+        assert c.usage.prompt_tokens == 7 and c.usage.completion_tokens == 3, c.usage
+        sock = raw_stream_socket(s.port, {"model": "m", "stream": True, "messages": fake_msg(
+            {"tokens": ["t%d " % i for i in range(200)], "delay": 0.02, "prompt_tokens": 1000})})
+        assert b"data: " in read_until(sock, b"t1 ")
+        sock.close()
+        end = time.time() + 10
+        while time.time() < end:
+            text = s.raw("GET", "/metrics")[2].decode()
+            if metric(text, 'k3_gateway_undelivered_tokens_total{kind="prompt"}') == [1000]:
+                break
+            time.sleep(0.05)
+        cancelled = [e for e in s.fake.events("done") if e["finish"] == "cancelled"]
+        assert len(cancelled) == 1 and cancelled[0]["completion"] >= 2, cancelled
+        lines = text.splitlines()
+        assert 'k3_gateway_tokens_total{kind="prompt"} 7' in lines, text
+        assert 'k3_gateway_tokens_total{kind="completion"} 3' in lines, text
+        assert 'k3_gateway_undelivered_tokens_total{kind="prompt"} 1000' in lines, text
+        assert 'k3_gateway_undelivered_tokens_total{kind="completion"} %d' % cancelled[0]["completion"] \
+            in lines, text
+        assert "# TYPE k3_gateway_undelivered_tokens_total counter" in lines
+
+
 def test_metrics_status_timeout():
     """k3d accepts and answers HELLO but never STATUS: /metrics answers after
     --daemon-timeout instead of hanging, like a k3d that is down: 200 with the
