@@ -149,7 +149,6 @@ static void read_cb(struct bufferevent *bev, void *arg)
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct gw_daemon *d = arg;
-
 	int e = EVUTIL_SOCKET_ERROR();
 	bool closed = (what & BEV_EVENT_EOF) ||
 		      ((what & BEV_EVENT_ERROR) && (e == ECONNRESET || e == EPIPE));

@@ -44,8 +44,10 @@ int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
 	}
 	r = write_all(c->fd, out.data, out.len);
 	k3_proto_buf_release(&out);
+	/* One code for "the peer hung up" however it was noticed (recv's EOF
+	 * and ECONNRESET give -ECONNRESET too): callers map it to exit 3. */
 	if (r == -EPIPE || r == -ECONNRESET)
-		return k3_err_set(err, r, "k3d closed the connection");
+		return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 	if (r < 0)
 		return k3_err_set(err, r, "cannot send to k3d: %s", strerror(-r));
 	if (request_id)
@@ -156,9 +158,8 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	hello.version = K3_PROTO_VERSION; hello.has_version = true;
 	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; hello.has_caps = true;
 	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, NULL, err);
-	if (r == -EPIPE || r == -ECONNRESET) {
-		/* Exit 3 (unavailable): -ECONNRESET whether the send or the read
-		 * noticed the close first. */
+	if (r == -ECONNRESET) {
+		/* Not a k3d, or one that died: say so instead of a bare close. */
 		k3ctl_client_close(c);
 		return k3_err_set(err, -ECONNRESET, "k3d at '%s' closed the connection before "
 				  "answering HELLO (is it a k3d socket? check 'systemctl status k3d')",
