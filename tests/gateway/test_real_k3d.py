@@ -6,6 +6,7 @@ the reasoning split, context errors, 429 and disconnects. SKIPs when the
 build has no k3d or k3ctl (K3_BUILD_ROOT)."""
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -259,3 +260,5 @@ def test_real_health_while_draining():
         if k.poll() is None:
             k.kill()
         k.wait(30)
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)
