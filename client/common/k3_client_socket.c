@@ -1,9 +1,15 @@
 /* k3_client_socket.c - see k3_client_socket.h. */
 #include "k3_client_socket.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+
+_Static_assert(K3_CLIENT_SOCKET_PATH_MAX + 1 == sizeof(((struct sockaddr_un *)0)->sun_path),
+	       "K3_CLIENT_SOCKET_PATH_MAX is sun_path less its NUL");
 
 const char *k3_client_default_socket(void)
 {
@@ -18,4 +24,16 @@ const char *k3_client_default_socket(void)
 	    stat(buf, &st) == 0)
 		return buf;
 	return K3_CLIENT_SYSTEMD_SOCKET;
+}
+
+int k3_client_socket_check(const char *path, char *why, size_t why_size)
+{
+	size_t n = strlen(path);
+
+	if (n <= K3_CLIENT_SOCKET_PATH_MAX)
+		return 0;
+	snprintf(why, why_size, "k3d socket path '%s' is %zu bytes; a Unix socket path may have at "
+		 "most %d (use a shorter --socket or K3D_SOCKET, e.g. under /run or $XDG_RUNTIME_DIR)",
+		 path, n, K3_CLIENT_SOCKET_PATH_MAX);
+	return -ENAMETOOLONG;
 }

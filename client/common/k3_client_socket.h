@@ -6,6 +6,8 @@
 #ifndef K3_CLIENT_SOCKET_H
 #define K3_CLIENT_SOCKET_H
 
+#include <stddef.h>
+
 /* The systemd unit's socket (systemd/k3d.socket). */
 #define K3_CLIENT_SYSTEMD_SOCKET "/run/k3d/k3d.sock"
 
@@ -15,5 +17,15 @@
  * owned by the environment or by a static buffer (not thread-safe; call it
  * once at start-up). Never NULL. */
 const char *k3_client_default_socket(void);
+
+/* The longest socket path a client can connect to: sun_path of struct
+ * sockaddr_un (108 bytes on Linux) less its terminating NUL. */
+#define K3_CLIENT_SOCKET_PATH_MAX 107
+
+/* 0 when path fits a sockaddr_un, else -ENAMETOOLONG with why set to a
+ * sentence naming the path, its length and the limit (why_size bytes,
+ * truncated to fit). Both clients check before connecting so that a
+ * too-long path reads as "cannot reach k3d" rather than a generic error. */
+int k3_client_socket_check(const char *path, char *why, size_t why_size);
 
 #endif

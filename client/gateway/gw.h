@@ -39,8 +39,11 @@ enum gw_ep_metric {
 struct gw_metrics {
 	/* requests by endpoint and HTTP status (499 = client went away) */
 	struct { int status; uint64_t n; } by_status[GW_M_COUNT_][GW_M_STATUSES];
+	/* DONEs whose reply reached the client (finish stop/length/tool_calls) */
 	uint64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
 	double prefill_s, decode_s;
+	/* DONEs whose reply did not: the client left, or cancelled/error */
+	uint64_t undelivered_prompt_tokens, undelivered_completion_tokens;
 	uint64_t expert_bytes_read, expert_hits, expert_misses;
 	uint64_t cancels_sent;
 	unsigned in_flight;          /* API requests holding a daemon connection (not /health, /metrics) */

@@ -16,6 +16,8 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 
+#include "k3_client_socket.h"
+
 struct gw_daemon {
 	struct event_base *base;
 	struct bufferevent *bev;
@@ -147,15 +149,23 @@ static void read_cb(struct bufferevent *bev, void *arg)
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct gw_daemon *d = arg;
+	int e = EVUTIL_SOCKET_ERROR();
+	bool closed = (what & BEV_EVENT_EOF) ||
+		      ((what & BEV_EVENT_ERROR) && (e == ECONNRESET || e == EPIPE));
 
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	if (what & BEV_EVENT_EOF)
+	/* A peer that closes with our HELLO unread makes the kernel report
+	 * ECONNRESET (or EPIPE on write) rather than EOF: all three mean the
+	 * other end hung up, which "Connection reset by peer" does not say. */
+	if (closed && !d->hello_ok)
+		fail_fmt(d, "k3d at '%s' closed the connection before answering HELLO (is it a k3d "
+			 "socket?)", d->path);
+	else if (closed)
 		fail_fmt(d, "k3d at '%s' closed the connection", d->path);
 	else if (what & BEV_EVENT_ERROR)
-		fail_fmt(d, "cannot reach k3d at '%s': %s", d->path,
-			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		fail_fmt(d, "cannot reach k3d at '%s': %s", d->path, evutil_socket_error_to_string(e));
 }
 
 struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsigned timeout_s,
@@ -182,9 +192,15 @@ struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsi
 	}
 	bufferevent_setcb(d->bev, read_cb, NULL, event_cb, d);
 	event_add(d->timer, &tv);
-	if (strlen(path) >= sizeof(sun.sun_path)) {
-		fail_later(d, "k3d socket path is too long");
-		return d;
+	{
+		char why[256];
+
+		/* main() refuses such a path at start-up; this keeps the module safe
+		 * on its own. */
+		if (k3_client_socket_check(path, why, sizeof(why)) < 0) {
+			fail_later(d, why);
+			return d;
+		}
 	}
 	memcpy(sun.sun_path, path, strlen(path) + 1);
 	if (bufferevent_socket_connect(d->bev, (struct sockaddr *)&sun, sizeof(sun)) < 0) {

@@ -372,12 +372,21 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 	struct gw_metrics *m = &r->g->m;
 
 	r->done = true;
-	m->prompt_tokens += d->prompt_tokens;
-	m->completion_tokens += d->completion_tokens;
-	m->reasoning_tokens += d->reasoning_tokens;
-	m->cached_tokens += d->cached_tokens;
-	m->prefill_s += d->prefill_s;
-	m->decode_s += d->decode_s;
+	/* The token and time totals describe replies clients received (what
+	 * their usage objects add up to); work whose reply never reached its
+	 * client (it left, or k3d cancelled or failed the job) is counted
+	 * apart, so a disconnect storm does not read as served traffic. */
+	if (finish && r->req) {
+		m->prompt_tokens += d->prompt_tokens;
+		m->completion_tokens += d->completion_tokens;
+		m->reasoning_tokens += d->reasoning_tokens;
+		m->cached_tokens += d->cached_tokens;
+		m->prefill_s += d->prefill_s;
+		m->decode_s += d->decode_s;
+	} else {
+		m->undelivered_prompt_tokens += d->prompt_tokens;
+		m->undelivered_completion_tokens += d->completion_tokens;
+	}
 	if (!r->req)
 		return;
 	if (!finish) {

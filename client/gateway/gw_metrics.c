@@ -1,7 +1,8 @@
 /*
  * gw_metrics.c - counters of k3-gateway and their Prometheus text form
  * (text exposition format 0.0.4). Token and timing totals come from the
- * DONE frames this gateway saw; queue depth and expert-cache counters from
+ * DONE frames this gateway saw, split by whether the reply reached its
+ * client; queue depth and expert-cache counters from
  * k3d's STATUS_REPLY at scrape time.
  */
 #include "gw.h"
@@ -114,7 +115,8 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 					    ep_names[ep], m->by_status[ep][i].status,
 					    (unsigned long long)m->by_status[ep][i].n);
 	help_type(out, "k3_gateway_tokens_total", "counter",
-		  "Tokens of finished generations, by kind (reasoning is part of completion).");
+		  "Tokens of generations whose reply reached the client, by kind (reasoning is part of "
+		  "completion).");
 	evbuffer_add_printf(out,
 		"k3_gateway_tokens_total{kind=\"prompt\"} %llu\n"
 		"k3_gateway_tokens_total{kind=\"completion\"} %llu\n"
@@ -122,10 +124,18 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		"k3_gateway_tokens_total{kind=\"cached_prompt\"} %llu\n",
 		(unsigned long long)m->prompt_tokens, (unsigned long long)m->completion_tokens,
 		(unsigned long long)m->reasoning_tokens, (unsigned long long)m->cached_tokens);
+	help_type(out, "k3_gateway_undelivered_tokens_total", "counter",
+		  "Tokens k3d reported for generations whose reply did not reach the client (it went "
+		  "away, or k3d cancelled or failed the job), by kind.");
+	evbuffer_add_printf(out,
+		"k3_gateway_undelivered_tokens_total{kind=\"prompt\"} %llu\n"
+		"k3_gateway_undelivered_tokens_total{kind=\"completion\"} %llu\n",
+		(unsigned long long)m->undelivered_prompt_tokens,
+		(unsigned long long)m->undelivered_completion_tokens);
 	metric_f64(out, "k3_gateway_prefill_seconds_total", "counter",
-		   "Prefill time of finished generations.", 6, m->prefill_s);
+		   "Prefill time of generations whose reply reached the client.", 6, m->prefill_s);
 	metric_f64(out, "k3_gateway_decode_seconds_total", "counter",
-		   "Decode time of finished generations.", 6, m->decode_s);
+		   "Decode time of generations whose reply reached the client.", 6, m->decode_s);
 	metric_u64(out, "k3_gateway_cancels_total", "counter",
 		   "CANCELs sent to k3d because a client went away.", m->cancels_sent);
 	metric_u64(out, "k3_gateway_in_flight", "gauge",

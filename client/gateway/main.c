@@ -258,6 +258,16 @@ int main(int argc, char **argv)
 		fprintf(stderr, "k3-gateway: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
+	{
+		/* Checked once here: every request would fail to connect anyway,
+		 * and a start-up error is where the operator looks. */
+		char why[512];
+
+		if (k3_client_socket_check(g.cfg.socket_path, why, sizeof(why)) < 0) {
+			fprintf(stderr, "k3-gateway: %s\n", why);
+			return 2;
+		}
+	}
 	signal(SIGPIPE, SIG_IGN);
 	g.started = time(NULL);
 	g.base = event_base_new();

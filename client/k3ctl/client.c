@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "k3_build_config.h"
+#include "k3_client_socket.h"
 
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
@@ -43,6 +44,10 @@ int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
 	}
 	r = write_all(c->fd, out.data, out.len);
 	k3_proto_buf_release(&out);
+	/* One code for "the peer hung up" however it was noticed (recv's EOF
+	 * and ECONNRESET give -ECONNRESET too): callers map it to exit 3. */
+	if (r == -EPIPE || r == -ECONNRESET)
+		return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 	if (r < 0)
 		return k3_err_set(err, r, "cannot send to k3d: %s", strerror(-r));
 	if (request_id)
@@ -82,10 +87,12 @@ int k3ctl_client_recv(struct k3ctl_client *c, int timeout_ms, struct k3_proto_he
 		n = recv(c->fd, chunk, sizeof(chunk), 0);
 		if (n < 0 && errno == EINTR)
 			return k3_err_set(err, -EINTR, "interrupted");
+		/* ECONNRESET: the peer closed with bytes of ours unread; for the
+		 * user that is the same as a plain close. */
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 		if (n < 0)
 			return k3_err_set(err, -errno, "cannot read from k3d: %s", strerror(errno));
-		if (n == 0)
-			return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 		if (k3_proto_buf_append(&c->in, chunk, (size_t)n) != 0)
 			return k3_err_set(err, -ENOMEM, "frame from k3d too large");
 	}
@@ -129,8 +136,12 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	k3_proto_buf_init(&c->in, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 	memset(&sun, 0, sizeof(sun));
 	sun.sun_family = AF_UNIX;
-	if (strlen(path) >= sizeof(sun.sun_path))
-		return k3_err_set(err, -ENAMETOOLONG, "socket path '%s' is too long", path);
+	{
+		char why[sizeof(err->msg)];
+
+		if (k3_client_socket_check(path, why, sizeof(why)) < 0)
+			return k3_err_set(err, -ENAMETOOLONG, "%s", why);
+	}
 	strcpy(sun.sun_path, path);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0)
@@ -147,6 +158,13 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	hello.version = K3_PROTO_VERSION; hello.has_version = true;
 	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; hello.has_caps = true;
 	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, NULL, err);
+	if (r == -ECONNRESET) {
+		/* Not a k3d, or one that died: say so instead of a bare close. */
+		k3ctl_client_close(c);
+		return k3_err_set(err, -ECONNRESET, "k3d at '%s' closed the connection before "
+				  "answering HELLO (is it a k3d socket? check 'systemctl status k3d')",
+				  path);
+	}
 	if (r < 0 || h.type != K3_MSG_HELLO_OK) {
 		if (r == 0 || r == -EPROTO || r == -EREMOTEIO)
 			k3_err_prefix(err, "'%s' did not accept k3ctl's HELLO", path);

@@ -22,13 +22,17 @@ struct k3ctl_client {
 /*
  * Connects to the socket at path and exchanges HELLO. Returns 0, or a
  * negative errno: -ENOENT / -ECONNREFUSED / -EACCES when no daemon can be
- * reached there (k3ctl exits 3), -EPROTO when the peer is not a k3d that
- * speaks this version. err names the path and what to do.
+ * reached there, -ENAMETOOLONG for a path longer than
+ * K3_CLIENT_SOCKET_PATH_MAX, -ECONNRESET when the peer closed before
+ * answering HELLO (k3ctl exits 3 for all of these), -EPROTO when the peer
+ * is not a k3d that speaks this version. err names the path and what to do.
  */
 int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *err);
 void k3ctl_client_close(struct k3ctl_client *c);
 
-/* Sends a request; *request_id (may be NULL) gets its id. */
+/* Sends a request; *request_id (may be NULL) gets its id. Returns 0,
+ * -EINVAL when the body does not encode, -ECONNRESET when the daemon
+ * closed the connection (EPIPE included), or another negative errno. */
 int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
 		      uint32_t *request_id, struct k3_err *err);
 

@@ -832,12 +832,26 @@ static void server_maybe_exit(struct k3_server *s)
 		event_base_loopexit(s->base, NULL);
 }
 
+/* Stops accepting and removes the socket file we bound (a systemd socket
+ * is systemd's to keep). */
+static void close_listeners(struct k3_server *s)
+{
+	for (unsigned i = 0; i < s->n_listeners; i++)
+		evconnlistener_free(s->listeners[i]);
+	s->n_listeners = 0;
+	if (s->own_path[0]) {
+		unlink(s->own_path);
+		s->own_path[0] = '\0';
+	}
+}
+
 /* Running work is done (or out of time): flush every client and go. */
 static void drain_finish(struct k3_server *s)
 {
 	struct k3_conn *c = s->conns, *next;
 
 	s->drain_waiting = false;
+	close_listeners(s);
 	for (; c; c = next) {
 		next = c->next;
 		conn_close_after_write(c);
@@ -883,14 +897,11 @@ void k3_server_drain(struct k3_server *s)
 		return;
 	s->draining = true;
 	sd_notify(0, "STOPPING=1\nSTATUS=Draining");
-	k3_log_notice("draining: no new connections or work");
-	for (unsigned i = 0; i < s->n_listeners; i++)
-		evconnlistener_free(s->listeners[i]);
-	s->n_listeners = 0;
-	if (s->own_path[0]) {
-		unlink(s->own_path);
-		s->own_path[0] = '\0';
-	}
+	k3_log_notice("draining: no new work");
+	/* The listeners stay open while running work finishes (drain_finish
+	 * closes them): a client that connects now, such as k3-gateway's
+	 * /health, gets HELLO_OK{DRAINING} and GENERATE gets SHUTTING_DOWN,
+	 * instead of a missing socket that reads as "k3d is not running". */
 	if (s->hooks.drain)
 		running = s->hooks.drain(s->hooks.ctx);
 	s->drain_timer = evtimer_new(s->base, drain_timer_cb, s);

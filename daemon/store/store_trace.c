@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,46 +90,105 @@ static int drop_torn_tail(int fd, const char *path, struct stat *st, struct k3_e
 	return 0;
 }
 
+/* Opens the directory holding path's last component by walking every
+ * directory component with O_NOFOLLOW from "/" (or the working directory
+ * for a relative path): a symlink anywhere in the path is refused, so a
+ * planted link in a parent directory cannot redirect the daemon's writes
+ * (O_NOFOLLOW on the final open alone covers only the last component).
+ * On success *dirfd is an O_PATH descriptor the caller closes and *leaf
+ * points into path at the last component. */
+static int open_parent_nofollow(const char *path, int *dirfd, const char **leaf,
+				struct k3_err *err)
+{
+	const char *last = strrchr(path, '/'), *p = path;
+	char comp[NAME_MAX + 1];
+	int dfd, rc;
+
+	*leaf = last ? last + 1 : path;
+	if (**leaf == '\0')
+		return k3_err_set(err, -EISDIR, "router trace '%s' names a directory, not a file", path);
+	dfd = open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return k3_err_set(err, -errno, "router trace '%s': cannot open '%s': %s", path,
+				  path[0] == '/' ? "/" : ".", strerror(errno));
+	while (last && p < last) {
+		const char *slash = strchr(p, '/');   /* non-NULL: p < last */
+		size_t len = (size_t)(slash - p);
+		struct stat st;
+		int nfd, e;
+
+		if (len == 0) {                       /* leading or doubled '/' */
+			p = slash + 1;
+			continue;
+		}
+		if (len > NAME_MAX) {
+			close(dfd);
+			return k3_err_set(err, -ENAMETOOLONG, "router trace '%s': a directory name is longer "
+					  "than %d bytes", path, NAME_MAX);
+		}
+		memcpy(comp, p, len);
+		comp[len] = '\0';
+		nfd = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (nfd < 0) {
+			e = errno;
+			if ((e == ELOOP || e == ENOTDIR) &&
+			    fstatat(dfd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+				rc = k3_err_set(err, -ELOOP, "router trace '%s': '%.*s' is a symlink; refusing "
+						"to follow it (give the path without symlinks, e.g. from "
+						"realpath)", path, (int)(slash - path), path);
+			else
+				rc = k3_err_set(err, -e, "cannot open router trace '%s': %s", path,
+						strerror(e));
+			close(dfd);
+			return rc;
+		}
+		close(dfd);
+		dfd = nfd;
+		p = slash + 1;
+	}
+	*dirfd = dfd;
+	return 0;
+}
+
 int k3_store_trace_open(const char *path, uint64_t cap_bytes, enum k3_store_trace_mode mode,
 			struct k3_store_trace **out, struct k3_err *err)
 {
 	struct k3_store_trace *t;
 	struct stat st;
-	int fd;
+	const char *leaf = NULL;
+	int fd, dfd = -1, rc, e;
 
 	*out = NULL;
+	if ((rc = open_parent_nofollow(path, &dfd, &leaf, err)) < 0)
+		return rc;
 	/* Checked before opening: opening a FIFO or device can block or have
 	 * side effects. fstat below closes the race with a swap after this. */
-	if (lstat(path, &st) == 0) {
+	if (fstatat(dfd, leaf, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+		close(dfd);
 		if (S_ISLNK(st.st_mode))
 			return k3_err_set(err, -ELOOP, "router trace '%s' is a symlink; refusing"
 					  " to follow it", path);
-		if (!S_ISREG(st.st_mode))
-			return k3_err_set(err, -EINVAL, "router trace '%s' is not a regular file",
-					  path);
+		return k3_err_set(err, -EINVAL, "router trace '%s' is not a regular file", path);
 	}
 	/* O_NOFOLLOW: a symlink planted at the path (even a dangling one)
 	 * fails with ELOOP instead of redirecting the daemon's writes. */
-	fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0640);
-	if (fd < 0) {
-		if (errno == ELOOP)
-			return k3_err_set(err, -ELOOP, "router trace '%s' is a symlink; refusing"
-					  " to follow it", path);
-		return k3_err_set(err, -errno, "cannot open router trace '%s': %s", path,
-				  strerror(errno));
-	}
+	fd = openat(dfd, leaf, O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0640);
+	e = fd < 0 ? errno : 0;
+	close(dfd);
+	if (e == ELOOP)
+		return k3_err_set(err, -ELOOP, "router trace '%s' is a symlink; refusing"
+				  " to follow it", path);
+	if (fd < 0)
+		return k3_err_set(err, -e, "cannot open router trace '%s': %s", path, strerror(e));
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		close(fd);
 		return k3_err_set(err, -EINVAL, "router trace '%s' is not a regular file", path);
 	}
 	/* O_NONBLOCK was only for opening a FIFO safely. */
 	(void)fcntl(fd, F_SETFL, O_APPEND);
-	{
-		int rc = drop_torn_tail(fd, path, &st, err);
-		if (rc < 0) {
-			close(fd);
-			return rc;
-		}
+	if ((rc = drop_torn_tail(fd, path, &st, err)) < 0) {
+		close(fd);
+		return rc;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t || (mode == K3_STORE_TRACE_BUFFERED && !(t->buf = malloc(TRACE_BUF)))) {

@@ -44,7 +44,9 @@ struct k3_store_trace_rec {
 struct k3_store_trace;
 
 /* Opens path for appending (created 0640 if missing). Refuses a symlink as
- * the last component (-ELOOP) and anything but a regular file (-EINVAL).
+ * any component of path (-ELOOP: every directory is opened with O_NOFOLLOW
+ * from "/" or the working directory, so a link planted in a parent cannot
+ * redirect the writes) and anything but a regular file (-EINVAL).
  * A last line without its newline (a writer stopped mid-record) is cut off
  * first; a non-empty file with no newline in its last
  * K3_STORE_TRACE_LINE_MAX bytes is refused (-EINVAL: not a trace).

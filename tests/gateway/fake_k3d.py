@@ -273,7 +273,7 @@ class Daemon:
             self.release(job)
             conn["jobs"].pop(rid, None)
             if job.cancelled and not conn["closed"]:
-                self.log(ev="done", conn=conn["id"], finish="cancelled")
+                self.log(ev="done", conn=conn["id"], finish="cancelled", completion=job.completion)
                 self.send(conn, "DONE", rid, finish=FINISH["cancelled"],
                           prompt_tokens=job.prompt_tokens, completion_tokens=job.completion)
             try:

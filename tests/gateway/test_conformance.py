@@ -664,6 +664,38 @@ def test_metrics(st):
             assert ln.split("{")[0].split()[0] in typed, ln
 
 
+def test_metrics_tokens_of_delivered_replies_only():
+    """k3_gateway_tokens_total counts the tokens of replies that reached their
+    client (what their usage objects add up to); a stream whose client went
+    away counts under k3_gateway_undelivered_tokens_total instead."""
+    def metric(text, name):
+        return [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " ")]
+
+    with Stack() as s:
+        c = s.client().chat.completions.create(
+            model="m", messages=fake_msg({"tokens": ["a", "b", "c"], "prompt_tokens": 7}))
+        assert c.usage.prompt_tokens == 7 and c.usage.completion_tokens == 3, c.usage
+        sock = raw_stream_socket(s.port, {"model": "m", "stream": True, "messages": fake_msg(
+            {"tokens": ["t%d " % i for i in range(200)], "delay": 0.02, "prompt_tokens": 1000})})
+        assert b"data: " in read_until(sock, b"t1 ")
+        sock.close()
+        end = time.time() + 10
+        while time.time() < end:
+            text = s.raw("GET", "/metrics")[2].decode()
+            if metric(text, 'k3_gateway_undelivered_tokens_total{kind="prompt"}') == [1000]:
+                break
+            time.sleep(0.05)
+        cancelled = [e for e in s.fake.events("done") if e["finish"] == "cancelled"]
+        assert len(cancelled) == 1 and cancelled[0]["completion"] >= 2, cancelled
+        lines = text.splitlines()
+        assert 'k3_gateway_tokens_total{kind="prompt"} 7' in lines, text
+        assert 'k3_gateway_tokens_total{kind="completion"} 3' in lines, text
+        assert 'k3_gateway_undelivered_tokens_total{kind="prompt"} 1000' in lines, text
+        assert 'k3_gateway_undelivered_tokens_total{kind="completion"} %d' % cancelled[0]["completion"] \
+            in lines, text
+        assert "# TYPE k3_gateway_undelivered_tokens_total counter" in lines
+
+
 def test_metrics_status_timeout():
     """k3d accepts and answers HELLO but never STATUS: /metrics answers after
     --daemon-timeout instead of hanging, like a k3d that is down: 200 with the
@@ -742,6 +774,41 @@ def test_health_handshake_hang():
         status, _, body = s.raw("GET", "/metrics", timeout=15)
         lines = body.decode().splitlines()
         assert status == 200 and "k3_gateway_daemon_up 0" in lines and "k3_gateway_in_flight 0" in lines
+
+
+def test_health_peer_hangs_up():
+    """Something on k3d's socket accepts and closes without answering: /health
+    says the peer closed the connection before answering HELLO, also when the
+    close comes with the gateway's HELLO unread (the kernel reports that as
+    ECONNRESET, which used to read "Connection reset by peer"), and an API
+    request gets 503."""
+    with Stack(start_fake=False) as s:
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(s.sock)
+        ls.listen(8)
+
+        def serve(n, wait_for_hello):
+            for _ in range(n):
+                c, _ = ls.accept()
+                if wait_for_hello:
+                    c.recv(1, socket.MSG_PEEK)   # HELLO is in; closing now resets
+                c.close()
+
+        want = {"status": "unavailable",
+                "error": "k3d at '%s' closed the connection before answering HELLO (is it a k3d socket?); "
+                         "is k3d running? (systemctl status k3d)" % s.sock}
+        try:
+            for wait_for_hello in (True, False):
+                th = threading.Thread(target=serve, args=(2, wait_for_hello))
+                th.start()
+                status, hd, body = s.raw("GET", "/health")
+                assert (status, json.loads(body)) == (503, want), (wait_for_hello, body)
+                status, hd, body = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI})
+                assert status == 503 and "closed the connection before answering HELLO" in \
+                    json.loads(body)["error"]["message"], body
+                th.join(10)
+        finally:
+            ls.close()
 
 
 # ---- separate stacks ----------------------------------------------------------------

@@ -6,6 +6,7 @@ the reasoning split, context errors, 429 and disconnects. SKIPs when the
 build has no k3d or k3ctl (K3_BUILD_ROOT)."""
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -213,3 +214,51 @@ def test_real_metrics_expert_counters(real):
                vals["k3_expert_positions_total"]) < 1
     assert vals["k3_expert_demand_hits_total"] + vals["k3_expert_demand_misses_total"] > 0
     assert vals["k3_expert_compute_seconds_total"] > 0 and vals["k3_expert_io_wait_seconds_total"] >= 0
+
+
+def test_real_health_while_draining():
+    """SIGTERM while a generation runs: until the drain ends, /health says
+    "draining" (k3d keeps answering HELLO), not "unavailable" (socket gone)."""
+    import signal
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+    from k3proto import T, connect, field, frame, read_frame
+    d = tempfile.mkdtemp(prefix="k3gw-drain-")
+    model = os.path.join(d, "nano")
+    subprocess.run([K3CTL, "demo-model", "--out", model, "--preset", "nano"], check=True,
+                   capture_output=True, timeout=60)
+    sock = os.path.join(d, "k3d.sock")
+    log = open(os.path.join(d, "k3d.log"), "w")
+    k = subprocess.Popen([K3D, "--socket", sock, "--model", model, "--threads", "1",
+                          "--drain-timeout", "60"], stderr=log)
+    try:
+        with Stack(start_fake=False, sock=sock) as s:
+            end = time.time() + 60
+            while s.raw("GET", "/health")[0] != 200:
+                assert k.poll() is None and time.time() < end, open(log.name).read()
+                time.sleep(0.1)
+            a = connect(sock)
+            ids = b"".join((1 + i % 2000).to_bytes(4, "little") for i in range(20000))
+            a.sendall(frame(T["GENERATE"], 1, field(1, 0) + field(3, ids) + field(8, 100000)))
+            while read_frame(a, 60)[0] != T["PROGRESS"]:
+                pass
+            k.send_signal(signal.SIGTERM)
+            end = time.time() + 10
+            while True:
+                status, hd, body = s.raw("GET", "/health")
+                if status != 200 or time.time() > end:
+                    break
+                time.sleep(0.05)
+            assert (status, json.loads(body)) == (503, {
+                "status": "draining",
+                "error": "k3d is draining (shutting down or restarting) and takes no new requests"}), body
+            assert hd["retry-after"] == "1"
+            a.close()    # cancels the job: the drain ends and k3d exits
+            assert k.wait(20) == 0
+            assert s.raw("GET", "/health")[0] == 503
+    finally:
+        if k.poll() is None:
+            k.kill()
+        k.wait(30)
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)

@@ -70,6 +70,48 @@ def test_k3ctl_basics(d):
     r = subprocess.run([K3CTL, "status"], capture_output=True, text=True,
                        env={**os.environ, "K3D_SOCKET": d.sock})
     check(r.returncode == 0, "K3D_SOCKET is honoured")
+    # sun_path holds 107 bytes and a NUL: a longer path cannot reach any k3d
+    # (exit 3, naming the limit); a 107-byte one is tried like any other.
+    long = "/" + "d" * 106
+    r = subprocess.run([K3CTL, "status"], capture_output=True, text=True,
+                       env={**os.environ, "K3D_SOCKET": long + "x"})
+    check(r.returncode == 3 and f"'{long}x' is 108 bytes" in r.stderr and "at most 107" in r.stderr,
+          f"108-byte K3D_SOCKET exits 3 naming the limit ({r.returncode}: {r.stderr!r})")
+    r = k3ctl(long, "status")
+    check(r.returncode == 3 and "cannot reach k3d" in r.stderr,
+          f"107-byte socket path is tried ({r.returncode}: {r.stderr!r})")
+
+
+def test_k3ctl_peer_hangs_up():
+    """A socket whose server accepts and closes without answering (not a
+    k3d, or a k3d dying): k3ctl says the peer closed the connection before
+    answering HELLO and exits 3, also when the close comes with k3ctl's
+    HELLO unread, which the kernel reports as ECONNRESET."""
+    d = tempfile.mkdtemp(prefix="k3-hangup-")
+    path = os.path.join(d, "s.sock")
+    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ls.bind(path)
+    ls.listen(4)
+
+    def serve(wait_for_hello):
+        c, _ = ls.accept()
+        if wait_for_hello:
+            c.recv(1, socket.MSG_PEEK)   # HELLO is in; closing now resets
+        c.close()
+
+    try:
+        for wait_for_hello in (True, False):
+            th = threading.Thread(target=serve, args=(wait_for_hello,))
+            th.start()
+            r = k3ctl(path, "status")
+            th.join(10)
+            want = f"k3d at '{path}' closed the connection before answering HELLO (is it a k3d socket?"
+            check(r.returncode == 3 and want in r.stderr and "reset" not in r.stderr,
+                  f"peer that hangs up (after HELLO: {wait_for_hello}) -> 3, says so: "
+                  f"{r.returncode} {r.stderr!r}")
+    finally:
+        ls.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_bad_frames(d):
@@ -426,6 +468,8 @@ def main():
         rc = d.stop()
     check(rc == 0, f"clean exit on SIGTERM (rc {rc})")
     check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
+    print("-- test_k3ctl_peer_hangs_up")
+    test_k3ctl_peer_hangs_up()
     print("-- test_peer_credentials")
     test_peer_credentials(K3D)
     print("-- test_lifecycle")

@@ -542,6 +542,45 @@ def test_drain(k3d):
         check(d.proc.wait(20) == 0, "exit 0 after the drain timeout")
     finally:
         d.stop()
+    # While running work finishes, the socket stays and a new client learns
+    # the state (what k3-gateway's /health reports) instead of finding no
+    # socket; it may not start work.
+    d = Daemon(k3d, "--drain-timeout", "60")
+    try:
+        a = connect(d.sock)
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
+        while sa.step() != "PROGRESS":
+            pass
+        d.proc.send_signal(signal.SIGTERM)
+        state, deadline = None, time.time() + 10
+        while state != 2 and time.time() < deadline:
+            try:
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.connect(d.sock)
+            except OSError as e:
+                check(False, f"draining k3d still accepts while its job runs: {e}")
+                break
+            c.sendall(frame(T["HELLO"], 1, field(1, "test/1") + field(2, 1)))
+            r = read_frame(c)
+            state = u32(r[2], 5) if r and r[0] == T["HELLO_OK"] else None
+            if state != 2:
+                c.close()
+                time.sleep(0.05)
+        check(state == 2, f"HELLO_OK during the drain says draining (state {state})")
+        if state == 2:
+            c.sendall(frame(T["STATUS"], 2))
+            r = read_frame(c)
+            check(r and r[0] == T["STATUS_REPLY"] and u32(r[2], 2) == 2 and u32(r[2], 8) == 1,
+                  f"STATUS during the drain: draining, 1 running ({r and r[2].get(2)})")
+            sb = Stream(c, 3, raw(prompt="late", max_new=2))
+            sb.finish(10)
+            check(sb.error and sb.error[0] == STATUS["shutting_down"], f"GENERATE while draining: {sb.error}")
+            c.close()
+        a.close()    # cancels the running job (rule 6): the drain ends
+        check(d.proc.wait(20) == 0, "exit 0 once the running job is gone")
+        check(not os.path.exists(d.sock), "socket removed when the drain ends")
+    finally:
+        d.stop()
 
 
 def test_cancel_permissions(k3d):

@@ -381,8 +381,8 @@ def test_direct_refusal():
 
 
 def test_router_trace_refusal():
-    """A bad --router-trace FILE (a symlink, a directory, a path whose folder
-    is missing) stops k3d with a message about the trace file, never
+    """A bad --router-trace FILE (a symlink, a symlinked folder on the way, a
+    directory, a path whose folder is missing) stops k3d with a message about the trace file, never
     "cannot load model" (the model itself is fine)."""
     model = os.path.join(SHARED, "golden", "forward", "k3tiny_a", "model")
     if not os.path.isdir(model):
@@ -393,8 +393,15 @@ def test_router_trace_refusal():
         link = os.path.join(tmp, "trace.jsonl")
         os.symlink(os.path.join(tmp, "elsewhere.jsonl"), link)
         missing = os.path.join(tmp, "no-such-dir", "trace.jsonl")
+        # a symlinked directory on the way is refused too (the daemon may run
+        # as a service user: a planted link must not move its writes)
+        os.mkdir(os.path.join(tmp, "real"))
+        os.symlink(os.path.join(tmp, "real"), os.path.join(tmp, "linkdir"))
+        via_dir = os.path.join(tmp, "linkdir", "trace.jsonl")
         for path, want in ((link, f"cannot use --router-trace: router trace '{link}' is a symlink; "
                                   "refusing to follow it"),
+                           (via_dir, f"cannot use --router-trace: router trace '{via_dir}': "
+                                     f"'{os.path.join(tmp, 'linkdir')}' is a symlink; refusing to follow it"),
                            (tmp, f"cannot use --router-trace: router trace '{tmp}' is not a regular file"),
                            (missing, f"cannot use --router-trace: cannot open router trace '{missing}': "
                                      "No such file or directory")):
@@ -404,6 +411,7 @@ def test_router_trace_refusal():
             check(p.returncode != 0 and want in p.stderr and "cannot load model" not in p.stderr,
                   f"--router-trace {path}: k3d stops with '{want}' (rc {p.returncode}): {p.stderr[-600:]}")
         check(not os.path.exists(os.path.join(tmp, "elsewhere.jsonl")), "the symlink's target was not created")
+        check(os.listdir(os.path.join(tmp, "real")) == [], "nothing created through the symlinked directory")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

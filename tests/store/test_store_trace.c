@@ -54,6 +54,15 @@ int main(void)
 	snprintf(dir, sizeof(dir), "%s/k3trace.XXXXXX", tmp ? tmp : "/tmp");
 	if (!mkdtemp(dir))
 		return t_skip("no temp dir");
+	{
+		/* The writer refuses a symlink anywhere in its path: work under
+		 * the resolved name in case $TMPDIR holds one. */
+		char *real = realpath(dir, NULL);
+
+		T_OK(real != NULL && strlen(real) < sizeof(dir));
+		snprintf(dir, sizeof(dir), "%s", real);
+		free(real);
+	}
 
 	/* The documented line format, exactly. */
 	r = (struct k3_store_trace_rec){ .request = 1, .position = 2, .layer = 3, .k = 2,
@@ -203,6 +212,44 @@ int main(void)
 	T_EQ_INT(k3_store_trace_open(p("fifo"), 0, K3_STORE_TRACE_SYNC, &t, &err), -EINVAL);
 	T_OK(strstr(err.msg, "not a regular file") != NULL);
 	T_EQ_INT(k3_store_trace_open(dir, 0, K3_STORE_TRACE_SYNC, &t, &err) < 0, 1);
+
+	/* ... and so is a symlink in any directory component, first, middle or
+	 * last, for absolute and relative paths: nothing is created through it. */
+	{
+		char want[600], cwd[512];
+
+		T_EQ_INT(mkdir(p("real"), 0700), 0);
+		T_EQ_INT(mkdir(p("real/sub"), 0700), 0);
+		T_EQ_INT(symlink(p("real"), p("linkdir")), 0);
+		T_EQ_INT(symlink(p("real/sub"), p("real/linksub")), 0);
+		T_EQ_INT(k3_store_trace_open(p("linkdir/t.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), -ELOOP);
+		snprintf(want, sizeof(want), "'%s' is a symlink; refusing to follow it", p("linkdir"));
+		T_OK(strstr(err.msg, want) != NULL);
+		T_EQ_INT(k3_store_trace_open(p("linkdir/sub/t.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err),
+			 -ELOOP);
+		T_EQ_INT(k3_store_trace_open(p("real/linksub/t.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err),
+			 -ELOOP);
+		snprintf(want, sizeof(want), "'%s' is a symlink", p("real/linksub"));
+		T_OK(strstr(err.msg, want) != NULL);
+		T_EQ_INT(access(p("real/t.jsonl"), F_OK), -1);
+		T_EQ_INT(access(p("real/sub/t.jsonl"), F_OK), -1);
+		/* a file where a directory should be */
+		T_EQ_INT(k3_store_trace_open(p("buf.jsonl/t.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err),
+			 -ENOTDIR);
+		/* doubled slashes and the real directories are fine */
+		T_EQ_INT(k3_store_trace_open(p("real//sub/ok.jsonl"), 0, K3_STORE_TRACE_SYNC, &t, &err), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		t = NULL;
+		T_EQ_INT(access(p("real/sub/ok.jsonl"), F_OK), 0);
+		T_OK(getcwd(cwd, sizeof(cwd)) != NULL);
+		T_EQ_INT(chdir(dir), 0);
+		T_EQ_INT(k3_store_trace_open("linkdir/rel.jsonl", 0, K3_STORE_TRACE_SYNC, &t, &err), -ELOOP);
+		T_EQ_INT(k3_store_trace_open("real/rel.jsonl", 0, K3_STORE_TRACE_SYNC, &t, &err), 0);
+		T_EQ_INT(k3_store_trace_close(t, &err), 0);
+		t = NULL;
+		T_EQ_INT(chdir(cwd), 0);
+		T_EQ_INT(access(p("real/rel.jsonl"), F_OK), 0);
+	}
 	{
 		uint64_t recs;
 		T_EQ_INT(rank_count(p("fifo"), &recs, &err), -EINVAL);
@@ -314,9 +361,12 @@ int main(void)
 	}
 
 	static const char *const names[] = { "buf.jsonl", "sync.jsonl", "cap.jsonl", "link.jsonl",
-					     "dangling.jsonl", "fifo", "bad.jsonl", "torn.jsonl" };
+					     "dangling.jsonl", "fifo", "bad.jsonl", "torn.jsonl",
+					     "real/sub/ok.jsonl", "real/rel.jsonl", "real/linksub", "linkdir" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		unlink(p(names[i]));
+	rmdir(p("real/sub"));
+	rmdir(p("real"));
 	rmdir(dir);
 	return t_done();
 }
