@@ -4,6 +4,7 @@ weights, so its text is noise; what is checked is what must hold for any
 model: greedy determinism, stream equals non-stream, stop strings, lengths,
 the reasoning split, context errors, 429 and disconnects. SKIPs when the
 build has no k3d or k3ctl (K3_BUILD_ROOT)."""
+import contextlib
 import json
 import os
 import shutil
@@ -40,25 +41,37 @@ if _sanitized_build():
 HI = [{"role": "user", "content": "Hello! Who are you?"}]
 
 
-@pytest.fixture(scope="module")
-def real():
-    d = tempfile.mkdtemp(prefix="k3gw-real-")
+@contextlib.contextmanager
+def real_k3d(prefix, k3d_args, gw_args=()):
+    """A real k3d on a fresh nano demo model and a gateway in front of it,
+    once /health says ready; yields (stack, k3d process, socket path) and
+    removes the model and the socket directory afterwards."""
+    d = tempfile.mkdtemp(prefix=prefix)
     model = os.path.join(d, "nano")
     subprocess.run([K3CTL, "demo-model", "--out", model, "--preset", "nano"], check=True,
                    capture_output=True, timeout=60)
     sock = os.path.join(d, "k3d.sock")
     log = open(os.path.join(d, "k3d.log"), "w")
-    k = subprocess.Popen([K3D, "--socket", sock, "--model", model, "--queue", "0"], stderr=log)
+    k = subprocess.Popen([K3D, "--socket", sock, "--model", model, *k3d_args], stderr=log)
     try:
-        with Stack(start_fake=False, sock=sock, gw_args=["--keepalive", "1"]) as s:
+        with Stack(start_fake=False, sock=sock, gw_args=list(gw_args)) as s:
             end = time.time() + 60
             while s.raw("GET", "/health")[0] != 200:
                 assert k.poll() is None and time.time() < end, open(log.name).read()
                 time.sleep(0.1)
-            yield s
+            yield s, k, sock
     finally:
-        k.terminate()
+        if k.poll() is None:
+            k.terminate()
         k.wait(30)
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def real():
+    with real_k3d("k3gw-real-", ["--queue", "0"], ["--keepalive", "1"]) as (s, _, _):
+        yield s
 
 
 def chat(s, **kw):
@@ -223,42 +236,23 @@ def test_real_health_while_draining():
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
     from k3proto import T, connect, field, frame, read_frame
-    d = tempfile.mkdtemp(prefix="k3gw-drain-")
-    model = os.path.join(d, "nano")
-    subprocess.run([K3CTL, "demo-model", "--out", model, "--preset", "nano"], check=True,
-                   capture_output=True, timeout=60)
-    sock = os.path.join(d, "k3d.sock")
-    log = open(os.path.join(d, "k3d.log"), "w")
-    k = subprocess.Popen([K3D, "--socket", sock, "--model", model, "--threads", "1",
-                          "--drain-timeout", "60"], stderr=log)
-    try:
-        with Stack(start_fake=False, sock=sock) as s:
-            end = time.time() + 60
-            while s.raw("GET", "/health")[0] != 200:
-                assert k.poll() is None and time.time() < end, open(log.name).read()
-                time.sleep(0.1)
-            a = connect(sock)
-            ids = b"".join((1 + i % 2000).to_bytes(4, "little") for i in range(20000))
-            a.sendall(frame(T["GENERATE"], 1, field(1, 0) + field(3, ids) + field(8, 100000)))
-            while read_frame(a, 60)[0] != T["PROGRESS"]:
-                pass
-            k.send_signal(signal.SIGTERM)
-            end = time.time() + 10
-            while True:
-                status, hd, body = s.raw("GET", "/health")
-                if status != 200 or time.time() > end:
-                    break
-                time.sleep(0.05)
-            assert (status, json.loads(body)) == (503, {
-                "status": "draining",
-                "error": "k3d is draining (shutting down or restarting) and takes no new requests"}), body
-            assert hd["retry-after"] == "1"
-            a.close()    # cancels the job: the drain ends and k3d exits
-            assert k.wait(20) == 0
-            assert s.raw("GET", "/health")[0] == 503
-    finally:
-        if k.poll() is None:
-            k.kill()
-        k.wait(30)
-        log.close()
-        shutil.rmtree(d, ignore_errors=True)
+    with real_k3d("k3gw-drain-", ["--threads", "1", "--drain-timeout", "60"]) as (s, k, sock):
+        a = connect(sock)
+        ids = b"".join((1 + i % 2000).to_bytes(4, "little") for i in range(20000))
+        a.sendall(frame(T["GENERATE"], 1, field(1, 0) + field(3, ids) + field(8, 100000)))
+        while read_frame(a, 60)[0] != T["PROGRESS"]:
+            pass
+        k.send_signal(signal.SIGTERM)
+        end = time.time() + 10
+        while True:
+            status, hd, body = s.raw("GET", "/health")
+            if status != 200 or time.time() > end:
+                break
+            time.sleep(0.05)
+        assert (status, json.loads(body)) == (503, {
+            "status": "draining",
+            "error": "k3d is draining (shutting down or restarting) and takes no new requests"}), body
+        assert hd["retry-after"] == "1"
+        a.close()    # cancels the job: the drain ends and k3d exits
+        assert k.wait(20) == 0
+        assert s.raw("GET", "/health")[0] == 503

@@ -506,6 +506,17 @@ def test_k3ctl(d):
           f"k3ctl chat skips a non-UTF-8 line instead of sending an empty conversation ({r.stdout[:200]} {r.stderr[:200]})")
 
 
+def sigterm_during_long_prefill(d):
+    """Starts a generation whose prefill outlives any drain timeout on any
+    machine and sends SIGTERM once it runs; returns (connection, stream)."""
+    a = connect(d.sock)
+    sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
+    while sa.step() != "PROGRESS":
+        pass
+    d.proc.send_signal(signal.SIGTERM)
+    return a, sa
+
+
 def test_drain(k3d):
     """SIGTERM mid-generation: the running job's client always gets its
     terminal frame, also when the drain timeout cuts the job short."""
@@ -527,12 +538,7 @@ def test_drain(k3d):
         d.stop()
     d = Daemon(k3d, "--drain-timeout", "0.5")
     try:
-        a = connect(d.sock)
-        # A long prefill outlives the drain timeout on any machine.
-        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
-        while sa.step() != "PROGRESS":
-            pass
-        d.proc.send_signal(signal.SIGTERM)
+        a, sa = sigterm_during_long_prefill(d)
         try:
             sa.finish(30)
         except EOFError:
@@ -547,11 +553,7 @@ def test_drain(k3d):
     # socket; it may not start work.
     d = Daemon(k3d, "--drain-timeout", "60")
     try:
-        a = connect(d.sock)
-        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
-        while sa.step() != "PROGRESS":
-            pass
-        d.proc.send_signal(signal.SIGTERM)
+        a, _ = sigterm_during_long_prefill(d)
         state, deadline = None, time.time() + 10
         while state != 2 and time.time() < deadline:
             try:

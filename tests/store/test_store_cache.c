@@ -566,6 +566,38 @@ static bool wait_issued(struct k3_store *s, uint64_t n)
 	return false;
 }
 
+/* Holds guesses between pieces, then guesses (layer, expert) and waits
+ * until its read started; *a: the counters before. */
+static void guess_held(struct k3_store *s, uint32_t layer, uint32_t expert,
+		       struct k3_store_stats *a)
+{
+	k3_store_hold_pieces(s, true);
+	k3_store_stats_get(s, a);
+	k3_store_step_begin(s);
+	T_EQ_U64(k3_store_prefetch(s, layer, &expert, 1), 1);
+	T_OK(wait_issued(s, a->prefetch_issued + 1));
+}
+
+/* A step of layer `layer` needing ids[0..n): its request is made while
+ * guesses are held, then the hold is lifted and the bytes are checked;
+ * *d: the counters since a. */
+static void step_released(struct k3_store *s, uint32_t layer, const uint32_t *ids, size_t n,
+			  const struct k3_store_stats *a, struct k3_store_stats *d)
+{
+	struct k3_store_view v[4];
+	struct k3_store_stats b;
+	struct k3_err err = { 0 };
+
+	k3_store_step_begin(s);
+	T_EQ_INT(k3_store_request(s, layer, ids, n, v, &err), 0);
+	k3_store_hold_pieces(s, false);
+	T_EQ_INT(k3_store_wait(s, v, n, &err), 0);
+	T_EQ_INT(view_errors(v, n), 0);
+	k3_store_release(s, v, n);
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, a, d);
+}
+
 /* A guess its layer's real routing rejects while it is being read stops at
  * the next piece: it costs the bytes of the pieces read (counted in
  * prefetch_wasted_bytes), not the whole expert. A guess the routing
@@ -574,11 +606,10 @@ static bool wait_issued(struct k3_store *s, uint64_t n)
 static void test_prefetch_abort(struct k3_store_source *src)
 {
 	struct k3_store *s;
-	struct k3_store_stats a, b, d;
-	struct k3_store_view v[2];
+	struct k3_store_stats a, d;
 	struct k3_store_plan plan;
 	struct k3_err err = { 0 };
-	uint32_t three = 3, zero = 0, six_nine[2] = { 6, 9 };
+	uint32_t three = 3, zero = 0, six_nine[2] = { 6, 9 }, twelve = 12, fifteen = 15;
 
 	piece_bytes = 4096;
 	s = mk(src, 6, 1, K3_STORE_POLICY_LRU);   /* one reader: demand waits for the guess */
@@ -593,19 +624,9 @@ static void test_prefetch_abort(struct k3_store_source *src)
 	uint64_t first = dev_bytes(src, &piece0);
 	T_OK(first < cost(src, 2, 3));   /* the fixture's experts span several pieces */
 
-	k3_store_hold_pieces(s, true);
-	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
-	T_EQ_U64(k3_store_prefetch(s, 2, &three, 1), 1);
-	T_OK(wait_issued(s, a.prefetch_issued + 1));
-	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_request(s, 2, &zero, 1, v, &err), 0);   /* rejects 3 */
-	k3_store_hold_pieces(s, false);   /* the one reader stops 3, then reads 0 */
-	T_EQ_INT(k3_store_wait(s, v, 1, &err), 0);
-	T_EQ_INT(view_errors(v, 1), 0);
-	k3_store_release(s, v, 1);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	/* Rejected: the one reader stops 3 after its first piece, then reads 0. */
+	guess_held(s, 2, three, &a);
+	step_released(s, 2, &zero, 1, &a, &d);
 	T_EQ_U64(d.prefetch_issued, 1);
 	T_EQ_U64(d.prefetch_aborted, 1);
 	T_EQ_U64(d.prefetch_wasted_bytes, first);
@@ -613,19 +634,8 @@ static void test_prefetch_abort(struct k3_store_source *src)
 	T_OK(!k3_store_resident(s, 2, 3));
 
 	/* Chosen while being read: it completes, right, credited as used. */
-	k3_store_hold_pieces(s, true);
-	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
-	T_EQ_U64(k3_store_prefetch(s, 2, &six_nine[0], 1), 1);
-	T_OK(wait_issued(s, a.prefetch_issued + 1));
-	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_request(s, 2, six_nine, 2, v, &err), 0);
-	k3_store_hold_pieces(s, false);
-	T_EQ_INT(k3_store_wait(s, v, 2, &err), 0);
-	T_EQ_INT(view_errors(v, 2), 0);
-	k3_store_release(s, v, 2);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	guess_held(s, 2, six_nine[0], &a);
+	step_released(s, 2, six_nine, 2, &a, &d);
 	T_EQ_U64(d.prefetch_aborted, 0);
 	T_EQ_U64(d.prefetch_used, 1);
 	T_EQ_U64(d.prefetch_wasted_bytes, 0);
@@ -633,12 +643,7 @@ static void test_prefetch_abort(struct k3_store_source *src)
 
 	/* The stopped guess, wanted now: a whole demand read, right bytes. */
 	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_acquire(s, 2, &three, 1, v, &err), 0);
-	T_EQ_INT(view_errors(v, 1), 0);
-	k3_store_release(s, v, 1);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	step_released(s, 2, &three, 1, &a, &d);
 	T_EQ_U64(d.bytes_read, cost(src, 2, 3));
 	T_EQ_U64(d.demand_misses, 1);
 
@@ -652,24 +657,13 @@ static void test_prefetch_abort(struct k3_store_source *src)
 	piece_bytes = 0;
 	if (!s)
 		return;
-	uint32_t twelve = 12, fifteen = 15;
-	k3_store_hold_pieces(s, true);
-	k3_store_stats_get(s, &a);
+	guess_held(s, 1, fifteen, &a);
+	struct k3_store_view v;
 	k3_store_step_begin(s);
-	T_EQ_U64(k3_store_prefetch(s, 1, &fifteen, 1), 1);
-	T_OK(wait_issued(s, a.prefetch_issued + 1));
-	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_acquire(s, 1, &twelve, 1, v, &err), 0);   /* rejects 15 */
-	T_EQ_INT(view_errors(v, 1), 0);
-	k3_store_release(s, v, 1);
-	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_request(s, 1, &fifteen, 1, v, &err), 0);   /* wants it after all */
-	k3_store_hold_pieces(s, false);
-	T_EQ_INT(k3_store_wait(s, v, 1, &err), 0);
-	T_EQ_INT(view_errors(v, 1), 0);
-	k3_store_release(s, v, 1);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	T_EQ_INT(k3_store_acquire(s, 1, &twelve, 1, &v, &err), 0);   /* rejects 15 */
+	T_EQ_INT(view_errors(&v, 1), 0);
+	k3_store_release(s, &v, 1);
+	step_released(s, 1, &fifteen, 1, &a, &d);   /* wants it after all */
 	T_EQ_U64(d.prefetch_aborted, 0);
 	T_EQ_U64(d.prefetch_wasted_bytes, 0);
 	T_EQ_U64(d.bytes_read, cost(src, 1, 12) + cost(src, 1, 15));
