@@ -102,13 +102,21 @@ int k3ctl_client_call(struct k3ctl_client *c, uint32_t type, const void *body, i
 		      struct k3_proto_header *h, union k3_proto_body *reply, uint32_t *status,
 		      struct k3_err *err)
 {
-	uint32_t rid;
+	uint32_t rid = 0;
 	int r = k3ctl_client_send(c, type, body, &rid, err);
+	/* A peer that says why and hangs up (k3d refusing a uid it does not
+	 * allow) can close before our request is written: its ERROR frame is
+	 * still queued for us, so read it instead of reporting a bare close. */
+	bool unsent = r == -ECONNRESET;
 
+	if (unsent)
+		r = 0;
 	while (r == 0) {
 		r = k3ctl_client_recv(c, timeout_ms, h, reply, err);
 		if (r < 0)
 			break;
+		if (unsent && h->type != K3_MSG_ERROR)
+			return k3_err_set(err, -ECONNRESET, "k3d closed the connection");
 		if (h->request_id != rid && h->request_id != 0)
 			continue;   /* an event for another request */
 		if (h->type == K3_MSG_ERROR) {
@@ -157,7 +165,21 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	hello.client = k3_proto_str_of("k3ctl/" K3_VERSION); hello.has_client = true;
 	hello.version = K3_PROTO_VERSION; hello.has_version = true;
 	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; hello.has_caps = true;
-	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, NULL, err);
+	uint32_t status = 0;
+	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, &status, err);
+	if (r == -EREMOTEIO && (status == K3_STATUS_UNAUTHORIZED || status == K3_STATUS_BUSY)) {
+		/* Not this request's fault: the daemon is unavailable to us. */
+		k3_err_prefix(err, "k3d at '%s' refused the connection", path);
+		k3ctl_client_close(c);
+		return status == K3_STATUS_UNAUTHORIZED ? -EPERM : -EBUSY;
+	}
+	if (r == -EPROTO) {
+		/* Bytes that are not a k3d frame: something else owns the path. */
+		k3_err_prefix(err, "'%s' answered HELLO with bytes that are not k3d's protocol (is it a "
+			      "k3d socket?)", path);
+		k3ctl_client_close(c);
+		return -EBADMSG;
+	}
 	if (r == -ECONNRESET) {
 		/* Not a k3d, or one that died: say so instead of a bare close. */
 		k3ctl_client_close(c);

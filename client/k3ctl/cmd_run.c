@@ -477,8 +477,12 @@ int k3ctl_cmd_run(int argc, char **argv)
 	k3ctl_client_close(&c);
 	free(messages);
 	free(o.prompt_ids);
+	/* 130 is for the user's own Ctrl-C; a cancel from elsewhere (k3ctl
+	 * cancel, a shutdown whose drain timeout ran out) is an error. */
 	if (r == 0 && res.done.finish == K3_FINISH_CANCELLED)
-		r = 130;
+		r = interrupted ? 130 : k3ctl_fail(K3CTL_EXIT_ERROR, "run: k3d cancelled the generation "
+						     "('k3ctl cancel', or a shutdown whose --drain-timeout "
+						     "ran out)");
 	result_release(&res);
 	return r;
 }

@@ -57,7 +57,8 @@ int k3ctl_connect(struct k3ctl_client *c)
 	if (r == 0)
 		return 0;
 	if (r == -ENOENT || r == -ECONNREFUSED || r == -EACCES || r == -ENOTSOCK ||
-	    r == -ECONNRESET || r == -ETIMEDOUT || r == -EPERM || r == -ENAMETOOLONG)
+	    r == -ECONNRESET || r == -ETIMEDOUT || r == -EPERM || r == -ENAMETOOLONG ||
+	    r == -EBUSY || r == -EBADMSG)
 		return k3ctl_fail(K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
 	return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 }

@@ -114,6 +114,45 @@ def test_k3ctl_peer_hangs_up():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_k3ctl_peer_refuses():
+    """A peer that sends its reason and hangs up at once (k3d refusing a
+    uid not in its allow list) may close before k3ctl's HELLO is written:
+    k3ctl still reads the queued ERROR, says why and exits 3, every time. A
+    peer that answers with bytes that are not k3d frames is not a k3d:
+    exit 3 too."""
+    d = tempfile.mkdtemp(prefix="k3-refuse-")
+    path = os.path.join(d, "s.sock")
+    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ls.bind(path)
+    ls.listen(4)
+    refusal = frame(T["ERROR"], 0, field(1, STATUS["unauthorized"]) +
+                    field(2, "peer uid is not allowed by this k3d"))
+
+    def serve(reply, n):
+        for _ in range(n):
+            c, _ = ls.accept()
+            c.sendall(reply)
+            c.close()
+
+    try:
+        th = threading.Thread(target=serve, args=(refusal, 20))
+        th.start()
+        got = [k3ctl(path, "status") for _ in range(20)]
+        th.join(10)
+        bad = [(r.returncode, r.stderr) for r in got
+               if r.returncode != 3 or "peer uid is not allowed by this k3d" not in r.stderr]
+        check(not bad, f"refused: exit 3 with k3d's reason in 20 of 20 tries ({len(bad)} not: {bad[:2]})")
+        th = threading.Thread(target=serve, args=(b"HTTP/1.1 400 Bad Request\r\n\r\n", 1))
+        th.start()
+        r = k3ctl(path, "status")
+        th.join(10)
+        check(r.returncode == 3 and "not k3d's protocol" in r.stderr,
+              f"an HTTP server at the path -> 3, not a k3d: {r.returncode} {r.stderr!r}")
+    finally:
+        ls.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_bad_frames(d):
     s = connect(d.sock, do_hello=False)
     s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -301,6 +340,12 @@ def test_peer_credentials(k3d):
         os.chmod(d.sock, 0o666)   # let the file mode pass so SO_PEERCRED decides
         r = k3ctl(d.sock, "ping", user=65534)
         check(r.returncode != 0, "uid 65534 refused")
+        for _ in range(10):
+            r = k3ctl(d.sock, "status", user=65534)
+            if r.returncode != 3 or "not allowed" not in r.stderr:
+                break
+        check(r.returncode == 3 and "not allowed" in r.stderr,
+              f"uid 65534: exit 3 and k3d's reason, every time: {r.returncode} {r.stderr!r}")
         time.sleep(0.1)
         check("refusing connection from uid 65534" in d.log_text(), "refusal logged with uid")
     finally:
@@ -470,6 +515,7 @@ def main():
     check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- test_k3ctl_peer_hangs_up")
     test_k3ctl_peer_hangs_up()
+    test_k3ctl_peer_refuses()
     print("-- test_peer_credentials")
     test_peer_credentials(K3D)
     print("-- test_lifecycle")
