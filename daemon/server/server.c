@@ -261,8 +261,13 @@ static void handle_status(struct k3_conn *c, uint32_t rid)
 	memset(&r, 0, sizeof(r));
 	if (s->hooks.status)
 		s->hooks.status(s->hooks.ctx, &info, &r);
-	if (s->draining)
+	if (s->draining) {
+		/* The engine's text ("ready") would contradict the state. */
 		info.state = K3_STATE_DRAINING;
+		info.status_text = s->drain_cancelled
+			? "draining: out of time, cancelling the running work"
+			: "draining: finishing running work, taking none new";
+	}
 	r.version = k3_proto_str_of(K3_VERSION); r.has_version = true;
 	r.state = info.state; r.has_state = true;
 	if (info.status_text) {
@@ -893,8 +898,15 @@ void k3_server_drain(struct k3_server *s)
 	struct timeval tv = { (time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6) };
 	unsigned running = 0;
 
-	if (s->draining)
+	if (s->draining) {
+		/* Asked again (a second Ctrl-C, SIGTERM or shutdown): the user
+		 * does not want to wait for the drain timeout. */
+		if (s->drain_waiting && !s->drain_cancelled && s->drain_timer) {
+			k3_log_notice("asked to stop again: not waiting for the drain timeout");
+			drain_timer_cb(-1, 0, s);
+		}
 		return;
+	}
 	s->draining = true;
 	sd_notify(0, "STOPPING=1\nSTATUS=Draining");
 	k3_log_notice("draining: no new work");

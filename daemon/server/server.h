@@ -75,10 +75,12 @@ const char *k3_server_socket_path(const struct k3_server *s);
 void k3_server_set_hooks(struct k3_server *s, const struct k3_server_hooks *hooks);
 void k3_server_set_info(struct k3_server *s, const struct k3_server_info *info);
 
-/* Starts the graceful drain (idempotent): STOPPING=1, listeners closed,
- * queued work cancelled by the hooks, running work given drain_timeout_s
- * (then cancelled, and given a few more seconds to send its DONE), then
- * connections flushed and the loop exits. */
+/* Starts the graceful drain: STOPPING=1, queued work cancelled by the
+ * hooks, running work given drain_timeout_s (then cancelled, and given a
+ * few more seconds to send its DONE) while the listeners stay open
+ * (clients see state draining), then listeners closed, connections
+ * flushed and the loop exits. Called again during the drain, it cancels
+ * the running work at once instead of waiting for the timeout. */
 void k3_server_drain(struct k3_server *s);
 /* Tells the server the last running job finished during a drain. */
 void k3_server_drain_done(struct k3_server *s);

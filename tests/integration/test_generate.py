@@ -570,7 +570,7 @@ def test_drain(k3d):
     # socket; it may not start work.
     d = Daemon(k3d, "--drain-timeout", "60")
     try:
-        a, _ = sigterm_during_long_prefill(d)
+        a, sa = sigterm_during_long_prefill(d)
         state, deadline = None, time.time() + 10
         while state != 2 and time.time() < deadline:
             try:
@@ -589,15 +589,27 @@ def test_drain(k3d):
         if state == 2:
             c.sendall(frame(T["STATUS"], 2))
             r = read_frame(c)
-            check(r and r[0] == T["STATUS_REPLY"] and u32(r[2], 2) == 2 and u32(r[2], 8) == 1,
-                  f"STATUS during the drain: draining, 1 running ({r and r[2].get(2)})")
+            check(r and r[0] == T["STATUS_REPLY"] and u32(r[2], 2) == 2 and u32(r[2], 8) == 1 and
+                  r[2][3][0].startswith(b"draining"),
+                  f"STATUS during the drain: draining (also its text), 1 running ({r and r[2].get(3)})")
             sb = Stream(c, 3, raw(prompt="late", max_new=2))
             sb.finish(10)
             check(sb.error and sb.error[0] == STATUS["shutting_down"], f"GENERATE while draining: {sb.error}")
             c.close()
-        a.close()    # cancels the running job (rule 6): the drain ends
-        check(d.proc.wait(20) == 0, "exit 0 once the running job is gone")
+        # A second SIGTERM does not wait out the 60 s: the running job is
+        # cancelled now, its client still gets DONE.
+        t0 = time.time()
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            sa.finish(30)
+        except EOFError:
+            pass
+        check(sa.done is not None and sa.finish_reason() == 2,
+              f"second SIGTERM: the running job ends with DONE cancelled ({sa.events[-3:]})")
+        check(d.proc.wait(20) == 0 and time.time() - t0 < 20,
+              f"exit 0 soon after the second SIGTERM ({time.time() - t0:.1f} s)")
         check(not os.path.exists(d.sock), "socket removed when the drain ends")
+        a.close()
     finally:
         d.stop()
 
