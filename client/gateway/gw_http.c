@@ -330,11 +330,14 @@ static void sse_end(struct gw_req *r, int status)
 	evhttp_send_reply_end(req);
 }
 
-/* An error after the headers are out: one error event, then the end. */
-static void sse_fail(struct gw_req *r, const char *message)
+/* An error after the headers are out: one error event, then the end. The
+ * client got 200 already; status is what the same error has before the
+ * headers, so /metrics and the access log count a stream refused by a
+ * draining k3d as 503, like the non-streaming request it could have been. */
+static void sse_fail(struct gw_req *r, int status, const char *type, const char *code, const char *message)
 {
-	sse_event(r, error_object("server_error", message, NULL, NULL));
-	sse_end(r, 500);
+	sse_event(r, error_object(type, message, NULL, code));
+	sse_end(r, status);
 }
 
 /* ---- generation results ------------------------------------------------ */
@@ -393,7 +396,7 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 		const char *why = d->finish == K3_FINISH_CANCELLED ? "the generation was cancelled in k3d"
 								   : "the engine failed during generation";
 		if (r->started)
-			sse_fail(r, why);
+			sse_fail(r, 500, "server_error", NULL, why);
 		else
 			send_error(r, 500, "server_error", NULL, NULL, "%s", why);
 		return;
@@ -554,7 +557,9 @@ static void send_draining(struct gw_req *r)
 	send_error(r, 503, "server_error", NULL, "shutting_down", "%s", GW_DRAINING_REQUEST);
 }
 
-/* An ERROR for the GENERATE before any byte went out: its HTTP form. */
+/* An ERROR for the GENERATE: its HTTP form, or the same error as an SSE
+ * event when the stream's headers are out (a queued stream that k3d drops
+ * while draining). */
 static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 {
 	/* text: msg and the longest sentence around it (send_error caps it) */
@@ -570,10 +575,6 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 		snprintf(param, sizeof(param), "%s", r->oai.max_param ? r->oai.max_param : "max_tokens");
 	else if (strcmp(param, "prompt") == 0 && r->oai.ep == GW_EP_CHAT)
 		snprintf(param, sizeof(param), "messages");
-	if (r->started) {
-		sse_fail(r, msg);
-		return;
-	}
 	switch (e->status) {
 	case K3_STATUS_BUSY:
 		status = 429;
@@ -636,7 +637,10 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 		snprintf(text, sizeof(text), "k3d failed: %s", msg);
 		break;
 	}
-	send_error(r, status, type, eparam, code, "%s", text);
+	if (r->started)
+		sse_fail(r, status, type, code, text);
+	else
+		send_error(r, status, type, eparam, code, "%s", text);
 }
 
 static void daemon_close(struct gw_req *r)
@@ -891,7 +895,7 @@ static void daemon_fail(struct gw_daemon *d, const char *why, void *arg)
 			break;
 		default:
 			if (r->started)
-				sse_fail(r, why);
+				sse_fail(r, 500, "server_error", NULL, why);
 			else if (r->accepted)
 				send_error(r, 500, "server_error", NULL, NULL, "k3d failed during the request: %s", why);
 			else

@@ -899,12 +899,27 @@ def test_draining_refuses_new_requests():
 
 def test_queued_request_dropped_by_drain():
     """k3d drops a queued job while draining: ERROR{SHUTTING_DOWN} after
-    ACCEPTED. The 503 says so once, with the draining sentence (it read
-    "k3d is shutting down: k3d is shutting down")."""
+    ACCEPTED. Non-streaming: 503 with the draining sentence once (it read
+    "k3d is shutting down: k3d is shutting down"). Streaming (headers already
+    out): one error event with the same message and code, no [DONE], and
+    /metrics counts it as 503 like the non-streaming one, not 500."""
     drop = fake_msg({"tokens": [{"error": "k3d is shutting down", "status": "SHUTTING_DOWN"}]})
     with Stack(gw_args=["--retry-after", "3"]) as s:
         status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": drop})
         assert assert_error_shape(status, hd, raw, 503) == DRAINING and hd["retry-after"] == "3", raw
+        status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": drop, "stream": True})
+        assert status == 200 and hd["content-type"].startswith("text/event-stream"), (status, hd)
+        events = sse_events(raw)
+        assert "data: [DONE]" not in events
+        assert json.loads(events[-1][6:]) == {"error": DRAINING}, events
+        # the SDK raises the event's message for a stream
+        with pytest.raises(openai.APIError) as ei:
+            list(s.client().chat.completions.create(model="m", messages=drop, stream=True))
+        assert ei.value.message == DRAINING["message"]
+        lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+        counts = {ln.split("status=")[1].split("}")[0]: ln.split()[-1] for ln in lines
+                  if ln.startswith('k3_gateway_requests_total{endpoint="chat_completions"')}
+        assert counts == {'"503"': "3"}, counts
 
 
 def test_api_key(tmp_path):
