@@ -30,6 +30,15 @@ int k3_client_socket_check(const char *path, char *why, size_t why_size)
 {
 	size_t n = strlen(path);
 
+	/* Only an explicit --socket '' gets here (an empty $K3D_SOCKET counts
+	 * as unset): a typo or an unset shell variable, which connect() would
+	 * report as a confusing "cannot reach k3d at ''". */
+	if (n == 0) {
+		snprintf(why, why_size, "--socket needs a path, got an empty one (leave --socket out "
+			 "for the default: $K3D_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock when it exists, "
+			 "else %s)", K3_CLIENT_SYSTEMD_SOCKET);
+		return -EINVAL;
+	}
 	if (n <= K3_CLIENT_SOCKET_PATH_MAX)
 		return 0;
 	snprintf(why, why_size, "k3d socket path '%s' is %zu bytes; a Unix socket path may have at "

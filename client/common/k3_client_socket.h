@@ -22,10 +22,13 @@ const char *k3_client_default_socket(void);
  * sockaddr_un (108 bytes on Linux) less its terminating NUL. */
 #define K3_CLIENT_SOCKET_PATH_MAX 107
 
-/* 0 when path fits a sockaddr_un, else -ENAMETOOLONG with why set to a
- * sentence naming the path, its length and the limit (why_size bytes,
- * truncated to fit). Both clients check before connecting so that a
- * too-long path reads as "cannot reach k3d" rather than a generic error. */
+/* 0 when path fits a sockaddr_un; -EINVAL when it is empty (why says
+ * --socket needs a path and names the default); -ENAMETOOLONG when it is
+ * too long (why names the path, its length and the limit). why gets
+ * why_size bytes, truncated to fit. k3-gateway checks at start-up (a usage
+ * error, exit 2, rather than a 503 on every request); k3ctl refuses an
+ * empty path as a usage error (exit 2) and a too-long one when it connects
+ * (exit 3, like any k3d it cannot reach). */
 int k3_client_socket_check(const char *path, char *why, size_t why_size);
 
 #endif

@@ -330,11 +330,14 @@ static void sse_end(struct gw_req *r, int status)
 	evhttp_send_reply_end(req);
 }
 
-/* An error after the headers are out: one error event, then the end. */
-static void sse_fail(struct gw_req *r, const char *message)
+/* An error after the headers are out: one error event, then the end. The
+ * client got 200 already; status is what the same error has before the
+ * headers, so /metrics and the access log count a stream refused by a
+ * draining k3d as 503, like the non-streaming request it could have been. */
+static void sse_fail(struct gw_req *r, int status, const char *type, const char *code, const char *message)
 {
-	sse_event(r, error_object("server_error", message, NULL, NULL));
-	sse_end(r, 500);
+	sse_event(r, error_object(type, message, NULL, code));
+	sse_end(r, status);
 }
 
 /* ---- generation results ------------------------------------------------ */
@@ -393,7 +396,7 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 		const char *why = d->finish == K3_FINISH_CANCELLED ? "the generation was cancelled in k3d"
 								   : "the engine failed during generation";
 		if (r->started)
-			sse_fail(r, why);
+			sse_fail(r, 500, "server_error", NULL, why);
 		else
 			send_error(r, 500, "server_error", NULL, NULL, "%s", why);
 		return;
@@ -542,10 +545,27 @@ static void on_tool_call(struct gw_req *r, const struct k3_msg_tool_call *tc)
 	json_decref(id);
 }
 
-/* An ERROR for the GENERATE before any byte went out: its HTTP form. */
+/* What a request hears while k3d drains, however the gateway learns it
+ * (HELLO_OK state DRAINING, ERROR{SHUTTING_DOWN} to HELLO or to the
+ * GENERATE, which k3d sends for a new job and for a queued one it drops):
+ * /health's sentence, and the request never ran, so a retry is safe. */
+#define GW_DRAINING_WHY "k3d is draining (shutting down or restarting) and takes no new requests"
+#define GW_DRAINING_REQUEST GW_DRAINING_WHY "; this request did not run."
+
+static void send_draining(struct gw_req *r)
+{
+	send_error(r, 503, "server_error", NULL, "shutting_down", "%s", GW_DRAINING_REQUEST);
+}
+
+/* An ERROR for the GENERATE: its HTTP form, or the same error as an SSE
+ * event when the stream's headers are out (a queued stream that k3d drops
+ * while draining). */
 static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 {
-	char msg[K3_LIM_MESSAGE_MAX + 1], param[K3_LIM_NAME_MAX + 1];
+	/* text: msg and the longest sentence around it (send_error caps it) */
+	char msg[K3_LIM_MESSAGE_MAX + 1], param[K3_LIM_NAME_MAX + 1], text[K3_LIM_MESSAGE_MAX + 512];
+	const char *type = "server_error", *eparam = NULL, *code = NULL;
+	int status;
 
 	snprintf(msg, sizeof(msg), "%.*s", (int)e->message.len, e->message.p ? e->message.p : "");
 	snprintf(param, sizeof(param), "%.*s", e->has_param ? (int)e->param.len : 0,
@@ -555,21 +575,25 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 		snprintf(param, sizeof(param), "%s", r->oai.max_param ? r->oai.max_param : "max_tokens");
 	else if (strcmp(param, "prompt") == 0 && r->oai.ep == GW_EP_CHAT)
 		snprintf(param, sizeof(param), "messages");
-	if (r->started) {
-		sse_fail(r, msg);
-		return;
-	}
 	switch (e->status) {
 	case K3_STATUS_BUSY:
-		send_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded",
-			   "k3d is busy: its generation slot and queue are full (%s). Retry after the "
-			   "Retry-After delay.", msg);
+		status = 429;
+		type = "rate_limit_error";
+		code = "rate_limit_exceeded";
+		snprintf(text, sizeof(text), "k3d is busy: its generation slot and queue are full (%s). Retry "
+			 "after the Retry-After delay.", msg);
 		break;
 	case K3_STATUS_NOT_READY:
-		send_error(r, 503, "server_error", NULL, "model_not_ready", "k3d is still loading the model: %s", msg);
+		status = 503;
+		code = "model_not_ready";
+		snprintf(text, sizeof(text), "k3d is still loading the model: %s", msg);
 		break;
 	case K3_STATUS_SHUTTING_DOWN:
-		send_error(r, 503, "server_error", NULL, NULL, "k3d is shutting down: %s", msg);
+		/* k3d's own message ("k3d is shutting down") would only repeat
+		 * what the status says. */
+		status = 503;
+		code = "shutting_down";
+		snprintf(text, sizeof(text), "%s", GW_DRAINING_REQUEST);
 		break;
 	case K3_STATUS_CONTEXT_EXCEEDED: {
 		/* k3d quotes the max_new it got; a larger value was sent as
@@ -579,25 +603,44 @@ static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
 		    strcmp(param, r->oai.max_param ? r->oai.max_param : "max_tokens") == 0)
 			snprintf(asked, sizeof(asked), " ('%.32s' was %lld, sent to k3d as its bound %u)",
 				 param, r->oai.max_asked, (unsigned)r->oai.max_new);
-		send_error(r, 400, "invalid_request_error", param[0] ? param : "messages", "context_length_exceeded",
-			   "%s%s%s", strstr(msg, "maximum context length") ? "" :
-			   "This model's maximum context length was exceeded: ", msg, asked);
+		status = 400;
+		type = "invalid_request_error";
+		eparam = param[0] ? param : "messages";
+		code = "context_length_exceeded";
+		snprintf(text, sizeof(text), "%s%s%s", strstr(msg, "maximum context length") ? "" :
+			 "This model's maximum context length was exceeded: ", msg, asked);
 		break;
 	}
 	case K3_STATUS_INVALID_ARGUMENT:
 	case K3_STATUS_BAD_REQUEST:
-		send_error(r, 400, "invalid_request_error", param, "invalid_value", "%s", msg);
+		status = 400;
+		type = "invalid_request_error";
+		eparam = param;
+		code = "invalid_value";
+		snprintf(text, sizeof(text), "%s", msg);
 		break;
 	case K3_STATUS_UNSUPPORTED:
-		send_error(r, 400, "invalid_request_error", param, "unsupported_value", "%s", msg);
+		status = 400;
+		type = "invalid_request_error";
+		eparam = param;
+		code = "unsupported_value";
+		snprintf(text, sizeof(text), "%s", msg);
 		break;
 	case K3_STATUS_TOO_LARGE:
-		send_error(r, 413, "invalid_request_error", param, NULL, "%s", msg);
+		status = 413;
+		type = "invalid_request_error";
+		eparam = param;
+		snprintf(text, sizeof(text), "%s", msg);
 		break;
 	default:
-		send_error(r, 500, "server_error", NULL, NULL, "k3d failed: %s", msg);
+		status = 500;
+		snprintf(text, sizeof(text), "k3d failed: %s", msg);
 		break;
 	}
+	if (r->started)
+		sse_fail(r, status, type, code, text);
+	else
+		send_error(r, status, type, eparam, code, "%s", text);
 }
 
 static void daemon_close(struct gw_req *r)
@@ -674,8 +717,7 @@ static void health_from_state(struct gw_req *r, unsigned state)
 		health_reply(r, NULL, "loading", "k3d is loading the model; retry after Retry-After seconds");
 		break;
 	case K3_STATE_DRAINING:
-		health_reply(r, NULL, "draining",
-			     "k3d is draining (shutting down or restarting) and takes no new requests");
+		health_reply(r, NULL, "draining", GW_DRAINING_WHY);
 		break;
 	case K3_STATE_NO_MODEL:
 		health_reply(r, NULL, "no_model", "k3d has no model loaded; start it with --model DIR");
@@ -750,8 +792,17 @@ static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 		break;
 	case K_GENERATE:
 		if (!ready) {
-			send_error(r, 503, "server_error", NULL, "model_not_ready",
-				   "k3d is not ready (state %u: still loading the model or draining).", h->state);
+			if (h->state == K3_STATE_DRAINING)
+				send_draining(r);
+			else if (h->state == K3_STATE_LOADING)
+				send_error(r, 503, "server_error", NULL, "model_not_ready",
+					   "k3d is still loading the model; retry after the Retry-After delay.");
+			else if (h->state == K3_STATE_NO_MODEL)
+				send_error(r, 503, "server_error", NULL, "model_not_ready",
+					   "k3d has no model loaded; start it with --model DIR.");
+			else
+				send_error(r, 503, "server_error", NULL, "model_not_ready",
+					   "k3d is not ready (state %u).", h->state);
 			daemon_close(r);
 			break;
 		}
@@ -816,6 +867,8 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 				health_reply(r, NULL, "draining", why);
 			else if (r->kind == K_HEALTH)
 				health_unavailable(r, why);
+			else if (b->error.status == K3_STATUS_SHUTTING_DOWN)
+				send_draining(r);
 			else
 				send_error(r, 503, "server_error", NULL, NULL, "%s", why);
 			daemon_close(r);
@@ -842,7 +895,7 @@ static void daemon_fail(struct gw_daemon *d, const char *why, void *arg)
 			break;
 		default:
 			if (r->started)
-				sse_fail(r, why);
+				sse_fail(r, 500, "server_error", NULL, why);
 			else if (r->accepted)
 				send_error(r, 500, "server_error", NULL, NULL, "k3d failed during the request: %s", why);
 			else

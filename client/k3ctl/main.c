@@ -172,6 +172,15 @@ int main(int argc, char **argv)
 		printf("k3ctl %s (protocol %u)\n", K3_VERSION, K3_PROTO_VERSION);
 		return K3CTL_EXIT_OK;
 	}
+	{
+		/* An empty --socket is a usage error (exit 2), not "cannot reach
+		 * k3d at ''" (exit 3). A too-long path is left to the connect,
+		 * which reports it as a k3d it cannot reach. */
+		char why[512];
+
+		if (k3_client_socket_check(k3ctl_g.socket_path, why, sizeof(why)) == -EINVAL)
+			return k3ctl_fail(K3CTL_EXIT_USAGE, "%s", why);
+	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		char name[32];
 

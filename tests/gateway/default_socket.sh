@@ -59,5 +59,19 @@ if [ $rc != 2 ] || ! grep -qF "at most 107" "$d/err"; then
 	fail=1
 fi
 check "$long" K3D_SOCKET="$long"
-[ $fail = 0 ] && echo "ok: 8 default-socket cases"
+# An explicit empty --socket (a typo, an unset shell variable) is a usage
+# error naming the default, not a gateway answering "cannot reach k3d at
+# ''" on every request; an empty K3D_SOCKET counts as unset (checked above).
+empty_socket() {
+	timeout 10 "$gw" --listen 127.0.0.1:0 --quiet "$@" 2>"$d/err"
+	rc=$?
+	if [ $rc != 2 ] || ! grep -qF "k3-gateway: --socket needs a path, got an empty one (leave --socket out for the default" "$d/err"; then
+		echo "FAIL: $* -> exit $rc (want 2 and the default named)"
+		cat "$d/err"
+		fail=1
+	fi
+}
+empty_socket --socket ""
+empty_socket --socket=
+[ $fail = 0 ] && echo "ok: 10 default-socket cases"
 exit $fail

@@ -22,6 +22,10 @@ is a JSON object:
              {"tool": {"index":0,"id":"call_1","name":"f","arguments":"{"}}
              {"sleep": 2.5}      silence (no token)
              {"error": "msg"}    ERROR{INTERNAL} mid-stream (terminal)
+             {"error": "msg", "status": "SHUTTING_DOWN"}
+                                 the same with that status; first in the
+                                 list it is a job dropped after ACCEPTED, as
+                                 a draining k3d drops its queued jobs
              {"crash": true}     close the connection abruptly
   delay    seconds between tokens (default 0)
   prefill  seconds of "prefill" after ACCEPTED, with PROGRESS frames
@@ -306,7 +310,8 @@ class Daemon:
                 await asyncio.sleep(item["sleep"])
                 continue
             if isinstance(item, dict) and "error" in item:
-                self.send(conn, "ERROR", rid, status=STATUS["INTERNAL"], message=item["error"])
+                self.send(conn, "ERROR", rid, status=STATUS[item.get("status", "INTERNAL")],
+                          message=item["error"])
                 self.log(ev="error", conn=conn["id"], message=item["error"])
                 return
             if isinstance(item, dict) and item.get("crash"):
@@ -367,6 +372,9 @@ class Daemon:
         self.log(ev="generate", conn=conn["id"], rid=rid, fields={
             k: (json.loads(v) if k in ("messages", "tools", "tool_choice", "response_format") else v)
             for k, v in gen.items()})
+        if self.args.state == "draining":   # what k3d answers (daemon/server/sched.c)
+            self.send(conn, "ERROR", rid, status=STATUS["SHUTTING_DOWN"], message="k3d is shutting down")
+            return
         if self.args.state != "ready":
             self.send(conn, "ERROR", rid, status=STATUS["NOT_READY"], message="model is loading")
             return

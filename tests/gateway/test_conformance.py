@@ -872,6 +872,54 @@ def test_loading_state():
         with pytest.raises(openai.InternalServerError) as ei:
             s.client().chat.completions.create(model="m", messages=HI)
         assert ei.value.status_code == 503
+        assert ei.value.body == {"message": "k3d is still loading the model; retry after the Retry-After delay.",
+                                 "type": "server_error", "param": None, "code": "model_not_ready"}
+
+
+DRAINING = {"message": "k3d is draining (shutting down or restarting) and takes no new requests; this request "
+                       "did not run.", "type": "server_error", "param": None, "code": "shutting_down"}
+
+
+def test_draining_refuses_new_requests():
+    """A request that finds k3d draining (HELLO_OK state DRAINING) gets 503
+    + Retry-After with /health's sentence and code shutting_down, not the
+    loading message; no GENERATE is sent."""
+    with Stack(fake_args=["--state", "draining"], gw_args=["--retry-after", "7"]) as s:
+        for path, body in (("/v1/chat/completions", {"model": "m", "messages": HI}),
+                           ("/v1/chat/completions", {"model": "m", "messages": HI, "stream": True}),
+                           ("/v1/completions", {"model": "m", "prompt": "Hi"})):
+            status, hd, raw = s.raw("POST", path, body)
+            e = assert_error_shape(status, hd, raw, 503)
+            assert e == DRAINING and hd["retry-after"] == "7", (path, body, e, hd)
+        assert s.fake.events("generate") == []
+        lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+        assert 'k3_gateway_requests_total{endpoint="chat_completions",status="503"} 2' in lines, \
+            [ln for ln in lines if ln.startswith("k3_gateway_requests_total")]
+
+
+def test_queued_request_dropped_by_drain():
+    """k3d drops a queued job while draining: ERROR{SHUTTING_DOWN} after
+    ACCEPTED. Non-streaming: 503 with the draining sentence once (it read
+    "k3d is shutting down: k3d is shutting down"). Streaming (headers already
+    out): one error event with the same message and code, no [DONE], and
+    /metrics counts it as 503 like the non-streaming one, not 500."""
+    drop = fake_msg({"tokens": [{"error": "k3d is shutting down", "status": "SHUTTING_DOWN"}]})
+    with Stack(gw_args=["--retry-after", "3"]) as s:
+        status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": drop})
+        assert assert_error_shape(status, hd, raw, 503) == DRAINING and hd["retry-after"] == "3", raw
+        status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": drop, "stream": True})
+        assert status == 200 and hd["content-type"].startswith("text/event-stream"), (status, hd)
+        events = sse_events(raw)
+        assert "data: [DONE]" not in events
+        assert json.loads(events[-1][6:]) == {"error": DRAINING}, events
+        # the SDK raises the event's message for a stream
+        with pytest.raises(openai.APIError) as ei:
+            list(s.client().chat.completions.create(model="m", messages=drop, stream=True))
+        assert ei.value.message == DRAINING["message"]
+        lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+        counts = {ln.split("status=")[1].split("}")[0]: ln.split()[-1] for ln in lines
+                  if ln.startswith('k3_gateway_requests_total{endpoint="chat_completions"')}
+        assert counts == {'"503"': "3"}, counts
 
 
 def test_api_key(tmp_path):

@@ -15,7 +15,7 @@ import time
 import openai
 import pytest
 
-from gwharness import Stack, sse_events
+from gwharness import Stack, raw_stream_socket, read_until, sse_events
 
 BUILD = os.environ.get("K3_BUILD_ROOT", "")
 K3D = os.path.join(BUILD, "daemon", "k3d")
@@ -231,17 +231,34 @@ def test_real_metrics_expert_counters(real):
 
 def test_real_health_while_draining():
     """SIGTERM while a generation runs: until the drain ends, /health says
-    "draining" (k3d keeps answering HELLO), not "unavailable" (socket gone)."""
+    "draining" (k3d keeps answering HELLO), not "unavailable" (socket gone).
+    The two requests queued behind it, one streaming and one not, and a new
+    one sent during the drain all get the draining error once (code
+    shutting_down), and /metrics counts all three as 503."""
     import signal
+    import socket
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
     from k3proto import T, connect, field, frame, read_frame
-    with real_k3d("k3gw-drain-", ["--threads", "1", "--drain-timeout", "60"]) as (s, k, sock):
+    draining = {"message": "k3d is draining (shutting down or restarting) and takes no new requests; this "
+                           "request did not run.", "type": "server_error", "param": None, "code": "shutting_down"}
+    with real_k3d("k3gw-drain-", ["--threads", "1", "--drain-timeout", "60", "--queue", "2"]) as (s, k, sock):
         a = connect(sock)
         ids = b"".join((1 + i % 2000).to_bytes(4, "little") for i in range(20000))
         a.sendall(frame(T["GENERATE"], 1, field(1, 0) + field(3, ids) + field(8, 100000)))
         while read_frame(a, 60)[0] != T["PROGRESS"]:
             pass
+        q_stream = raw_stream_socket(s.port, {"model": "m", "messages": HI, "max_tokens": 4, "stream": True})
+        head = read_until(q_stream, b'"role":"assistant"')   # ACCEPTED: queued, headers out
+        assert head.startswith(b"HTTP/1.1 200"), head
+        body = json.dumps({"model": "m", "messages": HI, "max_tokens": 4}).encode()
+        q_plain = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        q_plain.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        end = time.time() + 10
+        while "k3_daemon_queue_depth 2" not in s.raw("GET", "/metrics")[2].decode().splitlines():
+            assert time.time() < end, "both requests queued"
+            time.sleep(0.05)
         k.send_signal(signal.SIGTERM)
         end = time.time() + 10
         while True:
@@ -253,6 +270,19 @@ def test_real_health_while_draining():
             "status": "draining",
             "error": "k3d is draining (shutting down or restarting) and takes no new requests"}), body
         assert hd["retry-after"] == "1"
+        status, hd, body = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI})
+        assert (status, json.loads(body)["error"], hd["retry-after"]) == (503, draining, "1"), body
+        rest = read_until(q_stream, b"\r\n0\r\n\r\n")    # the chunked stream's end
+        events = [ln for ln in rest.decode().split("\n") if ln.startswith("data: ")]
+        assert json.loads(events[-1][6:]) == {"error": draining} and "data: [DONE]" not in events, rest
+        plain = read_until(q_plain, b"\x00")                # to EOF (Connection: close)
+        assert plain.startswith(b"HTTP/1.1 503"), plain
+        assert json.loads(plain.split(b"\r\n\r\n", 1)[1]) == {"error": draining}, plain
+        lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+        assert 'k3_gateway_requests_total{endpoint="chat_completions",status="503"} 3' in lines, \
+            [ln for ln in lines if ln.startswith("k3_gateway_requests_total")]
+        assert not [ln for ln in lines if ln.startswith('k3_gateway_requests_total{endpoint="chat_completions"')
+                    and 'status="503"' not in ln], lines
         a.close()    # cancels the job: the drain ends and k3d exits
         assert k.wait(20) == 0
         assert s.raw("GET", "/health")[0] == 503

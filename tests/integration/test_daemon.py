@@ -70,6 +70,18 @@ def test_k3ctl_basics(d):
     r = subprocess.run([K3CTL, "status"], capture_output=True, text=True,
                        env={**os.environ, "K3D_SOCKET": d.sock})
     check(r.returncode == 0, "K3D_SOCKET is honoured")
+    # An explicit empty --socket is a usage error (it used to be "cannot
+    # reach k3d at ''", exit 3); an empty K3D_SOCKET counts as unset, so the
+    # default ($XDG_RUNTIME_DIR/k3d.sock here) is used.
+    for args in (["--socket", ""], ["--socket="]):
+        r = subprocess.run([K3CTL, *args, "status"], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and r.stderr.startswith("k3ctl: --socket needs a path, got an empty one")
+              and "$XDG_RUNTIME_DIR/k3d.sock" in r.stderr,
+              f"empty {args} exits 2 naming the default ({r.returncode}: {r.stderr!r})")
+    r = subprocess.run([K3CTL, "status"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "K3D_SOCKET": "", "XDG_RUNTIME_DIR": os.path.dirname(d.sock)})
+    check(r.returncode == 0 and "ready" in r.stdout,
+          f"empty K3D_SOCKET falls back to the default ({r.returncode}: {r.stderr!r})")
     # sun_path holds 107 bytes and a NUL: a longer path cannot reach any k3d
     # (exit 3, naming the limit); a 107-byte one is tried like any other.
     long = "/" + "d" * 106
