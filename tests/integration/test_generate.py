@@ -534,6 +534,17 @@ def sigterm_during_long_prefill(d):
     return a, sa
 
 
+def expect_done_cancelled(sa, why):
+    """The running job sa, cancelled by the daemon (`why`), ends with DONE
+    cancelled, not a bare close."""
+    try:
+        sa.finish(30)
+    except EOFError:
+        pass
+    check(sa.done is not None and sa.finish_reason() == 2,
+          f"{why}: the running job ends with DONE cancelled, not a bare close ({sa.events[-3:]})")
+
+
 def test_drain(k3d):
     """SIGTERM mid-generation: the running job's client always gets its
     terminal frame, also when the drain timeout cuts the job short."""
@@ -556,12 +567,7 @@ def test_drain(k3d):
     d = Daemon(k3d, "--drain-timeout", "0.5")
     try:
         a, sa = sigterm_during_long_prefill(d)
-        try:
-            sa.finish(30)
-        except EOFError:
-            pass
-        check(sa.done is not None and sa.finish_reason() == 2,
-              f"drain timeout: the running job ends with DONE cancelled, not a bare close ({sa.events[-3:]})")
+        expect_done_cancelled(sa, "drain timeout")
         check(d.proc.wait(20) == 0, "exit 0 after the drain timeout")
     finally:
         d.stop()
@@ -600,12 +606,7 @@ def test_drain(k3d):
         # cancelled now, its client still gets DONE.
         t0 = time.time()
         d.proc.send_signal(signal.SIGTERM)
-        try:
-            sa.finish(30)
-        except EOFError:
-            pass
-        check(sa.done is not None and sa.finish_reason() == 2,
-              f"second SIGTERM: the running job ends with DONE cancelled ({sa.events[-3:]})")
+        expect_done_cancelled(sa, "second SIGTERM")
         check(d.proc.wait(20) == 0 and time.time() - t0 < 20,
               f"exit 0 soon after the second SIGTERM ({time.time() - t0:.1f} s)")
         check(not os.path.exists(d.sock), "socket removed when the drain ends")
