@@ -138,6 +138,14 @@ enum k3_proto_finish {
 	K3_FINISH_STOP = 0, K3_FINISH_LENGTH = 1, K3_FINISH_CANCELLED = 2,
 	K3_FINISH_ERROR = 3, K3_FINISH_TOOL_CALLS = 4,
 };
+/* DONE.cancel_reason, with finish = cancelled: who cancelled the job
+ * (absent from daemons before it: treat as UNSET). */
+enum k3_proto_cancel_reason {
+	K3_CANCEL_UNSET = 0,
+	K3_CANCEL_CLIENT = 1,     /* its own connection: CANCEL, or the client left */
+	K3_CANCEL_BY_ID = 2,      /* CANCEL by job id from another connection (k3ctl cancel) */
+	K3_CANCEL_SHUTDOWN = 3,   /* k3d stopping: drain timeout, or asked to stop again */
+};
 /* STATUS_REPLY.state */
 enum k3_proto_state {
 	K3_STATE_LOADING = 0, K3_STATE_READY = 1, K3_STATE_DRAINING = 2,
@@ -274,7 +282,8 @@ enum k3_proto_state {
 	F(m, 17, F64, io_wait_s, 0, 0) \
 	F(m, 18, F64, compute_s, 0, 0) \
 	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
-	F(m, 20, U64, prefetch_issued_bytes, 0, 0)
+	F(m, 20, U64, prefetch_issued_bytes, 0, 0) \
+	F(m, 21, U32, cancel_reason, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

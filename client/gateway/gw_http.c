@@ -369,6 +369,16 @@ static json_t *buf_string(struct evbuffer *b)
 	return json_stringn(p, n);
 }
 
+/* What a request hears while k3d drains, however the gateway learns it
+ * (HELLO_OK state DRAINING, ERROR{SHUTTING_DOWN} to HELLO or to the
+ * GENERATE, which k3d sends for a new job and for a queued one it drops):
+ * /health's sentence, and the request never ran, so a retry is safe. */
+#define GW_DRAINING_WHY "k3d is draining (shutting down or restarting) and takes no new requests"
+#define GW_DRAINING_REQUEST GW_DRAINING_WHY "; this request did not run."
+/* A running generation k3d cut off while stopping (drain timeout, or
+ * asked to stop again): the same 503 shutting_down, retryable. */
+#define GW_DRAINING_CUT GW_DRAINING_WHY "; it stopped this generation before it finished."
+
 static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 {
 	const char *finish = finish_name(r, d->finish);
@@ -393,12 +403,26 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 	if (!r->req)
 		return;
 	if (!finish) {
-		const char *why = d->finish == K3_FINISH_CANCELLED ? "the generation was cancelled in k3d"
-								   : "the engine failed during generation";
+		/* Who cancelled it decides what the client can do: a stopping
+		 * k3d is worth a retry elsewhere or later (503), an operator's
+		 * 'k3ctl cancel' is final. */
+		const char *why = "the engine failed during generation", *code = NULL;
+		int status = 500;
+
+		if (d->finish == K3_FINISH_CANCELLED && d->cancel_reason == K3_CANCEL_SHUTDOWN) {
+			status = 503;
+			code = "shutting_down";
+			why = GW_DRAINING_CUT;
+		} else if (d->finish == K3_FINISH_CANCELLED && d->cancel_reason == K3_CANCEL_BY_ID) {
+			code = "cancelled";
+			why = "an operator cancelled this generation in k3d ('k3ctl cancel')";
+		} else if (d->finish == K3_FINISH_CANCELLED) {
+			why = "the generation was cancelled in k3d";
+		}
 		if (r->started)
-			sse_fail(r, 500, "server_error", NULL, why);
+			sse_fail(r, status, "server_error", code, why);
 		else
-			send_error(r, 500, "server_error", NULL, NULL, "%s", why);
+			send_error(r, status, "server_error", NULL, code, "%s", why);
 		return;
 	}
 	if (r->oai.stream) {
@@ -545,12 +569,6 @@ static void on_tool_call(struct gw_req *r, const struct k3_msg_tool_call *tc)
 	json_decref(id);
 }
 
-/* What a request hears while k3d drains, however the gateway learns it
- * (HELLO_OK state DRAINING, ERROR{SHUTTING_DOWN} to HELLO or to the
- * GENERATE, which k3d sends for a new job and for a queued one it drops):
- * /health's sentence, and the request never ran, so a retry is safe. */
-#define GW_DRAINING_WHY "k3d is draining (shutting down or restarting) and takes no new requests"
-#define GW_DRAINING_REQUEST GW_DRAINING_WHY "; this request did not run."
 
 static void send_draining(struct gw_req *r)
 {

@@ -440,6 +440,16 @@ static void install_sigint(void)
 	sigaction(SIGINT, &sa, NULL);
 }
 
+/* Why k3d cancelled a generation this k3ctl did not cancel. */
+static const char *cancel_cause(uint32_t reason)
+{
+	switch (reason) {
+	case K3_CANCEL_BY_ID: return "'k3ctl cancel' from another client";
+	case K3_CANCEL_SHUTDOWN: return "k3d is shutting down (drain timeout, or asked to stop again)";
+	default: return "'k3ctl cancel', or a shutdown whose --drain-timeout ran out";
+	}
+}
+
 int k3ctl_cmd_run(int argc, char **argv)
 {
 	struct gen_opts o;
@@ -480,9 +490,8 @@ int k3ctl_cmd_run(int argc, char **argv)
 	/* 130 is for the user's own Ctrl-C; a cancel from elsewhere (k3ctl
 	 * cancel, a shutdown whose drain timeout ran out) is an error. */
 	if (r == 0 && res.done.finish == K3_FINISH_CANCELLED)
-		r = interrupted ? 130 : k3ctl_fail(K3CTL_EXIT_ERROR, "run: k3d cancelled the generation "
-						     "('k3ctl cancel', or a shutdown whose --drain-timeout "
-						     "ran out)");
+		r = interrupted ? 130 : k3ctl_fail(K3CTL_EXIT_ERROR, "run: k3d cancelled the generation: %s",
+						     cancel_cause(res.done.cancel_reason));
 	result_release(&res);
 	return r;
 }

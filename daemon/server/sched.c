@@ -84,6 +84,7 @@ struct job {
 	struct job *next;
 	/* results, written by the engine thread before MSG_FINISHED */
 	uint32_t finish;                /* enum k3_proto_finish */
+	atomic_uint cancel_reason;      /* enum k3_proto_cancel_reason, set before cancel */
 	/* Publishable branches: [0] the state right after the prompt, [1] after
 	 * prompt + generated[:-1]. Both are kept because a chat client sends
 	 * the answer back as text, whose re-tokenization may differ from the
@@ -666,6 +667,10 @@ out:
 		j->finish = K3_FINISH_ERROR;
 	} else {
 		done.finish = j->finish; done.has_finish = true;
+		if (j->finish == K3_FINISH_CANCELLED && atomic_load(&j->cancel_reason)) {
+			done.cancel_reason = atomic_load(&j->cancel_reason);
+			done.has_cancel_reason = true;
+		}
 		done.prompt_tokens = n; done.has_prompt_tokens = true;
 		done.completion_tokens = j->n_gen; done.has_completion_tokens = true;
 		done.reasoning_tokens = j->n_reasoning; done.has_reasoning_tokens = true;
@@ -1801,6 +1806,7 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 				      (j->conn == c && (!by_rid || j->rid == rid));
 
 		if (match) {
+			atomic_store(&j->cancel_reason, j->conn == c ? K3_CANCEL_CLIENT : K3_CANCEL_BY_ID);
 			atomic_store(&j->cancel, true);
 			n++;
 		}
@@ -1820,6 +1826,8 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		gone = j->next;
 		memset(&d, 0, sizeof(d));
 		d.finish = K3_FINISH_CANCELLED; d.has_finish = true;
+		d.cancel_reason = j->conn == c ? K3_CANCEL_CLIENT : K3_CANCEL_BY_ID;
+		d.has_cancel_reason = true;
 		d.prompt_tokens = (uint32_t)j->prompt.n; d.has_prompt_tokens = true;
 		d.completion_tokens = 0; d.has_completion_tokens = true;
 		d.queued_s = since(&j->t_submit); d.has_queued_s = true;
@@ -2001,8 +2009,10 @@ static void hook_cancel_running(void *ctx)
 	struct k3_sched *s = ctx;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->running)
+	if (s->running) {
+		atomic_store(&s->running->cancel_reason, K3_CANCEL_SHUTDOWN);
 		atomic_store(&s->running->cancel, true);
+	}
 	pthread_mutex_unlock(&s->lock);
 }
 

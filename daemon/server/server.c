@@ -73,6 +73,7 @@ struct k3_server {
 	bool draining;
 	bool drain_waiting;            /* running jobs still finishing */
 	bool drain_cancelled;          /* out of time: running work was cancelled */
+	bool drain_hurried;            /* asked to stop again: no waiting for the timeout */
 	uint64_t large_reserved;       /* payload bytes reserved by large frames in flight */
 };
 
@@ -874,7 +875,8 @@ static void drain_timer_cb(evutil_socket_t fd, short what, void *arg)
 		/* Cancelled work stops within one layer step and still sends its
 		 * client DONE{cancelled}; closing now would cut the stream off
 		 * without a terminal frame. */
-		k3_log_warning("drain timeout: cancelling the running generation");
+		k3_log_warning("%s: cancelling the running generation",
+			       s->drain_hurried ? "asked to stop again" : "drain timeout");
 		s->drain_cancelled = true;
 		evtimer_add(s->drain_timer, &grace);
 		s->hooks.cancel_running(s->hooks.ctx);
@@ -902,7 +904,7 @@ void k3_server_drain(struct k3_server *s)
 		/* Asked again (a second Ctrl-C, SIGTERM or shutdown): the user
 		 * does not want to wait for the drain timeout. */
 		if (s->drain_waiting && !s->drain_cancelled && s->drain_timer) {
-			k3_log_notice("asked to stop again: not waiting for the drain timeout");
+			s->drain_hurried = true;
 			drain_timer_cb(-1, 0, s);
 		}
 		return;

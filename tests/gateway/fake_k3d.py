@@ -27,6 +27,8 @@ is a JSON object:
                                  list it is a job dropped after ACCEPTED, as
                                  a draining k3d drops its queued jobs
              {"crash": true}     close the connection abruptly
+             {"cancelled": 3}    DONE{CANCELLED} with that cancel_reason
+                                 (2 'k3ctl cancel', 3 k3d stopping; terminal)
   delay    seconds between tokens (default 0)
   prefill  seconds of "prefill" after ACCEPTED, with PROGRESS frames
   finish   "stop" (default) | "tool_calls"
@@ -313,6 +315,11 @@ class Daemon:
                 self.send(conn, "ERROR", rid, status=STATUS[item.get("status", "INTERNAL")],
                           message=item["error"])
                 self.log(ev="error", conn=conn["id"], message=item["error"])
+                return
+            if isinstance(item, dict) and "cancelled" in item:
+                self.log(ev="done", conn=conn["id"], finish="cancelled", completion=job.completion)
+                self.send(conn, "DONE", rid, finish=FINISH["cancelled"], prompt_tokens=job.prompt_tokens,
+                          completion_tokens=job.completion, cancel_reason=item["cancelled"])
                 return
             if isinstance(item, dict) and item.get("crash"):
                 self.log(ev="crash", conn=conn["id"])

@@ -922,6 +922,34 @@ def test_queued_request_dropped_by_drain():
         assert counts == {'"503"': "3"}, counts
 
 
+def test_generation_cut_off_by_k3d():
+    """A running generation k3d cancels: when k3d is stopping (DONE
+    cancel_reason 3) the client gets the retryable 503 shutting_down, with
+    and without streaming; an operator's 'k3ctl cancel' (reason 2) is a 500
+    that says so; an older daemon's bare DONE{cancelled} keeps the generic
+    500."""
+    cut = {"message": "k3d is draining (shutting down or restarting) and takes no new requests; "
+                      "it stopped this generation before it finished.",
+           "type": "server_error", "param": None, "code": "shutting_down"}
+    stopping = fake_msg({"tokens": ["Hel", "lo", {"cancelled": 3}]})
+    by_op = fake_msg({"tokens": ["Hel", {"cancelled": 2}]})
+    with Stack() as s:
+        status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": stopping})
+        assert assert_error_shape(status, hd, raw, 503) == cut, raw
+        status, hd, raw = s.raw("POST", "/v1/chat/completions",
+                                {"model": "m", "messages": stopping, "stream": True})
+        events = sse_events(raw)
+        assert status == 200 and "data: [DONE]" not in events, events
+        assert json.loads(events[-1][6:]) == {"error": cut}, events
+        status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": by_op})
+        err = assert_error_shape(status, hd, raw, 500)
+        assert err["code"] == "cancelled" and "k3ctl cancel" in err["message"], raw
+        lines = s.raw("GET", "/metrics")[2].decode().splitlines()
+        counts = {ln.split("status=")[1].split("}")[0]: ln.split()[-1] for ln in lines
+                  if ln.startswith('k3_gateway_requests_total{endpoint="chat_completions"')}
+        assert counts == {'"503"': "2", '"500"': "1"}, counts
+
+
 def test_api_key(tmp_path):
     key = tmp_path / "key"
     key.write_text("sk-secret-123\n")

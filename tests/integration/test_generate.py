@@ -208,14 +208,16 @@ def test_cancel(d):
     if st.done:
         pre, dec = (struct.unpack("<d", st.done[k])[0] for k in (7, 8))
         check(pre > 0 and dec == 0, f"cancel during prefill: the time is prefill time ({pre}, {dec})")
-    check("OK" in st.events or True, "cancel acknowledged")
+    check(st.done is not None and st.done_u32(21) == 1,
+          "cancelled by its own connection (by job id): DONE cancel_reason 1")
     # During decode: cancel by request id after a few tokens.
     st = Stream(s, 7, raw(prompt="Tell me a story", max_new=100000))
     while len(st.ids) < 3:
         st.step()
     s.sendall(frame(T["CANCEL"], 7))
     st.finish()
-    check(st.finish_reason() == 2 and 3 <= len(st.ids) < 100000, f"cancel during decode: {len(st.ids)} ids")
+    check(st.finish_reason() == 2 and 3 <= len(st.ids) < 100000 and st.done_u32(21) == 1,
+          f"cancel during decode: {len(st.ids)} ids, cancel_reason 1")
     # The slot is free again at once.
     st = Stream(s, 8, raw(prompt="next", max_new=2)).finish()
     check(st.finish_reason() == 1, "next request served after cancel")
@@ -485,7 +487,7 @@ def test_k3ctl(d):
     p.stderr.close()
     # 130 is for the user's own Ctrl-C; a cancel from elsewhere is an error
     # that names itself.
-    check(rc == 1 and "k3d cancelled the generation" in rest,
+    check(rc == 1 and "k3d cancelled the generation: 'k3ctl cancel' from another client" in rest,
           f"the run cancelled by 'k3ctl cancel' exits 1 and says so ({rc} {rest[-200:]!r})")
     # Ctrl-C: k3ctl cancels its own job and exits 130.
     p = subprocess.Popen([K3CTL, "--socket", d.sock, "run", "--stats", "--max-new", "100000",
@@ -541,8 +543,9 @@ def expect_done_cancelled(sa, why):
         sa.finish(30)
     except EOFError:
         pass
-    check(sa.done is not None and sa.finish_reason() == 2,
-          f"{why}: the running job ends with DONE cancelled, not a bare close ({sa.events[-3:]})")
+    check(sa.done is not None and sa.finish_reason() == 2 and 21 in sa.done and sa.done_u32(21) == 3,
+          f"{why}: the running job ends with DONE cancelled, reason 3 (k3d stopping), not a bare "
+          f"close ({sa.events[-3:]})")
 
 
 def test_drain(k3d):
