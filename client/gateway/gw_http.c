@@ -883,7 +883,14 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 				metrics_reply(r, NULL);
 			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_SHUTTING_DOWN)
 				health_reply(r, NULL, "draining", why);
-			else if (r->kind == K_HEALTH)
+			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_UNAUTHORIZED) {
+				/* k3d is running; "is k3d running?" would mislead. */
+				char msg[512];
+
+				snprintf(msg, sizeof(msg), "%s; k3d is running but does not allow the "
+					 "gateway's user: add it with k3d --allow-uid or --allow-gid", why);
+				health_reply(r, NULL, "unavailable", msg);
+			} else if (r->kind == K_HEALTH)
 				health_unavailable(r, why);
 			else if (b->error.status == K3_STATUS_SHUTTING_DOWN)
 				send_draining(r);

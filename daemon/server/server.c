@@ -266,8 +266,8 @@ static void handle_status(struct k3_conn *c, uint32_t rid)
 		/* The engine's text ("ready") would contradict the state. */
 		info.state = K3_STATE_DRAINING;
 		info.status_text = s->drain_cancelled
-			? "draining: out of time, cancelling the running work"
-			: "draining: finishing running work, taking none new";
+			? "out of time, cancelling the running work"
+			: "finishing running work, taking none new";
 	}
 	r.version = k3_proto_str_of(K3_VERSION); r.has_version = true;
 	r.state = info.state; r.has_state = true;

@@ -38,6 +38,8 @@ Anything else gets the default script: "Hello" " from" " fake" " k3d" "."
 
 --status-hang: STATUS is read and never answered (a stuck daemon that still
 accepts connections and answers HELLO).
+--refuse-hello: HELLO gets ERROR{UNAUTHORIZED} and the connection closes
+(k3d refusing a uid outside its allow list).
 --hello-hang: HELLO is read and never answered (a daemon stuck before the
 handshake that still accepts connections).
 
@@ -451,6 +453,11 @@ class Daemon:
                     if name != "HELLO":
                         self.send(conn, "ERROR", rid, status=STATUS["BAD_REQUEST"], message="HELLO first")
                         break
+                    if self.args.refuse_hello:
+                        # what k3d does for a uid outside its allow list
+                        self.send(conn, "ERROR", rid, status=STATUS["UNAUTHORIZED"],
+                                  message="peer uid is not allowed by this k3d")
+                        break
                     hello = True
                     self.send(conn, "HELLO_OK", rid, server="fake-k3d", version=VERSION, caps=7,
                               model=self.args.model if self.args.state != "no_model" else None,
@@ -500,6 +507,7 @@ async def main():
     ap.add_argument("--model", default="kimi-k3-fake")
     ap.add_argument("--status-hang", action="store_true")
     ap.add_argument("--hello-hang", action="store_true")
+    ap.add_argument("--refuse-hello", action="store_true")
     ap.add_argument("--header", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                      "..", "..", "proto", "k3_proto.h"))
     args = ap.parse_args()

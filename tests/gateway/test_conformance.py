@@ -776,6 +776,18 @@ def test_health_handshake_hang():
         assert status == 200 and "k3_gateway_daemon_up 0" in lines and "k3_gateway_in_flight 0" in lines
 
 
+def test_health_user_not_allowed():
+    """k3d refuses the gateway's uid (its allow list): /health names k3d's
+    reason and the fix (--allow-uid/--allow-gid), not "is k3d running?"."""
+    with Stack(fake_args=["--refuse-hello"]) as s:
+        status, hd, body = s.raw("GET", "/health")
+        assert status == 503, body
+        assert json.loads(body) == {
+            "status": "unavailable",
+            "error": "k3d refused the connection: peer uid is not allowed by this k3d; k3d is running "
+                     "but does not allow the gateway's user: add it with k3d --allow-uid or --allow-gid"}
+
+
 def test_health_peer_hangs_up():
     """Something on k3d's socket accepts and closes without answering: /health
     says the peer closed the connection before answering HELLO, also when the

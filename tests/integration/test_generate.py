@@ -599,7 +599,7 @@ def test_drain(k3d):
             c.sendall(frame(T["STATUS"], 2))
             r = read_frame(c)
             check(r and r[0] == T["STATUS_REPLY"] and u32(r[2], 2) == 2 and u32(r[2], 8) == 1 and
-                  r[2][3][0].startswith(b"draining"),
+                  r[2][3][0].startswith(b"finishing running work"),
                   f"STATUS during the drain: draining (also its text), 1 running ({r and r[2].get(3)})")
             sb = Stream(c, 3, raw(prompt="late", max_new=2))
             sb.finish(10)
