@@ -569,7 +569,6 @@ static void on_tool_call(struct gw_req *r, const struct k3_msg_tool_call *tc)
 	json_decref(id);
 }
 
-
 static void send_draining(struct gw_req *r)
 {
 	send_error(r, 503, "server_error", NULL, "shutting_down", "%s", GW_DRAINING_REQUEST);

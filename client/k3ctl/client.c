@@ -147,8 +147,8 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	{
 		char why[sizeof(err->msg)];
 
-		if (k3_client_socket_check(path, why, sizeof(why)) < 0)
-			return k3_err_set(err, -ENAMETOOLONG, "%s", why);
+		if ((r = k3_client_socket_check(path, why, sizeof(why))) < 0)
+			return k3_err_set(err, r, "%s", why);
 	}
 	strcpy(sun.sun_path, path);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -188,7 +188,7 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 				  path);
 	}
 	if (r < 0 || h.type != K3_MSG_HELLO_OK) {
-		if (r == 0 || r == -EPROTO || r == -EREMOTEIO)
+		if (r == 0 || r == -EREMOTEIO)
 			k3_err_prefix(err, "'%s' did not accept k3ctl's HELLO", path);
 		k3ctl_client_close(c);
 		return r < 0 ? (r == -EREMOTEIO ? -EPROTO : r) : -EPROTO;

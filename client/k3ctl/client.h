@@ -24,8 +24,11 @@ struct k3ctl_client {
  * negative errno: -ENOENT / -ECONNREFUSED / -EACCES when no daemon can be
  * reached there, -ENAMETOOLONG for a path longer than
  * K3_CLIENT_SOCKET_PATH_MAX, -ECONNRESET when the peer closed before
- * answering HELLO (k3ctl exits 3 for all of these), -EPROTO when the peer
- * is not a k3d that speaks this version. err names the path and what to do.
+ * answering HELLO, -EPERM / -EBUSY when k3d refused the connection (uid
+ * not allowed / too many connections), -EBADMSG when the peer answered
+ * with bytes that are not k3d frames (k3ctl exits 3 for all of these);
+ * -EINVAL for an empty path; -EPROTO when k3d refused the HELLO itself
+ * (another protocol version). err names the path and what to do.
  */
 int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *err);
 void k3ctl_client_close(struct k3ctl_client *c);

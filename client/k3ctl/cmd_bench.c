@@ -338,7 +338,8 @@ static void phase_print(const char *name, const struct phase *p, uint32_t tokens
 	       (unsigned long long)s->prefetch_used,
 	       s->prefetch_issued ? 100.0 * (double)s->prefetch_used / (double)s->prefetch_issued : 0,
 	       (unsigned long long)s->prefetch_late, (unsigned long long)s->prefetch_cancelled,
-	       (unsigned long long)s->prefetch_aborted, (unsigned long long)s->prefetch_skipped, (double)s->prefetch_wasted_bytes / 1e6);
+	       (unsigned long long)s->prefetch_aborted, (unsigned long long)s->prefetch_skipped,
+	       (double)s->prefetch_wasted_bytes / 1e6);
 }
 
 static json_t *phase_json(const struct phase *p, uint32_t tokens)
