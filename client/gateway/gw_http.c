@@ -170,7 +170,8 @@ static void send_body(struct gw_req *r, int status, const char *ctype, const cha
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
 	evbuffer_add(b, body, len);
 	http_finished(r, status);
-	evhttp_send_reply(req, status, NULL, b);
+	/* libevent 2.1 knows no phrase for 429 ("Client Error"). */
+	evhttp_send_reply(req, status, status == 429 ? "Too Many Requests" : NULL, b);
 	evbuffer_free(b);
 }
 
@@ -882,13 +883,17 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 				metrics_reply(r, NULL);
 			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_SHUTTING_DOWN)
 				health_reply(r, NULL, "draining", why);
-			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_UNAUTHORIZED) {
-				/* k3d is running; "is k3d running?" would mislead. */
+			else if (b->error.status == K3_STATUS_UNAUTHORIZED) {
+				/* k3d is running; "is k3d running?" would mislead, and
+				 * only the operator can fix it. */
 				char msg[512];
 
 				snprintf(msg, sizeof(msg), "%s; k3d is running but does not allow the "
 					 "gateway's user: add it with k3d --allow-uid or --allow-gid", why);
-				health_reply(r, NULL, "unavailable", msg);
+				if (r->kind == K_HEALTH)
+					health_reply(r, NULL, "unavailable", msg);
+				else
+					send_error(r, 503, "server_error", NULL, "unauthorized", "%s", msg);
 			} else if (r->kind == K_HEALTH)
 				health_unavailable(r, why);
 			else if (b->error.status == K3_STATUS_SHUTTING_DOWN)

@@ -587,6 +587,7 @@ def test_busy_gives_429_before_body(st):                         # T60
         chat(st, max_tokens=4)
     assert ei.value.response.headers["retry-after"] == "2"
     assert ei.value.code == "rate_limit_exceeded"
+    assert ei.value.response.reason_phrase == "Too Many Requests"   # libevent alone: "Client Error"
     status, hd, body = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI, "stream": True})
     assert status == 429 and hd["content-type"] == "application/json" and hd["retry-after"] == "2"
     s.close()
@@ -777,8 +778,9 @@ def test_health_handshake_hang():
 
 
 def test_health_user_not_allowed():
-    """k3d refuses the gateway's uid (its allow list): /health names k3d's
-    reason and the fix (--allow-uid/--allow-gid), not "is k3d running?"."""
+    """k3d refuses the gateway's uid (its allow list): /health and API
+    requests name k3d's reason and the fix (--allow-uid/--allow-gid), not
+    "is k3d running?"."""
     with Stack(fake_args=["--refuse-hello"]) as s:
         status, hd, body = s.raw("GET", "/health")
         assert status == 503, body
@@ -786,6 +788,10 @@ def test_health_user_not_allowed():
             "status": "unavailable",
             "error": "k3d refused the connection: peer uid is not allowed by this k3d; k3d is running "
                      "but does not allow the gateway's user: add it with k3d --allow-uid or --allow-gid"}
+        # an API request: the same sentence, and a code that says retrying will not help
+        status, hd, raw = s.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI})
+        err = assert_error_shape(status, hd, raw, 503)
+        assert err["code"] == "unauthorized" and "--allow-uid" in err["message"], raw
 
 
 def test_health_peer_hangs_up():
