@@ -44,7 +44,26 @@ static void really_free(struct gw_daemon *d)
 	free(d);
 }
 
-/* Reports a failure once; later failures are dropped. */
+/*
+ * Every libevent callback of this module is bracketed by enter() and
+ * leave(): a gw_daemon_free from inside a user callback only marks the
+ * object, and the outermost leave() frees it. Nothing else frees while a
+ * callback runs, so no code after a user callback touches freed memory.
+ */
+static void enter(struct gw_daemon *d)
+{
+	d->depth++;
+}
+
+static void leave(struct gw_daemon *d)
+{
+	d->depth--;
+	if (d->free_pending && d->depth == 0)
+		really_free(d);
+}
+
+/* Reports a failure once; later failures are dropped. Called only between
+ * enter() and leave(), so it never frees d itself. */
 static void fail_now(struct gw_daemon *d, const char *why)
 {
 	if (d->failed)
@@ -52,11 +71,7 @@ static void fail_now(struct gw_daemon *d, const char *why)
 	d->failed = true;
 	if (d->bev)
 		bufferevent_disable(d->bev, EV_READ | EV_WRITE);
-	d->depth++;
 	d->fail_fn(d, why, d->arg);
-	d->depth--;
-	if (d->free_pending && d->depth == 0)
-		really_free(d);
 }
 
 /* fail_now with a formatted reason (each names the socket path). */
@@ -79,11 +94,13 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	enter(d);
 	if (d->why[0])
 		fail_now(d, d->why);
 	else if (!d->hello_ok)
 		fail_fmt(d, "k3d at '%s' accepted the connection but did not answer HELLO within %u s",
 			 d->path, d->timeout_s);
+	leave(d);
 }
 
 /* Fails from the event loop rather than from the caller's stack. */
@@ -101,7 +118,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 	struct gw_daemon *d = arg;
 	struct evbuffer *in = bufferevent_get_input(bev);
 
-	d->depth++;
+	enter(d);
 	while (!d->failed && !d->free_pending) {
 		size_t have = evbuffer_get_length(in);
 		struct k3_proto_header h;
@@ -141,9 +158,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 			break;
 		evbuffer_drain(in, K3_PROTO_HEADER_SIZE + h.length);
 	}
-	d->depth--;
-	if (d->free_pending && d->depth == 0)
-		really_free(d);
+	leave(d);
 }
 
 static void event_cb(struct bufferevent *bev, short what, void *arg)
@@ -159,6 +174,7 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	/* A peer that closes with our HELLO unread makes the kernel report
 	 * ECONNRESET (or EPIPE on write) rather than EOF: all three mean the
 	 * other end hung up, which "Connection reset by peer" does not say. */
+	enter(d);
 	if (closed && !d->hello_ok)
 		fail_fmt(d, "k3d at '%s' closed the connection before answering HELLO (is it a k3d "
 			 "socket?)", d->path);
@@ -166,6 +182,7 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		fail_fmt(d, "k3d at '%s' closed the connection", d->path);
 	else if (what & BEV_EVENT_ERROR)
 		fail_fmt(d, "cannot reach k3d at '%s': %s", d->path, evutil_socket_error_to_string(e));
+	leave(d);
 }
 
 struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsigned timeout_s,

@@ -29,8 +29,11 @@ static int bad(struct cfgctx *c, const char *field, const char *fmt, const char 
 			  got ? ", got '" : "", got ? got : "", got ? "'" : "");
 }
 
+/* NULL-safe: a caller may describe a value it looked up and did not find. */
 static const char *json_kind(const json_t *v)
 {
+	if (!v)
+		return "nothing";
 	switch (json_typeof(v)) {
 	case JSON_OBJECT: return "object";
 	case JSON_ARRAY: return "array";

@@ -354,6 +354,7 @@ static int get_uint(json_t *o, const char *key, uint64_t max, uint64_t *out, str
 {
 	json_t *v = json_object_get(o, key);
 
+	*out = 0;   /* written on every path, so no caller reads an unset value */
 	if (!json_is_integer(v) || json_integer_value(v) < 0 ||
 	    (uint64_t)json_integer_value(v) > max)
 		return k3_err_set(err, -EINVAL, "'%s' must be an integer in 0..%" PRIu64, key, max);

@@ -726,6 +726,7 @@ static size_t special_at(const struct k3_tok *tok, const uint8_t *p, size_t n, u
 	uint32_t node = 0;
 	size_t best = 0;
 
+	*id = NO_RANK;   /* written on every path: callers read it only when best > 0 */
 	for (size_t i = 0; i < n; i++) {
 		uint32_t c = tok->trie[node].child;
 		while (c && tok->trie[c].byte != p[i])
