@@ -14,49 +14,63 @@
 #include <errno.h>
 #include <string.h>
 
-int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid, enum k3_proto_job_kind kind)
+/* What a job of kind is called in refusals. */
+static const char *kind_noun(enum k3_proto_job_kind kind)
 {
-	unsigned ahead;
-	bool dup = false;
+	return kind == K3_JOB_WARM_EXPERTS ? "expert preload" : "generation";
+}
+
+int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
+{
+	enum k3_proto_job_kind dup_kind = K3_JOB_GENERATE, running_kind = K3_JOB_GENERATE;
+	unsigned running, waiting;
+	bool dup;
 
 	if (s->draining) {
 		k3_conn_send_error(c, rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");
 		return -ESHUTDOWN;
 	}
 	pthread_mutex_lock(&s->lock);
-	if (kind == K3_JOB_GENERATE) {
-		/* Requests still on the prep thread hold a place too. A running
-		 * job already told to stop ends within one layer step; a client
-		 * that cancelled (or disconnected) and asks again at once must
-		 * not be answered BUSY for that window: it queues behind it. */
-		ahead = s->queue.n + (s->running && !atomic_load(&s->running->cancel) ? 1 : 0) +
-			s->n_prepping;
-		/* Events and CANCEL are matched by request id: two live
-		 * GENERATEs with one id on one connection could not be told
-		 * apart. */
-		dup = s->running && s->running->conn == c && s->running->rid == rid;
-		for (const struct sched_link *l = s->queue.head; l && !dup; l = l->next) {
-			const struct sched_job *q = sched_entry(l, const struct sched_job, link);
+	/* A running job already told to stop ends within one layer step; a
+	 * client that cancelled (or disconnected) and asks again at once must
+	 * not be answered BUSY for that window: it queues behind it. Requests
+	 * still on the prep thread hold a place in the queue. */
+	running = s->running && !atomic_load(&s->running->cancel) ? 1 : 0;
+	if (s->running)
+		running_kind = s->running->kind;
+	waiting = s->queue.n + s->n_prepping;
+	/* Events and CANCEL are matched by request id: two live jobs with one
+	 * id on one connection could not be told apart. */
+	dup = s->running && s->running->conn == c && s->running->rid == rid;
+	if (dup)
+		dup_kind = s->running->kind;
+	for (const struct sched_link *l = s->queue.head; l && !dup; l = l->next) {
+		const struct sched_job *q = sched_entry(l, const struct sched_job, link);
 
-			dup = q->conn == c && q->rid == rid;
-		}
-	} else {
-		ahead = s->queue.n + (s->running ? 1 : 0);
+		if ((dup = q->conn == c && q->rid == rid))
+			dup_kind = q->kind;
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (kind == K3_JOB_GENERATE && !dup)
-		dup = sched_prep_has_rid(s, c, rid);
+	if (!dup && (dup = sched_prep_has_rid(s, c, rid)))
+		dup_kind = K3_JOB_GENERATE;
 	if (dup) {
 		k3_conn_send_error(c, rid, K3_STATUS_BAD_REQUEST, NULL,
-				   "request id %u is already in use by a queued or running GENERATE "
-				   "on this connection", rid);
+				   "request id %u is already in use by a queued or running %s "
+				   "on this connection", rid,
+				   k3_proto_type_name(dup_kind == K3_JOB_WARM_EXPERTS ? K3_MSG_WARM_EXPERTS :
+						      K3_MSG_GENERATE));
 		return -EEXIST;
 	}
-	if (ahead > s->opts->queue_max) {
-		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
-				   "engine busy: 1 %s running and %u/%u queued; retry later",
-				   kind == K3_JOB_GENERATE ? "generation" : "request",
-				   ahead - 1, s->opts->queue_max);
+	/* queue_max counts the jobs waiting behind the running one. */
+	if (running + waiting > s->opts->queue_max) {
+		if (running)
+			k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
+					   "engine busy: 1 %s running and %u/%u queued; retry later",
+					   kind_noun(running_kind), waiting, s->opts->queue_max);
+		else
+			k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
+					   "engine busy: %u/%u queued; retry later", waiting,
+					   s->opts->queue_max);
 		return -EBUSY;
 	}
 	return 0;

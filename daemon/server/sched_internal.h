@@ -247,14 +247,18 @@ struct k3_sched {
 /* ---- admission (sched_admit.c) ------------------------------------------- */
 
 /*
- * The one admission decision, for every kind of job, before any work is
- * done for the request: refused with ERROR{shutting_down} while draining,
- * ERROR{bad_request} when request id rid already names a queued, running
- * or preparing job of connection c, and ERROR{busy} when the queue is
- * full. Returns 0 when the job may enter, else a negative errno after
- * sending the ERROR. Loop thread.
+ * The one admission decision, the same for every kind of job (GENERATE,
+ * WARM_EXPERTS), taken before any work is done for the request:
+ *   - ERROR{shutting_down} while draining;
+ *   - ERROR{bad_request} when request id rid already names a running,
+ *     queued or preparing job of connection c;
+ *   - ERROR{busy} when running + waiting > --queue, where running is 1
+ *     while a job runs that was not told to stop, and waiting counts the
+ *     queued jobs and the GENERATEs still being prepared.
+ * Returns 0 when the job may enter, else a negative errno (-ESHUTDOWN,
+ * -EEXIST, -EBUSY) after sending the ERROR. Loop thread.
  */
-int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid, enum k3_proto_job_kind kind);
+int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid);
 
 /*
  * Queues an admitted job (taking ownership of j): a job whose preparation

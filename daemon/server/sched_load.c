@@ -326,7 +326,7 @@ void sched_warm_request(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 			return;
 		}
 	}
-	if (sched_admit(s, c, rid, K3_JOB_WARM_EXPERTS) < 0)
+	if (sched_admit(s, c, rid) < 0)
 		return;
 	k3_store_info_get(s->store, &info);
 	j = sched_job_new(s, K3_JOB_WARM_EXPERTS, rid);

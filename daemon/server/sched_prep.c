@@ -271,7 +271,7 @@ void sched_prep_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 	struct sched_job *j;
 	size_t text;
 
-	if (sched_admit(s, c, rid, K3_JOB_GENERATE) < 0)
+	if (sched_admit(s, c, rid) < 0)
 		return;
 	j = sched_job_new(s, K3_JOB_GENERATE, rid);
 	if (!j) {

@@ -303,6 +303,73 @@ def test_busy_and_queue(k3d):
         d.stop()
 
 
+def warm(layers, experts):
+    return ids_field(1, layers) + ids_field(2, experts)
+
+
+def until(sock, rid, names):
+    """Reads frames until one for rid whose type is in names; returns it."""
+    while True:
+        r = read_frame(sock, 60)
+        if r is None:
+            return None
+        if r[1] == rid and NAMES.get(r[0]) in names:
+            return r
+
+
+def test_admission_kinds(k3d):
+    """One admission rule for every kind of job (issue 15): WARM_EXPERTS
+    is admitted like GENERATE: it queues behind a job told to stop instead
+    of BUSY, may not reuse the request id of a live job on its connection,
+    and a full queue's BUSY names what is running."""
+    d = Daemon(k3d)   # --queue 0
+    try:
+        a = connect(d.sock)
+        sa = Stream(a, 1, raw(prompt="long", max_new=100000))
+        while sa.step() != "TOKEN":
+            pass
+        b = connect(d.sock)
+        b.sendall(frame(T["WARM_EXPERTS"], 3, warm([1], [0])))
+        r = until(b, 3, ("ERROR", "WARM_EXPERTS_REPLY"))
+        check(r and r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["busy"] and
+              b"1 generation running and 0/0 queued" in r[2][2][0],
+              f"WARM_EXPERTS while a generation runs, queue 0: busy naming it ({r and r[2].get(2)})")
+        b.close()
+        a.sendall(frame(T["CANCEL"], 1) + frame(T["WARM_EXPERTS"], 2, warm([1], [0])))
+        got = {}
+        while len(got) < 2:
+            r = read_frame(a, 60)
+            if r is None:
+                break
+            if (r[1], NAMES.get(r[0])) in ((1, "DONE"), (2, "ERROR"), (2, "WARM_EXPERTS_REPLY")):
+                got[r[1]] = r
+        r = got.get(2)
+        check(r and r[0] == T["WARM_EXPERTS_REPLY"] and u32(r[2], 2) == 1,
+              f"WARM_EXPERTS right after CANCEL queues behind the stopping job, not BUSY "
+              f"({r and NAMES.get(r[0])} {r and r[2].get(2)})")
+        check(1 in got and u32(got[1][2], 1) == 2, "the cancelled generation ends with DONE{cancelled}")
+        a.close()
+    finally:
+        d.stop()
+    d = Daemon(k3d, "--queue", "1")
+    try:
+        a = connect(d.sock)
+        sa = Stream(a, 5, raw(prompt="long", max_new=100000))
+        while sa.step() != "TOKEN":
+            pass
+        a.sendall(frame(T["WARM_EXPERTS"], 5, warm([1], [0])))
+        r = until(a, 5, ("ERROR", "WARM_EXPERTS_REPLY", "DONE"))
+        check(r and r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["bad_request"],
+              f"WARM_EXPERTS reusing a running GENERATE's request id: bad_request "
+              f"({r and NAMES.get(r[0])})")
+        a.sendall(frame(T["CANCEL"], 5))
+        sa.finish()
+        check(sa.finish_reason() == 2, "the GENERATE with that id is unaffected and cancellable")
+        a.close()
+    finally:
+        d.stop()
+
+
 def test_reuse_and_transactions(k3d):
     turn1 = [{"role": "user", "content": "Hello there"}]
     d = Daemon(k3d)
@@ -708,6 +775,7 @@ def main():
         check(d.stop() == 0, "clean exit")
         check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- busy/queue"); test_busy_and_queue(K3D)
+    print("-- admission of every kind"); test_admission_kinds(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
     print("-- drain"); test_drain(K3D)
     print("-- cancel permissions"); test_cancel_permissions(K3D)
