@@ -478,7 +478,46 @@ static void hook_conn_closed(void *ctx, struct k3_conn *c)
 	cancel_where(ctx, c, false, 0, 0);
 }
 
-static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_status_reply *r)
+/* Appends job j in state to the STATUS job list if peer c may see it. */
+static void status_job(struct sched_status_jobs *t, const struct k3_conn *c,
+		       const struct sched_job *j, enum k3_proto_job_state state)
+{
+	uint32_t i = t->n;
+
+	if (i == K3_LIM_STATUS_JOBS || !j->conn || !sched_job_visible(c, j))
+		return;
+	t->ids[i] = j->id;
+	t->states[i] = state;
+	t->kinds[i] = j->kind;
+	t->uids[i] = (uint32_t)k3_conn_uid(j->conn);
+	t->pids[i] = (uint32_t)k3_conn_pid(j->conn);
+	t->ages_ms[i] = (uint64_t)(sched_since(&j->t_submit) * 1e3);
+	t->n = i + 1;
+}
+
+/* STATUS_REPLY's job list for peer c (the running job, then the queue in
+ * order), in s->status_jobs, which r points into. */
+static void status_jobs(struct k3_sched *s, const struct k3_conn *c, struct k3_msg_status_reply *r)
+{
+	struct sched_status_jobs *t = &s->status_jobs;
+
+	t->n = 0;
+	pthread_mutex_lock(&s->lock);
+	if (s->running)
+		status_job(t, c, s->running, K3_JOB_RUNNING);
+	for (const struct sched_link *l = s->queue.head; l; l = l->next)
+		status_job(t, c, sched_entry(l, const struct sched_job, link), K3_JOB_QUEUED);
+	pthread_mutex_unlock(&s->lock);
+	r->job_ids.n = t->n; r->job_ids.v = t->ids; r->has_job_ids = true;
+	r->job_states.n = t->n; r->job_states.v = t->states; r->has_job_states = true;
+	r->job_kinds.n = t->n; r->job_kinds.v = t->kinds; r->has_job_kinds = true;
+	r->job_uids.n = t->n; r->job_uids.v = t->uids; r->has_job_uids = true;
+	r->job_pids.n = t->n; r->job_pids.v = t->pids; r->has_job_pids = true;
+	r->job_ages_ms.n = t->n; r->job_ages_ms.v = t->ages_ms; r->has_job_ages_ms = true;
+}
+
+static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_info *info,
+			struct k3_msg_status_reply *r)
 {
 	struct k3_sched *s = ctx;
 
@@ -486,6 +525,9 @@ static void hook_status(void *ctx, struct k3_server_info *info, struct k3_msg_st
 	info->running = s->running ? 1 : 0;
 	info->queued = s->queue.n;
 	pthread_mutex_unlock(&s->lock);
+	/* Only a peer that said it decodes the list gets it (docs/protocol.md). */
+	if (k3_conn_caps(c) & K3_PROTO_CAP_JOBS)
+		status_jobs(s, c, r);
 	r->requests_total = s->totals.requests_total; r->has_requests_total = true;
 	r->prompt_tokens_total = s->totals.prompt_tokens_total; r->has_prompt_tokens_total = true;
 	r->completion_tokens_total = s->totals.completion_tokens_total;

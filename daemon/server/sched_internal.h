@@ -163,8 +163,8 @@ struct sched_job *sched_job_new(struct k3_sched *s, enum k3_proto_job_kind kind,
 /* NULL-safe; drops the connection reference and the branch states. */
 void sched_job_free(struct sched_job *j);
 
-/* Whether connection c may cancel job j by its job id: its own uid's
- * jobs, or any job for an admin peer. */
+/* Whether connection c may cancel job j by its job id, and see it in
+ * STATUS: its own uid's jobs, or any job for an admin peer. */
 bool sched_job_visible(const struct k3_conn *c, const struct sched_job *j);
 
 /* ---- messages engine/prep -> loop (sched.c) ----------------------------- */
@@ -198,6 +198,18 @@ void sched_post_kind(struct k3_sched *s, enum sched_msg_kind kind, struct sched_
 double sched_since(const struct timespec *t0);
 
 /* ---- the scheduler ------------------------------------------------------ */
+
+/* STATUS_REPLY's job list, assembled on the loop thread right before the
+ * reply is encoded (the reply points into these arrays). */
+struct sched_status_jobs {
+	uint64_t ids[K3_LIM_STATUS_JOBS];
+	uint32_t states[K3_LIM_STATUS_JOBS];
+	uint32_t kinds[K3_LIM_STATUS_JOBS];
+	uint32_t uids[K3_LIM_STATUS_JOBS];
+	uint32_t pids[K3_LIM_STATUS_JOBS];
+	uint64_t ages_ms[K3_LIM_STATUS_JOBS];
+	uint32_t n;
+};
 
 struct k3_sched {
 	struct event_base *base;
@@ -242,6 +254,7 @@ struct k3_sched {
 	uint64_t next_job_id;
 	bool draining;
 	struct k3_msg_status_reply totals;
+	struct sched_status_jobs status_jobs;
 };
 
 /* ---- admission (sched_admit.c) ------------------------------------------- */

@@ -41,6 +41,7 @@ struct k3_conn {
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;
+	uint64_t caps;                 /* HELLO's capability bits */
 	bool hello_done;
 	bool may_shutdown;             /* own uid, root or --allow-uid */
 	bool closing;                  /* close once output is flushed */
@@ -111,6 +112,8 @@ bool k3_conn_is_open(const struct k3_conn *c)
 }
 
 uid_t k3_conn_uid(const struct k3_conn *c) { return c->uid; }
+pid_t k3_conn_pid(const struct k3_conn *c) { return c->pid; }
+uint64_t k3_conn_caps(const struct k3_conn *c) { return c->caps; }
 uint64_t k3_conn_id(const struct k3_conn *c) { return c->id; }
 bool k3_conn_is_admin(const struct k3_conn *c) { return c->may_shutdown; }
 
@@ -261,7 +264,7 @@ static void handle_status(struct k3_conn *c, uint32_t rid)
 
 	memset(&r, 0, sizeof(r));
 	if (s->hooks.status)
-		s->hooks.status(s->hooks.ctx, &info, &r);
+		s->hooks.status(s->hooks.ctx, c, &info, &r);
 	if (s->draining) {
 		/* The engine's text ("ready") would contradict the state. */
 		info.state = K3_STATE_DRAINING;
@@ -301,6 +304,7 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 		return;
 	}
 	c->hello_done = true;
+	c->caps = m->has_caps ? m->caps : 0;
 	if (c->hello_timer) {
 		event_free(c->hello_timer);
 		c->hello_timer = NULL;
@@ -308,7 +312,8 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 	memset(&r, 0, sizeof(r));
 	r.server = k3_proto_str_of("k3d/" K3_VERSION); r.has_server = true;
 	r.version = K3_PROTO_VERSION; r.has_version = true;
-	r.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; r.has_caps = true;
+	r.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS | K3_PROTO_CAP_JOBS;
+	r.has_caps = true;
 	if (s->info.model_id) {
 		r.model = k3_proto_str_of(s->info.model_id);
 		r.has_model = true;

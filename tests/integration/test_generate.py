@@ -370,6 +370,80 @@ def test_admission_kinds(k3d):
         d.stop()
 
 
+def hello_caps(caps):
+    return frame(T["HELLO"], 1, field(1, "test/1") + field(2, 1) + field(3, struct.pack("<Q", caps)))
+
+
+def test_status_jobs(k3d):
+    """Issue 16: `k3ctl status` lists running and queued jobs with id,
+    client uid/pid, kind and age, so `k3ctl cancel` needs no guess; only
+    peers that announce the jobs capability get the list on the wire."""
+    d = Daemon(k3d, "--queue", "2")
+    try:
+        a = connect(d.sock)
+        # (a long prefill keeps it running on any machine)
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(3000)], max_new=100000))
+        while sa.step() != "PROGRESS":
+            pass
+        b, w = connect(d.sock), connect(d.sock)
+        sb = Stream(b, 2, raw(prompt="waits", max_new=2))
+        sb.step()
+        w.sendall(frame(T["WARM_EXPERTS"], 3, warm([1], [0])))
+        ids = [struct.unpack("<Q", st.accepted[1][0])[0] for st in (sa, sb)]
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"], capture_output=True,
+                           text=True, timeout=30)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        jobs = j.get("jobs") or []
+        got = [(x["id"], x["state"], x["kind"], x["uid"], x["pid"]) for x in jobs]
+        want = [(ids[0], "running", "generate", os.getuid(), os.getpid()),
+                (ids[1], "queued", "generate", os.getuid(), os.getpid()),
+                (ids[1] + 1, "queued", "warm-experts", os.getuid(), os.getpid())]
+        check(got == want, f"status --json lists the jobs in order: {got} (want {want})")
+        check(len(jobs) == 3 and jobs[0]["age_s"] > 0 and
+              jobs[0]["age_s"] >= jobs[1]["age_s"] >= jobs[2]["age_s"] >= 0,
+              f"ages: oldest first ({[x.get('age_s') for x in jobs]})")
+        check(j.get("running") == 1 and j.get("queued") == 2, f"counters still there: {j.get('queued')}")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True, text=True,
+                           timeout=30)
+        line = re.search(rf"^\s+{ids[0]}\s+running\s+generate\s+{os.getuid()}\s+{os.getpid()}\s+[0-9.]+ s$",
+                         r.stdout, re.M)
+        check(line is not None and re.search(rf"^\s+{ids[1] + 1}\s+queued\s+warm-experts\s", r.stdout, re.M),
+              f"status text lists the jobs: {r.stdout!r}")
+        # On the wire: the list only for a peer that asked (bit 4), and an
+        # empty one means no jobs, not an old daemon.
+        for caps, want_list in ((0x7, False), (0x7 | 1 << 4, True)):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(d.sock)
+            c.sendall(hello_caps(caps))
+            hr = read_frame(c)
+            c.sendall(frame(T["STATUS"], 2))
+            sr = read_frame(c)
+            c.close()
+            has = sr and 29 in sr[2]
+            check(has == want_list and all((t in sr[2]) == want_list for t in range(29, 35)),
+                  f"HELLO caps {caps:#x}: job list fields {'present' if want_list else 'absent'}")
+            if want_list and has:
+                check(len(sr[2][29][0]) == 8 * 3 and len(sr[2][32][0]) == 4 * 3,
+                      "three jobs: u64 ids, u32 uids")
+                check(struct.unpack("<Q", hr[2][3][0])[0] & (1 << 4), "HELLO_OK says k3d lists jobs")
+        # The listed id is what k3ctl cancel takes.
+        r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", str(got[0][0] if got else 0)],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0, f"k3ctl cancel of the listed running job: {r.stderr}")
+        sa.finish()
+        sb.finish()
+        check(sa.finish_reason() == 2 and sb.finish_reason() == 1, "listed job cancelled, next one ran")
+        r = until(w, 3, ("WARM_EXPERTS_REPLY", "ERROR"))
+        check(r and r[0] == T["WARM_EXPERTS_REPLY"], "the listed preload ran")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"], capture_output=True,
+                           text=True, timeout=30)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        check(j.get("jobs") == [], f"idle: an empty job list ({j.get('jobs')})")
+        a.close(); b.close(); w.close()
+    finally:
+        d.stop()
+
+
 def test_reuse_and_transactions(k3d):
     turn1 = [{"role": "user", "content": "Hello there"}]
     d = Daemon(k3d)
@@ -704,6 +778,16 @@ def test_cancel_permissions(k3d):
                             K3CTL, "--socket", d.sock, "cancel", str(job)],
                            capture_output=True, text=True, timeout=30)
         check(r.returncode == 1, f"a group member may not cancel root's job {job}: {r.returncode} {r.stderr}")
+        # STATUS lists to each peer the jobs it may cancel.
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            K3CTL, "--socket", d.sock, "status", "--json"],
+                           capture_output=True, text=True, timeout=30)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        check(j.get("jobs") == [] and j.get("running") == 1,
+              f"a group member's status does not list root's job: {r.stdout[:300]} {r.stderr}")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"], capture_output=True, text=True)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        check([x["id"] for x in j.get("jobs") or []] == [job], f"root's status lists it: {j.get('jobs')}")
         r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", str(job)], capture_output=True, text=True)
         check(r.returncode == 0, f"root may cancel it: {r.stderr}")
         sa.finish()
@@ -776,6 +860,7 @@ def main():
         check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- busy/queue"); test_busy_and_queue(K3D)
     print("-- admission of every kind"); test_admission_kinds(K3D)
+    print("-- status jobs"); test_status_jobs(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
     print("-- drain"); test_drain(K3D)
     print("-- cancel permissions"); test_cancel_permissions(K3D)
