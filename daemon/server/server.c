@@ -324,6 +324,21 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 		     (int)m->client.len, m->client.p, (unsigned)c->uid, (int)c->pid);
 }
 
+/* SHUTDOWN's OK text: what k3_server_drain is about to do, so that a
+ * second `k3ctl shutdown` can say the running work was cancelled
+ * (docs/protocol.md, "Conversation"). */
+static const char *shutdown_outcome(const struct k3_server *s)
+{
+	if (!s->draining)
+		return "draining";
+	if (!s->drain_waiting)
+		return "already draining";
+	if (s->drain_cancelled)
+		return "already draining; the running work was already cancelled";
+	return s->drain_timer ? "already draining; the running work was cancelled"
+			      : "already draining";
+}
+
 static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, const uint8_t *payload)
 {
 	struct k3_server *s = c->srv;
@@ -375,7 +390,7 @@ static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, con
 		}
 		k3_log_notice("SHUTDOWN requested by uid %u pid %d", (unsigned)c->uid, (int)c->pid);
 		memset(&r, 0, sizeof(r));
-		r.message = k3_proto_str_of("draining"); r.has_message = true;
+		r.message = k3_proto_str_of(shutdown_outcome(s)); r.has_message = true;
 		k3_conn_send(c, K3_MSG_OK, h->request_id, &r);
 		k3_server_drain(s);
 		break;

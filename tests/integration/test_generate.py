@@ -759,6 +759,45 @@ def test_drain(k3d):
         d.stop()
 
 
+def test_shutdown_twice(k3d):
+    """Issue 16: a second `k3ctl shutdown` during the drain cancels the
+    running work at once, and says so; the first one does not."""
+    d = Daemon(k3d, "--drain-timeout", "60")
+    try:
+        a = connect(d.sock)
+        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
+        while sa.step() != "PROGRESS":
+            pass
+        r1 = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
+                            timeout=30)
+        check(r1.returncode == 0 and r1.stdout == "k3d is draining and will exit\n",
+              f"first k3ctl shutdown: draining ({r1.returncode} {r1.stdout!r} {r1.stderr!r})")
+        t0 = time.time()
+        r2 = subprocess.run([K3CTL, "--socket", d.sock, "--json", "shutdown"], capture_output=True,
+                            text=True, timeout=30)
+        j = json.loads(r2.stdout) if r2.returncode == 0 else {}
+        check(j.get("ok") is True and "the running work was cancelled" in j.get("message", ""),
+              f"second k3ctl shutdown says the running work was cancelled ({r2.stdout!r} {r2.stderr!r})")
+        expect_done_cancelled(sa, "second k3ctl shutdown")
+        check(d.proc.wait(20) == 0 and time.time() - t0 < 20,
+              f"exit 0 soon after the second shutdown ({time.time() - t0:.1f} s)")
+        a.close()
+    finally:
+        d.stop()
+    # The text form, when the running work is cancelled by the second one.
+    d = Daemon(k3d, "--drain-timeout", "60")
+    try:
+        a, sa = sigterm_during_long_prefill(d)
+        r = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode == 0 and "the running work was cancelled" in r.stdout,
+              f"k3ctl shutdown after SIGTERM says the running work was cancelled ({r.stdout!r})")
+        expect_done_cancelled(sa, "k3ctl shutdown after SIGTERM")
+        a.close()
+    finally:
+        d.stop()
+
+
 def test_cancel_permissions(k3d):
     """A CANCEL by job id from another user's connection: admins (the
     daemon's uid, root, --allow-uid) may cancel any job, --allow-gid
@@ -863,6 +902,7 @@ def main():
     print("-- status jobs"); test_status_jobs(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
     print("-- drain"); test_drain(K3D)
+    print("-- shutdown twice"); test_shutdown_twice(K3D)
     print("-- cancel permissions"); test_cancel_permissions(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")
