@@ -21,9 +21,9 @@
  *
  * Threads and locks. Three threads touch this state: the loop thread
  * (libevent; every connection and frame), the engine thread (the model)
- * and the prep thread (tokenizing big requests). s->lock guards the fields
- * marked "under lock" in struct k3_sched; fields marked "loop thread" and
- * "engine thread" have one owner each. A job's fields are written by the
+ * and the prep thread (tokenizing big requests). In struct k3_sched,
+ * s->lock guards the fields from `lock` down to "loop thread only"; the
+ * others have one owner each, or are set once before MSG_LOADED. A job's fields are written by the
  * loop thread until it is queued, by the engine thread while it runs, and
  * read by the loop thread again after MSG_FINISHED.
  */
@@ -128,7 +128,7 @@ struct sched_job {
 	uint32_t *warm_layer, *warm_expert;
 	uint32_t n_warm, warm_requested;
 
-	/* GENERATE inputs, set by sched_prep_job */
+	/* GENERATE inputs, set by sched_prep.c (stop and end ids: sched_stage_prepare) */
 	bool chat;
 	bool thinking;                  /* chat prompt ends inside the think channel */
 	struct k3_tok_ids prompt;       /* prompt ids (owned) */
@@ -137,7 +137,7 @@ struct sched_job {
 	char *stop[K3_LIM_STOP_COUNT];  /* owned copies */
 	uint32_t n_end;
 	uint32_t end_ids[SCHED_N_END_IDS];  /* ids that end generation */
-	/* set by sched_prep_job when the request cannot run */
+	/* set by sched_prep_fail when the request cannot run */
 	uint32_t err_status;            /* enum k3_proto_status; 0 = none */
 	const char *err_param;
 	char err_msg[K3_LIM_MESSAGE_MAX];

@@ -107,6 +107,23 @@ class Stream:
         return struct.unpack("<I", self.done[tag])[0]
 
 
+def start_long(sock, rid):
+    """A generation that runs until cancelled, once it yields tokens."""
+    st = Stream(sock, rid, raw(prompt="long", max_new=100000))
+    while st.step() != "TOKEN":
+        pass
+    return st
+
+
+def start_long_prefill(sock, rid, n_ids):
+    """A generation whose n_ids-position prefill keeps it running on any
+    machine, once its prefill has begun."""
+    st = Stream(sock, rid, raw(ids=[1 + i % 2000 for i in range(n_ids)], max_new=100000))
+    while st.step() != "PROGRESS":
+        pass
+    return st
+
+
 def generate(sock_path, payload, rid=1):
     s = connect(sock_path)
     st = Stream(s, rid, payload).finish()
@@ -231,9 +248,7 @@ def test_busy_and_queue(k3d):
     d = Daemon(k3d)   # --queue 0
     try:
         a = connect(d.sock)
-        sa = Stream(a, 1, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 1)
         st = generate(d.sock, raw(prompt="second", max_new=2))
         check(st.error and st.error[0] == STATUS["busy"], f"busy with queue 0: {st.error}")
         # Control requests are answered while the engine is busy decoding.
@@ -269,9 +284,7 @@ def test_busy_and_queue(k3d):
     d = Daemon(k3d, "--queue", "1")
     try:
         a = connect(d.sock)
-        sa = Stream(a, 1, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 1)
         b = connect(d.sock)
         sb = Stream(b, 2, raw(prompt="waits", max_new=3))
         sb.step()
@@ -283,9 +296,7 @@ def test_busy_and_queue(k3d):
         sb.finish()
         check(sb.finish_reason() == 1 and len(sb.ids) == 3, "queued request runs after the first")
         # A request id still in use on the connection is refused, not merged.
-        sa = Stream(a, 5, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 5)
         a.sendall(frame(T["GENERATE"], 5, raw(prompt="dup", max_new=2)))
         while True:
             r = read_frame(a)
@@ -325,9 +336,7 @@ def test_admission_kinds(k3d):
     d = Daemon(k3d)   # --queue 0
     try:
         a = connect(d.sock)
-        sa = Stream(a, 1, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 1)
         b = connect(d.sock)
         b.sendall(frame(T["WARM_EXPERTS"], 3, warm([1], [0])))
         r = until(b, 3, ("ERROR", "WARM_EXPERTS_REPLY"))
@@ -354,9 +363,7 @@ def test_admission_kinds(k3d):
     d = Daemon(k3d, "--queue", "1")
     try:
         a = connect(d.sock)
-        sa = Stream(a, 5, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 5)
         a.sendall(frame(T["WARM_EXPERTS"], 5, warm([1], [0])))
         r = until(a, 5, ("ERROR", "WARM_EXPERTS_REPLY", "DONE"))
         check(r and r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["bad_request"],
@@ -381,10 +388,7 @@ def test_status_jobs(k3d):
     d = Daemon(k3d, "--queue", "2")
     try:
         a = connect(d.sock)
-        # (a long prefill keeps it running on any machine)
-        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(3000)], max_new=100000))
-        while sa.step() != "PROGRESS":
-            pass
+        sa = start_long_prefill(a, 1, 3000)
         b, w = connect(d.sock), connect(d.sock)
         sb = Stream(b, 2, raw(prompt="waits", max_new=2))
         sb.step()
@@ -670,9 +674,7 @@ def sigterm_during_long_prefill(d):
     """Starts a generation whose prefill outlives any drain timeout on any
     machine and sends SIGTERM once it runs; returns (connection, stream)."""
     a = connect(d.sock)
-    sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
-    while sa.step() != "PROGRESS":
-        pass
+    sa = start_long_prefill(a, 1, 20000)
     d.proc.send_signal(signal.SIGTERM)
     return a, sa
 
@@ -765,9 +767,7 @@ def test_shutdown_twice(k3d):
     d = Daemon(k3d, "--drain-timeout", "60")
     try:
         a = connect(d.sock)
-        sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
-        while sa.step() != "PROGRESS":
-            pass
+        sa = start_long_prefill(a, 1, 20000)
         r1 = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
                             timeout=30)
         check(r1.returncode == 0 and r1.stdout == "k3d is draining and will exit\n",
