@@ -1,7 +1,8 @@
 /*
- * gw_http.c - routing, authentication, CORS, error bodies and the two
- * response shapes (JSON and SSE) of k3-gateway, plus the per-request k3
- * conversation (docs/k3-gateway.md, "Request lifecycle").
+ * gw_http.c - routing, authentication, CORS, the JSON and SSE transport of
+ * k3-gateway and the per-request k3 conversation (docs/k3-gateway.md,
+ * "Request lifecycle"). What the replies say is the OpenAI dialect's
+ * (gw_openai.h for requests, gw_openai_reply.h for replies and errors).
  *
  * One struct gw_req lives from the moment a request arrives until both
  * sides are finished: the HTTP reply was sent (or the client went away)
@@ -26,6 +27,7 @@
 
 #include "gw_daemon.h"
 #include "gw_openai.h"
+#include "gw_openai_reply.h"
 #include "k3_proto.h"
 
 enum gw_kind { K_GENERATE, K_MODELS, K_MODEL_ONE, K_HEALTH, K_METRICS };
@@ -50,15 +52,11 @@ struct gw_req {
 	char line[160];                  /* "METHOD /path" for the access log */
 	struct timeval t0;
 	char req_id[40];
-	char cmpl_id[48];
 	long long created;
 	char model[K3_LIM_NAME_MAX + 1];
 	bool generate_sent, accepted, started, done, cancel_sent;
 	bool counted;                    /* counted in m.in_flight (not a /health or /metrics probe) */
-	struct evbuffer *content, *reasoning;
-	json_t *tool_calls;              /* non-stream: accumulated calls, by index */
-	json_t *tool_seen;               /* stream: indices whose first delta went out */
-	unsigned finish;
+	struct gw_openai_reply rp;       /* K_GENERATE: the reply being shaped */
 };
 
 static void req_maybe_free(struct gw_req *r);
@@ -190,17 +188,6 @@ static void send_json(struct gw_req *r, int status, json_t *v)
 	free(s);
 }
 
-static json_t *str_or_null(const char *s)
-{
-	return s && s[0] ? json_string(s) : json_null();
-}
-
-static json_t *error_object(const char *type, const char *message, const char *param, const char *code)
-{
-	return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", message, "type", type, "param",
-			 str_or_null(param), "code", str_or_null(code));
-}
-
 static void send_error(struct gw_req *r, int status, const char *type, const char *param, const char *code,
 		       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
@@ -221,7 +208,7 @@ static void send_error(struct gw_req *r, int status, const char *type, const cha
 		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
 		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
 	}
-	send_json(r, status, error_object(type, msg, param, code));
+	send_json(r, status, gw_openai_error_json(type, msg, param, code));
 }
 
 /* ---- SSE ---------------------------------------------------------------- */
@@ -263,35 +250,6 @@ static void sse_event(struct gw_req *r, json_t *v)
 	evbuffer_free(b);
 }
 
-static json_t *chunk_base(struct gw_req *r)
-{
-	bool chat = r->oai.ep == GW_EP_CHAT;
-	json_t *c = json_pack("{s:s,s:s,s:I,s:s}", "id", r->cmpl_id, "object",
-			      chat ? "chat.completion.chunk" : "text_completion", "created",
-			      (json_int_t)r->created, "model", r->model);
-
-	return c;
-}
-
-/* One chat chunk with delta (stolen) or one legacy chunk with text. */
-static void sse_delta(struct gw_req *r, json_t *delta, const char *text, const char *finish)
-{
-	json_t *c = chunk_base(r), *choice;
-
-	if (r->oai.ep == GW_EP_CHAT)
-		choice = json_pack("{s:i,s:o,s:n,s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
-				   str_or_null(finish));
-	else {
-		json_decref(delta);
-		choice = json_pack("{s:s,s:i,s:n,s:o}", "text", text ? text : "", "index", 0, "logprobs",
-				   "finish_reason", str_or_null(finish));
-	}
-	json_object_set_new(c, "choices", json_pack("[o]", choice));
-	if (r->oai.include_usage)
-		json_object_set_new(c, "usage", json_null());
-	sse_event(r, c);
-}
-
 static void keepalive_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct gw_req *r = arg;
@@ -314,7 +272,7 @@ static void sse_start(struct gw_req *r)
 	evhttp_send_reply_start(r->req, 200, "OK");
 	r->started = true;
 	if (r->oai.ep == GW_EP_CHAT)
-		sse_delta(r, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
+		sse_event(r, gw_openai_reply_first_chunk(&r->rp));
 	else
 		sse_write(r, "", 0);   /* arms the keep-alive timer */
 }
@@ -337,53 +295,27 @@ static void sse_end(struct gw_req *r, int status)
  * draining k3d as 503, like the non-streaming request it could have been. */
 static void sse_fail(struct gw_req *r, int status, const char *type, const char *code, const char *message)
 {
-	sse_event(r, error_object(type, message, NULL, code));
+	sse_event(r, gw_openai_error_json(type, message, NULL, code));
 	sse_end(r, status);
+}
+
+/* A generation's error from the error map, as an HTTP error or, once the
+ * stream's headers are out, as its last event. */
+static void reply_error(struct gw_req *r, const struct gw_openai_reply_error *e)
+{
+	if (r->started)
+		sse_fail(r, e->status, e->type, e->code, e->message);
+	else
+		send_error(r, e->status, e->type, e->param, e->code, "%s", e->message);
 }
 
 /* ---- generation results ------------------------------------------------ */
 
-static const char *finish_name(const struct gw_req *r, uint32_t f)
-{
-	switch (f) {
-	case K3_FINISH_STOP: return "stop";
-	case K3_FINISH_LENGTH: return "length";
-	case K3_FINISH_TOOL_CALLS: return r->oai.ep == GW_EP_CHAT ? "tool_calls" : "stop";
-	default: return NULL;
-	}
-}
-
-static json_t *usage_json(const struct k3_msg_done *d)
-{
-	return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)d->prompt_tokens,
-			 "completion_tokens", (json_int_t)d->completion_tokens, "total_tokens",
-			 (json_int_t)d->prompt_tokens + (json_int_t)d->completion_tokens, "prompt_tokens_details",
-			 "cached_tokens", (json_int_t)d->cached_tokens, "completion_tokens_details",
-			 "reasoning_tokens", (json_int_t)d->reasoning_tokens);
-}
-
-static json_t *buf_string(struct evbuffer *b)
-{
-	size_t n = evbuffer_get_length(b);
-	const char *p = n ? (const char *)evbuffer_pullup(b, (ev_ssize_t)n) : "";
-
-	return json_stringn(p, n);
-}
-
-/* What a request hears while k3d drains, however the gateway learns it
- * (HELLO_OK state DRAINING, ERROR{SHUTTING_DOWN} to HELLO or to the
- * GENERATE, which k3d sends for a new job and for a queued one it drops):
- * /health's sentence, and the request never ran, so a retry is safe. */
-#define GW_DRAINING_WHY "k3d is draining (shutting down or restarting) and takes no new requests"
-#define GW_DRAINING_REQUEST GW_DRAINING_WHY "; this request did not run."
-/* A running generation k3d cut off while stopping (drain timeout, or
- * asked to stop again): the same 503 shutting_down, retryable. */
-#define GW_DRAINING_CUT GW_DRAINING_WHY "; it stopped this generation before it finished."
-
 static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 {
-	const char *finish = finish_name(r, d->finish);
+	const char *finish = gw_openai_finish_reason(r->oai.ep, d);
 	struct gw_metrics *m = &r->g->m;
+	json_t *usage;
 
 	r->done = true;
 	/* The token and time totals describe replies clients received (what
@@ -404,261 +336,58 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 	if (!r->req)
 		return;
 	if (!finish) {
-		/* Who cancelled it decides what the client can do: a stopping
-		 * k3d is worth a retry elsewhere or later (503), an operator's
-		 * 'k3ctl cancel' is final. */
-		const char *why = "the engine failed during generation", *code = NULL;
-		int status = 500;
+		struct gw_openai_reply_error e;
 
-		if (d->finish == K3_FINISH_CANCELLED && d->cancel_reason == K3_CANCEL_SHUTDOWN) {
-			status = 503;
-			code = "shutting_down";
-			why = GW_DRAINING_CUT;
-		} else if (d->finish == K3_FINISH_CANCELLED && d->cancel_reason == K3_CANCEL_BY_ID) {
-			code = "cancelled";
-			why = "an operator cancelled this generation in k3d ('k3ctl cancel')";
-		} else if (d->finish == K3_FINISH_CANCELLED) {
-			why = "the generation was cancelled in k3d";
-		}
-		if (r->started)
-			sse_fail(r, status, "server_error", code, why);
-		else
-			send_error(r, status, "server_error", NULL, code, "%s", why);
+		gw_openai_done_error(d, &e);
+		reply_error(r, &e);
 		return;
 	}
 	if (r->oai.stream) {
 		if (!r->started)
 			sse_start(r);
-		sse_delta(r, json_object(), "", finish);
-		if (r->oai.include_usage) {
-			json_t *c = chunk_base(r);
-
-			json_object_set_new(c, "choices", json_array());
-			json_object_set_new(c, "usage", usage_json(d));
-			sse_event(r, c);
-		}
+		sse_event(r, gw_openai_reply_final_chunk(&r->rp, finish));
+		if ((usage = gw_openai_reply_usage_chunk(&r->rp, d)))
+			sse_event(r, usage);
 		sse_write(r, "data: [DONE]\n\n", 14);
 		sse_end(r, 200);
 		return;
 	}
-	json_t *resp = json_pack("{s:s,s:s,s:I,s:s}", "id", r->cmpl_id, "object",
-				 r->oai.ep == GW_EP_CHAT ? "chat.completion" : "text_completion", "created",
-				 (json_int_t)r->created, "model", r->model);
-	json_t *choice;
-
-	if (r->oai.ep == GW_EP_CHAT) {
-		json_t *msg = json_pack("{s:s}", "role", "assistant");
-		bool calls = r->tool_calls && json_array_size(r->tool_calls);
-
-		json_object_set_new(msg, "content", calls && evbuffer_get_length(r->content) == 0
-							    ? json_null() : buf_string(r->content));
-		json_object_set_new(msg, "refusal", json_null());
-		if (evbuffer_get_length(r->reasoning))
-			json_object_set_new(msg, "reasoning_content", buf_string(r->reasoning));
-		if (calls) {
-			size_t i;
-			json_t *c;
-
-			json_array_foreach(r->tool_calls, i, c)
-				json_object_del(c, "__index");
-			json_object_set(msg, "tool_calls", r->tool_calls);
-		}
-		choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs", "finish_reason",
-				   finish);
-	} else {
-		evbuffer_add_buffer(r->content, r->reasoning);
-		choice = json_pack("{s:o,s:i,s:n,s:s}", "text", buf_string(r->content), "index", 0, "logprobs",
-				   "finish_reason", finish);
-	}
-	json_object_set_new(resp, "choices", json_pack("[o]", choice));
-	json_object_set_new(resp, "usage", usage_json(d));
-	send_json(r, 200, resp);
+	send_json(r, 200, gw_openai_reply_completion(&r->rp, d, finish));
 }
 
 static void on_token(struct gw_req *r, const struct k3_msg_token *t)
 {
-	bool reasoning = t->has_channel && t->channel == K3_CHANNEL_REASONING;
+	json_t *chunk;
 
-	if (!r->req || !t->has_text || t->text.len == 0)
+	if (!r->req || !(chunk = gw_openai_reply_token(&r->rp, t)))
 		return;
-	if (!r->oai.stream) {
-		evbuffer_add(reasoning ? r->reasoning : r->content, t->text.p, t->text.len);
-		return;
-	}
 	if (!r->started)
 		sse_start(r);
-	if (r->oai.ep == GW_EP_CHAT) {
-		json_t *delta = json_object();
-
-		json_object_set_new(delta, reasoning ? "reasoning_content" : "content",
-				    json_stringn(t->text.p, t->text.len));
-		sse_delta(r, delta, NULL, NULL);
-	} else {
-		char *s = strndup(t->text.p, t->text.len);
-
-		sse_delta(r, NULL, s, NULL);
-		free(s);
-	}
+	sse_event(r, chunk);
 }
 
 static void on_tool_call(struct gw_req *r, const struct k3_msg_tool_call *tc)
 {
-	json_t *name = tc->has_name ? json_stringn(tc->name.p, tc->name.len) : NULL;
-	json_t *args = json_stringn(tc->has_arguments ? tc->arguments.p : "", tc->has_arguments ? tc->arguments.len : 0);
-	char idx[16], gen_id[40];
-	json_t *id;
+	char fallback_id[40];
+	json_t *chunk;
 
-	if (!r->req || r->oai.ep != GW_EP_CHAT) {
-		json_decref(name);
-		json_decref(args);
+	if (!r->req)
 		return;
-	}
-	snprintf(idx, sizeof(idx), "%u", tc->index);
-	if (tc->has_id && tc->id.len) {
-		id = json_stringn(tc->id.p, tc->id.len);
-	} else {
-		memcpy(gen_id, "call_", 5);
-		random_hex(gen_id + 5, 12);
-		id = json_string(gen_id);
-	}
-	if (!r->oai.stream) {
-		json_t *call = NULL;
-		size_t i;
-		json_t *c;
-
-		json_array_foreach(r->tool_calls, i, c) {
-			if (json_integer_value(json_object_get(c, "__index")) == (json_int_t)tc->index)
-				call = c;
-		}
-		if (!call) {
-			call = json_pack("{s:I,s:o,s:s,s:{s:s,s:s}}", "__index", (json_int_t)tc->index, "id",
-					 json_incref(id), "type", "function", "function", "name", "", "arguments", "");
-			json_array_append_new(r->tool_calls, call);
-		}
-		json_t *fn = json_object_get(call, "function");
-		if (name)
-			json_object_set(fn, "name", name);
-		char *joined = NULL;
-		if (asprintf(&joined, "%s%s", json_string_value(json_object_get(fn, "arguments")),
-			     json_string_value(args)) >= 0) {
-			json_object_set_new(fn, "arguments", json_string(joined));
-			free(joined);
-		}
-		json_decref(name);
-		json_decref(args);
-		json_decref(id);
+	memcpy(fallback_id, "call_", 5);
+	random_hex(fallback_id + 5, 12);
+	if (!(chunk = gw_openai_reply_tool_call(&r->rp, tc, fallback_id)))
 		return;
-	}
 	if (!r->started)
 		sse_start(r);
-	json_t *call = json_pack("{s:I}", "index", (json_int_t)tc->index);
-	json_t *fn = json_object();
-
-	/* id, type and name go out once per call, in its first delta: the SDK
-	 * accumulates string fields, so repeating them would corrupt them. */
-	if (!json_object_get(r->tool_seen, idx)) {
-		json_object_set_new(r->tool_seen, idx, json_true());
-		json_object_set(call, "id", id);
-		json_object_set_new(call, "type", json_string("function"));
-		json_object_set_new(fn, "name", name ? json_incref(name) : json_string(""));
-	}
-	json_object_set(fn, "arguments", args);
-	json_object_set_new(call, "function", fn);
-	sse_delta(r, json_pack("{s:[o]}", "tool_calls", call), NULL, NULL);
-	json_decref(name);
-	json_decref(args);
-	json_decref(id);
+	sse_event(r, chunk);
 }
 
 static void send_draining(struct gw_req *r)
 {
-	send_error(r, 503, "server_error", NULL, "shutting_down", "%s", GW_DRAINING_REQUEST);
-}
+	struct gw_openai_reply_error e;
 
-/* An ERROR for the GENERATE: its HTTP form, or the same error as an SSE
- * event when the stream's headers are out (a queued stream that k3d drops
- * while draining). */
-static void on_generate_error(struct gw_req *r, const struct k3_msg_error *e)
-{
-	/* text: msg and the longest sentence around it (send_error caps it) */
-	char msg[K3_LIM_MESSAGE_MAX + 1], param[K3_LIM_NAME_MAX + 1], text[K3_LIM_MESSAGE_MAX + 512];
-	const char *type = "server_error", *eparam = NULL, *code = NULL;
-	int status;
-
-	snprintf(msg, sizeof(msg), "%.*s", (int)e->message.len, e->message.p ? e->message.p : "");
-	snprintf(param, sizeof(param), "%.*s", e->has_param ? (int)e->param.len : 0,
-		 e->has_param ? e->param.p : "");
-	/* k3d names GENERATE fields; the client knows its OpenAI fields. */
-	if (strcmp(param, "max_new") == 0)
-		snprintf(param, sizeof(param), "%s", r->oai.max_param ? r->oai.max_param : "max_tokens");
-	else if (strcmp(param, "prompt") == 0 && r->oai.ep == GW_EP_CHAT)
-		snprintf(param, sizeof(param), "messages");
-	switch (e->status) {
-	case K3_STATUS_BUSY:
-		status = 429;
-		type = "rate_limit_error";
-		code = "rate_limit_exceeded";
-		snprintf(text, sizeof(text), "k3d is busy: its generation slot and queue are full (%s). Retry "
-			 "after the Retry-After delay.", msg);
-		break;
-	case K3_STATUS_NOT_READY:
-		status = 503;
-		code = "model_not_ready";
-		snprintf(text, sizeof(text), "k3d is still loading the model: %s", msg);
-		break;
-	case K3_STATUS_SHUTTING_DOWN:
-		/* k3d's own message ("k3d is shutting down") would only repeat
-		 * what the status says. */
-		status = 503;
-		code = "shutting_down";
-		snprintf(text, sizeof(text), "%s", GW_DRAINING_REQUEST);
-		break;
-	case K3_STATUS_CONTEXT_EXCEEDED: {
-		/* k3d quotes the max_new it got; a larger value was sent as
-		 * the wire bound, so name what the client asked for. */
-		char asked[128] = "";
-		if (r->oai.has_max_new && r->oai.max_asked > (long long)r->oai.max_new &&
-		    strcmp(param, r->oai.max_param ? r->oai.max_param : "max_tokens") == 0)
-			snprintf(asked, sizeof(asked), " ('%.32s' was %lld, sent to k3d as its bound %u)",
-				 param, r->oai.max_asked, (unsigned)r->oai.max_new);
-		status = 400;
-		type = "invalid_request_error";
-		eparam = param[0] ? param : "messages";
-		code = "context_length_exceeded";
-		snprintf(text, sizeof(text), "%s%s%s", strstr(msg, "maximum context length") ? "" :
-			 "This model's maximum context length was exceeded: ", msg, asked);
-		break;
-	}
-	case K3_STATUS_INVALID_ARGUMENT:
-	case K3_STATUS_BAD_REQUEST:
-		status = 400;
-		type = "invalid_request_error";
-		eparam = param;
-		code = "invalid_value";
-		snprintf(text, sizeof(text), "%s", msg);
-		break;
-	case K3_STATUS_UNSUPPORTED:
-		status = 400;
-		type = "invalid_request_error";
-		eparam = param;
-		code = "unsupported_value";
-		snprintf(text, sizeof(text), "%s", msg);
-		break;
-	case K3_STATUS_TOO_LARGE:
-		status = 413;
-		type = "invalid_request_error";
-		eparam = param;
-		snprintf(text, sizeof(text), "%s", msg);
-		break;
-	default:
-		status = 500;
-		snprintf(text, sizeof(text), "k3d failed: %s", msg);
-		break;
-	}
-	if (r->started)
-		sse_fail(r, status, type, code, text);
-	else
-		send_error(r, status, type, eparam, code, "%s", text);
+	gw_openai_state_error(K3_STATE_DRAINING, &e);
+	reply_error(r, &e);
 }
 
 static void daemon_close(struct gw_req *r)
@@ -735,7 +464,7 @@ static void health_from_state(struct gw_req *r, unsigned state)
 		health_reply(r, NULL, "loading", "k3d is loading the model; retry after Retry-After seconds");
 		break;
 	case K3_STATE_DRAINING:
-		health_reply(r, NULL, "draining", GW_DRAINING_WHY);
+		health_reply(r, NULL, "draining", GW_OPENAI_DRAINING_WHY);
 		break;
 	case K3_STATE_NO_MODEL:
 		health_reply(r, NULL, "no_model", "k3d has no model loaded; start it with --model DIR");
@@ -759,16 +488,8 @@ static void metrics_reply(struct gw_req *r, const struct k3_msg_status_reply *st
 	evbuffer_free(b);
 }
 
-static json_t *model_object(struct gw_req *r)
-{
-	return json_pack("{s:s,s:s,s:I,s:s}", "id", r->model, "object", "model", "created",
-			 (json_int_t)r->g->started, "owned_by", "k3d");
-}
-
 static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 {
-	bool ready = h->state == K3_STATE_READY;
-
 	snprintf(r->model, sizeof(r->model), "%.*s", h->has_model ? (int)h->model.len : 0,
 		 h->has_model ? h->model.p : "");
 	if (!r->model[0])
@@ -798,9 +519,9 @@ static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 		if (!h->has_model || h->state == K3_STATE_NO_MODEL) {
 			send_error(r, 503, "server_error", NULL, "model_not_ready", "k3d has no model loaded yet.");
 		} else if (r->kind == K_MODELS) {
-			send_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_object(r)));
+			send_json(r, 200, gw_openai_model_list(r->model, (long long)r->g->started));
 		} else if (strcmp(r->model_query, r->model) == 0) {
-			send_json(r, 200, model_object(r));
+			send_json(r, 200, gw_openai_model(r->model, (long long)r->g->started));
 		} else {
 			send_error(r, 404, "invalid_request_error", "model", "model_not_found",
 				   "The model `%s` does not exist or you do not have access to it. This server "
@@ -808,24 +529,17 @@ static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 		}
 		daemon_close(r);
 		break;
-	case K_GENERATE:
-		if (!ready) {
-			if (h->state == K3_STATE_DRAINING)
-				send_draining(r);
-			else if (h->state == K3_STATE_LOADING)
-				send_error(r, 503, "server_error", NULL, "model_not_ready",
-					   "k3d is still loading the model; retry after the Retry-After delay.");
-			else if (h->state == K3_STATE_NO_MODEL)
-				send_error(r, 503, "server_error", NULL, "model_not_ready",
-					   "k3d has no model loaded; start it with --model DIR.");
-			else
-				send_error(r, 503, "server_error", NULL, "model_not_ready",
-					   "k3d is not ready (state %u).", h->state);
+	case K_GENERATE: {
+		struct gw_openai_reply_error e;
+
+		if (gw_openai_state_error(h->state, &e) < 0) {
+			reply_error(r, &e);
 			daemon_close(r);
 			break;
 		}
 		send_generate(r);
 		break;
+	}
 	}
 }
 
@@ -869,8 +583,15 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 		break;
 	case K3_MSG_ERROR:
 		if (h->request_id == RID_GENERATE && r->generate_sent) {
-			if (r->req)
-				on_generate_error(r, &b->error);
+			if (r->req) {
+				/* its HTTP form, or the same error as an SSE event when
+				 * the stream's headers are out (a queued stream that k3d
+				 * drops while draining) */
+				struct gw_openai_reply_error e;
+
+				gw_openai_k3d_error(&r->oai, &b->error, &e);
+				reply_error(r, &e);
+			}
 			r->done = true;
 			daemon_close(r);
 		} else if (h->request_id == RID_HELLO || h->request_id == RID_STATUS) {
@@ -1012,13 +733,8 @@ static void req_maybe_free(struct gw_req *r)
 	if (r->timer)
 		event_free(r->timer);
 	gw_openai_request_release(&r->oai);
+	gw_openai_reply_release(&r->rp);
 	free(r->model_query);
-	if (r->content)
-		evbuffer_free(r->content);
-	if (r->reasoning)
-		evbuffer_free(r->reasoning);
-	json_decref(r->tool_calls);
-	json_decref(r->tool_seen);
 	free(r);
 }
 
@@ -1075,26 +791,6 @@ static void start_daemon(struct gw_req *r)
 
 /* ---- request parsing ----------------------------------------------------- */
 
-static bool json_too_deep(json_t *v, unsigned depth)
-{
-	size_t i;
-	const char *k;
-	json_t *c;
-
-	if (depth > K3_LIM_JSON_DEPTH)
-		return true;
-	if (json_is_array(v)) {
-		json_array_foreach(v, i, c)
-			if (json_too_deep(c, depth + 1))
-				return true;
-	} else if (json_is_object(v)) {
-		json_object_foreach(v, k, c)
-			if (json_too_deep(c, depth + 1))
-				return true;
-	}
-	return false;
-}
-
 static bool content_type_json(struct evhttp_request *req)
 {
 	const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
@@ -1112,8 +808,7 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 	struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
 	size_t len = evbuffer_get_length(in);
 	struct gw_openai_error e = { 0 };
-	json_error_t je;
-	json_t *body;
+	char cmpl_id[48];
 
 	if (!content_type_json(r->req)) {
 		send_error(r, 415, "invalid_request_error", NULL, "unsupported_media_type",
@@ -1126,32 +821,17 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 			   (unsigned long long)r->g->cfg.max_body);
 		return;
 	}
-	body = json_loadb(len ? (const char *)evbuffer_pullup(in, (ev_ssize_t)len) : "", len,
-			  JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-	if (!body) {
-		send_error(r, 400, "invalid_request_error", NULL, NULL,
-			   "We could not parse the JSON body of your request (%s at line %d, column %d). The "
-			   "body must be valid JSON.", je.text, je.line, je.column);
-		return;
-	}
-	if (json_too_deep(body, 0)) {
-		json_decref(body);
-		send_error(r, 400, "invalid_request_error", NULL, NULL,
-			   "The JSON body nests deeper than %u levels.", K3_LIM_JSON_DEPTH);
-		return;
-	}
-	if (gw_openai_parse(ep, body, &r->oai, &e) < 0) {
-		json_decref(body);
+	if (gw_openai_parse_body(ep, len ? (const char *)evbuffer_pullup(in, (ev_ssize_t)len) : "", len, &r->oai,
+				 &e) < 0) {
 		send_error(r, e.status, "invalid_request_error", e.param, e.code, "%s", e.message);
 		return;
 	}
-	json_decref(body);
-	memcpy(r->cmpl_id, ep == GW_EP_CHAT ? "chatcmpl-" : "cmpl-", ep == GW_EP_CHAT ? 9 : 5);
-	random_hex(r->cmpl_id + (ep == GW_EP_CHAT ? 9 : 5), 12);
-	r->content = evbuffer_new();
-	r->reasoning = evbuffer_new();
-	r->tool_calls = json_array();
-	r->tool_seen = json_object();
+	memcpy(cmpl_id, ep == GW_EP_CHAT ? "chatcmpl-" : "cmpl-", ep == GW_EP_CHAT ? 9 : 5);
+	random_hex(cmpl_id + (ep == GW_EP_CHAT ? 9 : 5), 12);
+	if (gw_openai_reply_init(&r->rp, &r->oai, cmpl_id, r->created, r->model) < 0) {
+		send_error(r, 500, "server_error", NULL, NULL, "out of memory");
+		return;
+	}
 	start_daemon(r);
 }
 

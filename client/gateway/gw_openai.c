@@ -1,8 +1,8 @@
 /*
- * gw_openai.c - field policy of the OpenAI endpoints (see gw_openai.h and
- * the FIELD POLICY table of docs/k3-gateway.8, which must agree with the
- * tables below). Error texts follow OpenAI's wording where clients match on
- * it (openai-gateway.md §1.6).
+ * gw_openai.c - request parsing and field policy of the OpenAI endpoints
+ * (see gw_openai.h and the FIELD POLICY table of docs/k3-gateway.8, which
+ * must agree with the tables below). Error texts follow OpenAI's wording
+ * where clients match on it (openai-gateway.md §1.6).
  */
 #include "gw_openai.h"
 
@@ -781,6 +781,46 @@ int gw_openai_parse(enum gw_endpoint ep, json_t *body, struct gw_openai_request 
 		return fail(e, NULL, "invalid_type",
 			    "The request body must be a JSON object, but got %s.", type_word(body));
 	return ep == GW_EP_CHAT ? parse_chat(body, out, e) : parse_completions(body, out, e);
+}
+
+static bool json_too_deep(json_t *v, unsigned depth)
+{
+	size_t i;
+	const char *k;
+	json_t *c;
+
+	if (depth > K3_LIM_JSON_DEPTH)
+		return true;
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, c)
+			if (json_too_deep(c, depth + 1))
+				return true;
+	} else if (json_is_object(v)) {
+		json_object_foreach(v, k, c)
+			if (json_too_deep(c, depth + 1))
+				return true;
+	}
+	return false;
+}
+
+int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, struct gw_openai_request *out,
+			 struct gw_openai_error *e)
+{
+	json_error_t je;
+	json_t *v = json_loadb(len ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+	int rc;
+
+	if (!v)
+		return fail(e, NULL, NULL,
+			    "We could not parse the JSON body of your request (%s at line %d, column %d). The "
+			    "body must be valid JSON.", je.text, je.line, je.column);
+	if (json_too_deep(v, 0)) {
+		json_decref(v);
+		return fail(e, NULL, NULL, "The JSON body nests deeper than %u levels.", K3_LIM_JSON_DEPTH);
+	}
+	rc = gw_openai_parse(ep, v, out, e);
+	json_decref(v);
+	return rc;
 }
 
 void gw_openai_request_release(struct gw_openai_request *r)
