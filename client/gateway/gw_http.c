@@ -1,14 +1,11 @@
 /*
- * gw_http.c - routing, authentication, CORS, the JSON and SSE transport of
- * k3-gateway and the per-request k3 conversation (docs/k3-gateway.md,
- * "Request lifecycle"). What the replies say is the OpenAI dialect's
- * (gw_openai.h for requests, gw_openai_reply.h for replies and errors).
- *
- * One struct gw_req lives from the moment a request arrives until both
- * sides are finished: the HTTP reply was sent (or the client went away)
- * and the k3d connection was closed. Whichever side ends second frees it.
+ * gw_http.c - the HTTP side of k3-gateway (gw_req.h): routing,
+ * authentication, CORS, the JSON and SSE transport, and noticing clients
+ * that leave (docs/k3-gateway.md, "Request lifecycle"). The k3d side of
+ * each request is gw_relay.c; what the replies say is the OpenAI
+ * dialect's (gw_openai.h for requests, gw_openai_reply.h for replies).
  */
-#include "gw.h"
+#include "gw_req.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -25,46 +22,13 @@
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 
-#include "gw_daemon.h"
 #include "gw_openai.h"
 #include "gw_openai_reply.h"
 #include "k3_proto.h"
 
-enum gw_kind { K_GENERATE, K_MODELS, K_MODEL_ONE, K_HEALTH, K_METRICS };
-
-enum { RID_HELLO = 0, RID_GENERATE = 1, RID_STATUS = 2 };
-
-/* How long a cancelled job may take to report DONE before the gateway
- * closes its k3d connection anyway (which cancels it too, rule 6). */
-#define GW_CANCEL_GRACE_S 5
-
-struct gw_req {
-	struct gw *g;
-	struct evhttp_request *req;      /* NULL once the reply is complete or the client left */
-	struct evhttp_connection *evcon;
-	struct event *eof_ev;            /* watches the client socket for EOF */
-	struct event *timer;             /* SSE keep-alive, then cancel grace */
-	struct gw_daemon *d;
-	enum gw_kind kind;
-	enum gw_ep_metric mep;
-	struct gw_openai_request oai;
-	char *model_query;               /* GET /v1/models/{id} */
-	char line[160];                  /* "METHOD /path" for the access log */
-	struct timeval t0;
-	char req_id[40];
-	long long created;
-	char model[K3_LIM_NAME_MAX + 1];
-	bool generate_sent, accepted, started, done, cancel_sent;
-	bool counted;                    /* counted in m.in_flight (not a /health or /metrics probe) */
-	struct gw_openai_reply rp;       /* K_GENERATE: the reply being shaped */
-};
-
-static void req_maybe_free(struct gw_req *r);
-static void client_gone(struct gw_req *r);
-
 /* ---- small helpers ----------------------------------------------------- */
 
-static void random_hex(char *out, size_t nbytes)
+void gw_http_random_hex(char *out, size_t nbytes)
 {
 	unsigned char b[32];
 	static const char hx[] = "0123456789abcdef";
@@ -155,7 +119,7 @@ static void http_finished(struct gw_req *r, int status)
 	r->evcon = NULL;
 }
 
-static void send_body(struct gw_req *r, int status, const char *ctype, const char *body, size_t len)
+void gw_http_send_body(struct gw_req *r, int status, const char *ctype, const char *body, size_t len)
 {
 	struct evbuffer *b = evbuffer_new();
 	struct evhttp_request *req = r->req;
@@ -173,7 +137,7 @@ static void send_body(struct gw_req *r, int status, const char *ctype, const cha
 	evbuffer_free(b);
 }
 
-static void send_json(struct gw_req *r, int status, json_t *v)
+void gw_http_send_json(struct gw_req *r, int status, json_t *v)
 {
 	char *s = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
 
@@ -181,18 +145,15 @@ static void send_json(struct gw_req *r, int status, json_t *v)
 	if (!s) {
 		static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
 					  "\"param\":null,\"code\":null}}";
-		send_body(r, 500, "application/json", oom, sizeof(oom) - 1);
+		gw_http_send_body(r, 500, "application/json", oom, sizeof(oom) - 1);
 		return;
 	}
-	send_body(r, status, "application/json", s, strlen(s));
+	gw_http_send_body(r, status, "application/json", s, strlen(s));
 	free(s);
 }
 
-static void send_error(struct gw_req *r, int status, const char *type, const char *param, const char *code,
-		       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-
-static void send_error(struct gw_req *r, int status, const char *type, const char *param, const char *code,
-		       const char *fmt, ...)
+void gw_http_send_error(struct gw_req *r, int status, const char *type, const char *param, const char *code,
+			const char *fmt, ...)
 {
 	char msg[1024];
 	va_list ap;
@@ -208,12 +169,12 @@ static void send_error(struct gw_req *r, int status, const char *type, const cha
 		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
 		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
 	}
-	send_json(r, status, gw_openai_error_json(type, msg, param, code));
+	gw_http_send_json(r, status, gw_openai_error_json(type, msg, param, code));
 }
 
 /* ---- SSE ---------------------------------------------------------------- */
 
-static void sse_write(struct gw_req *r, const char *data, size_t len)
+void gw_http_sse_write(struct gw_req *r, const char *data, size_t len)
 {
 	struct evbuffer *b;
 	struct timeval tv = { (time_t)r->g->cfg.keepalive_s, 0 };
@@ -231,7 +192,7 @@ static void sse_write(struct gw_req *r, const char *data, size_t len)
 	event_add(r->timer, &tv);
 }
 
-static void sse_event(struct gw_req *r, json_t *v)
+void gw_http_sse_event(struct gw_req *r, json_t *v)
 {
 	char *s = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	struct evbuffer *b;
@@ -246,22 +207,19 @@ static void sse_event(struct gw_req *r, json_t *v)
 	free(s);
 	n = evbuffer_get_length(b);
 	p = (char *)evbuffer_pullup(b, (ev_ssize_t)n);
-	sse_write(r, p, n);
+	gw_http_sse_write(r, p, n);
 	evbuffer_free(b);
 }
 
-static void keepalive_cb(evutil_socket_t fd, short what, void *arg)
+void gw_http_keepalive(struct gw_req *r)
 {
-	struct gw_req *r = arg;
 	static const char ka[] = ": keep-alive\n\n";
 
-	(void)fd;
-	(void)what;
 	if (r->req && r->started)
-		sse_write(r, ka, sizeof(ka) - 1);
+		gw_http_sse_write(r, ka, sizeof(ka) - 1);
 }
 
-static void sse_start(struct gw_req *r)
+void gw_http_sse_start(struct gw_req *r)
 {
 	struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
 
@@ -272,13 +230,13 @@ static void sse_start(struct gw_req *r)
 	evhttp_send_reply_start(r->req, 200, "OK");
 	r->started = true;
 	if (r->oai.ep == GW_EP_CHAT)
-		sse_event(r, gw_openai_reply_first_chunk(&r->rp));
+		gw_http_sse_event(r, gw_openai_reply_first_chunk(&r->rp));
 	else
-		sse_write(r, "", 0);   /* arms the keep-alive timer */
+		gw_http_sse_write(r, "", 0);   /* arms the keep-alive timer */
 }
 
 /* Ends an SSE response: the reply is complete on the HTTP side. */
-static void sse_end(struct gw_req *r, int status)
+void gw_http_sse_end(struct gw_req *r, int status)
 {
 	struct evhttp_request *req = r->req;
 
@@ -293,394 +251,29 @@ static void sse_end(struct gw_req *r, int status)
  * client got 200 already; status is what the same error has before the
  * headers, so /metrics and the access log count a stream refused by a
  * draining k3d as 503, like the non-streaming request it could have been. */
-static void sse_fail(struct gw_req *r, int status, const char *type, const char *code, const char *message)
+void gw_http_sse_fail(struct gw_req *r, int status, const char *type, const char *code, const char *message)
 {
-	sse_event(r, gw_openai_error_json(type, message, NULL, code));
-	sse_end(r, status);
+	gw_http_sse_event(r, gw_openai_error_json(type, message, NULL, code));
+	gw_http_sse_end(r, status);
 }
 
-/* A generation's error from the error map, as an HTTP error or, once the
- * stream's headers are out, as its last event. */
-static void reply_error(struct gw_req *r, const struct gw_openai_reply_error *e)
+void gw_http_reply_error(struct gw_req *r, const struct gw_openai_reply_error *e)
 {
 	if (r->started)
-		sse_fail(r, e->status, e->type, e->code, e->message);
+		gw_http_sse_fail(r, e->status, e->type, e->code, e->message);
 	else
-		send_error(r, e->status, e->type, e->param, e->code, "%s", e->message);
-}
-
-/* ---- generation results ------------------------------------------------ */
-
-static void on_done(struct gw_req *r, const struct k3_msg_done *d)
-{
-	const char *finish = gw_openai_finish_reason(r->oai.ep, d);
-	struct gw_metrics *m = &r->g->m;
-	json_t *usage;
-
-	r->done = true;
-	/* The token and time totals describe replies clients received (what
-	 * their usage objects add up to); work whose reply never reached its
-	 * client (it left, or k3d cancelled or failed the job) is counted
-	 * apart, so a disconnect storm does not read as served traffic. */
-	if (finish && r->req) {
-		m->prompt_tokens += d->prompt_tokens;
-		m->completion_tokens += d->completion_tokens;
-		m->reasoning_tokens += d->reasoning_tokens;
-		m->cached_tokens += d->cached_tokens;
-		m->prefill_s += d->prefill_s;
-		m->decode_s += d->decode_s;
-	} else {
-		m->undelivered_prompt_tokens += d->prompt_tokens;
-		m->undelivered_completion_tokens += d->completion_tokens;
-	}
-	if (!r->req)
-		return;
-	if (!finish) {
-		struct gw_openai_reply_error e;
-
-		gw_openai_done_error(d, &e);
-		reply_error(r, &e);
-		return;
-	}
-	if (r->oai.stream) {
-		if (!r->started)
-			sse_start(r);
-		sse_event(r, gw_openai_reply_final_chunk(&r->rp, finish));
-		if ((usage = gw_openai_reply_usage_chunk(&r->rp, d)))
-			sse_event(r, usage);
-		sse_write(r, "data: [DONE]\n\n", 14);
-		sse_end(r, 200);
-		return;
-	}
-	send_json(r, 200, gw_openai_reply_completion(&r->rp, d, finish));
-}
-
-static void on_token(struct gw_req *r, const struct k3_msg_token *t)
-{
-	json_t *chunk;
-
-	if (!r->req || !(chunk = gw_openai_reply_token(&r->rp, t)))
-		return;
-	if (!r->started)
-		sse_start(r);
-	sse_event(r, chunk);
-}
-
-static void on_tool_call(struct gw_req *r, const struct k3_msg_tool_call *tc)
-{
-	char fallback_id[40];
-	json_t *chunk;
-
-	if (!r->req)
-		return;
-	memcpy(fallback_id, "call_", 5);
-	random_hex(fallback_id + 5, 12);
-	if (!(chunk = gw_openai_reply_tool_call(&r->rp, tc, fallback_id)))
-		return;
-	if (!r->started)
-		sse_start(r);
-	sse_event(r, chunk);
-}
-
-static void send_draining(struct gw_req *r)
-{
-	struct gw_openai_reply_error e;
-
-	gw_openai_state_error(K3_STATE_DRAINING, &e);
-	reply_error(r, &e);
-}
-
-static void daemon_close(struct gw_req *r)
-{
-	if (!r->d)
-		return;
-	gw_daemon_free(r->d);
-	r->d = NULL;
-	if (r->counted)
-		r->g->m.in_flight--;
-	r->counted = false;
-}
-
-static void send_generate(struct gw_req *r)
-{
-	struct k3_msg_generate gen;
-	int rc;
-
-	gw_openai_to_generate(&r->oai, &gen);
-	rc = gw_daemon_send(r->d, K3_MSG_GENERATE, RID_GENERATE, &gen);
-	if (rc < 0) {
-		send_error(r, 400, "invalid_request_error", NULL, NULL,
-			   "The request cannot be sent to k3d (%s): a field is over a protocol limit.",
-			   k3_proto_error_name(rc));
-		daemon_close(r);   /* the caller (daemon_frame) frees r */
-		return;
-	}
-	r->generate_sent = true;
-}
-
-/* ---- the k3d conversation ----------------------------------------------- */
-
-/* /health: 200 {"status":"ok","model":ID} when model is set, else 503
- * {"status":STATE,"error":WHY} with Retry-After. STATE tells a load
- * balancer or an operator which not-ready case this is: "loading",
- * "draining", "no_model" (what k3d said in HELLO_OK) or "unavailable" (no
- * connection, no handshake in time, or k3d refused the connection); WHY
- * is a sentence with what to check. */
-static void health_reply(struct gw_req *r, const char *model, const char *state, const char *why)
-{
-	if (!r->req)
-		return;
-	if (model) {
-		send_json(r, 200, json_pack("{s:s,s:s}", "status", "ok", "model", model));
-	} else {
-		char ra[16];
-
-		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
-		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
-		send_json(r, 503, json_pack("{s:s,s:s}", "status", state, "error", why));
-	}
-}
-
-/* /health when k3d cannot be talked to: why is gw_daemon's sentence (it
- * names the socket path and the errno text). */
-static void health_unavailable(struct gw_req *r, const char *why)
-{
-	char msg[512];
-
-	snprintf(msg, sizeof(msg), "%s; is k3d running? (systemctl status k3d)", why);
-	health_reply(r, NULL, "unavailable", msg);
-}
-
-/* /health from the state in HELLO_OK. */
-static void health_from_state(struct gw_req *r, unsigned state)
-{
-	char msg[256];
-
-	switch (state) {
-	case K3_STATE_READY:
-		health_reply(r, r->model, NULL, NULL);
-		break;
-	case K3_STATE_LOADING:
-		health_reply(r, NULL, "loading", "k3d is loading the model; retry after Retry-After seconds");
-		break;
-	case K3_STATE_DRAINING:
-		health_reply(r, NULL, "draining", GW_OPENAI_DRAINING_WHY);
-		break;
-	case K3_STATE_NO_MODEL:
-		health_reply(r, NULL, "no_model", "k3d has no model loaded; start it with --model DIR");
-		break;
-	default:
-		snprintf(msg, sizeof(msg), "k3d reported an unknown state %u", state);
-		health_reply(r, NULL, "unavailable", msg);
-		break;
-	}
-}
-
-static void metrics_reply(struct gw_req *r, const struct k3_msg_status_reply *st)
-{
-	struct evbuffer *b = evbuffer_new();
-	size_t n;
-
-	gw_metrics_render(&r->g->m, st, b);
-	n = evbuffer_get_length(b);
-	send_body(r, 200, "text/plain; version=0.0.4; charset=utf-8", (const char *)evbuffer_pullup(b, (ev_ssize_t)n),
-		  n);
-	evbuffer_free(b);
-}
-
-static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
-{
-	snprintf(r->model, sizeof(r->model), "%.*s", h->has_model ? (int)h->model.len : 0,
-		 h->has_model ? h->model.p : "");
-	if (!r->model[0])
-		snprintf(r->model, sizeof(r->model), "kimi-k3");
-	switch (r->kind) {
-	case K_HEALTH:
-		health_from_state(r, h->state);
-		daemon_close(r);
-		break;
-	case K_METRICS: {
-		struct k3_msg_status st = { 0 };
-		struct timeval tv = { (time_t)r->g->cfg.daemon_timeout_s, 0 };
-
-		if (gw_daemon_send(r->d, K3_MSG_STATUS, RID_STATUS, &st) < 0) {
-			metrics_reply(r, NULL);
-			daemon_close(r);
-			break;
-		}
-		/* A k3d that took the connection and answered HELLO but never
-		 * answers STATUS must not hold the scrape forever: timer_cb. */
-		event_del(r->timer);
-		event_add(r->timer, &tv);
-		break;
-	}
-	case K_MODELS:
-	case K_MODEL_ONE:
-		if (!h->has_model || h->state == K3_STATE_NO_MODEL) {
-			send_error(r, 503, "server_error", NULL, "model_not_ready", "k3d has no model loaded yet.");
-		} else if (r->kind == K_MODELS) {
-			send_json(r, 200, gw_openai_model_list(r->model, (long long)r->g->started));
-		} else if (strcmp(r->model_query, r->model) == 0) {
-			send_json(r, 200, gw_openai_model(r->model, (long long)r->g->started));
-		} else {
-			send_error(r, 404, "invalid_request_error", "model", "model_not_found",
-				   "The model `%s` does not exist or you do not have access to it. This server "
-				   "serves `%s`.", r->model_query, r->model);
-		}
-		daemon_close(r);
-		break;
-	case K_GENERATE: {
-		struct gw_openai_reply_error e;
-
-		if (gw_openai_state_error(h->state, &e) < 0) {
-			reply_error(r, &e);
-			daemon_close(r);
-			break;
-		}
-		send_generate(r);
-		break;
-	}
-	}
-}
-
-static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, const union k3_proto_body *b,
-			 void *arg)
-{
-	struct gw_req *r = arg;
-
-	(void)d;
-	switch (h->type) {
-	case K3_MSG_HELLO_OK:
-		on_hello_ok(r, &b->hello_ok);
-		break;
-	case K3_MSG_STATUS_REPLY:
-		if (r->kind == K_METRICS) {
-			event_del(r->timer);
-			metrics_reply(r, &b->status_reply);
-			daemon_close(r);
-		}
-		break;
-	case K3_MSG_ACCEPTED:
-		r->accepted = true;
-		/* Admitted (running or queued): a stream can start now, and its
-		 * keep-alives cover the queue wait and the prefill. */
-		if (r->req && r->oai.stream && !r->started)
-			sse_start(r);
-		break;
-	case K3_MSG_TOKEN:
-		if (h->request_id == RID_GENERATE)
-			on_token(r, &b->token);
-		break;
-	case K3_MSG_TOOL_CALL:
-		if (h->request_id == RID_GENERATE)
-			on_tool_call(r, &b->tool_call);
-		break;
-	case K3_MSG_DONE:
-		if (h->request_id != RID_GENERATE)
-			break;
-		on_done(r, &b->done);
-		daemon_close(r);
-		break;
-	case K3_MSG_ERROR:
-		if (h->request_id == RID_GENERATE && r->generate_sent) {
-			if (r->req) {
-				/* its HTTP form, or the same error as an SSE event when
-				 * the stream's headers are out (a queued stream that k3d
-				 * drops while draining) */
-				struct gw_openai_reply_error e;
-
-				gw_openai_k3d_error(&r->oai, &b->error, &e);
-				reply_error(r, &e);
-			}
-			r->done = true;
-			daemon_close(r);
-		} else if (h->request_id == RID_HELLO || h->request_id == RID_STATUS) {
-			char why[300];
-
-			snprintf(why, sizeof(why), "k3d refused the %s: %.*s",
-				 h->request_id == RID_HELLO ? "connection" : "status request",
-				 (int)b->error.message.len, b->error.message.p ? b->error.message.p : "");
-			if (r->kind == K_METRICS)
-				metrics_reply(r, NULL);
-			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_SHUTTING_DOWN)
-				health_reply(r, NULL, "draining", why);
-			else if (b->error.status == K3_STATUS_UNAUTHORIZED) {
-				/* k3d is running; "is k3d running?" would mislead, and
-				 * only the operator can fix it. */
-				char msg[512];
-
-				snprintf(msg, sizeof(msg), "%s; k3d is running but does not allow the "
-					 "gateway's user: add it with k3d --allow-uid or --allow-gid", why);
-				if (r->kind == K_HEALTH)
-					health_reply(r, NULL, "unavailable", msg);
-				else
-					send_error(r, 503, "server_error", NULL, "unauthorized", "%s", msg);
-			} else if (r->kind == K_HEALTH)
-				health_unavailable(r, why);
-			else if (b->error.status == K3_STATUS_SHUTTING_DOWN)
-				send_draining(r);
-			else
-				send_error(r, 503, "server_error", NULL, NULL, "%s", why);
-			daemon_close(r);
-		}
-		break;
-	default:
-		break;   /* PROGRESS, OK (the CANCEL's answer), PONG */
-	}
-	req_maybe_free(r);
-}
-
-static void daemon_fail(struct gw_daemon *d, const char *why, void *arg)
-{
-	struct gw_req *r = arg;
-
-	(void)d;
-	if (r->req) {
-		switch (r->kind) {
-		case K_HEALTH:
-			health_unavailable(r, why);
-			break;
-		case K_METRICS:
-			metrics_reply(r, NULL);
-			break;
-		default:
-			if (r->started)
-				sse_fail(r, 500, "server_error", NULL, why);
-			else if (r->accepted)
-				send_error(r, 500, "server_error", NULL, NULL, "k3d failed during the request: %s", why);
-			else
-				send_error(r, 503, "server_error", NULL, NULL, "k3d is not available: %s", why);
-		}
-	}
-	daemon_close(r);
-	req_maybe_free(r);
+		gw_http_send_error(r, e->status, e->type, e->param, e->code, "%s", e->message);
 }
 
 /* ---- client disconnects ------------------------------------------------- */
 
 static void client_gone(struct gw_req *r)
 {
-	struct timeval grace = { GW_CANCEL_GRACE_S, 0 };
-
 	if (!r->req)
 		return;
 	http_finished(r, 499);
 	event_del(r->timer);
-	if (!r->d)
-		return;
-	if (r->kind == K_GENERATE && r->generate_sent && !r->done) {
-		struct k3_msg_cancel c = { 0 };
-
-		/* CANCEL at once; closing the connection after DONE (or after the
-		 * grace) cancels too, so a lost CANCEL cannot keep the slot. */
-		if (gw_daemon_send(r->d, K3_MSG_CANCEL, RID_GENERATE, &c) == 0) {
-			r->cancel_sent = true;
-			r->g->m.cancels_sent++;
-			event_add(r->timer, &grace);
-			return;
-		}
-	}
-	daemon_close(r);
+	gw_relay_client_gone(r);
 }
 
 static void on_close(struct evhttp_connection *evcon, void *arg)
@@ -698,7 +291,7 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
 	client_gone(r);
 	if (detached)
 		evhttp_request_free(req);
-	req_maybe_free(r);
+	gw_http_req_maybe_free(r);
 }
 
 /* libevent stops reading a connection while its request is processed, so
@@ -724,7 +317,7 @@ static void eof_cb(evutil_socket_t fd, short what, void *arg)
 	evhttp_connection_free(r->evcon);
 }
 
-static void req_maybe_free(struct gw_req *r)
+void gw_http_req_maybe_free(struct gw_req *r)
 {
 	if (r->req || r->d)
 		return;
@@ -738,44 +331,12 @@ static void req_maybe_free(struct gw_req *r)
 	free(r);
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+/* Hands r to gw_relay.c and watches its client: a client that leaves
+ * cancels the request's job at once. */
+static void start_k3d(struct gw_req *r)
 {
-	struct gw_req *r = arg;
-
-	if (r->req && r->kind == K_METRICS) {
-		/* STATUS sent after the handshake, no STATUS_REPLY in time: the
-		 * same answer as a k3d that is down (200, the gateway's own
-		 * metrics, k3_gateway_daemon_up 0), because a scraper keeps a
-		 * 200 series and alerts on daemon_up, where a 503 would only
-		 * drop the gateway's counters from the scrape. */
-		metrics_reply(r, NULL);
-		daemon_close(r);
-		req_maybe_free(r);
+	if (gw_relay_start(r) < 0)
 		return;
-	}
-	if (r->req) {
-		keepalive_cb(fd, what, arg);
-		return;
-	}
-	/* Cancel grace over: drop the connection, which cancels (rule 6). */
-	daemon_close(r);
-	req_maybe_free(r);
-}
-
-/* Opens the k3d connection for r; replies 503 itself on failure. */
-static void start_daemon(struct gw_req *r)
-{
-	r->d = gw_daemon_open(r->g->base, r->g->cfg.socket_path, r->g->cfg.daemon_timeout_s, daemon_frame,
-			      daemon_fail, r);
-	if (!r->d) {
-		send_error(r, 503, "server_error", NULL, NULL, "k3d is not available: out of memory");
-		return;
-	}
-	/* The probes are not counted: a scrape would otherwise always see its
-	 * own STATUS connection, and an idle gateway would never read 0. */
-	r->counted = r->kind != K_HEALTH && r->kind != K_METRICS;
-	if (r->counted)
-		r->g->m.in_flight++;
 	if (r->evcon) {
 		struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
 		evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
@@ -811,28 +372,28 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 	char cmpl_id[48];
 
 	if (!content_type_json(r->req)) {
-		send_error(r, 415, "invalid_request_error", NULL, "unsupported_media_type",
-			   "Unsupported Content-Type: send the body as 'application/json'.");
+		gw_http_send_error(r, 415, "invalid_request_error", NULL, "unsupported_media_type",
+				   "Unsupported Content-Type: send the body as 'application/json'.");
 		return;
 	}
 	if (len > r->g->cfg.max_body) {
-		send_error(r, 413, "invalid_request_error", NULL, "request_too_large",
-			   "The request body has %zu bytes; this server accepts at most %llu (--max-body).", len,
-			   (unsigned long long)r->g->cfg.max_body);
+		gw_http_send_error(r, 413, "invalid_request_error", NULL, "request_too_large",
+				   "The request body has %zu bytes; this server accepts at most %llu (--max-body).",
+				   len, (unsigned long long)r->g->cfg.max_body);
 		return;
 	}
 	if (gw_openai_parse_body(ep, len ? (const char *)evbuffer_pullup(in, (ev_ssize_t)len) : "", len, &r->oai,
 				 &e) < 0) {
-		send_error(r, e.status, "invalid_request_error", e.param, e.code, "%s", e.message);
+		gw_http_send_error(r, e.status, "invalid_request_error", e.param, e.code, "%s", e.message);
 		return;
 	}
 	memcpy(cmpl_id, ep == GW_EP_CHAT ? "chatcmpl-" : "cmpl-", ep == GW_EP_CHAT ? 9 : 5);
-	random_hex(cmpl_id + (ep == GW_EP_CHAT ? 9 : 5), 12);
+	gw_http_random_hex(cmpl_id + (ep == GW_EP_CHAT ? 9 : 5), 12);
 	if (gw_openai_reply_init(&r->rp, &r->oai, cmpl_id, r->created, r->model) < 0) {
-		send_error(r, 500, "server_error", NULL, NULL, "out of memory");
+		gw_http_send_error(r, 500, "server_error", NULL, NULL, "out of memory");
 		return;
 	}
-	start_daemon(r);
+	start_k3d(r);
 }
 
 /* ---- routing ------------------------------------------------------------- */
@@ -913,8 +474,8 @@ static void gencb(struct evhttp_request *req, void *arg)
 	r->mep = GW_M_OTHER;
 	r->created = (long long)time(NULL);
 	memcpy(r->req_id, "req_", 4);
-	random_hex(r->req_id + 4, 16);
-	r->timer = evtimer_new(g->base, timer_cb, r);
+	gw_http_random_hex(r->req_id + 4, 16);
+	r->timer = evtimer_new(g->base, gw_relay_timer_cb, r);
 	normalize_path(raw && raw[0] ? raw : "/", path, sizeof(path));
 	gettimeofday(&r->t0, NULL);
 	snprintf(r->line, sizeof(r->line), "%s %.140s", method_name(cmd), path);
@@ -929,7 +490,8 @@ static void gencb(struct evhttp_request *req, void *arg)
 		}
 	}
 	if (!rt) {
-		send_error(r, 404, "invalid_request_error", NULL, NULL, "Invalid URL (%s %s)", method_name(cmd), path);
+		gw_http_send_error(r, 404, "invalid_request_error", NULL, NULL, "Invalid URL (%s %s)", method_name(cmd),
+				   path);
 		goto out;
 	}
 	r->mep = rt->mep;
@@ -966,14 +528,14 @@ static void gencb(struct evhttp_request *req, void *arg)
 	}
 	if (!(rt->methods & cmd)) {
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", rt->allow);
-		send_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
-			   "Method %s is not allowed on %s; allowed: %s.", method_name(cmd), path, rt->allow);
+		gw_http_send_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+				   "Method %s is not allowed on %s; allowed: %s.", method_name(cmd), path, rt->allow);
 		goto out;
 	}
 	if (rt->mep != GW_M_HEALTH && !authorized(r)) {
-		send_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
-			   "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key from "
-			   "k3-gateway's --api-key-file.");
+		gw_http_send_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
+				   "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key from "
+				   "k3-gateway's --api-key-file.");
 		goto out;
 	}
 	switch (rt->mep) {
@@ -989,21 +551,21 @@ static void gencb(struct evhttp_request *req, void *arg)
 
 			r->model_query = dec ? dec : strdup("");
 		}
-		start_daemon(r);
+		start_k3d(r);
 		break;
 	case GW_M_HEALTH:
 		r->kind = K_HEALTH;
-		start_daemon(r);
+		start_k3d(r);
 		break;
 	case GW_M_METRICS:
 		r->kind = K_METRICS;
-		start_daemon(r);
+		start_k3d(r);
 		break;
 	default:
 		break;
 	}
 out:
-	req_maybe_free(r);
+	gw_http_req_maybe_free(r);
 }
 
 void gw_http_setup(struct gw *g)

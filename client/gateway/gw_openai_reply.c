@@ -116,7 +116,8 @@ json_t *gw_openai_reply_tool_call(struct gw_openai_reply *rp, const struct k3_ms
 				  const char *fallback_id)
 {
 	json_t *name = tc->has_name ? json_stringn(tc->name.p, tc->name.len) : NULL;
-	json_t *args = json_stringn(tc->has_arguments ? tc->arguments.p : "", tc->has_arguments ? tc->arguments.len : 0);
+	json_t *args = json_stringn(tc->has_arguments ? tc->arguments.p : "",
+				    tc->has_arguments ? tc->arguments.len : 0);
 	json_t *id, *call, *fn, *out = NULL;
 	char idx[16];
 
@@ -374,7 +375,8 @@ int gw_openai_state_error(uint32_t state, struct gw_openai_reply_error *e)
 		const char *code, *message;
 	} states[] = {
 		{ K3_STATE_DRAINING, "shutting_down", DRAINING_REQUEST },
-		{ K3_STATE_LOADING, "model_not_ready", "k3d is still loading the model; retry after the Retry-After delay." },
+		{ K3_STATE_LOADING, "model_not_ready",
+		  "k3d is still loading the model; retry after the Retry-After delay." },
 		{ K3_STATE_NO_MODEL, "model_not_ready", "k3d has no model loaded; start it with --model DIR." },
 	};
 	char msg[64];
