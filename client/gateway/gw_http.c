@@ -163,6 +163,7 @@ void gw_http_send_error(struct gw_req *r, int status, const char *type, const ch
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	gw_openai_utf8_trim(msg);
 	if (status == 429 || status == 503) {
 		char ra[16];
 

@@ -12,6 +12,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+void gw_openai_utf8_trim(char *s)
+{
+	size_t n = strlen(s);
+
+	/* A cut can only split the last character, which has at most 4 bytes. */
+	for (size_t k = 0; k < 4 && k <= n; k++) {
+		if (k3_proto_utf8_valid(s, n - k)) {
+			s[n - k] = 0;
+			return;
+		}
+	}
+}
+
 static int fail(struct gw_openai_error *e, const char *param, const char *code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
@@ -25,6 +38,9 @@ static int fail(struct gw_openai_error *e, const char *param, const char *code, 
 	va_start(ap, fmt);
 	vsnprintf(e->message, sizeof(e->message), fmt, ap);
 	va_end(ap);
+	/* Client strings (a key, a role) may be cut at the buffers' ends. */
+	gw_openai_utf8_trim(e->param);
+	gw_openai_utf8_trim(e->message);
 	return -1;
 }
 

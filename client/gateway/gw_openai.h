@@ -86,6 +86,16 @@ int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, stru
 void gw_openai_request_release(struct gw_openai_request *r);
 
 /*
+ * Error texts are built with snprintf into bounded buffers from strings
+ * that may hold any character (a client's key, k3d's message); a cut can
+ * leave half a UTF-8 character at the end, which jansson refuses to put in
+ * JSON (the error would turn into a 500). Drops such a partial last
+ * character from the NUL-terminated s; a string that is valid UTF-8 but
+ * for its last character is unchanged otherwise.
+ */
+void gw_openai_utf8_trim(char *s);
+
+/*
  * Fills a GENERATE frame body from a parsed request. The frame's string
  * views point into r, which must outlive the encode.
  */

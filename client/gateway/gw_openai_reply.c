@@ -62,8 +62,10 @@ static json_t *chunk_base(const struct gw_openai_reply *rp)
 			 (json_int_t)rp->created, "model", rp->model);
 }
 
-/* One chat chunk with delta (stolen) or one legacy chunk with text. */
-static json_t *delta_chunk(const struct gw_openai_reply *rp, json_t *delta, const char *text, const char *finish)
+/* One chat chunk with delta (stolen), or one legacy chunk with text
+ * (text_len bytes, NUL included). */
+static json_t *delta_chunk(const struct gw_openai_reply *rp, json_t *delta, const char *text, size_t text_len,
+			   const char *finish)
 {
 	json_t *c = chunk_base(rp), *choice;
 
@@ -72,8 +74,8 @@ static json_t *delta_chunk(const struct gw_openai_reply *rp, json_t *delta, cons
 				   str_or_null(finish));
 	else {
 		json_decref(delta);
-		choice = json_pack("{s:s,s:i,s:n,s:o}", "text", text ? text : "", "index", 0, "logprobs",
-				   "finish_reason", str_or_null(finish));
+		choice = json_pack("{s:s%,s:i,s:n,s:o}", "text", text ? text : "", text ? text_len : 0, "index", 0,
+				   "logprobs", "finish_reason", str_or_null(finish));
 	}
 	json_object_set_new(c, "choices", json_pack("[o]", choice));
 	if (rp->include_usage)
@@ -85,7 +87,7 @@ json_t *gw_openai_reply_first_chunk(const struct gw_openai_reply *rp)
 {
 	if (rp->ep != GW_EP_CHAT)
 		return NULL;
-	return delta_chunk(rp, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
+	return delta_chunk(rp, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, 0, NULL);
 }
 
 json_t *gw_openai_reply_token(struct gw_openai_reply *rp, const struct k3_msg_token *t)
@@ -103,13 +105,9 @@ json_t *gw_openai_reply_token(struct gw_openai_reply *rp, const struct k3_msg_to
 
 		json_object_set_new(delta, reasoning ? "reasoning_content" : "content",
 				    json_stringn(t->text.p, t->text.len));
-		return delta_chunk(rp, delta, NULL, NULL);
+		return delta_chunk(rp, delta, NULL, 0, NULL);
 	}
-	char *s = strndup(t->text.p, t->text.len);
-	json_t *c = delta_chunk(rp, NULL, s, NULL);
-
-	free(s);
-	return c;
+	return delta_chunk(rp, NULL, t->text.p, t->text.len, NULL);
 }
 
 json_t *gw_openai_reply_tool_call(struct gw_openai_reply *rp, const struct k3_msg_tool_call *tc,
@@ -129,9 +127,9 @@ json_t *gw_openai_reply_tool_call(struct gw_openai_reply *rp, const struct k3_ms
 	snprintf(idx, sizeof(idx), "%u", tc->index);
 	id = tc->has_id && tc->id.len ? json_stringn(tc->id.p, tc->id.len) : json_string(fallback_id);
 	if (!rp->stream) {
-		size_t i;
-		json_t *c;
-		char *joined = NULL;
+		size_t i, had;
+		json_t *c, *sofar;
+		char *joined;
 
 		call = NULL;
 		json_array_foreach(rp->tool_calls, i, c) {
@@ -146,9 +144,13 @@ json_t *gw_openai_reply_tool_call(struct gw_openai_reply *rp, const struct k3_ms
 		fn = json_object_get(call, "function");
 		if (name)
 			json_object_set(fn, "name", name);
-		if (asprintf(&joined, "%s%s", json_string_value(json_object_get(fn, "arguments")),
-			     json_string_value(args)) >= 0) {
-			json_object_set_new(fn, "arguments", json_string(joined));
+		/* with lengths: arguments may carry a U+0000 the model wrote */
+		sofar = json_object_get(fn, "arguments");
+		had = json_string_length(sofar);
+		if (args && (joined = malloc(had + json_string_length(args) + 1))) {
+			memcpy(joined, json_string_value(sofar), had);
+			memcpy(joined + had, json_string_value(args), json_string_length(args));
+			json_object_set_new(fn, "arguments", json_stringn(joined, had + json_string_length(args)));
 			free(joined);
 		}
 	} else {
@@ -165,7 +167,7 @@ json_t *gw_openai_reply_tool_call(struct gw_openai_reply *rp, const struct k3_ms
 		}
 		json_object_set(fn, "arguments", args);
 		json_object_set_new(call, "function", fn);
-		out = delta_chunk(rp, json_pack("{s:[o]}", "tool_calls", call), NULL, NULL);
+		out = delta_chunk(rp, json_pack("{s:[o]}", "tool_calls", call), NULL, 0, NULL);
 	}
 	json_decref(name);
 	json_decref(args);
@@ -194,7 +196,7 @@ json_t *gw_openai_usage(const struct k3_msg_done *d)
 
 json_t *gw_openai_reply_final_chunk(const struct gw_openai_reply *rp, const char *finish)
 {
-	return delta_chunk(rp, json_object(), "", finish);
+	return delta_chunk(rp, json_object(), "", 0, finish);
 }
 
 json_t *gw_openai_reply_usage_chunk(const struct gw_openai_reply *rp, const struct k3_msg_done *d)

@@ -8,7 +8,10 @@
  *
  * Every function returning json_t * returns a new reference the caller
  * owns (json_decref), or NULL when memory ran out or there is nothing to
- * send (documented per function).
+ * send (documented per function). Model output (token text, tool-call
+ * names and arguments) is carried with its length, so a U+0000 the model
+ * wrote reaches the client as "\u0000"; k3d sends only valid UTF-8
+ * (the protocol's STR fields), so nothing here re-assembles characters.
  */
 #ifndef K3_GW_OPENAI_REPLY_H
 #define K3_GW_OPENAI_REPLY_H

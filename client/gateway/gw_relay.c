@@ -314,6 +314,7 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 			snprintf(why, sizeof(why), "k3d refused the %s: %.*s",
 				 h->request_id == RID_HELLO ? "connection" : "status request",
 				 (int)b->error.message.len, b->error.message.p ? b->error.message.p : "");
+			gw_openai_utf8_trim(why);
 			if (r->kind == K_METRICS)
 				metrics_reply(r, NULL);
 			else if (r->kind == K_HEALTH && b->error.status == K3_STATUS_SHUTTING_DOWN)

@@ -391,6 +391,84 @@ def test_utf8_split_across_tokens(st):                           # T48
     assert chat(st, messages=msgs).choices[0].message.content == joined
 
 
+def test_model_output_is_bytes_nul_included(st):                 # T48, issue 16
+    """Model output reaches the client byte for byte: a U+0000 (as "\\u0000"),
+    a lone continuation byte (k3d's detokenizer sends U+FFFD for it) and a
+    4-byte character split across tokens, in chat and legacy completions,
+    streamed and not, in reasoning and in tool-call arguments. Every SSE
+    event parses on its own."""
+    emoji = "\U0001F600".encode()
+    toks = ["a\u0000b", {"hex": "80"}] + [{"hex": emoji[i:i + 1].hex()} for i in range(4)] + ["c\u0000"]
+    want = "a\u0000b\ufffd\U0001F600c\u0000"
+
+    def stream_pieces(path, body, field):
+        status, hd, raw = st.raw("POST", path, dict(body, stream=True))
+        assert status == 200 and b"\\u0000" in raw, raw
+        events = sse_events(raw)
+        assert events[-1] == "data: [DONE]", events
+        out = {}
+        for e in events[:-1]:
+            ch = json.loads(e[6:])["choices"][0]              # every event parses on its own
+            for k in field:
+                out[k] = out.get(k, "") + (ch.get("delta", ch).get(k) or "")
+        return out
+
+    msgs = fake_msg({"tokens": [{"r": "r\u0000"}, {"r": "s"}] + toks})
+    m = chat(st, messages=msgs).choices[0].message
+    assert (m.content, m.model_extra["reasoning_content"]) == (want, "r\u0000s")
+    got = stream_pieces("/v1/chat/completions", {"model": "m", "messages": msgs},
+                        ("content", "reasoning_content"))
+    assert got == {"content": want, "reasoning_content": "r\u0000s"}, got
+    prompt = "#fake " + json.dumps({"tokens": toks})
+    assert st.client().completions.create(model="m", prompt=prompt).choices[0].text == want
+    assert stream_pieces("/v1/completions", {"model": "m", "prompt": prompt}, ("text",)) == {"text": want}
+    # tool-call arguments, the NUL inside the first of two deltas
+    args = '{"q": "x\u0000y"}'
+    calls = fake_msg({"finish": "tool_calls", "tokens": [
+        {"tool": {"index": 0, "id": "call_n", "name": "get_weather", "arguments": args[:10]}},
+        {"tool": {"index": 0, "arguments": args[10:]}}]})
+    c = chat(st, messages=calls, tools=TOOLS)
+    assert c.choices[0].message.tool_calls[0].function.arguments == args
+    with st.client().chat.completions.stream(model="m", messages=calls, tools=TOOLS) as s:
+        assert s.get_final_completion().choices[0].message.tool_calls[0].function.arguments == args
+
+
+def test_invalid_utf8_from_k3d_is_an_error(st):
+    """A TOKEN whose text is not UTF-8 (a broken k3d; the protocol's STR
+    fields refuse it) never reaches the client as bytes: the stream ends
+    with a parseable error event, a plain request gets a 500 JSON error,
+    and the next request is served."""
+    msgs = fake_msg({"tokens": ["ok", {"unchecked_hex": "6180"}, "never"]})
+    status, hd, raw = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
+    events = sse_events(raw)
+    assert "data: [DONE]" not in events and "never" not in raw.decode(), events
+    err = json.loads(events[-1][6:])["error"]
+    assert err["type"] == "server_error" and "bad frame from k3d" in err["message"], err
+    assert "".join(json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "ok"
+    e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs}), 500)
+    assert "bad frame from k3d" in e["message"], e
+    assert chat(st).choices[0].message.content == "Hello from fake k3d."
+
+
+def test_long_error_texts_stay_json(st):
+    """An error text cut to its buffer (k3d's message, a client's key or
+    role) never ends in half a UTF-8 character: the client gets the 400
+    with a valid message, not a 500 "out of memory" (the cut used to make
+    jansson refuse the whole body)."""
+    for n in range(1000, 1012):     # the cut falls on every byte of a 2-byte character
+        script = {"reject": {"status": "INVALID_ARGUMENT", "param": "stop", "message": "x" * n + "\u00e9" * 40}}
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": fake_msg(script)}),
+                               400)
+        assert e["message"].startswith("x" * n) and e["param"] == "stop", (n, e)
+    for role in ("\u00e9" * 300, "x" + "\u00e9" * 300):
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions",
+                                       {"model": "m", "messages": [{"role": role, "content": "x"}]}), 400)
+        assert e["param"] == "messages.[0].role" and e["code"] == "invalid_value", e
+    for key in ("\u00e9" * 100, "x" + "\u00e9" * 100):
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI, key: 1}), 400)
+        assert e["code"] == "unknown_parameter" and key.startswith(e["param"]) and len(e["param"]) < len(key), e
+
+
 def test_stop_string_straddling_tokens(st):                      # T49 T40
     toks = ["one", ",", " two", ", th", "ree", ", four", "."]
     full = "".join(toks)
@@ -833,7 +911,9 @@ def test_health_peer_hangs_up():
 
 def test_queue_fifo_then_429():                                  # T62
     with Stack(fake_args=["--queue", "1"]) as s:
-        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.03})
+        # 2 s of tokens: the slot must still be busy when the third request
+        # comes, also on a loaded machine (0.3 s was not always enough)
+        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.2})
         c = s.client()
         it_a = iter(c.chat.completions.create(model="m", messages=slow, stream=True))
         next(it_a)                                       # admitted, running
