@@ -260,12 +260,15 @@ int main(int argc, char **argv)
 	}
 	{
 		/* Checked once here: every request would fail to connect anyway,
-		 * and a start-up error is where the operator looks. */
+		 * and a start-up error is where the operator looks. An empty
+		 * --socket is a usage error (2); a path no Unix socket can have
+		 * is a k3d the gateway cannot reach (3, k3ctl's exit for it). */
 		char why[512];
+		int rc = k3_client_socket_check(g.cfg.socket_path, why, sizeof(why));
 
-		if (k3_client_socket_check(g.cfg.socket_path, why, sizeof(why)) < 0) {
+		if (rc < 0) {
 			fprintf(stderr, "k3-gateway: %s\n", why);
-			return 2;
+			return rc == -ENAMETOOLONG ? 3 : 2;
 		}
 	}
 	signal(SIGPIPE, SIG_IGN);
