@@ -773,6 +773,11 @@ def test_metrics_tokens_of_delivered_replies_only():
         assert 'k3_gateway_undelivered_tokens_total{kind="completion"} %d' % cancelled[0]["completion"] \
             in lines, text
         assert "# TYPE k3_gateway_undelivered_tokens_total counter" in lines
+        # the HELP line says what is counted, each kind included (issue 16)
+        assert ("# HELP k3_gateway_tokens_total Tokens in the usage of replies that reached their client "
+                "(generations that ended stop, length or tool_calls), by kind: prompt, completion, reasoning "
+                "(part of completion), cached_prompt (prompt tokens whose KV cache k3d reused instead of "
+                "prefilling; part of prompt).") in lines, [ln for ln in lines if "HELP k3_gateway_tokens" in ln]
 
 
 def test_metrics_status_timeout():
