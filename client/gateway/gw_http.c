@@ -98,12 +98,15 @@ static void common_headers(struct gw_req *r)
 static void log_access(struct gw_req *r, int status)
 {
 	struct timeval now;
+	char job[32] = "";
 
 	if (r->g->cfg.quiet)
 		return;
 	gettimeofday(&now, NULL);
-	fprintf(stderr, "k3-gateway: %s %s %d %.3fs\n", r->req_id, r->line, status,
-		(double)(now.tv_sec - r->t0.tv_sec) + (double)(now.tv_usec - r->t0.tv_usec) / 1e6);
+	if (r->job_id)
+		snprintf(job, sizeof(job), " job %llu", (unsigned long long)r->job_id);
+	fprintf(stderr, "k3-gateway: %s %s %d %.3fs%s\n", r->req_id, r->line, status,
+		(double)(now.tv_sec - r->t0.tv_sec) + (double)(now.tv_usec - r->t0.tv_usec) / 1e6, job);
 }
 
 /* The HTTP side is finished: count it and forget the request object. */

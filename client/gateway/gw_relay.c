@@ -276,6 +276,19 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 		break;
 	case K3_MSG_ACCEPTED:
 		r->accepted = true;
+		/* k3d's job id, once, when k3d admits the request: an operator
+		 * who sees a long generation can 'k3ctl cancel' it by that id
+		 * while it runs (the access line comes only at its end). */
+		if (!r->job_id && b->accepted.job_id) {
+			char queued[48] = "";
+
+			r->job_id = b->accepted.job_id;
+			if (b->accepted.queue_position)
+				snprintf(queued, sizeof(queued), ", queued at position %u", b->accepted.queue_position);
+			if (!r->g->cfg.quiet)
+				fprintf(stderr, "k3-gateway: %s %s job %llu%s\n", r->req_id, r->line,
+					(unsigned long long)r->job_id, queued);
+		}
 		/* Admitted (running or queued): a stream can start now, and its
 		 * keep-alives cover the queue wait and the prefill. */
 		if (r->req && r->oai.stream && !r->started)

@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/time.h>
 
 #include <event2/event.h>
@@ -47,6 +48,7 @@ struct gw_req {
 	char model[K3_LIM_NAME_MAX + 1];
 	bool generate_sent, accepted, started, done, cancel_sent;
 	bool counted;                    /* counted in m.in_flight (not a /health or /metrics probe) */
+	uint64_t job_id;                 /* k3d's id of the generation ('k3ctl cancel' takes it); 0 = none yet */
 	struct gw_openai_reply rp;       /* K_GENERATE: the reply being shaped */
 };
 

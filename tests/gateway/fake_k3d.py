@@ -280,7 +280,8 @@ class Daemon:
             self.release(job)
             conn["jobs"].pop(rid, None)
             if job.cancelled and not conn["closed"]:
-                self.log(ev="done", conn=conn["id"], finish="cancelled", completion=job.completion)
+                self.log(ev="done", conn=conn["id"], job=job.job_id, finish="cancelled",
+                         completion=job.completion)
                 self.send(conn, "DONE", rid, finish=FINISH["cancelled"],
                           prompt_tokens=job.prompt_tokens, completion_tokens=job.completion)
             try:
@@ -318,7 +319,8 @@ class Daemon:
                 self.log(ev="error", conn=conn["id"], message=item["error"])
                 return
             if isinstance(item, dict) and "cancelled" in item:
-                self.log(ev="done", conn=conn["id"], finish="cancelled", completion=job.completion)
+                self.log(ev="done", conn=conn["id"], job=job.job_id, finish="cancelled",
+                         completion=job.completion)
                 self.send(conn, "DONE", rid, finish=FINISH["cancelled"], prompt_tokens=job.prompt_tokens,
                           completion_tokens=job.completion, cancel_reason=item["cancelled"])
                 return
@@ -375,7 +377,7 @@ class Daemon:
         pt = job.prompt_tokens
         # Log first: a test may read the log as soon as its client sees DONE.
         self.totals["completion"] += job.completion
-        self.log(ev="done", conn=conn["id"], finish=finish, completion=job.completion)
+        self.log(ev="done", conn=conn["id"], job=job.job_id, finish=finish, completion=job.completion)
         self.send(conn, "DONE", rid, finish=FINISH[finish], prompt_tokens=pt,
                   completion_tokens=job.completion, reasoning_tokens=reasoning,
                   cached_tokens=sc.get("cached_tokens", 0), prefill_s=0.01, decode_s=0.02,

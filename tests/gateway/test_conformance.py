@@ -947,6 +947,39 @@ def test_queue_fifo_then_429():                                  # T62
         assert sum(1 for e in s.fake.events("cancel") if e["matched"]) == 2
 
 
+def test_access_log_names_the_job():
+    """The gateway logs k3d's job id for each generation (issue 16): one
+    line when k3d admits it (so 'k3ctl cancel N' needs no guess while it
+    runs; with the queue position when queued), and the access line at its
+    end carries it too. Requests without a job (/health) have none."""
+    import re
+    with Stack(fake_args=["--queue", "1"], quiet=False) as s:
+        slow = fake_msg({"tokens": ["x"] * 5, "delay": 0.2})
+        sa = raw_stream_socket(s.port, {"model": "m", "messages": slow, "stream": True})
+        head_a = read_until(sa, b'"role":"assistant"')
+        rid_a = re.search(rb"x-request-id: (req_[0-9a-f]+)", head_a).group(1).decode()
+        line = s.log_line(lambda ln: rid_a in ln)
+        job_a = int(re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions job (\d+)" % rid_a, line).group(1))
+        sb = raw_stream_socket(s.port, {"model": "m", "messages": slow, "stream": True})
+        head_b = read_until(sb, b'"role":"assistant"')
+        rid_b = re.search(rb"x-request-id: (req_[0-9a-f]+)", head_b).group(1).decode()
+        line = s.log_line(lambda ln: rid_b in ln)
+        job_b = int(re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions job (\d+), queued at position 1"
+                                 % rid_b, line).group(1))
+        for sock in (sa, sb):
+            assert b"data: [DONE]\n\n" in read_until(sock, b"data: [DONE]\n\n", timeout=15)
+            sock.close()
+        done = {e["job"] for e in s.fake.events("done")}
+        assert done == {job_a, job_b} and job_a != job_b, (done, job_a, job_b)
+        for rid, job in ((rid_a, job_a), (rid_b, job_b)):
+            line = s.log_line(lambda ln, rid=rid: rid in ln)
+            assert re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions 200 \d+\.\d{3}s job %d" % (rid, job),
+                                line), line
+        rid = s.raw("GET", "/health")[1]["x-request-id"]
+        line = s.log_line(lambda ln: rid in ln)
+        assert re.fullmatch(r"k3-gateway: %s GET /health 200 \d+\.\d{3}s" % rid, line), line
+
+
 def test_daemon_down_then_up():                                  # T66
     with Stack(start_fake=False, gw_args=["--retry-after", "3"]) as s:
         status, hd, body = s.raw("GET", "/health")
