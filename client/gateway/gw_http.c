@@ -325,6 +325,12 @@ void gw_http_req_maybe_free(struct gw_req *r)
 {
 	if (r->req || r->d)
 		return;
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		r->g->reqs = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
 	if (r->eof_ev)
 		event_free(r->eof_ev);
 	if (r->timer)
@@ -480,6 +486,10 @@ static void gencb(struct evhttp_request *req, void *arg)
 	memcpy(r->req_id, "req_", 4);
 	gw_http_random_hex(r->req_id + 4, 16);
 	r->timer = evtimer_new(g->base, gw_relay_timer_cb, r);
+	r->next = g->reqs;
+	if (g->reqs)
+		g->reqs->prev = r;
+	g->reqs = r;
 	normalize_path(raw && raw[0] ? raw : "/", path, sizeof(path));
 	gettimeofday(&r->t0, NULL);
 	snprintf(r->line, sizeof(r->line), "%s %.140s", method_name(cmd), path);
@@ -499,6 +509,12 @@ static void gencb(struct evhttp_request *req, void *arg)
 		goto out;
 	}
 	r->mep = rt->mep;
+	if (g->stopping) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+		gw_http_send_error(r, 503, "server_error", NULL, "shutting_down",
+				   "k3-gateway is shutting down and takes no new requests.");
+		goto out;
+	}
 	if (cmd == EVHTTP_REQ_OPTIONS) {
 		struct evkeyvalq *in = evhttp_request_get_input_headers(req);
 		struct evkeyvalq *h = evhttp_request_get_output_headers(req);
@@ -570,6 +586,53 @@ static void gencb(struct evhttp_request *req, void *arg)
 	}
 out:
 	gw_http_req_maybe_free(r);
+}
+
+/* One reply gw_http_stop ended is written (evhttp's on-complete). */
+static void stop_flushed(struct evhttp_request *req, void *arg)
+{
+	struct gw *g = arg;
+
+	(void)req;
+	if (--g->flushing == 0)
+		event_base_loopexit(g->base, NULL);
+}
+
+static void stop_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct gw *g = arg;
+
+	(void)fd;
+	(void)what;
+	event_base_loopexit(g->base, NULL);
+}
+
+void gw_http_stop(struct gw *g)
+{
+	struct timeval tv = { GW_STOP_FLUSH_S, 0 };
+	struct gw_req *r, *next;
+
+	if (g->stopping) {
+		event_base_loopexit(g->base, NULL);
+		return;
+	}
+	g->stopping = true;
+	/* One count for this loop, so replies that are written at once (an
+	 * HTTP/1.0 stream) cannot reach 0 before the last one is ended. */
+	g->flushing = 1;
+	for (r = g->reqs; r; r = next) {
+		next = r->next;
+		if (r->req) {
+			evhttp_request_set_on_complete_cb(r->req, stop_flushed, g);
+			g->flushing++;
+		}
+		gw_relay_stop(r);
+		gw_http_req_maybe_free(r);
+	}
+	g->stop_timer = evtimer_new(g->base, stop_timeout, g);
+	if (g->stop_timer)
+		event_add(g->stop_timer, &tv);
+	stop_flushed(NULL, g);
 }
 
 void gw_http_setup(struct gw *g)

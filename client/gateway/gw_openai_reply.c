@@ -370,6 +370,12 @@ void gw_openai_done_error(const struct k3_msg_done *d, struct gw_openai_reply_er
 	set_error(e, 500, "server_error", NULL, NULL, "the generation was cancelled in k3d");
 }
 
+void gw_openai_stopping_error(struct gw_openai_reply_error *e)
+{
+	set_error(e, 503, "server_error", "shutting_down", NULL,
+		  "k3-gateway is shutting down; it stopped this request before it finished.");
+}
+
 int gw_openai_state_error(uint32_t state, struct gw_openai_reply_error *e)
 {
 	static const struct {

@@ -133,6 +133,10 @@ void gw_openai_k3d_error(const struct gw_openai_request *rq, const struct k3_msg
  * (k3d stopping 503 shutting_down, 'k3ctl cancel' 500 cancelled), else 500. */
 void gw_openai_done_error(const struct k3_msg_done *d, struct gw_openai_reply_error *e);
 
+/* The gateway stops (SIGTERM) while the request runs: 503 shutting_down,
+ * naming the gateway rather than k3d. */
+void gw_openai_stopping_error(struct gw_openai_reply_error *e);
+
 /* A generation request that finds k3d in HELLO_OK state (or ERROR
  * SHUTTING_DOWN to HELLO: K3_STATE_DRAINING): 503. Returns 0 without
  * touching e when state is READY, else -1 with e filled. */

@@ -411,6 +411,30 @@ void gw_relay_timer_cb(evutil_socket_t fd, short what, void *arg)
 	gw_http_req_maybe_free(r);
 }
 
+void gw_relay_stop(struct gw_req *r)
+{
+	struct gw_openai_reply_error e;
+
+	if (r->req && r->kind == K_HEALTH) {
+		health_reply(r, NULL, "unavailable", "k3-gateway is shutting down");
+	} else if (r->req && r->kind == K_METRICS) {
+		metrics_reply(r, NULL);
+	} else if (r->req) {
+		gw_openai_stopping_error(&e);
+		if (r->started) {
+			/* An error event, then [DONE]: the stream ends as a stream,
+			 * not as a cut connection (which clients report as a
+			 * network error, and which read as 499 here). */
+			gw_http_sse_event(r, gw_openai_error_json(e.type, e.message, NULL, e.code));
+			gw_http_sse_write(r, "data: [DONE]\n\n", 14);
+			gw_http_sse_end(r, e.status);
+		} else {
+			gw_http_reply_error(r, &e);
+		}
+	}
+	gw_relay_close(r);
+}
+
 void gw_relay_client_gone(struct gw_req *r)
 {
 	struct timeval grace = { GW_CANCEL_GRACE_S, 0 };

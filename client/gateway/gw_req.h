@@ -32,6 +32,7 @@ enum gw_kind { K_GENERATE, K_MODELS, K_MODEL_ONE, K_HEALTH, K_METRICS };
 
 struct gw_req {
 	struct gw *g;
+	struct gw_req *prev, *next;      /* g->reqs */
 	struct evhttp_request *req;      /* NULL once the reply is complete or the client left */
 	struct evhttp_connection *evcon;
 	struct event *eof_ev;            /* watches the client socket for EOF */
@@ -103,5 +104,9 @@ void gw_relay_client_gone(struct gw_req *r);
 /* r->timer's callback (arg is r): the /metrics STATUS deadline, the SSE
  * keep-alive, or the end of the cancel grace. May free r. */
 void gw_relay_timer_cb(evutil_socket_t fd, short what, void *arg);
+
+/* The gateway stops (gw_http_stop): ends r's open reply as that describes
+ * and closes its k3d connection. Does not free r. */
+void gw_relay_stop(struct gw_req *r);
 
 #endif

@@ -166,11 +166,13 @@ static int systemd_fds(void)
 	return (int)n;
 }
 
+/* The first signal ends the open replies as replies and leaves the loop
+ * when they are written (gw_http_stop); a second one leaves at once. */
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	(void)sig;
 	(void)what;
-	event_base_loopexit(arg, NULL);
+	gw_http_stop(arg);
 }
 
 int main(int argc, char **argv)
@@ -330,14 +332,16 @@ int main(int argc, char **argv)
 			ss.ss_family == AF_INET6 ? "[" : "", addr, ss.ss_family == AF_INET6 ? "]" : "", bound_port,
 			g.cfg.socket_path);
 	}
-	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, g.base);
-	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, g.base);
+	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, &g);
+	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, &g);
 
 	event_add(sigint, NULL);
 	event_add(sigterm, NULL);
 	event_base_dispatch(g.base);
 	event_free(sigint);
 	event_free(sigterm);
+	if (g.stop_timer)
+		event_free(g.stop_timer);
 	evhttp_free(g.http);
 	event_base_free(g.base);
 	free(g.cfg.api_key);

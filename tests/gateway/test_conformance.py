@@ -980,6 +980,46 @@ def test_access_log_names_the_job():
         assert re.fullmatch(r"k3-gateway: %s GET /health 200 \d+\.\d{3}s" % rid, line), line
 
 
+def test_sigterm_ends_streams_as_streams():
+    """SIGTERM to k3-gateway (issue 16): an open stream ends with an error
+    event (503 shutting_down) and "data: [DONE]" and a proper end of the
+    chunked body, not a cut connection (it was logged as 499); a
+    non-streaming request in flight gets a 503 JSON error; both jobs are
+    cancelled in k3d (their connections close); the gateway exits 0."""
+    import re
+    import signal
+    stopping = {"message": "k3-gateway is shutting down; it stopped this request before it finished.",
+                "type": "server_error", "param": None, "code": "shutting_down"}
+    with Stack(fake_args=["--slots", "2"], quiet=False) as s:
+        slow = fake_msg({"tokens": ["t%d " % i for i in range(200)], "delay": 0.05})
+        st = raw_stream_socket(s.port, {"model": "m", "messages": slow, "stream": True})
+        head = read_until(st, b"t1 ")
+        rid = re.search(rb"x-request-id: (req_[0-9a-f]+)", head).group(1).decode()
+        body = json.dumps({"model": "m", "messages": slow}).encode()
+        plain = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        plain.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.log_line(lambda ln: " job " in ln and rid not in ln)     # the second one runs too
+        s.gw.send_signal(signal.SIGTERM)
+        rest = read_until(st, b"\r\n0\r\n\r\n")
+        st.close()
+        assert rest.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), rest[-300:]
+        events = [ln for ln in (head + rest).decode().split("\n") if ln.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:]) == {"error": stopping}, events[-3:]
+        reply = read_until(plain, b"\x00")
+        plain.close()
+        status, _, rbody = reply.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in status, reply
+        assert json.loads(rbody) == {"error": stopping}, reply
+        assert s.gw.wait(10) == 0
+        line = s.log_line(lambda ln: rid in ln and "s job" in ln)
+        assert re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions 503 \d+\.\d{3}s job \d+" % rid, line), line
+        end = time.time() + 5
+        while len(s.fake.events("closed")) < 2 and time.time() < end:
+            time.sleep(0.05)
+        assert [e["jobs"] for e in s.fake.events("closed")] == [1, 1]   # each closed with its job running
+
+
 def test_daemon_down_then_up():                                  # T66
     with Stack(start_fake=False, gw_args=["--retry-after", "3"]) as s:
         status, hd, body = s.raw("GET", "/health")
