@@ -142,6 +142,21 @@ def test_oversized_body(st):                                     # T14
     assert chat(st).choices[0].message.content == "Hello from fake k3d."
 
 
+@pytest.mark.xfail(strict=True, reason="libevent 2.1 answers a corrupt chunk size with its own HTML 413 "
+                                       "(docs/k3-gateway.md, Decisions: known limitation)")
+def test_malformed_chunked_body_is_400(st):                      # issue 16
+    """A chunked body whose chunk size is not hex is malformed (400), not
+    too large (413). Strict: it fails loudly once libevent gets this right."""
+    for bad in (b"zz\r\nabc\r\n0\r\n\r\n", b"1G\r\n{\r\n0\r\n\r\n"):
+        s = socket.create_connection(("127.0.0.1", st.port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + bad)
+        reply = read_until(s, b"\x00")
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:80]
+    assert chat(st).choices[0].finish_reason == "stop"
+
+
 def test_unknown_parameter(st):                                  # T22
     for key in ("foo", "top_k"):
         with pytest.raises(openai.BadRequestError) as ei:
