@@ -58,9 +58,9 @@ struct gw {
 	struct gw_metrics m;
 	time_t started;
 	struct gw_req *reqs;         /* every live request (gw_http.c's list) */
-	bool stopping;               /* SIGTERM/SIGINT: new requests get 503 */
-	unsigned flushing;           /* replies gw_http_stop ended that are still being written */
-	struct event *stop_timer;    /* bounds the wait for them */
+	unsigned writing;            /* replies handed to evhttp, not yet written or lost */
+	bool stopping;               /* SIGTERM/SIGINT: new requests get 503; exit at writing 0 */
+	struct event *stop_timer;    /* bounds the wait for the replies being written */
 };
 
 /* Installs the routing callback and server limits on g->http. */
@@ -72,8 +72,9 @@ void gw_http_setup(struct gw *g);
  * "data: [DONE]", any other request with a 503 shutting_down error (a
  * /health probe with its own 503 body, /metrics with the gateway's own
  * counters); every k3d connection closes, which cancels its job; new
- * requests get 503. The event loop exits once those replies are written,
- * or after GW_STOP_FLUSH_S seconds for a client that does not read.
+ * requests get 503. The event loop exits once those replies, and any
+ * finished before that are still being written, are out, or after
+ * GW_STOP_FLUSH_S seconds for a client that does not read.
  * Calling it again exits the loop at once.
  */
 #define GW_STOP_FLUSH_S 5

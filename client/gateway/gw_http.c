@@ -109,13 +109,47 @@ static void log_access(struct gw_req *r, int status)
 		(double)(now.tv_sec - r->t0.tv_sec) + (double)(now.tv_usec - r->t0.tv_usec) / 1e6, job);
 }
 
-/* The HTTP side is finished: count it and forget the request object. */
-static void http_finished(struct gw_req *r, int status)
+/* A stopping gateway leaves its loop once no reply is being written. */
+static void stop_when_written(struct gw *g)
+{
+	if (g->stopping && g->writing == 0)
+		event_base_loopexit(g->base, NULL);
+}
+
+/* evhttp wrote a reply out (its on-complete callback). */
+static void reply_written(struct evhttp_request *req, void *arg)
+{
+	struct gw *g = arg;
+
+	/* the connection may serve more requests: it no longer owes one */
+	evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
+	g->writing--;
+	stop_when_written(g);
+}
+
+/* The connection closed before its reply was written. */
+static void reply_lost(struct evhttp_connection *evcon, void *arg)
+{
+	struct gw *g = arg;
+
+	(void)evcon;
+	g->writing--;
+	stop_when_written(g);
+}
+
+/* The HTTP side is finished: count it and forget the request object.
+ * replied: a reply goes out now, and is tracked until it is written (or
+ * its connection closes), so that gw_http_stop can wait for it. */
+static void http_finished(struct gw_req *r, int status, bool replied)
 {
 	gw_metrics_count(&r->g->m, r->mep, status);
 	log_access(r, status);
 	if (r->evcon)
-		evhttp_connection_set_closecb(r->evcon, NULL, NULL);
+		evhttp_connection_set_closecb(r->evcon, replied ? reply_lost : NULL, r->g);
+	if (replied && r->evcon) {
+		r->g->writing++;
+		evhttp_request_set_on_complete_cb(r->req, reply_written, r->g);
+	}
 	if (r->eof_ev)
 		event_del(r->eof_ev);
 	r->req = NULL;
@@ -134,7 +168,7 @@ void gw_http_send_body(struct gw_req *r, int status, const char *ctype, const ch
 	common_headers(r);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
 	evbuffer_add(b, body, len);
-	http_finished(r, status);
+	http_finished(r, status, true);
 	/* libevent 2.1 knows no phrase for 429 ("Client Error"). */
 	evhttp_send_reply(req, status, status == 429 ? "Too Many Requests" : NULL, b);
 	evbuffer_free(b);
@@ -247,7 +281,7 @@ void gw_http_sse_end(struct gw_req *r, int status)
 	if (!req)
 		return;
 	event_del(r->timer);
-	http_finished(r, status);
+	http_finished(r, status, true);
 	evhttp_send_reply_end(req);
 }
 
@@ -275,7 +309,7 @@ static void client_gone(struct gw_req *r)
 {
 	if (!r->req)
 		return;
-	http_finished(r, 499);
+	http_finished(r, 499, false);
 	event_del(r->timer);
 	gw_relay_client_gone(r);
 }
@@ -542,7 +576,7 @@ static void gencb(struct evhttp_request *req, void *arg)
 				evhttp_add_header(h, "Access-Control-Allow-Private-Network", "true");
 		}
 		common_headers(r);
-		http_finished(r, 204);
+		http_finished(r, 204, true);
 		evhttp_send_reply(req, 204, "No Content", NULL);
 		goto out;
 	}
@@ -588,16 +622,6 @@ out:
 	gw_http_req_maybe_free(r);
 }
 
-/* One reply gw_http_stop ended is written (evhttp's on-complete). */
-static void stop_flushed(struct evhttp_request *req, void *arg)
-{
-	struct gw *g = arg;
-
-	(void)req;
-	if (--g->flushing == 0)
-		event_base_loopexit(g->base, NULL);
-}
-
 static void stop_timeout(evutil_socket_t fd, short what, void *arg)
 {
 	struct gw *g = arg;
@@ -616,23 +640,19 @@ void gw_http_stop(struct gw *g)
 		event_base_loopexit(g->base, NULL);
 		return;
 	}
-	g->stopping = true;
-	/* One count for this loop, so replies that are written at once (an
-	 * HTTP/1.0 stream) cannot reach 0 before the last one is ended. */
-	g->flushing = 1;
 	for (r = g->reqs; r; r = next) {
 		next = r->next;
-		if (r->req) {
-			evhttp_request_set_on_complete_cb(r->req, stop_flushed, g);
-			g->flushing++;
-		}
 		gw_relay_stop(r);
 		gw_http_req_maybe_free(r);
 	}
+	/* Only now: a reply written at once (an HTTP/1.0 stream) must not end
+	 * the loop while others are still to be ended. Replies that finished
+	 * before the signal and are still being written count too. */
+	g->stopping = true;
 	g->stop_timer = evtimer_new(g->base, stop_timeout, g);
 	if (g->stop_timer)
 		event_add(g->stop_timer, &tv);
-	stop_flushed(NULL, g);
+	stop_when_written(g);
 }
 
 void gw_http_setup(struct gw *g)

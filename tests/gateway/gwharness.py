@@ -46,6 +46,8 @@ class Fake:
         out = []
         with open(self.log_path, encoding="utf-8") as f:
             for line in f:
+                if not line.endswith("\n"):
+                    break          # the fake is still writing it (a long GENERATE)
                 e = json.loads(line)
                 if ev is None or e["ev"] == ev:
                     out.append(e)

@@ -1035,6 +1035,34 @@ def test_sigterm_ends_streams_as_streams():
         assert [e["jobs"] for e in s.fake.events("closed")] == [1, 1]   # each closed with its job running
 
 
+def test_sigterm_waits_for_a_client_that_does_not_read():
+    """After SIGTERM the gateway waits for the ended replies to be written,
+    at most GW_STOP_FLUSH_S (5 s) for a client that reads nothing; a request
+    that comes meanwhile gets 503 shutting_down with Connection: close."""
+    import signal
+    with Stack(fake_args=["--slots", "2"]) as s:
+        big = fake_msg({"tokens": ["x" * 65536] * 200})          # 13 MB of deltas
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", s.port))
+        data = json.dumps({"model": "m", "messages": big, "stream": True}).encode()
+        stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        end = time.time() + 20
+        while not s.fake.events("done") and time.time() < end:   # all of it sent to the gateway
+            time.sleep(0.1)
+        assert s.fake.events("done")
+        t0 = time.time()
+        s.gw.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        status, hd, body = s.raw("GET", "/v1/models")
+        assert status == 503 and hd["connection"] == "close", (status, hd)
+        assert json.loads(body)["error"]["code"] == "shutting_down"
+        assert s.gw.wait(20) == 0
+        assert time.time() - t0 >= 4, "it did not wait for the client"
+        stalled.close()
+
+
 def test_daemon_down_then_up():                                  # T66
     with Stack(start_fake=False, gw_args=["--retry-after", "3"]) as s:
         status, hd, body = s.raw("GET", "/health")
