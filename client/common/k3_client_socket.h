@@ -25,10 +25,10 @@ const char *k3_client_default_socket(void);
 /* 0 when path fits a sockaddr_un; -EINVAL when it is empty (why says
  * --socket needs a path and names the default); -ENAMETOOLONG when it is
  * too long (why names the path, its length and the limit). why gets
- * why_size bytes, truncated to fit. k3-gateway checks at start-up (a usage
- * error, exit 2, rather than a 503 on every request); k3ctl refuses an
- * empty path as a usage error (exit 2) and a too-long one when it connects
- * (exit 3, like any k3d it cannot reach). */
+ * why_size bytes, truncated to fit. Both clients refuse an empty path as a
+ * usage error (exit 2) and a too-long one as a k3d they cannot reach (exit
+ * 3): k3-gateway at start-up (rather than a 503 on every request), k3ctl
+ * when it connects. */
 int k3_client_socket_check(const char *path, char *why, size_t why_size);
 
 #endif

@@ -166,11 +166,13 @@ static int systemd_fds(void)
 	return (int)n;
 }
 
+/* The first signal ends the open replies as replies and leaves the loop
+ * when they are written (gw_http_stop); a second one leaves at once. */
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	(void)sig;
 	(void)what;
-	event_base_loopexit(arg, NULL);
+	gw_http_stop(arg);
 }
 
 int main(int argc, char **argv)
@@ -260,12 +262,15 @@ int main(int argc, char **argv)
 	}
 	{
 		/* Checked once here: every request would fail to connect anyway,
-		 * and a start-up error is where the operator looks. */
+		 * and a start-up error is where the operator looks. An empty
+		 * --socket is a usage error (2); a path no Unix socket can have
+		 * is a k3d the gateway cannot reach (3, k3ctl's exit for it). */
 		char why[512];
+		int rc = k3_client_socket_check(g.cfg.socket_path, why, sizeof(why));
 
-		if (k3_client_socket_check(g.cfg.socket_path, why, sizeof(why)) < 0) {
+		if (rc < 0) {
 			fprintf(stderr, "k3-gateway: %s\n", why);
-			return 2;
+			return rc == -ENAMETOOLONG ? 3 : 2;
 		}
 	}
 	signal(SIGPIPE, SIG_IGN);
@@ -327,14 +332,16 @@ int main(int argc, char **argv)
 			ss.ss_family == AF_INET6 ? "[" : "", addr, ss.ss_family == AF_INET6 ? "]" : "", bound_port,
 			g.cfg.socket_path);
 	}
-	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, g.base);
-	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, g.base);
+	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, &g);
+	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, &g);
 
 	event_add(sigint, NULL);
 	event_add(sigterm, NULL);
 	event_base_dispatch(g.base);
 	event_free(sigint);
 	event_free(sigterm);
+	if (g.stop_timer)
+		event_free(g.stop_timer);
 	evhttp_free(g.http);
 	event_base_free(g.base);
 	free(g.cfg.api_key);
