@@ -38,5 +38,7 @@ s="--shape 1x32"
 check $s $s $s $s $s $s $s $s $s
 check --runs 0
 check --bogus
-[ $fail = 0 ] && echo "ok: 21 malformed invocations rejected"
+check --isa
+check --isa sse2
+[ $fail = 0 ] && echo "ok: 23 malformed invocations rejected"
 exit $fail

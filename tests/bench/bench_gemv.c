@@ -17,7 +17,12 @@
  * GEMV streams from DRAM rather than from the L3.
  *
  *   bench_gemv [--runs N] [--threads 1,2] [--tokens T] [--bw-mib M] [--set-mib M]
- *              [--shape RxC]... [--dtype bf16|mxfp4|both]
+ *              [--shape RxC]... [--dtype bf16|mxfp4|both] [--isa ref|avx2|avx512|neon]
+ *
+ * --isa sets the K3_KERNELS ceiling for this run (the ISA is fixed at the
+ * first kernel call) and exits 1 if that ISA is not the one chosen (not
+ * built, or the CPU lacks it), so AVX2 and AVX-512 can be compared on one
+ * machine, each against its own same-run bandwidth.
  *
  * --shape RxC (repeatable, up to 8) replaces the four K3 shapes, e.g. the
  * mid comparison model's 1024x1024 projections or its 512x512 latent
@@ -86,6 +91,7 @@ int main(int argc, char **argv)
 	size_t max_dim = 12288;
 	long runs = 7, bw_mib = 1024, set_mib = 512;
 	size_t ntok = 1;
+	const char *isa = NULL;
 	int threads[8] = { 1, 2 }, n_threads = 2;
 	struct k3_kern_pool *pools[8];
 	void *bwbuf;
@@ -134,6 +140,15 @@ int main(int argc, char **argv)
 					argv[i]);
 				return 2;
 			}
+		} else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
+			i++;
+			if (strcmp(argv[i], "ref") != 0 && strcmp(argv[i], "avx2") != 0 &&
+			    strcmp(argv[i], "avx512") != 0 && strcmp(argv[i], "neon") != 0) {
+				fprintf(stderr, "bench_gemv: bad isa '%s' (ref, avx2, avx512 or neon)\n",
+					argv[i]);
+				return 2;
+			}
+			isa = argv[i];
 		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
 			char *s = argv[++i], *tok, *save = NULL;
 
@@ -148,8 +163,18 @@ int main(int argc, char **argv)
 			}
 		} else {
 			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] [--tokens T] "
-				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|both]\n");
+				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|both] "
+				"[--isa NAME]\n");
 			return 2;
+		}
+	}
+	if (isa) {
+		/* before the first kernel call, which fixes the ISA */
+		setenv("K3_KERNELS", isa, 1);
+		if (strcmp(k3_kern_isa_name(k3_kern_active_isa()), isa) != 0) {
+			fprintf(stderr, "bench_gemv: isa '%s' is not available here (chose '%s')\n",
+				isa, k3_kern_isa_name(k3_kern_active_isa()));
+			return 1;
 		}
 	}
 	printf("isa %s, runs %ld (median), bandwidth buffer %ld MiB, weight set >= %ld MiB, "
