@@ -21,6 +21,23 @@ __device__ __forceinline__ const k3_cuda_desc &find_job(const k3_cuda_launch &l,
 	return l.job[j];
 }
 
+/* The first row and position of warp item `item` (of job J), and its
+ * accumulators set to +0. */
+template <int TT>
+__device__ __forceinline__ void item_origin(const k3_cuda_desc &J, uint32_t item,
+	uint32_t *r0, uint32_t *t0, float (&acc)[K3_CUDA_RPW][TT])
+{
+	const uint32_t local = item - J.item0;
+
+	*r0 = (local % J.row_items) * K3_CUDA_RPW;
+	*t0 = (local / J.row_items) * TT;
+#pragma unroll
+	for (int i = 0; i < K3_CUDA_RPW; i++)
+#pragma unroll
+		for (int t = 0; t < TT; t++)
+			acc[i][t] = 0.0f;
+}
+
 /* Butterfly sum over the 32 lanes in a fixed tree (xor 16, 8, 4, 2, 1);
  * every lane ends with the same bits (fp addition commutes). Then lane 0
  * stores the rows and positions of the item that exist. */

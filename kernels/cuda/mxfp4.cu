@@ -42,18 +42,12 @@ mxfp4_rows(const __grid_constant__ k3_cuda_launch l)
 		return;
 
 	const k3_cuda_desc &J = k3cuda::find_job(l, item);
-	const uint32_t local = item - J.item0;
-	const uint32_t r0 = (local % J.row_items) * K3_CUDA_RPW;
-	const uint32_t t0 = (local / J.row_items) * TT;
 	const uint32_t ngroups = J.cols / 32;
 	const uint8_t *packed = static_cast<const uint8_t *>(J.w);
 	float acc[K3_CUDA_RPW][TT];
+	uint32_t r0, t0;
 
-#pragma unroll
-	for (int i = 0; i < K3_CUDA_RPW; i++)
-#pragma unroll
-		for (int t = 0; t < TT; t++)
-			acc[i][t] = 0.0f;
+	k3cuda::item_origin<TT>(J, item, &r0, &t0, acc);
 
 	for (uint32_t g = lane; g < ngroups; g += 32) {
 		uint4 q[K3_CUDA_RPW];

@@ -143,7 +143,7 @@ static void check_matrix(enum k3_kern_dtype dt, uint32_t rows, uint32_t cols,
 	uint32_t ldx = cols + 4;   /* padded rows of x exercise ldx */
 	size_t xn = (size_t)TN * ldx, yn = (size_t)TN * rows;
 	float *x = kt_alloc(xn * 4), *full = kt_alloc(yn * 4), *part = kt_alloc(yn * 4);
-	float *ref = kt_alloc(yn * 4);
+	float *ref = kt_alloc(yn * 4), *got = kt_alloc(yn * 4);
 	float *dx, *dy;
 	int bad = 0;
 
@@ -154,36 +154,25 @@ static void check_matrix(enum k3_kern_dtype dt, uint32_t rows, uint32_t cols,
 	dx = dalloc(xn * 4);
 	dy = dalloc(yn * 4);
 	up(dx, x, xn * 4);
-	memset(part, 0xFF, yn * 4);   /* NaN: an unwritten y cannot match */
+	memset(part, 0xFF, yn * 4);
 
 	T_EQ_INT(run(&m, TN, dx, ldx, dy, rows), 0);
 	down(full, dy, yn * 4);
-	/* T = 1, one position at a time */
-	up(dy, part, yn * 4);
-	for (uint32_t t = 0; t < TN; t++)
-		T_EQ_INT(run(&m, 1, dx + (size_t)t * ldx, ldx, dy + (size_t)t * rows, rows), 0);
-	down(part, dy, yn * 4);
-	T_EQ_MEM(full, part, yn * 4);
-	memset(part, 0xFF, yn * 4);
-	up(dy, part, yn * 4);
-	/* chunks of 7 (the last one short): TT 8 items holding 7 or fewer */
-	for (uint32_t t = 0; t < TN; t += 7) {
-		uint32_t n = TN - t < 7 ? TN - t : 7;
+	/* T = 1 one position at a time; chunks of 7 (items of TT 8 holding 7
+	 * or fewer); chunks of 3 (TT 4 items) */
+	for (int k = 0; k < 3; k++) {
+		static const uint32_t chunk[3] = { 1, 7, 3 };
 
-		T_EQ_INT(run(&m, n, dx + (size_t)t * ldx, ldx, dy + (size_t)t * rows, rows), 0);
-	}
-	down(part, dy, yn * 4);
-	T_EQ_MEM(full, part, yn * 4);
-	memset(part, 0xFF, yn * 4);
-	up(dy, part, yn * 4);
-	/* chunks of 3 (TT 4 items) */
-	for (uint32_t t = 0; t < TN; t += 3) {
-		uint32_t n = TN - t < 3 ? TN - t : 3;
+		up(dy, part, yn * 4);   /* NaN: an unwritten y cannot match */
+		for (uint32_t t = 0; t < TN; t += chunk[k]) {
+			uint32_t n = TN - t < chunk[k] ? TN - t : chunk[k];
 
-		T_EQ_INT(run(&m, n, dx + (size_t)t * ldx, ldx, dy + (size_t)t * rows, rows), 0);
+			T_EQ_INT(run(&m, n, dx + (size_t)t * ldx, ldx, dy + (size_t)t * rows,
+				rows), 0);
+		}
+		down(got, dy, yn * 4);
+		T_EQ_MEM(full, got, yn * 4);
 	}
-	down(part, dy, yn * 4);
-	T_EQ_MEM(full, part, yn * 4);
 
 	/* against the CPU scalar reference */
 	k3_kern_ops_ref.matmul_rows(&m.h, 0, rows, TN, x, ldx, ref, rows);
@@ -201,7 +190,7 @@ static void check_matrix(enum k3_kern_dtype dt, uint32_t rows, uint32_t cols,
 	k3_cuda_free(dev, dx);
 	k3_cuda_free(dev, dy);
 	mat_drop(&m);
-	free(x), free(full), free(part), free(ref);
+	free(x), free(full), free(part), free(ref), free(got);
 }
 
 /* A job inside a batched launch equals the same job alone. */
