@@ -155,6 +155,13 @@ enum { MX_BLOCK = 128 };   /* columns per decoded block (64 bytes, 4 groups) */
  * gathers instead (same lanes, same bits). */
 enum { PERM_SCRATCH = 16384 };
 
+/* Permuted x of the tokens sharing a pass is re-read for every row, so it
+ * must stay in L1 (48 KiB on Zen 5) beside the weight stream: at most this
+ * many bytes of it per pass (one token always). Measured, 256x3584, one
+ * thread: 4 tokens per pass (57 KiB of x) ran at 33 GMAC/s, 2 tokens at
+ * 67. */
+enum { X_L1_BYTES = 32768 };
+
 /* Bytes ahead of the current block that each row stream prefetches. */
 enum { MX_PREFETCH = 4096 };
 
@@ -320,7 +327,11 @@ static void avx512_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1
 	/* token slots of permuted x (64 KiB of stack, no allocation) */
 	float xperm[PERM_SCRATCH] __attribute__((aligned(64)));
 	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
-	const size_t slots = PERM_SCRATCH / padded > 4 ? 4 : PERM_SCRATCH / padded;
+	/* tokens per permuted pass: 1..4 as L1 allows, 0 if one does not fit
+	 * the scratch (gather path) */
+	const size_t l1_slots = X_L1_BYTES / (padded * sizeof(float));
+	const size_t want = l1_slots > 4 ? 4 : l1_slots > 1 ? l1_slots : 1;
+	const size_t slots = PERM_SCRATCH / padded < want ? PERM_SCRATCH / padded : want;
 	const bool perm = mx && slots >= 1;
 	const size_t max_nt = perm ? slots : 4;
 	const size_t elem = w->dtype == K3_KERN_DT_BF16 ? 2 : 4;
