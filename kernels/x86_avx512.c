@@ -27,7 +27,8 @@
  *    zero-padded (codes and x); its absent groups get scale 2^-127, which
  *    only ever multiplies +0. S is exact: s << 23 is 2^(s-127) for s in
  *    1..255 (255 gives inf, as the AVX2 table does), and s = 0 is set to
- *    the subnormal 2^-127 (k3-model.md §9: no flush to zero).
+ *    the subnormal 2^-127 by an unsigned max (k3-model.md §9: no flush to
+ *    zero).
  *  The same inline row kernel serves every (rows x tokens) block size, so
  *  a y element is the same bits whether T = 1 or T = 64 and however the
  *  rows are split among threads.
@@ -37,7 +38,7 @@
  *
  * Why this decode: on AVX2 the MXFP4 kernel is bound by the shuffle and
  * shift ports (30 vector ops per 64 weights, docs/kernels.md). Here 128
- * weights take 7 shifts, 8 vpermps and 10 FP ops, plus 5 integer ops for
+  * weights take 7 shifts, 8 vpermps and 10 FP ops, plus 4 integer ops for
  * the scales: about twice the AVX2 kernel's rate on the same core, at or
  * near the memory bandwidth on one thread (docs/kernels.md).
  */
@@ -205,11 +206,10 @@ INLINE __m512 block_scales(uint32_t s4)
 		8, 8, 8, 8, 0, 0, 0, 0);
 	__m512i s = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)s4), sh),
 		_mm512_set1_epi32(0xFF));
-	__m512i e = _mm512_slli_epi32(s, 23);
-
-	e = _mm512_mask_mov_epi32(e, _mm512_testn_epi32_mask(s, s),
-		_mm512_set1_epi32(0x00400000));
-	return _mm512_castsi512_ps(e);
+	/* s >= 1 gives at least 0x00800000, so an unsigned max with the bits
+	 * of 2^-127 changes only s = 0 */
+	return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_slli_epi32(s, 23),
+		_mm512_set1_epi32(0x00400000)));
 }
 
 /* x vector k of block b for one token: from the permuted copy, or (rows
