@@ -38,7 +38,7 @@
  *
  * Why this decode: on AVX2 the MXFP4 kernel is bound by the shuffle and
  * shift ports (30 vector ops per 64 weights, docs/kernels.md). Here 128
-  * weights take 7 shifts, 8 vpermps and 10 FP ops, plus 4 integer ops for
+ * weights take 7 shifts, 8 vpermps and 10 FP ops, plus 4 integer ops for
  * the scales: about twice the AVX2 kernel's rate on the same core, at or
  * near the memory bandwidth on one thread (docs/kernels.md).
  */
