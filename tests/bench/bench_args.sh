@@ -40,5 +40,7 @@ check --runs 0
 check --bogus
 check --isa
 check --isa sse2
-[ $fail = 0 ] && echo "ok: 23 malformed invocations rejected"
+check --batch 0
+check --batch 17
+[ $fail = 0 ] && echo "ok: 25 malformed invocations rejected"
 exit $fail
