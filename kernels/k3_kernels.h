@@ -7,7 +7,7 @@
  *
  *   K3_KERNELS=ref      scalar reference path (the oracle)
  *   K3_KERNELS=avx2     AVX2+FMA (fails over to ref if the CPU lacks it)
- *   K3_KERNELS=avx512   AVX-512F/BW (fails over to the best lower ISA)
+ *   K3_KERNELS=avx512   AVX-512 F/BW/VL/DQ (fails over to the best lower ISA)
  *   K3_KERNELS=neon     aarch64 NEON
  *   unset / "auto"      the best the CPU supports
  *   anything else       ref (a typo must not silently pick a fast path;
@@ -43,7 +43,7 @@
 enum k3_kern_isa {
 	K3_KERN_ISA_REF = 0,     /* portable scalar C */
 	K3_KERN_ISA_AVX2 = 1,    /* x86-64 AVX2 + FMA */
-	K3_KERN_ISA_AVX512 = 2,  /* x86-64 AVX-512 F + BW + VL */
+	K3_KERN_ISA_AVX512 = 2,  /* x86-64 AVX-512 F + BW + VL + DQ */
 	K3_KERN_ISA_NEON = 3,    /* aarch64 Advanced SIMD */
 	K3_KERN_ISA_COUNT
 };
