@@ -14,70 +14,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Reads a whole small file (at most max bytes) into a malloc'd buffer. */
-static int read_small(const char *path, size_t max, char **out, size_t *len, struct k3_err *err)
-{
-	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	int r = 0;
-
-	*out = NULL;
-	if (fd < 0)
-		return k3_err_set(err, -errno, "%s: %s", path, strerror(errno));
-	if (fstat(fd, &st) < 0) {
-		r = k3_err_set(err, -errno, "%s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		r = k3_err_set(err, -EINVAL, "%s: not a regular file", path);
-		goto out;
-	}
-	if ((uint64_t)st.st_size > max) {
-		r = k3_err_set(err, -EINVAL, "%s: %lld bytes exceeds the %zu byte limit", path,
-			       (long long)st.st_size, max);
-		goto out;
-	}
-	*out = malloc((size_t)st.st_size + 1);
-	if (!*out) {
-		r = k3_err_set(err, -ENOMEM, "%s: out of memory", path);
-		goto out;
-	}
-	size_t got = 0;
-	while (got < (size_t)st.st_size) {
-		ssize_t n = read(fd, *out + got, (size_t)st.st_size - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			r = k3_err_set(err, n < 0 ? -errno : -EIO, "%s: read failed", path);
-			free(*out);
-			*out = NULL;
-			goto out;
-		}
-		got += (size_t)n;
-	}
-	(*out)[got] = '\0';
-	*len = got;
-out:
-	close(fd);
-	return r;
-}
-
-static char *join(const char *a, const char *b)
-{
-	size_t n = strlen(a) + strlen(b) + 2;
-	char *s = malloc(n);
-
-	if (s)
-		snprintf(s, n, "%s/%s", a, b);
-	return s;
-}
+#include "base/file.h"
+#include "base/path.h"
 
 /* Opens, checks and maps one shard. The resolved path must stay inside the
  * model directory: a symlink may point within it, never out of it. */
 static int shard_open(struct k3_model *m, const char *name, struct k3_shard *sh,
 		      struct k3_err *err)
 {
-	char *p = join(m->dir, name);
+	char *p = k3_path_join(m->dir, name);
 	char real[PATH_MAX];
 	struct stat st;
 	int fd = -1, r = 0;
@@ -249,11 +194,11 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		goto fail;
 	}
 
-	if (!(p = join(m->dir, "config.json"))) {
+	if (!(p = k3_path_join(m->dir, "config.json"))) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	r = read_small(p, K3_MODEL_CONFIG_MAX, &text, &len, err);
+	r = k3_file_read(p, K3_MODEL_CONFIG_MAX, 0, &text, &len, err);
 	if (r)
 		goto fail;
 	r = k3_model_config_parse(text, len, &m->cfg, err);
@@ -264,12 +209,12 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 	if (r)
 		goto fail;
 
-	if (!(p = join(m->dir, "model.safetensors.index.json"))) {
+	if (!(p = k3_path_join(m->dir, "model.safetensors.index.json"))) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
 	if (access(p, F_OK) == 0) {
-		r = read_small(p, K3_MODEL_INDEX_MAX, &text, &len, err);
+		r = k3_file_read(p, K3_MODEL_INDEX_MAX, 0, &text, &len, err);
 		if (!r)
 			r = k3_st_parse_index(text, len, &ix, err);
 		free(text);
@@ -281,7 +226,7 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		/* A single-file checkpoint has no index. */
 		free(p);
 		p = NULL;
-		if (!(p = join(m->dir, "model.safetensors"))) {
+		if (!(p = k3_path_join(m->dir, "model.safetensors"))) {
 			r = k3_err_set(err, -ENOMEM, "out of memory");
 			goto fail;
 		}
