@@ -108,30 +108,24 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 	res->ids = json_array();
 	res->tool_calls = json_array();
 	memset(&g, 0, sizeof(g));
-	g.mode = o->chat ? K3_MODE_CHAT : K3_MODE_RAW; g.has_mode = true;
-	if (o->chat) {
-		g.messages = k3_proto_str_of(messages_json);
-		g.has_messages = true;
-	} else if (o->n_prompt_ids) {
-		g.prompt_ids.n = o->n_prompt_ids;
-		g.prompt_ids.v = o->prompt_ids;
-		g.has_prompt_ids = true;
-	} else {
-		g.prompt = k3_proto_str_of(prompt);
-		g.has_prompt = true;
+	k3_msg_generate_set_mode(&g, o->chat ? K3_MODE_CHAT : K3_MODE_RAW);
+	if (o->chat)
+		k3_msg_generate_set_messages(&g, k3_proto_str_of(messages_json));
+	else if (o->n_prompt_ids)
+		k3_msg_generate_set_prompt_ids(&g, (struct k3_proto_ids){ o->n_prompt_ids, o->prompt_ids, NULL });
+	else
+		k3_msg_generate_set_prompt(&g, k3_proto_str_of(prompt));
+	if (o->has_max_new)
+		k3_msg_generate_set_max_new(&g, o->max_new);
+	if (o->n_stop) {
+		struct k3_proto_strv stop = { .n = o->n_stop };
+
+		for (uint32_t i = 0; i < o->n_stop; i++)
+			stop.v[i] = k3_proto_str_of(o->stop[i]);
+		k3_msg_generate_set_stop(&g, stop);
 	}
-	if (o->has_max_new) {
-		g.max_new = o->max_new;
-		g.has_max_new = true;
-	}
-	for (uint32_t i = 0; i < o->n_stop; i++)
-		g.stop.v[i] = k3_proto_str_of(o->stop[i]);
-	g.stop.n = o->n_stop;
-	g.has_stop = o->n_stop > 0;
-	if (o->effort) {
-		g.reasoning_effort = o->effort;
-		g.has_reasoning_effort = true;
-	}
+	if (o->effort)
+		k3_msg_generate_set_reasoning_effort(&g, o->effort);
 	r = k3ctl_client_send(c, K3_MSG_GENERATE, &g, &rid, &err);
 	if (r < 0)   /* -EINVAL: the request does not encode (too large): not the daemon's fault */
 		return k3ctl_fail(r == -EINVAL ? K3CTL_EXIT_ERROR : K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
@@ -140,7 +134,7 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 			struct k3_msg_cancel cm;
 
 			memset(&cm, 0, sizeof(cm));
-			cm.job_id = res->job_id; cm.has_job_id = true;
+			k3_msg_cancel_set_job_id(&cm, res->job_id);
 			cancel_sent = true;
 			if (k3ctl_client_send(c, K3_MSG_CANCEL, &cm, NULL, &err) < 0)
 				return k3ctl_fail(K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
