@@ -6,7 +6,7 @@
  * shard as the safetensors serializer orders them (wider dtypes first, then
  * by name), and streamed to disk one tensor at a time.
  */
-#include "model/demo.h"
+#include "demo/demo.h"
 
 #include <errno.h>
 #include <jansson.h>
