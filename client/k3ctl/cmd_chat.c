@@ -15,8 +15,9 @@
 #include "gen.h"
 #include "k3ctl.h"
 
-/* Reads one line from stdin (without the newline); NULL at EOF. */
-static char *read_line(void)
+/* Reads one line from stdin (without the newline; *len bytes, which may
+ * include NULs); NULL at EOF. */
+static char *read_line(size_t *len)
 {
 	char *line = NULL;
 	size_t cap = 0;
@@ -31,7 +32,8 @@ static char *read_line(void)
 		return NULL;
 	}
 	if (n > 0 && line[n - 1] == '\n')
-		line[n - 1] = '\0';
+		line[--n] = '\0';
+	*len = (size_t)n;
 	return line;
 }
 
@@ -57,25 +59,28 @@ int k3ctl_cmd_chat(int argc, char **argv)
 	for (;;) {
 		struct k3ctl_gen_result res;
 		char *line, *msgs;
+		size_t len;
 
 		if (tty)
 			fputs("> ", stderr);
-		line = read_line();
+		line = read_line(&len);
 		if (!line || strcmp(line, "/exit") == 0) {
 			free(line);
 			break;
 		}
-		if (!*line) {
+		if (!len) {
 			free(line);
 			continue;
 		}
-		if (!k3_proto_utf8_valid(line, strlen(line))) {
+		if (!k3_proto_utf8_valid(line, len)) {
 			/* It would not encode: skip it rather than send the rest. */
 			fputs("k3ctl chat: that line is not valid UTF-8; ignored\n", stderr);
 			free(line);
 			continue;
 		}
-		json_array_append_new(history, json_pack("{s:s,s:s}", "role", "user", "content", line));
+		/* s% and json_stringn: lengths, because text (the user's or the
+		 * model's) may hold U+0000, and the history must resend all of it */
+		json_array_append_new(history, json_pack("{s:s,s:s%}", "role", "user", "content", line, len));
 		free(line);
 		msgs = json_dumps(history, JSON_COMPACT);
 		k3ctl_gen_interrupted = 0;
@@ -90,15 +95,22 @@ int k3ctl_cmd_chat(int argc, char **argv)
 		}
 		k3ctl_gen_print(&o, &res);
 		if (res.done.finish == K3_FINISH_CANCELLED) {
-			/* A cancelled turn is not part of the conversation. */
-			fputs("[cancelled]\n", stderr);
+			/* A cancelled turn is not part of the conversation. Ctrl-C
+			 * here is the user's own; any other cancel is named, as
+			 * `k3ctl run` names it. */
+			if (k3ctl_gen_interrupted || res.done.cancel_reason == K3_CANCEL_CLIENT)
+				fputs("[cancelled]\n", stderr);
+			else
+				k3ctl_fail(K3CTL_EXIT_ERROR, "chat: k3d cancelled the reply: %s",
+					   k3ctl_gen_cancel_cause(res.done.cancel_reason));
 			json_array_remove(history, json_array_size(history) - 1);
 		} else {
-			json_t *m = json_pack("{s:s,s:s}", "role", "assistant", "content",
-					      res.text ? res.text : "");
+			json_t *m = json_pack("{s:s,s:s%}", "role", "assistant", "content",
+					      res.text ? res.text : "", res.text_len);
 
 			if (res.reasoning_len)
-				json_object_set_new(m, "reasoning_content", json_string(res.reasoning));
+				json_object_set_new(m, "reasoning_content",
+						    json_stringn(res.reasoning, res.reasoning_len));
 			if (json_array_size(res.tool_calls))
 				json_object_set(m, "tool_calls", res.tool_calls);
 			json_array_append_new(history, m);

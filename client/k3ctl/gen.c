@@ -179,11 +179,13 @@ int k3ctl_gen_run(struct k3ctl_client *c, const struct k3ctl_gen_opts *o, const 
 			}
 			if (t->has_arguments && call) {
 				json_t *fn = json_object_get(call, "function");
-				const char *old = json_string_value(json_object_get(fn, "arguments"));
+				json_t *old = json_object_get(fn, "arguments");
 				char *joined = NULL;
 				size_t jl = 0;
 
-				append(&joined, &jl, old ? old : "", old ? strlen(old) : 0);
+				/* lengths, not strlen: arguments may hold U+0000 */
+				append(&joined, &jl, old ? json_string_value(old) : "",
+				       old ? json_string_length(old) : 0);
 				append(&joined, &jl, t->arguments.p, t->arguments.len);
 				if (joined)
 					json_object_set_new(fn, "arguments", json_stringn(joined, jl));
@@ -240,11 +242,12 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 {
 	const struct k3_msg_done *d = &r->done;
 
-	json_t *j = json_pack("{s:I,s:s,s:s,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
+	/* s% (pointer and length): the model's text may hold U+0000 */
+	json_t *j = json_pack("{s:I,s:s%,s:s%,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
 			 "s:{s:f,s:f,s:f,s:f,s:f},s:{s:I,s:I,s:I,s:I,s:I,s:I}}",
 			 "job_id", (json_int_t)r->job_id,
-			 "text", r->text ? r->text : "",
-			 "reasoning", r->reasoning ? r->reasoning : "",
+			 "text", r->text ? r->text : "", r->text_len,
+			 "reasoning", r->reasoning ? r->reasoning : "", r->reasoning_len,
 			 "ids", r->ids, "tool_calls", r->tool_calls,
 			 "finish", finish_name(d->finish),
 			 "usage", "prompt_tokens", (int)d->prompt_tokens, "completion_tokens",

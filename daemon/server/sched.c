@@ -284,7 +284,7 @@ struct out_stage {
 };
 
 static void post_tool(struct job *j, unsigned index, const char *id, const char *name,
-		      const char *args, size_t args_len)
+		      size_t name_len, const char *args, size_t args_len)
 {
 	struct k3_msg_tool_call t;
 
@@ -295,7 +295,7 @@ static void post_tool(struct job *j, unsigned index, const char *id, const char 
 		t.has_id = true;
 	}
 	if (name) {
-		t.name = k3_proto_str_of(name);
+		t.name = (struct k3_proto_str){ name, (uint32_t)name_len };
 		t.has_name = true;
 	}
 	if (args) {
@@ -331,10 +331,10 @@ static int stage_parse_cb(void *ud, const struct k3_parse_event *ev)
 		break;
 	case K3_PARSE_TOOL_START:
 		st->any_tool = true;
-		post_tool(st->j, ev->tool_index, ev->id, ev->name, NULL, 0);
+		post_tool(st->j, ev->tool_index, ev->id, ev->name, ev->name_len, NULL, 0);
 		break;
 	case K3_PARSE_TOOL_ARGS:
-		post_tool(st->j, ev->tool_index, NULL, NULL, ev->text, ev->len);
+		post_tool(st->j, ev->tool_index, NULL, NULL, 0, ev->text, ev->len);
 		break;
 	case K3_PARSE_TOOL_END:
 		break;
@@ -1281,7 +1281,8 @@ static int job_prepare(struct k3_sched *s, const struct k3_msg_generate *g, stru
 		if (!g->has_messages || g->has_prompt || g->has_prompt_ids)
 			return prep_fail(j, K3_STATUS_BAD_REQUEST, "messages", -EINVAL,
 						  "a chat GENERATE needs messages and no prompt");
-		msgs = json_loadb(g->messages.p, g->messages.len, JSON_REJECT_DUPLICATES, &jerr);
+		/* U+0000 is text like any other: a history resends what K3 wrote */
+		msgs = json_loadb(g->messages.p, g->messages.len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 		if (!msgs || !json_is_array(msgs)) {
 			json_decref(msgs);
 			return prep_fail(j, K3_STATUS_BAD_REQUEST, "messages", -EINVAL,
