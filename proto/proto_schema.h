@@ -16,7 +16,7 @@ struct k3_proto_field_desc {
 	uint16_t tag;
 	uint8_t kind;         /* enum k3_proto_kind */
 	uint8_t required;
-	uint32_t bound;       /* bytes (STR/BYTES) or count (IDS/STRV) */
+	uint32_t bound;       /* bytes (STR/BYTES) or count (IDS/U64S/STRV) */
 	size_t off, has_off;  /* offsets of the value and of has_<name> */
 	const char *name;
 };
