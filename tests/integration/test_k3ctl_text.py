@@ -25,17 +25,17 @@ usage: test_k3ctl_text.py K3D K3CTL
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "gateway"))
 from k3proto import Daemon, make_model  # noqa: E402
+from gwharness import Fake  # noqa: E402  (the fake k3d's launcher)
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-FAKE = os.path.join(HERE, "..", "gateway", "fake_k3d.py")
 failures = []
 
 
@@ -43,28 +43,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-class Fake:
-    def __init__(self, tmp):
-        self.sock = os.path.join(tmp, "fake.sock")
-        self.log = os.path.join(tmp, "fake.log")
-        self.p = subprocess.Popen([sys.executable, FAKE, "--socket", self.sock, "--log", self.log],
-                                  stderr=subprocess.PIPE, text=True)
-        line = self.p.stderr.readline()
-        assert "ready" in line, line
-
-    def generates(self):
-        with open(self.log, encoding="utf-8") as f:
-            return [e["fields"] for e in map(json.loads, f) if e.get("ev") == "generate"]
-
-    def stop(self):
-        self.p.send_signal(signal.SIGINT)
-        try:
-            self.p.wait(5)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
 
 
 def k3ctl(sock, *args, stdin=None):
@@ -84,7 +62,7 @@ REASONING = "think\u0000ing \U0001F600"
 
 
 def test_fake(tmp):
-    f = Fake(tmp)
+    f = Fake(os.path.join(tmp, "fake.sock"), os.path.join(tmp, "fake.log")).start()
     try:
         r = k3ctl(f.sock, "--json", "run", fake_prompt(SCRIPT))
         check(r.returncode == 0, f"run --json: {r.returncode} {r.stderr!r}")
@@ -110,7 +88,7 @@ def test_fake(tmp):
         check(r.returncode == 0, f"chat: {r.returncode} {r.stderr!r}")
         turns = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
         check(len(turns) == 2 and turns[0].get("text") == TEXT, f"chat --json turn 1: {turns[:1]!r}")
-        gens = f.generates()
+        gens = [e["fields"] for e in f.events("generate")]
         msgs = gens[-1].get("messages", []) if len(gens) >= 2 else []
         check(len(msgs) == 3 and msgs[1].get("role") == "assistant", f"history of turn 2: {msgs!r}")
         if len(msgs) == 3:
