@@ -160,10 +160,11 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	else if (!have_packs)
 		k3_log_info("experts: %u MoE layers from the shards (no %s; `k3ctl pack --model DIR` writes packs)",
 			    rep.layers_shards, packdir);
-	else if (rep.layers_shards)
-		k3_log_info("experts: %u MoE layers from packs, %u from the shards (%u packs rejected; first: %s)",
-			    rep.layers_packed, rep.layers_shards, rep.packs_rejected,
-			    rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
+	else if (rep.layers_shards)   /* a rejected pack is a warning: its layer reads slower */
+		k3_log(rep.packs_rejected ? K3_LOG_WARNING : K3_LOG_INFO,
+		       "experts: %u MoE layers from packs, %u from the shards (%u packs rejected; first: %s)",
+		       rep.layers_packed, rep.layers_shards, rep.packs_rejected,
+		       rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
 	else
 		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
 
