@@ -93,6 +93,15 @@ enum k3_kern_dtype {
  *             E2M1 table {0,.5,1,1.5,2,3,4,6}, bit 3 = sign (§9). Decoded in
  *             registers; no fp32 copy of W is ever made.
  */
+/* E2M1 code (0..15) -> value (§9), the one definition of the MXFP4 value
+ * table: every ISA's decoder here, the cpu provider's reference and the
+ * checkpoint reader's oracle (daemon/model/mxfp4.c) instantiate it with
+ * `static const float t[16] = K3_KERN_E2M1_VALUES;`. Codes 8..15 are the
+ * negatives of 0..7 (bit 3 = sign; code 8 is -0.0). */
+#define K3_KERN_E2M1_VALUES \
+	{ 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, \
+	  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f }
+
 struct k3_kern_mat {
 	enum k3_kern_dtype dtype;
 	size_t rows, cols;
