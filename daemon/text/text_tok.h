@@ -143,6 +143,21 @@ int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
 int k3_tok_split_pieces_ref(const struct k3_tok *tok, const char *text, size_t len,
 			    k3_tok_piece_fn fn, void *ud, struct k3_err *err);
 
+/*
+ * The pre-tokenizer pattern as PCRE2 source (UTF-8, NUL-terminated,
+ * static; compile with PCRE2_UTF | PCRE2_UCP). Its Unicode classes are
+ * those of UCD K3_UCD_VERSION (text_ucd.h), the version of the release's
+ * regex engine. exact = false: PCRE2's own \p{..} tables plus what was
+ * assigned since K3_UCD_FAST_BASE, exact only where
+ * k3_tok_pcre2_tables_usable(); exact = true: explicit code point ranges,
+ * exact with any PCRE2 and about 3x slower. The tokenizer compiles the
+ * fast one when it is exact, else the explicit one.
+ */
+const char *k3_tok_pattern(bool exact);
+/* True when the linked PCRE2's Unicode tables are of version
+ * K3_UCD_FAST_BASE or K3_UCD_VERSION. */
+bool k3_tok_pcre2_tables_usable(void);
+
 /* Byte-pair merges one piece (no regex): appends the ranks of
  * piece[0..len) to *out. Every byte must have a rank (guaranteed by the
  * loader). Returns 0 or -ENOMEM. */

@@ -1,0 +1,311 @@
+/*
+ * test_tok_ucd.c - the pre-tokenizer's Unicode version is the release's
+ * (UCD 16.0.0, tiktoken's regex tables), not the system PCRE2's (14.0.0 in
+ * Debian 12's 10.42), which sees every letter and digit assigned since as
+ * unassigned (issue 16, item 4).
+ *
+ *  - every code point assigned in Unicode 15.0, 15.1 and 16.0, in eleven
+ *    contexts, splits as the release splits it (ucd_golden.h, made with
+ *    tiktoken by gen_ucd_golden.py): through the tokenizer (fast path and
+ *    PCRE2 path) and through the explicit-range pattern it falls back to;
+ *  - each _FAST class of text_ucd.h (PCRE2's tables plus what was assigned
+ *    later) equals its explicit-range twin on every Unicode scalar value,
+ *    under the PCRE2 this test runs with, whenever the tokenizer uses it;
+ *  - both patterns give the same pieces on random mixed text.
+ *
+ * Needs no vocabulary: pieces depend on the regex only.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "text_golden.h"
+#include "text/text_ucd.h"
+#include "ucd_golden.h"
+
+static struct k3_tok *g_tok;
+
+static size_t utf8_put(char *out, uint32_t c)
+{
+	if (c < 0x80) {
+		out[0] = (char)c;
+		return 1;
+	}
+	if (c < 0x800) {
+		out[0] = (char)(0xC0 | c >> 6);
+		out[1] = (char)(0x80 | (c & 0x3F));
+		return 2;
+	}
+	if (c < 0x10000) {
+		out[0] = (char)(0xE0 | c >> 12);
+		out[1] = (char)(0x80 | (c >> 6 & 0x3F));
+		out[2] = (char)(0x80 | (c & 0x3F));
+		return 3;
+	}
+	out[0] = (char)(0xF0 | c >> 18);
+	out[1] = (char)(0x80 | (c >> 12 & 0x3F));
+	out[2] = (char)(0x80 | (c >> 6 & 0x3F));
+	out[3] = (char)(0x80 | (c & 0x3F));
+	return 4;
+}
+
+static pcre2_code *compile(const char *pattern)
+{
+	int ec;
+	PCRE2_SIZE eo;
+	pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+				       &ec, &eo, NULL);
+
+	if (!T_OK(re != NULL)) {
+		PCRE2_UCHAR msg[256];
+		pcre2_get_error_message(ec, msg, sizeof(msg));
+		printf("     cannot compile: %s at %zu\n", (char *)msg, (size_t)eo);
+		return NULL;
+	}
+	pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+	return re;
+}
+
+/* Piece ends of s as a bit mask over characters (bit i: a piece ends
+ * after character i; the last end is left out, as in ucd_golden.h). */
+struct mask_ctx { const char *s; uint32_t mask; };
+
+static unsigned chars_before(const char *s, size_t off)
+{
+	unsigned n = 0;
+
+	for (size_t i = 0; i < off; i++)
+		n += ((unsigned char)s[i] & 0xC0) != 0x80;
+	return n;
+}
+
+static int mask_cb(void *ud, size_t off, size_t len)
+{
+	struct mask_ctx *m = ud;
+	unsigned end = chars_before(m->s, off + len);
+
+	if (m->s[off + len])
+		m->mask |= 1u << (end - 1);
+	return 0;
+}
+
+/* The same over a locally compiled pattern (the explicit one). */
+static uint32_t mask_re(pcre2_code *re, pcre2_match_data *md, const char *s, size_t n)
+{
+	struct mask_ctx m = { s, 0 };
+	size_t off = 0;
+
+	while (off < n && pcre2_match(re, (PCRE2_SPTR)s, n, off, 0, md, NULL) > 0) {
+		PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+		mask_cb(&m, ov[0], ov[1] - ov[0]);
+		off = ov[1];
+	}
+	return m.mask;
+}
+
+static size_t context_text(char *buf, unsigned k, uint32_t c)
+{
+	const struct ucd_context *x = &ucd_contexts[k];
+	size_t n = strlen(x->before);
+
+	memcpy(buf, x->before, n);
+	for (unsigned i = 0; i < x->copies; i++)
+		n += utf8_put(buf + n, c);
+	memcpy(buf + n, x->after, strlen(x->after) + 1);
+	return n + strlen(x->after);
+}
+
+/* Every code point of Unicode 15.0-16.0 in every context: release pieces. */
+static void test_golden(void)
+{
+	pcre2_code *exact = compile(k3_tok_pattern(true));
+	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
+	unsigned n_cp = 0, bad_cp = 0, bad_exact = 0;
+
+	if (!exact)
+		return;
+	for (size_t r = 0; r < sizeof(ucd_golden) / sizeof(ucd_golden[0]); r++) {
+		for (uint32_t c = ucd_golden[r].first; c <= ucd_golden[r].last; c++) {
+			bool ok = true, ok_exact = true;
+
+			for (unsigned k = 0; k < UCD_N_CONTEXTS; k++) {
+				char s[64];
+				size_t n = context_text(s, k, c);
+				struct mask_ctx fast = { s, 0 }, ref = { s, 0 };
+				uint32_t want = ucd_golden[r].mask[k];
+
+				T_EQ_INT(k3_tok_split_pieces(g_tok, s, n, mask_cb, &fast, NULL), 0);
+				T_EQ_INT(k3_tok_split_pieces_ref(g_tok, s, n, mask_cb, &ref, NULL), 0);
+				ok &= fast.mask == want && ref.mask == want;
+				ok_exact &= mask_re(exact, md, s, n) == want;
+				if (fast.mask != want && bad_cp < 5)
+					printf("     U+%04X in context %u: pieces mask %u, the release's %u\n",
+					       (unsigned)c, k, (unsigned)fast.mask, (unsigned)want);
+			}
+			n_cp++;
+			bad_cp += !ok;
+			bad_exact += !ok_exact;
+		}
+	}
+	printf("# %u code points of Unicode 15.0-16.0 checked, %u split unlike the release "
+	       "(%u through the explicit pattern)\n", n_cp, bad_cp, bad_exact);
+	T_EQ_INT(n_cp, UCD_N_CODE_POINTS);
+	T_EQ_INT(bad_cp, 0);
+	T_EQ_INT(bad_exact, 0);
+	pcre2_match_data_free(md);
+	pcre2_code_free(exact);
+}
+
+/* The issue's example: a space, then U+1D2C2 KAKTOVIK NUMERAL TWO (Nd,
+ * Unicode 15.0) is two pieces, the space and the digit. */
+static void test_kaktovik(void)
+{
+	struct mask_ctx m = { " \xf0\x9d\x8b\x82", 0 };
+
+	T_EQ_INT(k3_tok_split_pieces(g_tok, m.s, 5, mask_cb, &m, NULL), 0);
+	T_EQ_INT(m.mask, 1);
+}
+
+/* Next member run of re at or after off, within s[0..end): 1 with
+ * [*a, *b), 0 when none, -1 on a matching error. */
+static int next_run(pcre2_code *re, pcre2_match_data *md, const char *s, size_t end, size_t off,
+		    size_t *a, size_t *b)
+{
+	int r = pcre2_match(re, (PCRE2_SPTR)s, end, off, 0, md, NULL);
+
+	if (r == PCRE2_ERROR_NOMATCH)
+		return 0;
+	if (r < 0)
+		return -1;
+	*a = pcre2_get_ovector_pointer(md)[0];
+	*b = pcre2_get_ovector_pointer(md)[1];
+	return 1;
+}
+
+/* Member runs of a class over a subject holding every scalar value in
+ * order, in windows of 4 KiB (a group repeated over a 40,000-character
+ * run would need a huge JIT stack); two classes are equal when their runs
+ * are. */
+static void test_classes(void)
+{
+	static const struct { const char *name, *exact, *fast; } cls[] = {
+		{ "HAN", K3_UCD_HAN, K3_UCD_HAN_FAST },
+		{ "UPPER", K3_UCD_UPPER, K3_UCD_UPPER_FAST },
+		{ "LOWER", K3_UCD_LOWER, K3_UCD_LOWER_FAST },
+		{ "N", K3_UCD_N, K3_UCD_N_FAST },
+		{ "LN", "[" K3_UCD_LN "]", "[" K3_UCD_LN_FAST "]" },
+	};
+	char version[32];
+	char *all = malloc(4 * 0x110000);
+	size_t n = 0;
+	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
+
+	pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
+	if (!all || !md || !k3_tok_pcre2_tables_usable()) {
+		/* The tokenizer then compiles the explicit pattern, which
+		 * test_golden checks on its own. */
+		printf("# PCRE2 has Unicode %s tables: the fast classes are not used, not compared\n", version);
+		free(all);
+		pcre2_match_data_free(md);
+		return;
+	}
+	for (uint32_t c = 0; c < 0x110000; c++)
+		if (c < 0xD800 || c > 0xDFFF)
+			n += utf8_put(all + n, c);
+	for (size_t i = 0; i < sizeof(cls) / sizeof(cls[0]); i++) {
+		char pe[64 * 1024], pf[8 * 1024];
+		pcre2_code *re_e, *re_f;
+		size_t runs = 0, members = 0;
+		bool same = true;
+
+		snprintf(pe, sizeof(pe), "(?:%s)+", cls[i].exact);
+		snprintf(pf, sizeof(pf), "(?:%s)+", cls[i].fast);
+		re_e = compile(pe);
+		re_f = compile(pf);
+		if (!re_e || !re_f)
+			break;
+		for (size_t w = 0; w < n && same;) {
+			size_t end = w + 4096 < n ? w + 4096 : n, off = w;
+
+			while (end < n && ((unsigned char)all[end] & 0xC0) == 0x80)
+				end++;
+			for (;;) {
+				size_t ea = 0, eb = 0, fa = 0, fb = 0;
+				int a = next_run(re_e, md, all, end, off, &ea, &eb);
+				int b = next_run(re_f, md, all, end, off, &fa, &fb);
+
+				if (a < 0 || b < 0 || a != b || ea != fa || eb != fb) {
+					same = false;
+					printf("     %s: explicit %d at byte %zu..%zu, PCRE2 tables %d at %zu..%zu\n",
+					       cls[i].name, a, ea, eb, b, fa, fb);
+					break;
+				}
+				if (a == 0)
+					break;
+				runs++;
+				members += chars_before(all + ea, eb - ea);
+				off = eb;
+			}
+			w = end;
+		}
+		printf("# %s: %zu code points (%zu runs), the same with PCRE2's Unicode %s tables\n",
+		       cls[i].name, members, runs, version);
+		T_OK(same);
+		pcre2_code_free(re_e);
+		pcre2_code_free(re_f);
+	}
+	pcre2_match_data_free(md);
+	free(all);
+}
+
+/* Both patterns on random text mixing old and new letters, marks, digits,
+ * Han of old and new extensions, spaces and punctuation. */
+static void test_patterns_agree(void)
+{
+	static const uint32_t pool[] = {
+		'a', 'Z', ' ', ' ', '\n', '\'', 's', '1', '-', 0xA0, 0x3000, 0x85, 0x301, 0x4E00, 0x3042, 0xAC00,
+		0x17F, 0x1C5, 0x2B0, 0x660, 0x2160, 0xFF01, 0x1F600, 0x20000,
+		0x2EBF0, 0x31350, 0x2B739, 0x1D2C2, 0x105C0, 0x16D40, 0x1C89, 0x1C8A, 0xA7CB, 0x0897, 0x10D4A,
+		0x11F50, 0x1E5F1, 0x1CCF0, 0x16D70, 0x1B4E, 0x11B00,
+	};
+	pcre2_code *ef = compile(k3_tok_pattern(false)), *ee = compile(k3_tok_pattern(true));
+	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
+	uint64_t x = 0x9E3779B97F4A7C15ull;
+	int diffs = 0;
+
+	if (!ef || !ee || !k3_tok_pcre2_tables_usable())
+		goto out;
+	for (int round = 0; round < 20000; round++) {
+		char s[256];
+		size_t n = 0, want;
+
+		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+		want = 1 + x % 24;
+		for (size_t i = 0; i < want; i++) {
+			x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+			n += utf8_put(s + n, pool[x % (sizeof(pool) / sizeof(pool[0]))]);
+		}
+		s[n] = '\0';
+		if (mask_re(ef, md, s, n) != mask_re(ee, md, s, n) && diffs++ < 3)
+			printf("     the patterns differ on '%s'\n", s);
+	}
+	T_EQ_INT(diffs, 0);
+out:
+	pcre2_match_data_free(md);
+	pcre2_code_free(ef);
+	pcre2_code_free(ee);
+}
+
+int main(void)
+{
+	static const char *const none[] = { NULL };
+
+	g_tok = tg_synth(none, 0, NULL, NULL);
+	if (!g_tok)
+		return t_done();
+	test_kaktovik();
+	test_golden();
+	test_classes();
+	test_patterns_agree();
+	k3_tok_free(g_tok);
+	return t_done();
+}
