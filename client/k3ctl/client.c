@@ -229,9 +229,10 @@ int k3ctl_client_reopen_if_closed(struct k3ctl_client *c)
 	snprintf(path, sizeof(path), "%s", c->path);
 	k3ctl_client_close(c);
 	r = k3ctl_client_open(c, path, &err);
-	if (r < 0)
-		snprintf(c->closed_why, sizeof(c->closed_why), "k3d closed the connection, and "
-			 "reconnecting failed: %s", err.msg);
+	if (r < 0) {
+		k3_err_prefix(&err, "k3d closed the connection, and reconnecting failed");
+		memcpy(c->closed_why, err.msg, sizeof(c->closed_why));
+	}
 	return r;
 }
 

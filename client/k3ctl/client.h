@@ -13,7 +13,7 @@
 struct k3ctl_client {
 	int fd;                      /* -1 when closed */
 	char path[108];              /* the socket, for k3ctl_client_reopen_if_closed */
-	char closed_why[256];        /* why a reopen failed ("" if none); sends report it */
+	char closed_why[K3_ERR_MSG_MAX]; /* why a reopen failed ("" if none); sends report it */
 	uint32_t next_request_id;
 	struct k3_proto_buf in;      /* bytes received, frame at the front */
 	size_t consumed;             /* bytes of the frame last returned */
