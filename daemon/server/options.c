@@ -73,6 +73,31 @@ static int parse_uid(const char *opt, const char *s, uid_t *out, struct k3_err *
 	return 0;
 }
 
+/* A count option: k3_parse_u64 within [min, max], named in the error. */
+static int parse_count(const char *opt, const char *s, uint64_t min, uint64_t max, unsigned *out,
+		       struct k3_err *err)
+{
+	uint64_t v;
+
+	if (k3_parse_u64(s, min, max, &v, err) < 0)
+		return k3_err_prefix(err, "%s", opt);
+	*out = (unsigned)v;
+	return 0;
+}
+
+/* Appends a uid or user name to one of the K3_OPTIONS_MAX_IDS lists. */
+static int add_uid(const char *opt, const char *s, uid_t *list, unsigned *n, struct k3_err *err)
+{
+	int r;
+
+	if (*n == K3_OPTIONS_MAX_IDS)
+		return k3_err_set(err, -EINVAL, "%s: at most %d", opt, K3_OPTIONS_MAX_IDS);
+	if ((r = parse_uid(opt, s, &list[*n], err)) < 0)
+		return r;
+	(*n)++;
+	return 0;
+}
+
 static int parse_gid(const char *s, gid_t *out, struct k3_err *err)
 {
 	uint64_t v;
@@ -185,12 +210,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->model_dir = optarg;
 			break;
 		case O_UID:
-			if (opts->n_allow_uid == K3_OPTIONS_MAX_IDS)
-				return k3_err_set(err, -EINVAL, "--allow-uid: at most %d", K3_OPTIONS_MAX_IDS);
-			r = parse_uid("--allow-uid", optarg, &opts->allow_uid[opts->n_allow_uid], err);
-			if (r < 0)
+			if ((r = add_uid("--allow-uid", optarg, opts->allow_uid, &opts->n_allow_uid, err)) < 0)
 				return r;
-			opts->n_allow_uid++;
 			break;
 		case O_GID:
 			if (opts->n_allow_gid == K3_OPTIONS_MAX_IDS)
@@ -201,46 +222,41 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->n_allow_gid++;
 			break;
 		case O_QUEUE:
-			if ((r = k3_parse_u64(optarg, 0, K3_LIM_QUEUE_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--queue");
-			opts->queue_max = (unsigned)v;
+			if ((r = parse_count("--queue", optarg, 0, K3_LIM_QUEUE_MAX, &opts->queue_max, err)) < 0)
+				return r;
 			break;
 		case O_THREADS:
-			if ((r = k3_parse_u64(optarg, 0, 1024, &v, err)) < 0)
-				return k3_err_prefix(err, "--threads");
-			opts->threads = (unsigned)v;
+			if ((r = parse_count("--threads", optarg, 0, 1024, &opts->threads, err)) < 0)
+				return r;
 			break;
 		case O_FRAME_TIMEOUT:
 			if ((r = k3_parse_double(optarg, 0.1, 86400, &opts->frame_timeout_s, err)) < 0)
 				return k3_err_prefix(err, "--frame-timeout");
 			break;
 		case O_MAX_CONN:
-			if ((r = k3_parse_u64(optarg, K3_LIM_CONNECTIONS_MIN, K3_LIM_CONNECTIONS_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--max-connections");
-			opts->max_connections = (unsigned)v;
+			if ((r = parse_count("--max-connections", optarg, K3_LIM_CONNECTIONS_MIN,
+					     K3_LIM_CONNECTIONS_MAX, &opts->max_connections, err)) < 0)
+				return r;
 			break;
 		case O_MAX_CONN_UID:
-			if ((r = k3_parse_u64(optarg, 1, K3_LIM_CONNECTIONS_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--max-connections-per-uid");
-			opts->max_connections_per_uid = (unsigned)v;
+			if ((r = parse_count("--max-connections-per-uid", optarg, 1, K3_LIM_CONNECTIONS_MAX,
+					     &opts->max_connections_per_uid, err)) < 0)
+				return r;
 			per_uid_set = true;
 			break;
 		case O_GW_UID:
-			if (opts->n_gateway_uid == K3_OPTIONS_MAX_IDS)
-				return k3_err_set(err, -EINVAL, "--gateway-uid: at most %d", K3_OPTIONS_MAX_IDS);
-			r = parse_uid("--gateway-uid", optarg, &opts->gateway_uid[opts->n_gateway_uid], err);
-			if (r < 0)
+			if ((r = add_uid("--gateway-uid", optarg, opts->gateway_uid, &opts->n_gateway_uid, err)) < 0)
 				return r;
-			opts->n_gateway_uid++;
 			break;
 		case O_GW_CONN:
-			if ((r = k3_parse_u64(optarg, 1, K3_LIM_CONNECTIONS_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--gateway-connections");
-			opts->gateway_connections = (unsigned)v;
+			if ((r = parse_count("--gateway-connections", optarg, 1, K3_LIM_CONNECTIONS_MAX,
+					     &opts->gateway_connections, err)) < 0)
+				return r;
 			gateway_set = true;
 			break;
 		case O_IDLE:
-			if ((r = k3_parse_double(optarg, 0, K3_LIM_IDLE_TIMEOUT_MAX_S, &opts->idle_timeout_s, err)) < 0)
+			if ((r = k3_parse_double(optarg, 0, K3_LIM_IDLE_TIMEOUT_MAX_S, &opts->idle_timeout_s,
+						 err)) < 0)
 				return k3_err_prefix(err, "--idle-timeout");
 			break;
 		case O_DRAIN:
@@ -256,9 +272,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				return r;
 			break;
 		case O_IOT:
-			if ((r = k3_parse_u64(optarg, 1, K3_STORE_MAX_IO_THREADS, &v, err)) < 0)
-				return k3_err_prefix(err, "--io-threads");
-			opts->io_threads = (unsigned)v;
+			if ((r = parse_count("--io-threads", optarg, 1, K3_STORE_MAX_IO_THREADS,
+					     &opts->io_threads, err)) < 0)
+				return r;
 			break;
 		case O_PREFETCH:
 			if (strcmp(optarg, "off") == 0) {
