@@ -9,16 +9,24 @@ regex-syntax 0.8.10 in tiktoken 0.13.0, 0.8.11 in 0.14.0) carries UCD
 14.0.0 and sees every letter and digit assigned since as unassigned
 (docs/text.md, "Unicode version").
 
-Each class comes in two spellings:
-  K3_UCD_<X>       explicit code point ranges: exact with any PCRE2, but a
-                   class of ~1,300 ranges is matched range by range (the
-                   tokenizer runs ~3x slower with them);
-  K3_UCD_<X>_FAST  PCRE2's own \\p{..} plus the ranges of the class
-                   assigned after Unicode K3_UCD_FAST_BASE: exact only over
-                   PCRE2 tables of K3_UCD_FAST_BASE or K3_UCD_VERSION, where
-                   text_tok.c uses it (no code point assigned by 14.0
-                   changed class by 16.0: checked here, and over every
-                   scalar value against the system PCRE2 by test_tok).
+Each class comes in three spellings:
+  K3_UCD_<X>            explicit code point ranges: exact with any PCRE2, but
+                        PCRE2 matches a class of ~1,300 ranges range by range
+                        (the tokenizer runs 3x slower with them);
+  K3_UCD_<X>_PCRE2      PCRE2's own \\p{..} (as before this table): exact
+                        over PCRE2 tables of K3_UCD_VERSION, and over those
+                        of K3_UCD_PCRE2_BASE for any text without a code
+                        point of k3_ucd_new[] (no code point assigned by
+                        14.0 changed class by 16.0: checked here, and over
+                        every scalar value against the system PCRE2 by
+                        test_tok_ucd);
+  K3_UCD_<X>_PCRE2_NEW  the same plus the ranges of k3_ucd_new[]: exact
+                        over K3_UCD_PCRE2_BASE tables for any text, about
+                        25% slower on non-ASCII text (alternations PCRE2
+                        tries per character).
+k3_ucd_new[] lists the code points assigned after K3_UCD_PCRE2_BASE that are
+in some class (letters, marks, numbers, Han); text_tok.c looks for them
+before it picks a pattern.
 
 The output is checked in: the build needs neither Python packages nor a
 network, and a table change is a reviewable diff. Regenerate (or check)
@@ -110,7 +118,7 @@ def build(ud):
         ("LOWER", "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]", lower - han,
          "\\\\p{Ll}\\\\p{Lm}\\\\p{Lo}\\\\p{M}", (lower - han) & new),
         ("N", "[\\p{N}]", number, "\\\\p{N}", number & new),
-        ("LN", "the inside of [^...\\p{L}\\p{N}]", letter | number, "\\\\p{L}\\\\p{N}",
+        ("LN", "[^...\\p{L}\\p{N}]", letter | number, "\\\\p{L}\\\\p{N}",
          (letter | number) & new),
     ]
     check_base(cps, new, gc)
@@ -140,24 +148,75 @@ def check_base(cps, new, gc):
                      % (name, len(bad), FAST_BASE, bad[0]))
 
 
+SMP = "\\\\x{10000}-\\\\x{10FFFF}"
+# PCRE2 compares a character with a class's ranges one by one: the
+# supplementary-plane additions go behind a one-range guard, so that a BMP
+# character outside the class (spaces, punctuation, the other case of a
+# letter: the common case) is not compared with each of them. A few
+# additions are cheaper inline than an alternation.
+GUARD_ABOVE = 8
+
+
+def split_planes(members):
+    return {c for c in members if c < 0x10000}, {c for c in members if c >= 0x10000}
+
+
+def with_new(pcre2_base, added):
+    if len(ranges(added)) <= GUARD_ABOVE:
+        return ["["] + [pcre2_base] + body(added) + ["]"]
+    bmp, smp = split_planes(added)
+    return ["(?:["] + [pcre2_base] + body(bmp) + ["]|(?=[" + SMP + "])["] + body(smp) + ["])"]
+
+
+def not_ln_with_new(pcre2_base, added):
+    """[^EXTRA\p{L}\p{N}] over PCRE2's tables plus added, EXTRA being BMP
+    characters."""
+    bmp, smp = split_planes(added)
+    return (['(?:[^" EXTRA "'] + [pcre2_base] + body(bmp) + [SMP + "]|(?=[" + SMP + "])[^"]
+            + [pcre2_base] + body(smp) + ["])"])
+
+
+def no_han(expr):
+    """Han is Lo: the word classes leave it out by a lookahead (the
+    intersection has no PCRE2 10.42 syntax). PCRE2's \p{sc:Han} suffices in
+    both table versions the _PCRE2 spellings are used with: with 14.0 tables
+    the newer ideographs are unassigned, not Lo, and the additions exclude
+    them; with 16.0 tables \p{sc:Han} has them."""
+    return ['(?:(?!\\\\p{sc:Han})'] + expr + [")"]
+
+
 def render(canon, classes):
-    out = []
+    out, new_all = [], set()
     for name, what, members, pcre2_base, added in classes:
         exact = body(members)
+        new_all |= added
         if name == "LN":
-            out.append("/* %s:\n * %u code points in %u ranges; _FAST: PCRE2's tables and the %u\n"
+            out.append("/* [^EXTRA\\p{L}\\p{N}], EXTRA being further BMP characters (PCRE2\n"
+                       " * class text): %u letters and numbers in %u ranges, %u of them\n"
                        " * assigned after %s */\n"
-                       "#define K3_UCD_LN \\\n\t%s\n#define K3_UCD_LN_FAST \\\n\t%s\n"
-                       % (what, len(members), len(exact), len(added), FAST_BASE, literal(exact),
-                          literal([pcre2_base] + body(added))))
+                       "#define K3_UCD_NOT_LN(EXTRA) \\\n\t%s\n#define K3_UCD_NOT_LN_PCRE2(EXTRA) \\\n\t%s\n"
+                       "#define K3_UCD_NOT_LN_PCRE2_NEW(EXTRA) \\\n\t%s\n"
+                       % (len(members), len(exact), len(added), FAST_BASE,
+                          literal(['[^" EXTRA "'] + exact + ["]"]),
+                          literal(['[^" EXTRA "' + pcre2_base + "]"]),
+                          literal(not_ln_with_new(pcre2_base, added))))
             continue
-        fast = ["["] + [pcre2_base] + body(added) + ["]"]
+        plain = ["[" + pcre2_base + "]"] if name not in ("N", "HAN") else [pcre2_base]
+        fast = with_new(pcre2_base, added)
         if name in ("UPPER", "LOWER"):
-            fast = ["(?:(?!\" K3_UCD_HAN_FAST \")"] + fast + [")"]
-        out.append("/* %s:\n * %u code points in %u ranges; _FAST: PCRE2's tables and the %u\n"
-                   " * assigned after %s */\n#define K3_UCD_%s \\\n\t%s\n#define K3_UCD_%s_FAST \\\n\t%s\n"
+            plain, fast = no_han(plain), no_han(fast)
+        out.append("/* %s:\n * %u code points in %u ranges, %u of them assigned after %s */\n"
+                   "#define K3_UCD_%s \\\n\t%s\n#define K3_UCD_%s_PCRE2 \\\n\t%s\n"
+                   "#define K3_UCD_%s_PCRE2_NEW \\\n\t%s\n"
                    % (what, len(members), len(exact), len(added), FAST_BASE, name,
-                      literal(["["] + exact + ["]"]), name, literal(fast)))
+                      literal(["["] + exact + ["]"]), name, literal(plain), name, literal(fast)))
+    rs = ranges(new_all)
+    rows = ["\t{ 0x%05X, 0x%05X }," % r for r in rs]
+    out.append("/* Code points assigned after %s that are in some class above (%u in\n"
+               " * %u ranges): where none occurs, the _PCRE2 spellings are exact over\n"
+               " * tables of %s too. Sorted, disjoint, inclusive. */\n"
+               "static const uint32_t k3_ucd_new[][2] = {\n%s\n};\n"
+               % (FAST_BASE, len(new_all), len(rs), FAST_BASE, "\n".join(rows)))
     data = "\n".join(out)
     head = """/*
  * text_ucd.h - GENERATED by daemon/text/gen_text_ucd.py; do not edit.
@@ -166,25 +225,29 @@ def render(canon, classes):
  * (k3-text-and-draft.md section 1.3) in PCRE2 syntax (PCRE2_UTF|PCRE2_UCP),
  * so that the split follows the release's Unicode version, not the one
  * compiled into the system PCRE2 (docs/text.md, "Unicode version").
- * K3_UCD_<X> are explicit ranges, exact with any PCRE2; K3_UCD_<X>_FAST
- * use PCRE2's tables plus what was assigned after K3_UCD_FAST_BASE and are
- * exact only over PCRE2 tables of K3_UCD_FAST_BASE or K3_UCD_VERSION.
- * K3_UCD_LN and K3_UCD_LN_FAST are class bodies (for [^...]); the others
- * are whole class expressions.
+ * K3_UCD_<X>: explicit ranges, exact with any PCRE2. K3_UCD_<X>_PCRE2:
+ * PCRE2's own tables, exact over tables of K3_UCD_VERSION, and over those
+ * of K3_UCD_PCRE2_BASE for text without a code point of k3_ucd_new[].
+ * K3_UCD_<X>_PCRE2_NEW: PCRE2's tables plus k3_ucd_new[], exact over
+ * tables of K3_UCD_PCRE2_BASE or K3_UCD_VERSION for any text. All are
+ * whole class expressions; K3_UCD_NOT_LN*(EXTRA) take further (BMP)
+ * characters to leave out.
  *
  * Unicode Character Database %s, read through %s %s
  * (PyPI sdist SHA-256 %s).
  * Input SHA-256 (General_Category, Script and Age of every scalar value,
  * one "U+XXXX gc sc age" line each):
  * %s
- * Table SHA-256 (the macros below):
+ * Table SHA-256 (everything below):
  * %s
  */
 #ifndef K3_TEXT_UCD_H
 #define K3_TEXT_UCD_H
 
+#include <stdint.h>
+
 #define K3_UCD_VERSION "%s"
-#define K3_UCD_FAST_BASE "%s"
+#define K3_UCD_PCRE2_BASE "%s"
 
 """ % (UCD_VERSION, PACKAGE, PACKAGE_VERSION, PACKAGE_SDIST_SHA256, hashlib.sha256(canon).hexdigest(),
        hashlib.sha256(data.encode()).hexdigest(), UCD_VERSION, FAST_BASE)

@@ -5,29 +5,32 @@
  * (k3-text-and-draft.md section 1.3) in PCRE2 syntax (PCRE2_UTF|PCRE2_UCP),
  * so that the split follows the release's Unicode version, not the one
  * compiled into the system PCRE2 (docs/text.md, "Unicode version").
- * K3_UCD_<X> are explicit ranges, exact with any PCRE2; K3_UCD_<X>_FAST
- * use PCRE2's tables plus what was assigned after K3_UCD_FAST_BASE and are
- * exact only over PCRE2 tables of K3_UCD_FAST_BASE or K3_UCD_VERSION.
- * K3_UCD_LN and K3_UCD_LN_FAST are class bodies (for [^...]); the others
- * are whole class expressions.
+ * K3_UCD_<X>: explicit ranges, exact with any PCRE2. K3_UCD_<X>_PCRE2:
+ * PCRE2's own tables, exact over tables of K3_UCD_VERSION, and over those
+ * of K3_UCD_PCRE2_BASE for text without a code point of k3_ucd_new[].
+ * K3_UCD_<X>_PCRE2_NEW: PCRE2's tables plus k3_ucd_new[], exact over
+ * tables of K3_UCD_PCRE2_BASE or K3_UCD_VERSION for any text. All are
+ * whole class expressions; K3_UCD_NOT_LN*(EXTRA) take further (BMP)
+ * characters to leave out.
  *
  * Unicode Character Database 16.0.0, read through unicodedataplus 16.0.0.post1
  * (PyPI sdist SHA-256 f8cd342d91c73b512c229976a82aeb7e448517969d611433a9ea825dc62fed84).
  * Input SHA-256 (General_Category, Script and Age of every scalar value,
  * one "U+XXXX gc sc age" line each):
  * 9e1dd323be8a836e0f6019fdb5014f015d773493acbfe514251154c042934088
- * Table SHA-256 (the macros below):
- * 142d3bb8f1b828249ce11b266ad7e8b8a18f06c7a7442cecb7612837b944af89
+ * Table SHA-256 (everything below):
+ * 544461da85d512b0970351d75822a82abbc1e6c2a44d03f6885820b61144b5eb
  */
 #ifndef K3_TEXT_UCD_H
 #define K3_TEXT_UCD_H
 
+#include <stdint.h>
+
 #define K3_UCD_VERSION "16.0.0"
-#define K3_UCD_FAST_BASE "14.0.0"
+#define K3_UCD_PCRE2_BASE "14.0.0"
 
 /* [\p{Han}] (Rust regex: Script=Han, not Script_Extensions):
- * 99030 code points in 22 ranges; _FAST: PCRE2's tables and the 4815
- * assigned after 14.0.0 */
+ * 99030 code points in 22 ranges, 4815 of them assigned after 14.0.0 */
 #define K3_UCD_HAN \
 	"[\\x{2E80}-\\x{2E99}\\x{2E9B}-\\x{2EF3}\\x{2F00}-\\x{2FD5}\\x{3005}\\x{3007}" \
 	"\\x{3021}-\\x{3029}\\x{3038}-\\x{303B}\\x{3400}-\\x{4DBF}\\x{4E00}-\\x{9FFF}" \
@@ -35,12 +38,13 @@
 	"\\x{20000}-\\x{2A6DF}\\x{2A700}-\\x{2B739}\\x{2B740}-\\x{2B81D}\\x{2B820}-\\x{2CEA1}" \
 	"\\x{2CEB0}-\\x{2EBE0}\\x{2EBF0}-\\x{2EE5D}\\x{2F800}-\\x{2FA1D}\\x{30000}-\\x{3134A}" \
 	"\\x{31350}-\\x{323AF}]"
-#define K3_UCD_HAN_FAST \
+#define K3_UCD_HAN_PCRE2 \
+	"\\p{sc:Han}"
+#define K3_UCD_HAN_PCRE2_NEW \
 	"[\\p{sc:Han}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}]"
 
 /* [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]:
- * 42584 code points in 1277 ranges; _FAST: PCRE2's tables and the 4519
- * assigned after 14.0.0 */
+ * 42584 code points in 1277 ranges, 4519 of them assigned after 14.0.0 */
 #define K3_UCD_UPPER \
 	"[\\x{41}-\\x{5A}\\x{AA}\\x{BA}\\x{C0}-\\x{D6}\\x{D8}-\\x{DE}\\x{100}\\x{102}\\x{104}" \
 	"\\x{106}\\x{108}\\x{10A}\\x{10C}\\x{10E}\\x{110}\\x{112}\\x{114}\\x{116}\\x{118}\\x{11A}" \
@@ -261,20 +265,22 @@
 	"\\x{1EE6C}-\\x{1EE72}\\x{1EE74}-\\x{1EE77}\\x{1EE79}-\\x{1EE7C}\\x{1EE7E}" \
 	"\\x{1EE80}-\\x{1EE89}\\x{1EE8B}-\\x{1EE9B}\\x{1EEA1}-\\x{1EEA3}\\x{1EEA5}-\\x{1EEA9}" \
 	"\\x{1EEAB}-\\x{1EEBB}\\x{E0100}-\\x{E01EF}]"
-#define K3_UCD_UPPER_FAST \
-	"(?:(?!" K3_UCD_HAN_FAST ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}\\x{897}\\x{CF3}\\x{ECE}" \
-	"\\x{1C89}\\x{A7CB}-\\x{A7CC}\\x{A7DA}\\x{A7DC}\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D65}" \
-	"\\x{10D69}-\\x{10D6D}\\x{10D6F}\\x{10EC2}-\\x{10EC4}\\x{10EFC}-\\x{10EFF}" \
-	"\\x{1123F}-\\x{11241}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}" \
-	"\\x{113B7}-\\x{113C0}\\x{113C2}\\x{113C5}\\x{113C7}-\\x{113CA}\\x{113CC}-\\x{113D3}" \
-	"\\x{113E1}-\\x{113E2}\\x{11BC0}-\\x{11BE0}\\x{11F00}-\\x{11F10}\\x{11F12}-\\x{11F3A}" \
-	"\\x{11F3E}-\\x{11F42}\\x{11F5A}\\x{1342F}\\x{13440}-\\x{13455}\\x{13460}-\\x{143FA}" \
-	"\\x{16100}-\\x{1612F}\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}" \
-	"\\x{1E030}-\\x{1E06D}\\x{1E08F}\\x{1E4D0}-\\x{1E4EF}\\x{1E5D0}-\\x{1E5F0}])"
+#define K3_UCD_UPPER_PCRE2 \
+	"(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
+#define K3_UCD_UPPER_PCRE2_NEW \
+	"(?:(?!\\p{sc:Han})(?:[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}\\x{897}\\x{CF3}\\x{ECE}" \
+	"\\x{1C89}\\x{A7CB}-\\x{A7CC}\\x{A7DA}\\x{A7DC}]|(?=[\\x{10000}-\\x{10FFFF}])[" \
+	"\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D65}\\x{10D69}-\\x{10D6D}\\x{10D6F}" \
+	"\\x{10EC2}-\\x{10EC4}\\x{10EFC}-\\x{10EFF}\\x{1123F}-\\x{11241}\\x{11380}-\\x{11389}" \
+	"\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}-\\x{113C0}\\x{113C2}\\x{113C5}" \
+	"\\x{113C7}-\\x{113CA}\\x{113CC}-\\x{113D3}\\x{113E1}-\\x{113E2}\\x{11BC0}-\\x{11BE0}" \
+	"\\x{11F00}-\\x{11F10}\\x{11F12}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{11F5A}\\x{1342F}" \
+	"\\x{13440}-\\x{13455}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1612F}\\x{16D40}-\\x{16D6C}" \
+	"\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1E030}-\\x{1E06D}\\x{1E08F}\\x{1E4D0}-\\x{1E4EF}" \
+	"\\x{1E5D0}-\\x{1E5F0}]))"
 
 /* [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]:
- * 42953 code points in 1261 ranges; _FAST: PCRE2's tables and the 4523
- * assigned after 14.0.0 */
+ * 42953 code points in 1261 ranges, 4523 of them assigned after 14.0.0 */
 #define K3_UCD_LOWER \
 	"[\\x{61}-\\x{7A}\\x{AA}\\x{B5}\\x{BA}\\x{DF}-\\x{F6}\\x{F8}-\\x{FF}\\x{101}\\x{103}" \
 	"\\x{105}\\x{107}\\x{109}\\x{10B}\\x{10D}\\x{10F}\\x{111}\\x{113}\\x{115}\\x{117}\\x{119}" \
@@ -493,20 +499,22 @@
 	"\\x{1EE74}-\\x{1EE77}\\x{1EE79}-\\x{1EE7C}\\x{1EE7E}\\x{1EE80}-\\x{1EE89}" \
 	"\\x{1EE8B}-\\x{1EE9B}\\x{1EEA1}-\\x{1EEA3}\\x{1EEA5}-\\x{1EEA9}\\x{1EEAB}-\\x{1EEBB}" \
 	"\\x{E0100}-\\x{E01EF}]"
-#define K3_UCD_LOWER_FAST \
-	"(?:(?!" K3_UCD_HAN_FAST ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}\\x{897}\\x{CF3}\\x{ECE}\\x{1C8A}" \
-	"\\x{A7CD}\\x{A7DB}\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D4F}\\x{10D69}-\\x{10D6D}" \
-	"\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{10EFC}-\\x{10EFF}\\x{1123F}-\\x{11241}" \
-	"\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}-\\x{113C0}" \
-	"\\x{113C2}\\x{113C5}\\x{113C7}-\\x{113CA}\\x{113CC}-\\x{113D3}\\x{113E1}-\\x{113E2}" \
-	"\\x{11BC0}-\\x{11BE0}\\x{11F00}-\\x{11F10}\\x{11F12}-\\x{11F3A}\\x{11F3E}-\\x{11F42}" \
-	"\\x{11F5A}\\x{1342F}\\x{13440}-\\x{13455}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1612F}" \
-	"\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}" \
-	"\\x{1E030}-\\x{1E06D}\\x{1E08F}\\x{1E4D0}-\\x{1E4EF}\\x{1E5D0}-\\x{1E5F0}])"
+#define K3_UCD_LOWER_PCRE2 \
+	"(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
+#define K3_UCD_LOWER_PCRE2_NEW \
+	"(?:(?!\\p{sc:Han})(?:[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}\\x{897}\\x{CF3}\\x{ECE}\\x{1C8A}" \
+	"\\x{A7CD}\\x{A7DB}]|(?=[\\x{10000}-\\x{10FFFF}])[\\x{105C0}-\\x{105F3}" \
+	"\\x{10D4A}-\\x{10D4F}\\x{10D69}-\\x{10D6D}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}" \
+	"\\x{10EFC}-\\x{10EFF}\\x{1123F}-\\x{11241}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}" \
+	"\\x{11390}-\\x{113B5}\\x{113B7}-\\x{113C0}\\x{113C2}\\x{113C5}\\x{113C7}-\\x{113CA}" \
+	"\\x{113CC}-\\x{113D3}\\x{113E1}-\\x{113E2}\\x{11BC0}-\\x{11BE0}\\x{11F00}-\\x{11F10}" \
+	"\\x{11F12}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{11F5A}\\x{1342F}\\x{13440}-\\x{13455}" \
+	"\\x{13460}-\\x{143FA}\\x{16100}-\\x{1612F}\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}" \
+	"\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}\\x{1E08F}\\x{1E4D0}-\\x{1E4EF}" \
+	"\\x{1E5D0}-\\x{1E5F0}]))"
 
 /* [\p{N}]:
- * 1911 code points in 144 ranges; _FAST: PCRE2's tables and the 120
- * assigned after 14.0.0 */
+ * 1911 code points in 144 ranges, 120 of them assigned after 14.0.0 */
 #define K3_UCD_N \
 	"[\\x{30}-\\x{39}\\x{B2}-\\x{B3}\\x{B9}\\x{BC}-\\x{BE}\\x{660}-\\x{669}\\x{6F0}-\\x{6F9}" \
 	"\\x{7C0}-\\x{7C9}\\x{966}-\\x{96F}\\x{9E6}-\\x{9EF}\\x{9F4}-\\x{9F9}\\x{A66}-\\x{A6F}" \
@@ -542,16 +550,18 @@
 	"\\x{1E2F0}-\\x{1E2F9}\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}\\x{1E8C7}-\\x{1E8CF}" \
 	"\\x{1E950}-\\x{1E959}\\x{1EC71}-\\x{1ECAB}\\x{1ECAD}-\\x{1ECAF}\\x{1ECB1}-\\x{1ECB4}" \
 	"\\x{1ED01}-\\x{1ED2D}\\x{1ED2F}-\\x{1ED3D}\\x{1F100}-\\x{1F10C}\\x{1FBF0}-\\x{1FBF9}]"
-#define K3_UCD_N_FAST \
-	"[\\p{N}\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}" \
-	"\\x{11F50}-\\x{11F59}\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}" \
-	"\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}]"
+#define K3_UCD_N_PCRE2 \
+	"\\p{N}"
+#define K3_UCD_N_PCRE2_NEW \
+	"(?:[\\p{N}]|(?=[\\x{10000}-\\x{10FFFF}])[\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}" \
+	"\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}" \
+	"\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}])"
 
-/* the inside of [^...\p{L}\p{N}]:
- * 142939 code points in 770 ranges; _FAST: PCRE2's tables and the 9392
+/* [^EXTRA\p{L}\p{N}], EXTRA being further BMP characters (PCRE2
+ * class text): 142939 letters and numbers in 770 ranges, 9392 of them
  * assigned after 14.0.0 */
-#define K3_UCD_LN \
-	"\\x{30}-\\x{39}\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{AA}\\x{B2}-\\x{B3}\\x{B5}" \
+#define K3_UCD_NOT_LN(EXTRA) \
+	"[^" EXTRA "\\x{30}-\\x{39}\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{AA}\\x{B2}-\\x{B3}\\x{B5}" \
 	"\\x{B9}-\\x{BA}\\x{BC}-\\x{BE}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{2C1}" \
 	"\\x{2C6}-\\x{2D1}\\x{2E0}-\\x{2E4}\\x{2EC}\\x{2EE}\\x{370}-\\x{374}\\x{376}-\\x{377}" \
 	"\\x{37A}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}" \
@@ -720,18 +730,75 @@
 	"\\x{1EEA1}-\\x{1EEA3}\\x{1EEA5}-\\x{1EEA9}\\x{1EEAB}-\\x{1EEBB}\\x{1F100}-\\x{1F10C}" \
 	"\\x{1FBF0}-\\x{1FBF9}\\x{20000}-\\x{2A6DF}\\x{2A700}-\\x{2B739}\\x{2B740}-\\x{2B81D}" \
 	"\\x{2B820}-\\x{2CEA1}\\x{2CEB0}-\\x{2EBE0}\\x{2EBF0}-\\x{2EE5D}\\x{2F800}-\\x{2FA1D}" \
-	"\\x{30000}-\\x{3134A}\\x{31350}-\\x{323AF}"
-#define K3_UCD_LN_FAST \
-	"\\p{L}\\p{N}\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}" \
-	"\\x{105C0}-\\x{105F3}\\x{10D40}-\\x{10D65}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}" \
-	"\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}" \
-	"\\x{113B7}\\x{113D1}\\x{113D3}\\x{116D0}-\\x{116E3}\\x{11BC0}-\\x{11BE0}" \
-	"\\x{11BF0}-\\x{11BF9}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
-	"\\x{11F50}-\\x{11F59}\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}" \
-	"\\x{16100}-\\x{1611D}\\x{16130}-\\x{16139}\\x{16D40}-\\x{16D6C}\\x{16D70}-\\x{16D79}" \
-	"\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}" \
-	"\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{1E4F0}-\\x{1E4F9}" \
-	"\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}-\\x{1E5FA}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}" \
-	"\\x{31350}-\\x{323AF}"
+	"\\x{30000}-\\x{3134A}\\x{31350}-\\x{323AF}]"
+#define K3_UCD_NOT_LN_PCRE2(EXTRA) \
+	"[^" EXTRA "\\p{L}\\p{N}]"
+#define K3_UCD_NOT_LN_PCRE2_NEW(EXTRA) \
+	"(?:[^" EXTRA "\\p{L}\\p{N}\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}" \
+	"\\x{10000}-\\x{10FFFF}]|(?=[\\x{10000}-\\x{10FFFF}])[^\\p{L}\\p{N}\\x{105C0}-\\x{105F3}" \
+	"\\x{10D40}-\\x{10D65}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}" \
+	"\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}" \
+	"\\x{113D3}\\x{116D0}-\\x{116E3}\\x{11BC0}-\\x{11BE0}\\x{11BF0}-\\x{11BF9}\\x{11F02}" \
+	"\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{11F50}-\\x{11F59}\\x{1342F}" \
+	"\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}\\x{16130}-\\x{16139}" \
+	"\\x{16D40}-\\x{16D6C}\\x{16D70}-\\x{16D79}\\x{18CFF}\\x{1B132}\\x{1B155}" \
+	"\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}" \
+	"\\x{1E4D0}-\\x{1E4EB}\\x{1E4F0}-\\x{1E4F9}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}-\\x{1E5FA}" \
+	"\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}])"
+
+/* Code points assigned after 14.0.0 that are in some class above (9485 in
+ * 49 ranges): where none occurs, the _PCRE2 spellings are exact over
+ * tables of 14.0.0 too. Sorted, disjoint, inclusive. */
+static const uint32_t k3_ucd_new[][2] = {
+	{ 0x00897, 0x00897 },
+	{ 0x00CF3, 0x00CF3 },
+	{ 0x00ECE, 0x00ECE },
+	{ 0x01C89, 0x01C8A },
+	{ 0x0A7CB, 0x0A7CD },
+	{ 0x0A7DA, 0x0A7DC },
+	{ 0x105C0, 0x105F3 },
+	{ 0x10D40, 0x10D65 },
+	{ 0x10D69, 0x10D6D },
+	{ 0x10D6F, 0x10D85 },
+	{ 0x10EC2, 0x10EC4 },
+	{ 0x10EFC, 0x10EFF },
+	{ 0x1123F, 0x11241 },
+	{ 0x11380, 0x11389 },
+	{ 0x1138B, 0x1138B },
+	{ 0x1138E, 0x1138E },
+	{ 0x11390, 0x113B5 },
+	{ 0x113B7, 0x113C0 },
+	{ 0x113C2, 0x113C2 },
+	{ 0x113C5, 0x113C5 },
+	{ 0x113C7, 0x113CA },
+	{ 0x113CC, 0x113D3 },
+	{ 0x113E1, 0x113E2 },
+	{ 0x116D0, 0x116E3 },
+	{ 0x11BC0, 0x11BE0 },
+	{ 0x11BF0, 0x11BF9 },
+	{ 0x11F00, 0x11F10 },
+	{ 0x11F12, 0x11F3A },
+	{ 0x11F3E, 0x11F42 },
+	{ 0x11F50, 0x11F5A },
+	{ 0x1342F, 0x1342F },
+	{ 0x13440, 0x13455 },
+	{ 0x13460, 0x143FA },
+	{ 0x16100, 0x16139 },
+	{ 0x16D40, 0x16D6C },
+	{ 0x16D70, 0x16D79 },
+	{ 0x18CFF, 0x18CFF },
+	{ 0x1B132, 0x1B132 },
+	{ 0x1B155, 0x1B155 },
+	{ 0x1CCF0, 0x1CCF9 },
+	{ 0x1D2C0, 0x1D2D3 },
+	{ 0x1DF25, 0x1DF2A },
+	{ 0x1E030, 0x1E06D },
+	{ 0x1E08F, 0x1E08F },
+	{ 0x1E4D0, 0x1E4F9 },
+	{ 0x1E5D0, 0x1E5FA },
+	{ 0x2B739, 0x2B739 },
+	{ 0x2EBF0, 0x2EE5D },
+	{ 0x31350, 0x323AF },
+};
 
 #endif

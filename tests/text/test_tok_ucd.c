@@ -8,10 +8,13 @@
  *    contexts, splits as the release splits it (ucd_golden.h, made with
  *    tiktoken by gen_ucd_golden.py): through the tokenizer (fast path and
  *    PCRE2 path) and through the explicit-range pattern it falls back to;
- *  - each _FAST class of text_ucd.h (PCRE2's tables plus what was assigned
- *    later) equals its explicit-range twin on every Unicode scalar value,
- *    under the PCRE2 this test runs with, whenever the tokenizer uses it;
- *  - both patterns give the same pieces on random mixed text.
+ *  - each class of text_ucd.h in PCRE2's tables plus k3_ucd_new[] equals
+ *    its explicit ranges on every Unicode scalar value, and in PCRE2's
+ *    tables alone differs only on k3_ucd_new[] (which the tokenizer looks
+ *    for), under the PCRE2 this test runs with, whenever the tokenizer
+ *    uses them;
+ *  - the tokenizer and the explicit pattern give the same pieces on
+ *    random mixed text, with and without such code points.
  *
  * Needs no vocabulary: pieces depend on the regex only.
  */
@@ -117,7 +120,7 @@ static size_t context_text(char *buf, unsigned k, uint32_t c)
 /* Every code point of Unicode 15.0-16.0 in every context: release pieces. */
 static void test_golden(void)
 {
-	pcre2_code *exact = compile(k3_tok_pattern(true));
+	pcre2_code *exact = compile(k3_tok_pattern(K3_TOK_REGEX_EXPLICIT));
 	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
 	unsigned n_cp = 0, bad_cp = 0, bad_exact = 0;
 
@@ -165,133 +168,184 @@ static void test_kaktovik(void)
 	T_EQ_INT(m.mask, 1);
 }
 
-/* Next member run of re at or after off, within s[0..end): 1 with
- * [*a, *b), 0 when none, -1 on a matching error. */
-static int next_run(pcre2_code *re, pcre2_match_data *md, const char *s, size_t end, size_t off,
-		    size_t *a, size_t *b)
+/* Decodes the valid UTF-8 character at s. */
+static uint32_t utf8_get(const char *s, size_t *len)
 {
-	int r = pcre2_match(re, (PCRE2_SPTR)s, end, off, 0, md, NULL);
+	const uint8_t *u = (const uint8_t *)s;
 
-	if (r == PCRE2_ERROR_NOMATCH)
-		return 0;
-	if (r < 0)
-		return -1;
-	*a = pcre2_get_ovector_pointer(md)[0];
-	*b = pcre2_get_ovector_pointer(md)[1];
-	return 1;
+	if (u[0] < 0x80) {
+		*len = 1;
+		return u[0];
+	}
+	if (u[0] < 0xE0) {
+		*len = 2;
+		return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
+	}
+	if (u[0] < 0xF0) {
+		*len = 3;
+		return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
+	}
+	*len = 4;
+	return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 | (uint32_t)(u[2] & 0x3F) << 6 |
+	       (u[3] & 0x3F);
 }
 
-/* Member runs of a class over a subject holding every scalar value in
- * order, in windows of 4 KiB (a group repeated over a 40,000-character
- * run would need a huge JIT stack); two classes are equal when their runs
- * are. */
+static bool in_new(uint32_t c)
+{
+	for (size_t i = 0; i < sizeof(k3_ucd_new) / sizeof(k3_ucd_new[0]); i++)
+		if (c >= k3_ucd_new[i][0] && c <= k3_ucd_new[i][1])
+			return true;
+	return false;
+}
+
+/* Sets bit c of bits for every scalar value in the class expr, matched
+ * over all (every scalar value in order) in windows of 4 KiB: a group
+ * repeated over a 40,000-character run would need a huge JIT stack.
+ * Returns the number of members, or -1 on a matching error. */
+static long class_members(const char *expr, const char *all, size_t n, pcre2_match_context *mc,
+			  uint8_t *bits)
+{
+	char pattern[64 * 1024];
+	pcre2_code *re;
+	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
+	long members = 0;
+
+	snprintf(pattern, sizeof(pattern), "(?:%s)+", expr);
+	re = compile(pattern);
+	memset(bits, 0, 0x110000 / 8);
+	for (size_t w = 0; re && md && w < n && members >= 0;) {
+		size_t end = w + 4096 < n ? w + 4096 : n, off = w;
+
+		while (end < n && ((unsigned char)all[end] & 0xC0) == 0x80)
+			end++;
+		for (;;) {
+			int r = pcre2_match(re, (PCRE2_SPTR)all, end, off, 0, md, mc);
+			size_t a, b, k;
+
+			if (r == PCRE2_ERROR_NOMATCH)
+				break;
+			if (r < 0) {
+				members = -1;
+				break;
+			}
+			a = pcre2_get_ovector_pointer(md)[0];
+			b = pcre2_get_ovector_pointer(md)[1];
+			for (size_t i = a; i < b; i += k) {
+				uint32_t c = utf8_get(all + i, &k);
+				bits[c / 8] |= (uint8_t)(1u << c % 8);
+				members++;
+			}
+			off = b;
+		}
+		w = end;
+	}
+	pcre2_match_data_free(md);
+	pcre2_code_free(re);
+	return re ? members : -1;
+}
+
+/* Every class in its three spellings over every scalar value, under the
+ * PCRE2 this test runs with: _PCRE2_NEW equals the explicit ranges
+ * everywhere, and _PCRE2 differs from them only on k3_ucd_new[] (so it is
+ * exact for text without those). Only where the tokenizer uses them. */
 static void test_classes(void)
 {
-	static const struct { const char *name, *exact, *fast; } cls[] = {
-		{ "HAN", K3_UCD_HAN, K3_UCD_HAN_FAST },
-		{ "UPPER", K3_UCD_UPPER, K3_UCD_UPPER_FAST },
-		{ "LOWER", K3_UCD_LOWER, K3_UCD_LOWER_FAST },
-		{ "N", K3_UCD_N, K3_UCD_N_FAST },
-		{ "LN", "[" K3_UCD_LN "]", "[" K3_UCD_LN_FAST "]" },
+	static const struct { const char *name, *exact, *pcre2, *pcre2_new; } cls[] = {
+		{ "HAN", K3_UCD_HAN, K3_UCD_HAN_PCRE2, K3_UCD_HAN_PCRE2_NEW },
+		{ "UPPER", K3_UCD_UPPER, K3_UCD_UPPER_PCRE2, K3_UCD_UPPER_PCRE2_NEW },
+		{ "LOWER", K3_UCD_LOWER, K3_UCD_LOWER_PCRE2, K3_UCD_LOWER_PCRE2_NEW },
+		{ "N", K3_UCD_N, K3_UCD_N_PCRE2, K3_UCD_N_PCRE2_NEW },
+		{ "NOT_LN", K3_UCD_NOT_LN("\\r\\n"), K3_UCD_NOT_LN_PCRE2("\\r\\n"), K3_UCD_NOT_LN_PCRE2_NEW("\\r\\n") },
 	};
 	char version[32];
+	bool needs_new;
 	char *all = malloc(4 * 0x110000);
+	uint8_t *be = malloc(0x110000 / 8), *bp = malloc(0x110000 / 8), *bn = malloc(0x110000 / 8);
 	size_t n = 0;
-	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
+	pcre2_match_context *mc = pcre2_match_context_create(NULL);
+	pcre2_jit_stack *js = pcre2_jit_stack_create(64 << 10, 64 << 20, NULL);
 
 	pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version);
-	if (!all || !md || !k3_tok_pcre2_tables_usable()) {
-		/* The tokenizer then compiles the explicit pattern, which
-		 * test_golden checks on its own. */
-		printf("# PCRE2 has Unicode %s tables: the fast classes are not used, not compared\n", version);
-		free(all);
-		pcre2_match_data_free(md);
-		return;
+	if (k3_tok_regex_for_pcre2(&needs_new) == K3_TOK_REGEX_EXPLICIT) {
+		/* Only the explicit pattern is used; test_golden checks it. */
+		printf("# PCRE2 has Unicode %s tables: only the explicit ranges are used\n", version);
+		goto out;
 	}
+	if (!T_OK(all && be && bp && bn && mc && js))
+		goto out;
+	pcre2_jit_stack_assign(mc, NULL, js);
 	for (uint32_t c = 0; c < 0x110000; c++)
 		if (c < 0xD800 || c > 0xDFFF)
 			n += utf8_put(all + n, c);
 	for (size_t i = 0; i < sizeof(cls) / sizeof(cls[0]); i++) {
-		char pe[64 * 1024], pf[8 * 1024];
-		pcre2_code *re_e, *re_f;
-		size_t runs = 0, members = 0;
-		bool same = true;
+		long me = class_members(cls[i].exact, all, n, mc, be);
+		long mp = class_members(cls[i].pcre2, all, n, mc, bp);
+		long mn = class_members(cls[i].pcre2_new, all, n, mc, bn);
+		unsigned differ_new = 0, differ_plain = 0, plain_outside = 0;
 
-		snprintf(pe, sizeof(pe), "(?:%s)+", cls[i].exact);
-		snprintf(pf, sizeof(pf), "(?:%s)+", cls[i].fast);
-		re_e = compile(pe);
-		re_f = compile(pf);
-		if (!re_e || !re_f)
-			break;
-		for (size_t w = 0; w < n && same;) {
-			size_t end = w + 4096 < n ? w + 4096 : n, off = w;
+		T_OK(me >= 0 && mp >= 0 && mn >= 0);
+		for (uint32_t c = 0; c < 0x110000; c++) {
+			bool e = be[c / 8] >> c % 8 & 1;
 
-			while (end < n && ((unsigned char)all[end] & 0xC0) == 0x80)
-				end++;
-			for (;;) {
-				size_t ea = 0, eb = 0, fa = 0, fb = 0;
-				int a = next_run(re_e, md, all, end, off, &ea, &eb);
-				int b = next_run(re_f, md, all, end, off, &fa, &fb);
-
-				if (a < 0 || b < 0 || a != b || ea != fa || eb != fb) {
-					same = false;
-					printf("     %s: explicit %d at byte %zu..%zu, PCRE2 tables %d at %zu..%zu\n",
-					       cls[i].name, a, ea, eb, b, fa, fb);
-					break;
-				}
-				if (a == 0)
-					break;
-				runs++;
-				members += chars_before(all + ea, eb - ea);
-				off = eb;
+			differ_new += e != (bn[c / 8] >> c % 8 & 1);
+			if (e != (bp[c / 8] >> c % 8 & 1)) {
+				differ_plain++;
+				if (!in_new(c) && plain_outside++ < 3)
+					printf("     %s: U+%04X differs with PCRE2's tables and is not in "
+					       "k3_ucd_new\n", cls[i].name, (unsigned)c);
 			}
-			w = end;
 		}
-		printf("# %s: %zu code points (%zu runs), the same with PCRE2's Unicode %s tables\n",
-		       cls[i].name, members, runs, version);
-		T_OK(same);
-		pcre2_code_free(re_e);
-		pcre2_code_free(re_f);
+		printf("# %s: %ld code points; with PCRE2's Unicode %s tables: %u differ, all in "
+		       "k3_ucd_new; with the additions: %u differ\n", cls[i].name, me, version,
+		       differ_plain, differ_new);
+		T_EQ_INT(differ_new, 0);
+		T_EQ_INT(plain_outside, 0);
 	}
-	pcre2_match_data_free(md);
+out:
+	pcre2_match_context_free(mc);
+	pcre2_jit_stack_free(js);
 	free(all);
+	free(be);
+	free(bp);
+	free(bn);
 }
 
-/* Both patterns on random text mixing old and new letters, marks, digits,
- * Han of old and new extensions, spaces and punctuation. */
-static void test_patterns_agree(void)
+/* The tokenizer against the explicit pattern on random text, with and
+ * without code points of k3_ucd_new[] (which switch its regex), old and
+ * new letters, marks, digits, Han of old and new extensions, spaces and
+ * punctuation. */
+static void test_tokenizer_vs_explicit(void)
 {
 	static const uint32_t pool[] = {
 		'a', 'Z', ' ', ' ', '\n', '\'', 's', '1', '-', 0xA0, 0x3000, 0x85, 0x301, 0x4E00, 0x3042, 0xAC00,
-		0x17F, 0x1C5, 0x2B0, 0x660, 0x2160, 0xFF01, 0x1F600, 0x20000,
+		0x17F, 0x1C5, 0x2B0, 0x660, 0x2160, 0xFF01, 0x1F600, 0x20000, 0x436, 0x416,
 		0x2EBF0, 0x31350, 0x2B739, 0x1D2C2, 0x105C0, 0x16D40, 0x1C89, 0x1C8A, 0xA7CB, 0x0897, 0x10D4A,
 		0x11F50, 0x1E5F1, 0x1CCF0, 0x16D70, 0x1B4E, 0x11B00,
 	};
-	pcre2_code *ef = compile(k3_tok_pattern(false)), *ee = compile(k3_tok_pattern(true));
+	const size_t n_old = 26;   /* pool[0..n_old) are all assigned by Unicode 14.0 */
+	pcre2_code *ee = compile(k3_tok_pattern(K3_TOK_REGEX_EXPLICIT));
 	pcre2_match_data *md = pcre2_match_data_create(2, NULL);
 	uint64_t x = 0x9E3779B97F4A7C15ull;
 	int diffs = 0;
 
-	if (!ef || !ee || !k3_tok_pcre2_tables_usable())
-		goto out;
-	for (int round = 0; round < 20000; round++) {
+	for (int round = 0; ee && round < 20000; round++) {
 		char s[256];
-		size_t n = 0, want;
+		size_t n = 0, want, from = round % 2 ? sizeof(pool) / sizeof(pool[0]) : n_old;
+		struct mask_ctx m = { s, 0 };
 
 		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
 		want = 1 + x % 24;
 		for (size_t i = 0; i < want; i++) {
 			x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-			n += utf8_put(s + n, pool[x % (sizeof(pool) / sizeof(pool[0]))]);
+			n += utf8_put(s + n, pool[x % from]);
 		}
 		s[n] = '\0';
-		if (mask_re(ef, md, s, n) != mask_re(ee, md, s, n) && diffs++ < 3)
-			printf("     the patterns differ on '%s'\n", s);
+		T_EQ_INT(k3_tok_split_pieces(g_tok, s, n, mask_cb, &m, NULL), 0);
+		if (m.mask != mask_re(ee, md, s, n) && diffs++ < 3)
+			printf("     the tokenizer and the explicit pattern differ on '%s'\n", s);
 	}
 	T_EQ_INT(diffs, 0);
-out:
 	pcre2_match_data_free(md);
-	pcre2_code_free(ef);
 	pcre2_code_free(ee);
 }
 
@@ -305,7 +359,7 @@ int main(void)
 	test_kaktovik();
 	test_golden();
 	test_classes();
-	test_patterns_agree();
+	test_tokenizer_vs_explicit();
 	k3_tok_free(g_tok);
 	return t_done();
 }
