@@ -95,7 +95,7 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		if (!k3ctl_g.json)
 			printf("layer %3" PRIu32 ": %s %zu experts, %" PRIu64 " bytes%s%s%s%s\n", l,
 			       res.written ? (res.replaced ? "rewrote" : "wrote") : "kept",
-			       res.n_experts, res.file_bytes,
+			       res.n_spans, res.file_bytes,
 			       res.verified_bytes ? (res.written ? ", every span verified"
 						    : ", every span compared with the shards") : "",
 			       res.why[0] ? (res.written ? " (replaced: " : " (re-verified: ") : "",

@@ -125,7 +125,7 @@ static void run_case(const char *name)
 			printf("pack_write: %s\n", err.msg);
 		T_EQ_INT(rc, 0);
 		T_OK(res.written);
-		T_EQ_U64(res.n_experts, cfg->num_experts);
+		T_EQ_U64(res.n_spans, cfg->num_experts);
 		k3_store_source_free(src);
 	}
 	T_EQ_INT(k3_store_source_open_model(m, packdir, K3_STORE_DIRECT_AUTO, &src, &rep, &err), 0);
