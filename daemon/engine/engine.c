@@ -338,7 +338,8 @@ static int spine_weights(struct k3_engine *e, const struct k3_model_plan *plan,
 		return k3_err_set(err, -EINVAL, "provider '%s' cannot bind streamed layers"
 				  " (no bind_layer, bind_head, embed_rows)", e->prov->name);
 	if (sp->resident_layers > plan->n_layers || !sp->acquire_layer || !sp->release_layer ||
-	    !sp->embed_rows || !sp->acquire_head || !sp->release_head || !sp->prefetch_layer)
+	    !sp->embed_rows || !sp->acquire_head || !sp->release_head || !sp->prefetch_layer ||
+	    !sp->begin_pass)
 		return k3_err_set(err, -EINVAL, "spine source: %u resident layers of %u, or an"
 				  " operation missing", sp->resident_layers, plan->n_layers);
 	for (uint32_t l = 0; l < plan->n_layers; l++) {
@@ -934,10 +935,8 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 					     (out->logits_mode == K3_ENGINE_LOGITS_LAST && last));
 	int rc;
 
-	if (e->has_spine && e->spine.resident_layers < L)
-		e->spine.prefetch_layer(e->spine.ctx, e->spine.resident_layers);
-	else if (logits && head_streamed(e))
-		e->spine.prefetch_layer(e->spine.ctx, L);
+	if (e->has_spine)
+		e->spine.begin_pass(e->spine.ctx, logits);
 	rc = embed_chunk(e, ids, n, err);
 	if (rc)
 		return rc;

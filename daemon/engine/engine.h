@@ -51,12 +51,18 @@ struct k3_spine_source {
 	void *ctx;
 	uint32_t resident_layers;    /* R <= n_layers */
 	bool head_resident;
+	/* A pass starts (before its embed_rows): the layers come next, in
+	 * order, then the head when `logits` (a pass that computes no logits
+	 * never acquires the head). Lets a source read the pass's first
+	 * streamed layers now and know whether the head belongs to this pass
+	 * before it reads past the last layer into the next pass. */
+	void (*begin_pass)(void *ctx, bool logits);
 	/*
 	 * Starts loading `layer` (n_layers: the head) without waiting: the
-	 * engine calls it for layer l + 1 when layer l starts, for the first
-	 * streamed layer when a pass starts, and for the head when the last
-	 * layer of a pass that computes logits starts, so reads overlap
-	 * compute. A hint: a source may read further ahead on its own.
+	 * engine calls it for layer l + 1 when layer l starts, and for the
+	 * head when the last layer of a pass that computes logits starts, so
+	 * reads overlap compute. A hint: a source may read further ahead on
+	 * its own.
 	 */
 	void (*prefetch_layer)(void *ctx, uint32_t layer);
 	/* Waits until `layer` is in memory; *w := its tensors (every field

@@ -69,8 +69,8 @@ static int add_layer(struct k3_store_source *src, const struct k3_layer_plan *lp
 	return 0;
 }
 
-static int add_shards(struct k3_store_source *src, const struct k3_model *m,
-		      struct k3_err *err)
+int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
+			       struct k3_err *err)
 {
 	for (uint32_t i = 0; i < k3_model_shard_count(m); i++) {
 		uint32_t f;
@@ -89,7 +89,7 @@ int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model
 
 	if (k3_store_source_file_count(src) != 0)
 		return k3_err_set(err, -EINVAL, "the expert source must be empty");
-	rc = add_shards(src, m, err);
+	rc = k3_store_source_add_shards(src, m, err);
 	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++)
 		if (plan->layers[l].is_moe && (layer == UINT32_MAX || layer == l))
 			rc = add_layer(src, &plan->layers[l], 0, err);
@@ -150,7 +150,7 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 	src = k3_store_source_new(direct);
 	if (!src)
 		return k3_err_set(err, -ENOMEM, "out of memory");
-	rc = add_shards(src, m, err);
+	rc = k3_store_source_add_shards(src, m, err);
 	if (rc == 0 && pack_dir)
 		rc = k3_store_model_idents(m, &id, &n_id, err);
 	/* The packs must match the files the shards are read through: if a
@@ -256,20 +256,15 @@ static void spine_span(struct k3_store_spine_input *o, uint32_t kind, uint32_t l
 		.count = (uint32_t)(o->in.n_arrays - first) };
 }
 
-int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_source *src,
-			     struct k3_store_spine_input *o, struct k3_err *err)
+int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_spine_input *o,
+			     struct k3_err *err)
 {
 	const struct k3_model_plan *plan = k3_model_plan(m);
 	size_t cap = (size_t)plan->n_layers * K3_ENGINE_LAYER_FIELDS + 1 + K3_ENGINE_HEAD_FIELDS;
 	const struct k3_tensor *f[K3_ENGINE_LAYER_FIELDS];
-	int rc;
+	int rc = 0;
 
 	memset(o, 0, sizeof(*o));
-	if (k3_store_source_file_count(src) != 0)
-		return k3_err_set(err, -EINVAL, "the spine source must be empty");
-	rc = add_shards(src, m, err);
-	if (rc)
-		return rc;
 	o->spans = calloc(plan->n_layers + 2, sizeof(*o->spans));
 	o->extents = calloc(cap, sizeof(*o->extents));
 	o->tensors = calloc(cap, sizeof(*o->tensors));
@@ -305,7 +300,6 @@ int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_source *s
 		return rc;
 	}
 	o->in.kind = K3_STORE_PACK_SPINE;
-	o->in.src = src;
 	o->in.spans = o->spans;
 	o->in.extents = o->extents;
 	o->in.tensors = o->tensors;
@@ -323,8 +317,11 @@ int k3_store_spine_pack_write(const struct k3_model *m, const char *path,
 
 	if (!src)
 		return k3_err_set(err, -ENOMEM, "out of memory");
-	rc = k3_store_spine_input_new(m, src, &in, err);
+	rc = k3_store_spine_input_new(m, &in, err);
+	if (rc == 0 && (rc = k3_store_source_add_shards(src, m, err)) != 0)
+		k3_store_spine_input_release(&in);
 	if (rc == 0) {
+		in.in.src = src;
 		rc = k3_store_pack_write_input(path, &in.in, idents, n_idents, flags, res, err);
 		k3_store_spine_input_release(&in);
 	}

@@ -37,6 +37,11 @@ int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident *
 int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
 			      uint32_t layer, struct k3_err *err);
 
+/* Adds every shard of m to src as files first..first + shards - 1 (first =
+ * src's file count before the call). Returns what the source calls return. */
+int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
+			       struct k3_err *err);
+
 /* Writes <pack_dir>/experts-Lnnn.k3pack for the experts of `layer` of m. */
 int k3_store_pack_path(char *buf, size_t size, const char *pack_dir, uint32_t layer);
 
@@ -47,11 +52,12 @@ int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir);
  * The model's spine as a pack input (store_pack.h): span i < n_layers is
  * layer i (every tensor k3_engine_layer_tensors names for it, in field
  * order), then the embedding, then the head (k3_engine_head_tensors
- * order); each array's extent is its tensor in the shards, which must be
- * files 0..shards-1 of src (k3_store_spine_input_new adds them to an empty
- * src). field[j] is the provider field array j fills (layer fields, or
- * head fields for the head; 0 for the embedding); tensor[j] the model's
- * tensor. The arrays are owned by the struct.
+ * order); each array's extent is its tensor in the shards, file i being
+ * shard i (in.src is left NULL: set it to a source whose files 0..shards-1
+ * are the shards, k3_store_source_add_shards). field[j] is the provider
+ * field array j fills (layer fields, or head fields for the head; 0 for
+ * the embedding); tensor[j] the model's tensor. No file is read. The
+ * arrays are owned by the struct.
  */
 struct k3_store_spine_input {
 	struct k3_store_pack_input in;
@@ -62,12 +68,10 @@ struct k3_store_spine_input {
 	const struct k3_tensor **tensor;
 };
 
-/* Fills *out for m, adding the shards to src (which must be empty) as
- * files 0..shards-1. Returns 0, -EINVAL (src not empty; a tensor the
- * provider ABI cannot carry or whose name is too long), -ENOMEM, or what
- * the source calls return. */
-int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_source *src,
-			     struct k3_store_spine_input *out, struct k3_err *err);
+/* Fills *out for m. Returns 0, -EINVAL (a tensor the provider ABI cannot
+ * carry or whose name is too long), -ENOMEM. */
+int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_spine_input *out,
+			     struct k3_err *err);
 void k3_store_spine_input_release(struct k3_store_spine_input *in);
 
 /* Writes the spine pack `path` of m (k3ctl pack), reading the shards with
