@@ -40,7 +40,13 @@ static const char usage[] =
 	"                       file system allows it; on = required (refuse to start\n"
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
-	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --no-packs           read experts (and the spine) from the shards even when\n"
+	"                       packs are valid\n"
+	"  --spine-resident auto|all|none|N  stream the spine (every non-expert weight):\n"
+	"                       layers 0..N-1 stay resident, every later layer is read\n"
+	"                       per pass into a ring of layer arenas; all = every layer\n"
+	"                       resident (read once), auto = as many as the memory\n"
+	"                       budget allows; not given: the spine stays mapped\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
@@ -99,7 +105,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -116,6 +122,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "spine-resident", required_argument, NULL, O_SPINE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -128,6 +135,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->frame_timeout_s = 60;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
+	opts->spine_resident = K3_OPTIONS_SPINE_MAPPED;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -216,6 +224,19 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_SPINE:
+			if (strcmp(optarg, "auto") == 0)
+				opts->spine_resident = K3_OPTIONS_SPINE_AUTO;
+			else if (strcmp(optarg, "all") == 0)
+				opts->spine_resident = K3_OPTIONS_SPINE_ALL;
+			else if (strcmp(optarg, "none") == 0)
+				opts->spine_resident = 0;
+			else if ((r = k3_parse_u64(optarg, 0, 4096, &v, err)) < 0)
+				return k3_err_prefix(err, "--spine-resident ('auto', 'all', 'none' or"
+						     " a layer count)");
+			else
+				opts->spine_resident = (int32_t)v;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -282,9 +303,19 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s",
+	char sp[32];
+	if (opts->spine_resident == K3_OPTIONS_SPINE_MAPPED)
+		snprintf(sp, sizeof(sp), "mapped");
+	else if (opts->spine_resident == K3_OPTIONS_SPINE_AUTO)
+		snprintf(sp, sizeof(sp), "auto");
+	else if (opts->spine_resident == K3_OPTIONS_SPINE_ALL)
+		snprintf(sp, sizeof(sp), "all");
+	else
+		snprintf(sp, sizeof(sp), "%d", (int)opts->spine_resident);
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
+		    " packs=%s spine-resident=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
-		    opts->no_packs ? "no" : "when valid");
+		    opts->no_packs ? "no" : "when valid", sp);
 }

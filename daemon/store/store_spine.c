@@ -67,7 +67,7 @@ struct k3_store_spine {
 	struct spine_unit *units;        /* [n_layers + 2] */
 	struct spine_arena *arenas;      /* [n_arenas]: the ring first, then resident buffers */
 	uint32_t n_ring, n_arenas;
-	uint64_t arena_bytes, resident_bytes;
+	uint64_t arena_bytes, resident_bytes, startup_bytes;
 	uint32_t cursor;                 /* position of the most recently acquired unit */
 	bool head_wanted;                /* this pass computes logits (the head may be read) */
 	/* the embedding's rows, when they stream */
@@ -817,7 +817,9 @@ static int load_resident(struct k3_store_spine *sp, struct k3_err *err)
 			rc = read_error(sp, sp->units[a->unit].pos, a->rc, err);
 		a->in_use = a->used = true;
 	}
-	sp->st.io_wait_ns = 0;   /* creation is not a request's wait */
+	/* Creation is no request's work: its reads go to startup_bytes. */
+	sp->startup_bytes = sp->st.bytes_read;
+	memset(&sp->st, 0, sizeof(sp->st));
 	k3_store_io_unlock(sp->io);
 	return rc;
 }
@@ -983,6 +985,7 @@ void k3_store_spine_info_get(struct k3_store_spine *sp, struct k3_store_spine_in
 	info->from_pack = sp->from_pack;
 	info->arena_bytes = sp->arena_bytes;
 	info->resident_bytes = sp->resident_bytes;
+	info->startup_bytes = sp->startup_bytes;
 	info->memory_bytes = sp->resident_bytes + sp->n_ring * sp->arena_bytes +
 			     (sp->row_mem ? sp->cfg.max_rows * sp->row_stride : 0);
 	for (uint32_t u = 0; u <= sp->n_layers; u++)

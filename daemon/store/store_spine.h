@@ -124,8 +124,9 @@ void k3_store_spine_free(struct k3_store_spine *sp);
 /* Fills *out with the source (ctx = sp) for k3_engine_open's opts.spine. */
 void k3_store_spine_source(struct k3_store_spine *sp, struct k3_spine_source *out);
 
-/* Monotonic counters since creation (the resident units' reads included);
- * a request reports the difference of two snapshots. */
+/* Monotonic counters since k3_store_spine_new returned (what reading the
+ * resident units at creation cost is in the info's startup_bytes); a
+ * request reports the difference of two snapshots. */
 struct k3_store_spine_stats {
 	uint64_t bytes_read;         /* device bytes, O_DIRECT alignment included: the ground truth */
 	uint64_t reads;              /* read jobs completed */
@@ -147,6 +148,7 @@ struct k3_store_spine_info {
 	uint64_t arena_bytes;        /* each ring arena */
 	uint64_t resident_bytes;     /* the resident units' buffers */
 	uint64_t memory_bytes;       /* resident + ring + row scratch */
+	uint64_t startup_bytes;      /* device bytes read at creation (the resident units) */
 	/* bytes one pass reads when the head is used: every streamed layer,
 	 * the streamed head (without the embedding's rows) */
 	uint64_t streamed_bytes_per_pass;

@@ -10,13 +10,26 @@ trap 'rm -rf "$t"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 out=$("$k3ctl" pack --model "$model" --out "$t/packs")
-echo "$out" | grep -q "12 packs written, 0 kept" || fail "first run: $out"
+# 12 expert packs (one per MoE layer) and the spine pack
+echo "$out" | grep -q "13 packs written, 0 kept" || fail "first run: $out"
+echo "$out" | grep -q "spine    : wrote 15 spans" || fail "spine pack: $out"
 out=$("$k3ctl" pack --model "$model" --out "$t/packs")
-echo "$out" | grep -q "0 packs written, 12 kept" || fail "re-run: $out"
+echo "$out" | grep -q "0 packs written, 13 kept" || fail "re-run: $out"
 out=$("$k3ctl" --json pack --model "$model" --out "$t/packs" --verify)
-echo "$out" | grep -q '"written":0,"kept":12' || fail "verify: $out"
+echo "$out" | grep -q '"written":0,"kept":13' || fail "verify: $out"
 echo "$out" | grep -q '"verified_bytes":0' && fail "verify rehashed nothing: $out"
-[ "$(ls "$t/packs" | wc -l)" = 12 ] || fail "temp files left: $(ls "$t/packs")"
+[ "$(ls "$t/packs" | wc -l)" = 13 ] || fail "temp files left: $(ls "$t/packs")"
+# One damaged byte in the spine pack's first span (layer 0, at the data
+# offset the header records at bytes 40..48): --verify fails and names it.
+cp "$t/packs/spine.k3pack" "$t/spine.good"
+data=$(od -An -t u8 -j 40 -N 8 "$t/packs/spine.k3pack" | tr -d ' ')
+printf '\377' | dd of="$t/packs/spine.k3pack" bs=1 seek=$((data + 100)) conv=notrunc 2>/dev/null
+if out=$("$k3ctl" pack --model "$model" --out "$t/packs" --verify 2>&1); then
+	fail "spine damage not detected: $out"
+fi
+echo "$out" | grep -q "spine: .*spine.k3pack': layer 0 at byte $data fails its SHA-256 check" ||
+	fail "spine damage message: $out"
+cp "$t/spine.good" "$t/packs/spine.k3pack"
 # One damaged byte in a span: --verify fails and names the expert.
 printf '\377' | dd of="$t/packs/experts-L005.k3pack" bs=1 seek=20000 conv=notrunc 2>/dev/null
 if out=$("$k3ctl" pack --model "$model" --out "$t/packs" --verify 2>&1); then
