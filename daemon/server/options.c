@@ -14,6 +14,7 @@
 #include "base/parse.h"
 #include "store/store.h"
 #include "store/store_budget.h"
+#include "store/store_spine.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 
@@ -225,17 +226,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->no_packs = true;
 			break;
 		case O_SPINE:
-			if (strcmp(optarg, "auto") == 0)
-				opts->spine_resident = K3_OPTIONS_SPINE_AUTO;
-			else if (strcmp(optarg, "all") == 0)
-				opts->spine_resident = K3_OPTIONS_SPINE_ALL;
-			else if (strcmp(optarg, "none") == 0)
-				opts->spine_resident = 0;
-			else if ((r = k3_parse_u64(optarg, 0, 4096, &v, err)) < 0)
-				return k3_err_prefix(err, "--spine-resident ('auto', 'all', 'none' or"
-						     " a layer count)");
-			else
-				opts->spine_resident = (int32_t)v;
+			if ((r = k3_store_spine_parse_resident(optarg, &opts->spine_resident, err)) < 0)
+				return k3_err_prefix(err, "--spine-resident");
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -306,9 +298,9 @@ void k3_options_log(const struct k3_options *opts)
 	char sp[32];
 	if (opts->spine_resident == K3_OPTIONS_SPINE_MAPPED)
 		snprintf(sp, sizeof(sp), "mapped");
-	else if (opts->spine_resident == K3_OPTIONS_SPINE_AUTO)
+	else if (opts->spine_resident == K3_STORE_SPINE_AUTO)
 		snprintf(sp, sizeof(sp), "auto");
-	else if (opts->spine_resident == K3_OPTIONS_SPINE_ALL)
+	else if (opts->spine_resident == K3_STORE_SPINE_ALL)
 		snprintf(sp, sizeof(sp), "all");
 	else
 		snprintf(sp, sizeof(sp), "%d", (int)opts->spine_resident);

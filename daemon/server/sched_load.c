@@ -211,7 +211,7 @@ static int spine_config(struct k3_sched *s, const struct k3_store_spine_sizes *z
 	}
 	cfg->resident_layers = n;
 	cfg->head_resident = true;
-	if (want == K3_OPTIONS_SPINE_ALL || !s->xsrc)
+	if (want == K3_STORE_SPINE_ALL || !s->xsrc)
 		return 0;
 	/* auto: the longest prefix whose memory leaves the expert cache its floor */
 	for (int head = 1; head >= 0; head--) {

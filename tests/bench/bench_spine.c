@@ -286,7 +286,7 @@ int main(int argc, char **argv)
 	close(raw.fd);
 
 	/* 2. decode: all resident through the loader vs the mapped spine */
-	struct k3_store_spine_config all = { .resident_layers = L, .head_resident = true, .embed_resident = getenv("EMB") != NULL,
+	struct k3_store_spine_config all = { .resident_layers = L, .head_resident = true,
 					     .io_threads = io_threads };
 	struct k3_store_spine *spa = NULL;
 	struct k3_spine_source ssa, ssn;

@@ -77,6 +77,14 @@ gc=$(echo "$c" | grep -o '"greedy":\[[0-9,]*\]')
 [ "$ga" = "$gc" ] || fail "bench greedy with auto prefetch, --direct off differs: $ga vs $gc"
 echo "$c" | grep -q '"direct":"off"' || fail "bench --direct off: $c"
 echo "$c" | grep -Eq '"disk_gbps_samples":\[[0-9.e+-]+(,[0-9.e+-]+){2}\]' || fail "3 disk samples: $c"
+# --spine-resident none: the spine streams, the ids stay, spine bytes are apart
+d=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch off --disk-mib 1 \
+	--spine-resident none 2>/dev/null)
+gd=$(echo "$d" | grep -o '"greedy":\[[0-9,]*\]')
+[ "$ga" = "$gd" ] || fail "bench greedy with a streamed spine differs: $ga vs $gd"
+[ "$(json_field "$d" spine_bytes_read)" -gt 0 ] || fail "bench streamed no spine: $d"
+[ "$(json_field "$a" spine_bytes_read)" = 0 ] || fail "bench read spine bytes when mapped: $a"
+"$k3ctl" bench --model "$model" --spine-resident 99 2>/dev/null && fail "more resident layers than the model"
 "$k3ctl" bench --model "$model" --prefetch 3 --prefetch-gate 0.5 2>/dev/null && fail "gate without auto"
 "$k3ctl" bench --model "$model" --direct maybe 2>/dev/null && fail "bad --direct"
 [ "$(echo "$a" | head -c 1)" = "{" ] || fail "bench --json prints only JSON: $a"
