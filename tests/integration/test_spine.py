@@ -13,17 +13,16 @@ usage: test_spine.py K3D K3CTL SHARED_DIR
 """
 import glob
 import json
-import mmap
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import Daemon, generate_ids as generate  # noqa
+from k3proto import Daemon, direct_ok, generate_ids as generate, u64  # noqa
+from k3proto import trace_routes as routes  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 failures = []
@@ -38,32 +37,7 @@ def check(cond, what):
         print("FAIL:", what)
 
 
-def u64(f, tag):
-    return struct.unpack("<Q", f[tag][0])[0] if tag in f else None
 
-
-def routes(path):
-    recs = []
-    with open(path) as fh:
-        for line in fh:
-            r = json.loads(line)
-            recs.append((r["position"], r["layer"], tuple(r["ids"]), tuple(r["weights"])))
-    return recs
-
-
-def direct_ok(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        return False
-    try:
-        buf = mmap.mmap(-1, 4096)
-        os.preadv(fd, [buf], 0)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def status(sock):

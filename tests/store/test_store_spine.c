@@ -15,6 +15,7 @@
  * another model is refused and the shards are read instead.
  */
 #include "t.h"
+#include "engine_run.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -80,7 +81,6 @@ static void run(const struct variant *v, struct result *r)
 	struct k3_spine_source ss;
 	struct k3_store_spine_stats s0 = { 0 };
 	struct k3_engine *e = NULL;
-	struct k3_engine_seq *s = NULL;
 	struct k3_err err = { 0 };
 	int rc = 0;
 
@@ -125,22 +125,9 @@ static void run(const struct variant *v, struct result *r)
 		k3_engine_set_expert_source(e, &es);
 	}
 	if (!rc)
-		rc = k3_engine_seq_new(e, NALL, &s, &err);
-	if (!rc) {
-		struct k3_engine_out out = { K3_ENGINE_LOGITS_ALL, r->logits, r->ids, r->w };
-		rc = k3_engine_forward(e, s, prompt, NTOK, &out, &err);
-	}
-	for (uint32_t g = 0; !rc && g < NGEN; g++) {
-		uint32_t pos = NTOK + g;
-		int32_t id = (int32_t)k3_engine_argmax(r->logits + (size_t)(pos - 1) * V, V);
-		struct k3_engine_out out = { K3_ENGINE_LOGITS_LAST, r->logits + (size_t)pos * V,
-					     r->ids + (size_t)pos * PER, r->w + (size_t)pos * PER };
-		r->gen[g] = id;
-		rc = k3_engine_forward(e, s, &id, 1, &out, &err);
-	}
+		rc = t_engine_run(e, prompt, NTOK, NGEN, r->logits, r->ids, r->w, r->gen, &err);
 	r->rc = rc;
 	snprintf(r->msg, sizeof(r->msg), "%s", rc ? err.msg : "");
-	k3_engine_seq_free(s);
 	k3_engine_free(e);
 	if (sp) {
 		struct k3_store_spine_stats now;
