@@ -47,27 +47,23 @@ struct raw {
 	size_t n;
 	atomic_size_t next;
 	atomic_uint_fast64_t bytes;
+	atomic_uint who;
+	void *bufs[16];          /* one per reader, made once */
 };
+
+#define RAW_BUF (PIECE + ((uint64_t)2 << 20))
 
 static void *raw_reader(void *arg)
 {
 	struct raw *r = arg;
-	void *buf = NULL;
-	size_t bytes = PIECE + (2u << 20);
+	void *buf = r->bufs[atomic_fetch_add(&r->who, 1)];
 
-	/* on huge pages like the loader's arenas: the best O_DIRECT this
-	 * disk gives (4 KiB pages cost the pinning of 512x more pages) */
-	if (posix_memalign(&buf, 2u << 20, bytes))
-		return NULL;
-	(void)madvise(buf, bytes, MADV_HUGEPAGE);
-	memset(buf, 0, bytes);
 	for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->n;) {
 		uint64_t a = r->off[i] & ~(uint64_t)4095, b = (r->off[i] + r->len[i] + 4095) & ~(uint64_t)4095;
 		ssize_t got = pread(r->fd, buf, (size_t)(b - a), (off_t)a);
 		if (got > 0)
 			atomic_fetch_add(&r->bytes, (uint64_t)got);
 	}
-	free(buf);
 	return NULL;
 }
 
@@ -80,6 +76,7 @@ static double raw_pass(struct raw *r, unsigned threads)
 
 	atomic_store(&r->next, 0);
 	atomic_store(&r->bytes, 0);
+	atomic_store(&r->who, 0);
 	for (unsigned i = 0; i < threads; i++)
 		pthread_create(&t[i], NULL, raw_reader, r);
 	for (unsigned i = 0; i < threads; i++)
@@ -87,7 +84,8 @@ static double raw_pass(struct raw *r, unsigned threads)
 	return (double)atomic_load(&r->bytes) / (k3_bench_now() - t0) / 1e9;
 }
 
-static int raw_open(struct raw *r, const char *path, const struct k3_store_pack_layout *lo)
+static int raw_open(struct raw *r, const char *path, const struct k3_store_pack_layout *lo,
+		    unsigned threads)
 {
 	size_t cap = 0;
 
@@ -99,6 +97,15 @@ static int raw_open(struct raw *r, const char *path, const struct k3_store_pack_
 	}
 	for (size_t i = 0; i < lo->n_spans; i++)
 		cap += lo->spans[i].length / PIECE + 2;
+	/* on huge pages like the loader's arenas: the best O_DIRECT this disk
+	 * gives (4 KiB pages cost the pinning of 512x more pages), faulted in
+	 * before any timing */
+	for (unsigned t = 0; t < threads; t++) {
+		if (posix_memalign(&r->bufs[t], 2u << 20, RAW_BUF))
+			return -1;
+		(void)madvise(r->bufs[t], RAW_BUF, MADV_HUGEPAGE);
+		memset(r->bufs[t], 0, RAW_BUF);
+	}
 	r->off = calloc(cap, sizeof(*r->off));
 	r->len = calloc(cap, sizeof(*r->len));
 	for (size_t i = 0; i < lo->n_spans; i++) {
@@ -309,7 +316,7 @@ int main(int argc, char **argv)
 	struct k3_store_spine_config none = { .resident_layers = 0, .io_threads = io_threads,
 					      .direct = K3_STORE_DIRECT_ON };
 	struct k3_store_spine_report rep;
-	if (raw_open(&raw, pack, k3_store_pack_layout(pk)) ||
+	if (raw_open(&raw, pack, k3_store_pack_layout(pk), io_threads) ||
 	    k3_store_spine_new(m, pack, &none, &sp, &rep, &err)) {
 		fprintf(stderr, "bench_spine: %s\n", err.msg);
 		return 1;
@@ -329,6 +336,10 @@ int main(int argc, char **argv)
 	       " %.3f GB/s\n", rr, k3_bench_median(rawv, (int)rounds), k3_bench_median(ldv, (int)rounds));
 	k3_store_spine_free(sp);
 	close(raw.fd);
+	for (unsigned t = 0; t < io_threads; t++)
+		free(raw.bufs[t]);
+	free(raw.off);
+	free(raw.len);
 
 	/* 2. decode: all resident through the loader vs the mapped spine */
 	struct k3_store_spine_config all = { .resident_layers = L, .head_resident = true,
