@@ -2,7 +2,7 @@
 """train.py - trains the `trained` demo model on CPU and exports it.
 
     nice -n 10 python3 tools/train_demo/train.py --k3ctl build/plain/client/k3ctl/k3ctl \\
-        --out DIR [--steps N] [--seed S] [--bench N]
+        --out DIR [--steps N] [--seed S] [--bench N] [--recipe RECIPE.json]
 
 Steps, all deterministic (fixed seed, fixed data order, fixed thread count):
   1. the corpus (data.py, DATA_VERSION) and the tokenizer learned from it
@@ -304,7 +304,18 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=TRAIN["steps"])
     ap.add_argument("--bench", type=int, default=0)
+    ap.add_argument("--recipe", default=None,
+                    help="RECIPE.json of an earlier run: its seed, dims and training settings")
     a = ap.parse_args()
+    if a.recipe:
+        with open(a.recipe) as f:
+            rec = json.load(f)
+        if rec["data_version"] != data.DATA_VERSION:
+            raise SystemExit("the recipe used data version %d, data.py is %d" % (rec["data_version"],
+                                                                                data.DATA_VERSION))
+        DIMS.update(rec["dims"])
+        TRAIN.update(rec["train"])
+        a.seed, a.steps = rec["seed"], rec["train"]["steps"]
     torch.set_num_threads(TRAIN["threads"])
     torch.use_deterministic_algorithms(True)
     os.makedirs(a.out, exist_ok=True)
