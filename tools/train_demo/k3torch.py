@@ -469,10 +469,6 @@ class MoE(nn.Module):
         return (routed + self.shared_experts(xf)).reshape(shp)
 
 
-class AttnResW(nn.Module):
-    """One AttnRes weight pair: an RMSNorm weight and a [1, D] projection."""
-
-
 def attn_res(cands, nw, pw, eps):
     """AR(c_0..c_n; nw, pw) (k3-model.md §4.2): softmax over candidates of
     (RMS-normalized c_j) . (nw * pw), mixing the raw candidates."""

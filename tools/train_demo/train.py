@@ -78,7 +78,6 @@ def text_config(d, vocab):
 
 def init_weights(m, g):
     """Small-model init: activations O(1) at every layer; deterministic in g."""
-    c = m.cfg
     for n, p in sorted(m.named_parameters()):
         with torch.no_grad():
             if n.endswith("e_score_correction_bias"):
