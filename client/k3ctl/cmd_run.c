@@ -48,6 +48,7 @@ struct gen_result {
 	char *text, *reasoning; /* malloc'ed, NUL-terminated */
 	size_t text_len, reasoning_len;
 	struct k3_msg_done done;
+	char spine_label[K3_LIM_NAME_MAX + 1];   /* DONE's, copied (done's points into a frame) */
 	bool got_done;
 	uint64_t job_id;
 	uint32_t error_status;
@@ -231,6 +232,10 @@ static int generate(struct k3ctl_client *c, const struct gen_opts *o, const char
 		}
 		case K3_MSG_DONE:
 			res->done = b.done;
+			res->done.spine_label = k3_proto_str_of(NULL);
+			snprintf(res->spine_label, sizeof(res->spine_label), "%.*s",
+				 b.done.has_spine_label ? (int)b.done.spine_label.len : 0,
+				 b.done.has_spine_label ? b.done.spine_label.p : "");
 			res->got_done = true;
 			if (in_reasoning)
 				fputs(tty_err ? "\033[0m\n" : "\n", stderr);
@@ -259,6 +264,11 @@ static void print_stats(const struct gen_result *r)
 {
 	const struct k3_msg_done *d = &r->done;
 
+	/* a spine that is not the checkpoint's weights says so first */
+	if (r->spine_label[0])
+		fprintf(stderr, "[%s] ", r->spine_label);
+	else if (d->has_spine && d->spine != K3_SPINE_BF16)
+		fprintf(stderr, "[spine %u: not weight-exact] ", d->spine);
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
 		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
@@ -298,6 +308,15 @@ static json_t *result_json(const struct gen_result *r)
 
 	if (j && !d->has_expert_bytes_read)
 		json_object_set_new(j, "experts", json_null());   /* unknown, not zero */
+	if (j) {
+		/* absent from an older k3d: the BF16 spine */
+		uint32_t sp = d->has_spine ? d->spine : K3_SPINE_BF16;
+		json_object_set_new(j, "spine", json_string(sp == K3_SPINE_BF16 ? "bf16" :
+							    sp == K3_SPINE_INT8 ? "int8" : "other"));
+		json_object_set_new(j, "weight_exact", json_boolean(sp == K3_SPINE_BF16));
+		if (r->spine_label[0])
+			json_object_set_new(j, "spine_label", json_string(r->spine_label));
+	}
 	return j;
 }
 

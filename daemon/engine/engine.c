@@ -77,6 +77,7 @@ static struct k3_prov_tensor tensor(const struct k3_tensor *t)
 	case K3_DTYPE_BF16: o.dtype = K3_PROV_DTYPE_BF16; break;
 	case K3_DTYPE_F32: o.dtype = K3_PROV_DTYPE_F32; break;
 	case K3_DTYPE_U8: o.dtype = K3_PROV_DTYPE_U8; break;
+	case K3_DTYPE_I8: o.dtype = K3_PROV_DTYPE_I8; break;   /* the int8 spine (model.h) */
 	default: o.dtype = K3_PROV_DTYPE_NONE; break;   /* refused by the provider */
 	}
 	if (t->ndim < 1 || t->ndim > 3) {

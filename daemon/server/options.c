@@ -41,6 +41,11 @@ static const char usage[] =
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --spine bf16|int8    the spine's weights: bf16 (default) = the checkpoint's,\n"
+	"                       weight-exact; int8 = the row-wise int8 overlay written by\n"
+	"                       `k3ctl convert-spine-int8` (NOT weight-exact: k3d says so in\n"
+	"                       its log, STATUS, every DONE and the model id). Never automatic\n"
+	"  --spine-int8-dir DIR the overlay's directory (default MODEL/spine-int8)\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
@@ -99,7 +104,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT,
+	       O_SPINE, O_SPINE_INT8_DIR };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -116,6 +122,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "spine", required_argument, NULL, O_SPINE },
+		{ "spine-int8-dir", required_argument, NULL, O_SPINE_INT8_DIR },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -216,6 +224,18 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_SPINE:
+			if (strcmp(optarg, "bf16") && strcmp(optarg, "int8"))
+				return k3_err_set(err, -EINVAL, "--spine: '%s' is not bf16 or int8 (k3d never"
+						  " picks the int8 spine by itself: it is not weight-exact)",
+						  optarg);
+			opts->spine_int8 = strcmp(optarg, "int8") == 0;
+			break;
+		case O_SPINE_INT8_DIR:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--spine-int8-dir: empty path");
+			opts->spine_int8_dir = optarg;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -230,6 +250,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	}
 	if (optind < argc)
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
+	if (opts->spine_int8_dir && !opts->spine_int8)
+		return k3_err_set(err, -EINVAL, "--spine-int8-dir needs --spine int8");
 	return 0;
 }
 
@@ -287,4 +309,9 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
+	if (opts->spine_int8)
+		k3_log_info("config: spine=int8 (NOT weight-exact) spine-int8-dir=%s",
+			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");
+	else
+		k3_log_info("config: spine=bf16 (the checkpoint's weights)");
 }

@@ -280,6 +280,7 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 		done.prefetch_wasted_bytes = xd->prefetch_wasted_bytes;
 		done.has_prefetch_wasted_bytes = true;
 	}
+	sched_done_spine(s, &done);
 	return sched_encode_frame(j, K3_MSG_DONE, &done);
 }
 
