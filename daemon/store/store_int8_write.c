@@ -125,12 +125,15 @@ static int plan_shard(struct ov_shard *sh, const struct k3_model_int8_matrix *mx
 	/* spaces after the JSON (allowed by safetensors): data on a 64-byte
 	 * boundary, so every q block is 64-byte aligned in the mapping */
 	uint64_t hl = align64(8 + len) - 8;
-	sh->header = realloc(text, (size_t)hl);
-	if (!sh->header) {
+	char *padded = malloc((size_t)hl);
+	if (!padded) {
 		free(text);
 		return k3_err_set(err, -ENOMEM, "out of memory");
 	}
-	memset(sh->header + len, ' ', (size_t)(hl - len));
+	memcpy(padded, text, len);
+	free(text);
+	memset(padded + len, ' ', (size_t)(hl - len));
+	sh->header = padded;
 	sh->header_len = hl;
 	sh->data_len = off;
 	return 0;
