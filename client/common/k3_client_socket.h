@@ -31,4 +31,18 @@ const char *k3_client_default_socket(void);
  * when it connects. */
 int k3_client_socket_check(const char *path, char *why, size_t why_size);
 
+/* The exit codes both clients give for a socket path (k3ctl.1,
+ * k3-gateway.8): an empty path is a usage error; a path too long for
+ * sun_path, from --socket or $K3D_SOCKET alike, names a k3d that cannot
+ * be reached, the same as one that does not answer. */
+enum {
+	K3_CLIENT_EXIT_USAGE = 2,
+	K3_CLIENT_EXIT_UNAVAILABLE = 3,
+};
+
+/* The exit code for what k3_client_socket_check returned: 0 for 0,
+ * K3_CLIENT_EXIT_USAGE for -EINVAL, K3_CLIENT_EXIT_UNAVAILABLE for
+ * -ENAMETOOLONG (or any other refusal). */
+int k3_client_socket_exit_code(int check);
+
 #endif

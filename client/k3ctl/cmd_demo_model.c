@@ -1,7 +1,7 @@
 /*
  * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset nano|small|bench]
  * [--seed N] [overrides]`: writes a synthetic K3 checkpoint in the exact
- * Hugging Face layout (see daemon/model/demo.h and docs/formats.md).
+ * Hugging Face layout (see daemon/demo/demo.h and docs/formats.md).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 
 #include "base/parse.h"
 #include "k3ctl.h"
-#include "model/demo.h"
+#include "demo/demo.h"
 #include "model/model.h"
 
 static const struct {

@@ -17,6 +17,13 @@
 #include "model/model.h"
 #include "provider_registry.h"
 
+/* The model's I8 tensors go to the provider as they are mapped: both
+ * headers must describe one layout (q, zero gap to 64 bytes, scales). */
+_Static_assert(K3_MODEL_I8_SCALE_OFFSET(3, 5) == K3_PROV_I8_SCALE_OFFSET(3, 5) &&
+	       K3_MODEL_I8_SCALE_OFFSET(7168, 12288) == K3_PROV_I8_SCALE_OFFSET(7168, 12288) &&
+	       K3_MODEL_I8_BYTES(96, 7171) == K3_PROV_I8_BYTES(96, 7171),
+	       "model.h and k3_provider.h disagree on the I8 layout");
+
 struct k3_engine {
 	const struct k3_model *model;
 	const struct k3_provider *prov;

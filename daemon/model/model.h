@@ -326,9 +326,9 @@ struct k3_model_plan {
  * Opened with an overlay, every matrix role of the selected classes points
  * at an I8 tensor view: dtype K3_DTYPE_I8, shape [rows, cols] as the BF16
  * role's, data / shard / file_offset at its q bytes, and nbytes covering q,
- * the zero gap and the scales (K3_PROV_I8_BYTES(rows, cols),
- * providers/k3_provider.h): the one tensor kind whose nbytes is not nelem x
- * element size. Its shard number is past the model's own shards
+ * the zero gap and the scales (K3_MODEL_I8_BYTES(rows, cols), the provider
+ * ABI's layout): the one tensor kind whose nbytes is not nelem x element
+ * size. Its shard number is past the model's own shards
  * (k3_model_shard_count): k3_model_shard_path() names the overlay file.
  * The embedding and MLA's kv_b_proj are never converted; norms, conv taps,
  * A_log, dt_bias, the routing bias and the AttnRes vectors stay as stored.
@@ -352,6 +352,16 @@ enum k3_model_int8_role {
 #define K3_MODEL_INT8_DEFAULT (K3_MODEL_INT8_ALL & ~(unsigned)K3_MODEL_INT8_ROUTER)
 /* The overlay's directory inside a model directory, by default. */
 #define K3_MODEL_INT8_SUBDIR "spine-int8"
+
+/* Where an I8 matrix's row scales start, from its q bytes: rows * cols
+ * rounded up to 64 (the gap is zero); its bytes are that plus 4 * rows.
+ * The same layout as the provider ABI's K3_PROV_DTYPE_I8
+ * (K3_PROV_I8_SCALE_OFFSET; the engine, which sees both, checks that they
+ * agree). */
+#define K3_MODEL_I8_SCALE_OFFSET(rows, cols) \
+	((((uint64_t)(rows) * (uint64_t)(cols)) + 63u) & ~(uint64_t)63u)
+#define K3_MODEL_I8_BYTES(rows, cols) \
+	(K3_MODEL_I8_SCALE_OFFSET(rows, cols) + 4u * (uint64_t)(rows))
 
 /* "kda", "mla", "mlp", "latent", "router", "lm_head" for one bit; NULL
  * otherwise. */
@@ -422,6 +432,15 @@ int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
  * go to out; returns n. */
 size_t k3_model_int8_matrices(const struct k3_model *m, struct k3_model_int8_matrix *out,
 			      size_t cap);
+
+/* Quantizes rows [r0, r0 + n) of the BF16 matrix t (docs/formats.md, "int8
+ * spine overlay"; kernels: k3_kern_quantize_i8_bf16) into q[n][cols] and
+ * scales[n]; w is caller scratch of n * cols uint16 (the mapped bytes have
+ * no alignment promise, so they are copied there first). Returns 0,
+ * -EINVAL for a NaN or infinite weight (*bad_row = its row in t) or a t
+ * that is not a BF16 matrix, -ERANGE for rows past t. */
+int k3_model_int8_quantize_rows(const struct k3_tensor *t, size_t r0, size_t n, uint16_t *w,
+				int8_t *q, float *scales, size_t *bad_row);
 
 /* What the model runs: info->on is false for the BF16 spine. */
 void k3_model_int8_info_get(const struct k3_model *m, struct k3_model_int8_info *info);

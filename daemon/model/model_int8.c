@@ -7,7 +7,7 @@
  *
  * Attaching trusts nothing in the overlay: every I8 tensor must replace a
  * BF16 matrix of this model with the same shape, its scales must lie where
- * the provider ABI expects them (K3_PROV_I8_SCALE_OFFSET after q, same
+ * the provider ABI expects them (K3_MODEL_I8_SCALE_OFFSET after q, same
  * shard), and every matrix of the selected classes must be there; an
  * overlay tensor that matches no matrix means it was made for another
  * model. Each message ends with the command that rewrites the overlay.
@@ -24,7 +24,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "k3_provider.h"
+#include "base/file.h"
+#include "k3_kernels.h"
 
 static const char *const role_names[] = { "kda", "mla", "mlp", "latent", "router", "lm_head" };
 
@@ -251,9 +252,9 @@ static void attach_one(void *vctx, const struct k3_tensor **slot, unsigned role)
 		return;
 	}
 	uint64_t qoff = abs_offset(m, q), soff = abs_offset(m, s);
-	if (s->shard != q->shard || qoff % 4 || soff != qoff + K3_PROV_I8_SCALE_OFFSET(rows, cols)) {
+	if (s->shard != q->shard || qoff % 4 || soff != qoff + K3_MODEL_I8_SCALE_OFFSET(rows, cols)) {
 		problem(c, "'%s' does not start %llu bytes after '%s' in the same shard", sn,
-			(unsigned long long)K3_PROV_I8_SCALE_OFFSET(rows, cols), qn);
+			(unsigned long long)K3_MODEL_I8_SCALE_OFFSET(rows, cols), qn);
 		return;
 	}
 	struct k3_tensor *v = &m->int8.views[m->int8.n_views++];
@@ -261,7 +262,7 @@ static void attach_one(void *vctx, const struct k3_tensor **slot, unsigned role)
 	*v = (struct k3_tensor){
 		.name = q->e->name, .dtype = K3_DTYPE_I8, .ndim = 2,
 		.shape = { rows, cols }, .nelem = rows * cols,
-		.nbytes = K3_PROV_I8_BYTES(rows, cols),
+		.nbytes = K3_MODEL_I8_BYTES(rows, cols),
 		.data = sh->map + qoff, .shard = m->n_shards + q->shard, .file_offset = qoff,
 	};
 	m->int8.int8_bytes += v->nbytes;
@@ -277,7 +278,7 @@ static int index_shards(const char *dir, struct k3_st_index *ix, struct k3_err *
 
 	if (snprintf(p, sizeof(p), "%s/model.safetensors.index.json", dir) >= (int)sizeof(p))
 		return k3_err_set(err, -ENAMETOOLONG, "overlay path too long");
-	int r = k3_model_read_small(p, K3_MODEL_INDEX_MAX, &text, &len, err);
+	int r = k3_file_read(p, K3_MODEL_INDEX_MAX, 0, &text, &len, err);
 	if (!r)
 		r = k3_st_parse_index(text, len, ix, err);
 	free(text);
@@ -389,6 +390,23 @@ const struct k3_shard *k3_model_shard_at(const struct k3_model *m, uint32_t i)
 	if (i - m->n_shards < m->int8.n_shards)
 		return &m->int8.shards[i - m->n_shards];
 	return NULL;
+}
+
+int k3_model_int8_quantize_rows(const struct k3_tensor *t, size_t r0, size_t n, uint16_t *w,
+				int8_t *q, float *scales, size_t *bad_row)
+{
+	size_t bad = 0;
+
+	if (t->dtype != K3_DTYPE_BF16 || t->ndim != 2)
+		return -EINVAL;
+	if (r0 > t->shape[0] || n > t->shape[0] - r0)
+		return -ERANGE;
+	size_t cols = (size_t)t->shape[1];
+	memcpy(w, (const uint8_t *)t->data + 2 * r0 * cols, n * cols * 2);
+	int rc = k3_kern_quantize_i8_bf16(n, cols, cols, w, q, scales, &bad);
+	if (rc && bad_row)
+		*bad_row = r0 + bad;
+	return rc;
 }
 
 void k3_model_int8_info_get(const struct k3_model *m, struct k3_model_int8_info *info)

@@ -40,11 +40,6 @@ struct k3_model {
 	struct k3_model_int8 int8;  /* all zero without the overlay */
 };
 
-/* Reads a whole regular file of at most max bytes into *out (malloc'd,
- * NUL-terminated; *len without the NUL). */
-int k3_model_read_small(const char *path, size_t max, char **out, size_t *len,
-			struct k3_err *err);
-
 /* Opens, checks and maps shard `name` of directory root into *sh (the
  * resolved file must lie inside root). */
 int k3_model_shard_open(const char *root, const char *name, struct k3_shard *sh,
@@ -60,9 +55,5 @@ int k3_model_int8_attach(struct k3_model *m, const struct k3_model_open_opts *op
 			 struct k3_err *err);
 /* Unmaps and frees the overlay (NULL-safe inside; m->int8 left zero). */
 void k3_model_int8_release(struct k3_model *m);
-
-/* Builds m->plan from m->cfg and m->tensors (model_plan.c). On failure
- * err holds one message listing every problem found. */
-int k3_model_plan_build(struct k3_model *m, struct k3_err *err);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * store_int8_write.c - writes the int8 spine overlay (store_int8.h,
  * docs/formats.md "int8 spine overlay"): each spine matrix of the model
- * quantized row by row (kernels: k3_kern_quantize_i8_bf16) into
+ * quantized row by row (model.h k3_model_int8_quantize_rows) into
  * safetensors shards, one per source shard that holds spine matrices, then
  * the index and the manifest, published as a whole directory.
  *
@@ -13,7 +13,7 @@
  * [rows]) and `<base>.weight_row_scale_pad` (U8 zeros, only when 4 * rows
  * is not a multiple of 64): payloads are contiguous, so the file is valid
  * safetensors, and the scales sit where the provider ABI looks for them
- * (K3_PROV_I8_SCALE_OFFSET after q).
+ * (K3_MODEL_I8_SCALE_OFFSET after q).
  *
  * Memory: a chunk of rows at a time (CHUNK_BYTES of BF16), the source pages
  * of each chunk released after it (madvise): a 113 GB spine converts in a
@@ -36,8 +36,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "k3_kernels.h"
-#include "k3_provider.h"
 #include "model/model.h"
 #include "store/store_model.h"
 
@@ -206,12 +204,11 @@ static int write_matrix(int fd, const char *path, const struct k3_tensor *t, uin
 		size_t n = rows - r0 < chunk ? rows - r0 : chunk, bad = 0;
 		const uint8_t *src = (const uint8_t *)t->data + 2 * r0 * cols;
 
-		/* the mapping promises no alignment: copy, then quantize */
-		memcpy(b->w, src, n * cols * 2);
+		rc = k3_model_int8_quantize_rows(t, r0, n, b->w, b->q, b->scales + r0, &bad);
 		release_pages(src, n * cols * 2);
-		if (k3_kern_quantize_i8_bf16(n, cols, cols, b->w, b->q, b->scales + r0, &bad))
+		if (rc)
 			return k3_err_set(err, -EINVAL, "'%s' row %zu holds a NaN or infinite weight:"
-					  " it cannot be quantized", t->name, r0 + bad);
+					  " it cannot be quantized", t->name, bad);
 		for (size_t r = 0; r < n; r++) {
 			float s = b->scales[r0 + r];
 			if (s == 0.0f)
@@ -232,7 +229,7 @@ static int write_matrix(int fd, const char *path, const struct k3_tensor *t, uin
 	rc = pwrite_full(fd, b->scales, rows * sizeof(float), off + align64((uint64_t)rows * cols));
 	if (rc)
 		return k3_err_set(err, rc, "cannot write '%s': %s", path, strerror(-rc));
-	rep->int8_bytes += K3_PROV_I8_BYTES(rows, cols);
+	rep->int8_bytes += K3_MODEL_I8_BYTES(rows, cols);
 	rep->bf16_bytes += t->nbytes;
 	return 0;
 }

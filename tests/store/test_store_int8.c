@@ -27,7 +27,7 @@
 
 #include "k3_kernels.h"
 #include "k3_provider.h"
-#include "model/demo.h"
+#include "demo/demo.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "store/store_int8.h"

@@ -13,7 +13,7 @@
  * filler tokens. Ties go to the lowest pair of ids, so the file depends on
  * the vocabulary size only.
  */
-#include "model/demo.h"
+#include "demo/demo.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -16,8 +16,8 @@
  * output projections (o_proj, down projections, routed up-projection)
  * N(0, 0.25/in); KDA decay parameters chosen so alpha spans (e^-5, 1).
  */
-#ifndef K3_MODEL_DEMO_H
-#define K3_MODEL_DEMO_H
+#ifndef K3_DEMO_DEMO_H
+#define K3_DEMO_DEMO_H
 
 #include <stdbool.h>
 #include <stdint.h>

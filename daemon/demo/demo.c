@@ -6,7 +6,7 @@
  * shard as the safetensors serializer orders them (wider dtypes first, then
  * by name), and streamed to disk one tensor at a time.
  */
-#include "model/demo.h"
+#include "demo/demo.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/path.h"
 #include "model/model.h"
 
 /* ---- presets ---- */
@@ -442,16 +443,6 @@ static int draw(const struct k3_demo_dims *d, uint64_t seed, struct tdesc *t, st
 	return -EINVAL;
 }
 
-static char *path_join(const char *a, const char *b)
-{
-	size_t n = strlen(a) + strlen(b) + 2;
-	char *s = malloc(n);
-
-	if (s)
-		snprintf(s, n, "%s/%s", a, b);
-	return s;
-}
-
 static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t seed,
 		       struct dlist *l, uint32_t s, uint32_t n_shards, json_t *wmap,
 		       struct k3_err *err)
@@ -496,7 +487,7 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 		off += v[i]->nbytes;
 	}
 	hdr = json_dumps(h, JSON_COMPACT);
-	path = path_join(out, fname);
+	path = k3_path_join(out, fname);
 	buf = malloc(maxb ? maxb : 1);
 	if (!hdr || !path || !buf) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
@@ -638,7 +629,7 @@ static int write_config(const char *out, const struct k3_demo_dims *d, uint64_t 
 	json_object_set_new(c, "k3_demo_model", json_pack("{s:s,s:I,s:s}", "generator", "k3ctl demo-model",
 							   "seed", (json_int_t)seed, "note",
 							   "synthetic weights; no vision tower weights are stored"));
-	char *p = path_join(out, "config.json");
+	char *p = k3_path_join(out, "config.json");
 	int r = 0;
 	if (!p || json_dump_file(c, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
 		r = k3_err_set(err, -EIO, "%s/config.json: write failed", out);
@@ -694,7 +685,7 @@ int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *
 			goto out;
 	}
 	ix = json_pack("{s:{s:I},s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wmap);
-	p = path_join(out, "model.safetensors.index.json");
+	p = k3_path_join(out, "model.safetensors.index.json");
 	if (!ix || !p || json_dump_file(ix, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
 		r = k3_err_set(err, -EIO, "%s/model.safetensors.index.json: write failed", out);
 		goto out;
