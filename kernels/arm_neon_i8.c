@@ -8,7 +8,8 @@
  *   FMA with x); the remaining whole 4-blocks go to acc0, acc1, acc2 in
  *   turn, a last partial block (zero-padded) to acc3; then (acc0 + acc1) +
  *   (acc2 + acc3), the pairwise lane sum (vaddvq_f32), times the row's
- *   scale. One inline row kernel serves every rows x tokens block.
+ *   scale. One inline row kernel serves every rows x tokens block (the
+ *   row walk of kern_i8_rows.h).
  *
  * Freestanding headers only (builtins for memcpy), like arm_neon.c, so the
  * file can be syntax-checked without a target libc.
@@ -48,9 +49,10 @@ INLINE float32x4_t f32_part(const float *p, size_t n)
 }
 
 INLINE void rows_i8(size_t nr, size_t nt, size_t cols, const int8_t *const *wr,
-	const float *sc, const float *const *xt, float *out, size_t ldo)
+	const float *sc, const float *const *xt, float *out, size_t ldo, size_t pf)
 {
 	float32x4_t a[8][4];
+	(void)pf;   /* the hardware prefetchers follow these streams */
 	size_t c = 0, k4 = 0;
 
 	K3_UNROLL for (size_t k = 0; k < nr * nt; k++)
@@ -93,42 +95,8 @@ INLINE void rows_i8(size_t nr, size_t nt, size_t cols, const int8_t *const *wr,
 		}
 }
 
-#define BLOCK_I8(NR, NT) do {                                                 \
-	switch ((NR) * 8 + (NT)) {                                                \
-	case 4 * 8 + 1: rows_i8(4, 1, cols, wr, sc, xt, out, ldy); break;         \
-	case 1 * 8 + 4: rows_i8(1, 4, cols, wr, sc, xt, out, ldy); break;         \
-	case 1 * 8 + 3: rows_i8(1, 3, cols, wr, sc, xt, out, ldy); break;         \
-	case 1 * 8 + 2: rows_i8(1, 2, cols, wr, sc, xt, out, ldy); break;         \
-	default: rows_i8(1, 1, cols, wr, sc, xt, out, ldy); break;                \
-	}                                                                         \
-} while (0)
-
-static void neon_i8_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
-	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
-{
-	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
-	size_t r = r0;
-
-	while (r < r1) {
-		size_t nr = (T == 1 && r + 4 <= r1) ? 4 : 1;
-
-		for (size_t t = 0; t < T; ) {
-			size_t nt = nr > 1 ? 1 : T - t >= 4 ? 4 : T - t;
-			const float *xt[4] = { 0 };
-			const int8_t *wr[4] = { 0 };
-			const float *sc = w->row_scales + r;
-			float *out = y + t * ldy + (r - r0);
-
-			for (size_t k = 0; k < nt; k++)
-				xt[k] = x + (t + k) * ldx;
-			for (size_t i = 0; i < nr; i++)
-				wr[i] = (const int8_t *)w->data + (r + i) * ld;
-			BLOCK_I8(nr, nt);
-			t += nt;
-		}
-		r += nr;
-	}
-}
+#define K3_I8_ROWS_NAME neon_i8_rows
+#include "kern_i8_rows.h"
 
 const struct k3_kern_i8_ops k3_kern_i8_neon = {
 	.isa = K3_KERN_ISA_NEON,

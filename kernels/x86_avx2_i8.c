@@ -11,25 +11,18 @@
  * The main loop is unrolled to 32 columns (one software prefetch per 32
  * bytes of a row); the unrolled steps keep the 16-column order exactly.
  * One inline row kernel serves every rows x tokens block (4 rows x 1 token
- * at T = 1, 1 row x up to 4 tokens for T > 1), so an element's bits do not
- * depend on T, the row range or the thread split.
+ * at T = 1, 1 row x up to 4 tokens for T > 1; the row walk of
+ * kern_i8_rows.h), so an element's bits do not depend on T, the row range
+ * or the thread split.
  */
 #include <immintrin.h>
 #include <string.h>
 
 #include "kern_i8.h"
+#include "x86_fold.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define K3_UNROLL _Pragma("GCC unroll 8")
-
-INLINE float hsum8_i8(__m256 v)
-{
-	__m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-
-	a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-	a = _mm_add_ss(a, _mm_movehdup_ps(a));
-	return _mm_cvtss_f32(a);
-}
 
 /* 8 int8 -> 8 fp32 (exact). */
 INLINE __m256 cvt8(const int8_t *p)
@@ -43,14 +36,6 @@ INLINE __m256 cvt_part(const int8_t *p, size_t n)
 
 	memcpy(tmp, p, n);
 	return cvt8(tmp);
-}
-
-INLINE __m256i tail_mask_i8(size_t n)
-{
-	static const int32_t m[16] = { -1, -1, -1, -1, -1, -1, -1, -1,
-		0, 0, 0, 0, 0, 0, 0, 0 };
-
-	return _mm256_loadu_si256((const __m256i *)(m + 8 - n));
 }
 
 /* One 16-column step of nr rows x nt tokens at column c. */
@@ -97,7 +82,7 @@ INLINE void rows_i8(size_t nr, size_t nt, size_t cols, const int8_t *const *wr,
 		c += 8;
 	}
 	if (c < cols) {
-		__m256i m = tail_mask_i8(cols - c);
+		__m256i m = fold_tail_mask8(cols - c);
 		K3_UNROLL for (size_t i = 0; i < nr; i++) {
 			__m256 w0 = cvt_part(wr[i] + c, cols - c);
 			K3_UNROLL for (size_t t = 0; t < nt; t++)
@@ -107,60 +92,12 @@ INLINE void rows_i8(size_t nr, size_t nt, size_t cols, const int8_t *const *wr,
 	}
 	K3_UNROLL for (size_t i = 0; i < nr; i++)
 		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = sc[i] * hsum8_i8(_mm256_add_ps(a0[i * nt + t], a1[i * nt + t]));
+			out[t * ldo + i] = sc[i] * fold_hsum8(_mm256_add_ps(a0[i * nt + t], a1[i * nt + t]));
 }
 #undef STEP16
 
-/* Block shapes: T = 1 takes 4 rows at once, T > 1 one row x up to 4
- * tokens; every shape calls the same row kernel. */
-#define BLOCK_I8(NR, NT) do {                                                 \
-	switch ((NR) * 8 + (NT)) {                                                \
-	case 4 * 8 + 1: rows_i8(4, 1, cols, wr, sc, xt, out, ldy, pf); break;     \
-	case 1 * 8 + 4: rows_i8(1, 4, cols, wr, sc, xt, out, ldy, pf); break;     \
-	case 1 * 8 + 3: rows_i8(1, 3, cols, wr, sc, xt, out, ldy, pf); break;     \
-	case 1 * 8 + 2: rows_i8(1, 2, cols, wr, sc, xt, out, ldy, pf); break;     \
-	default: rows_i8(1, 1, cols, wr, sc, xt, out, ldy, pf); break;            \
-	}                                                                         \
-} while (0)
-
-/* Rows are walked in tiles so the tokens of a group are reused from cache
- * by every row of the tile; the walk never changes an element's bits. */
-enum { I8_ROW_TILE = 256 };
-/* Rows of at most this many bytes stream best one per call at T = 1 (one
- * linear stream), as for BF16 (docs/kernels.md, "Short rows"). */
-enum { I8_SHORT_ROW = 2048 };
-
-static void avx2_i8_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
-	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
-{
-	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
-	size_t nr1 = ld <= I8_SHORT_ROW ? 1 : 4;
-
-	for (size_t tile = r0; tile < r1; tile += I8_ROW_TILE) {
-		size_t tile_end = r1 - tile > I8_ROW_TILE ? tile + I8_ROW_TILE : r1;
-
-		for (size_t t = 0; t < T; ) {
-			size_t nt = T - t >= 4 ? 4 : T - t;
-			const float *xt[4] = { 0 };
-
-			for (size_t k = 0; k < nt; k++)
-				xt[k] = x + (t + k) * ldx;
-			for (size_t r = tile; r < tile_end; ) {
-				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
-				const int8_t *wr[4] = { 0 };
-				const float *sc = w->row_scales + r;
-				float *out = y + t * ldy + (r - r0);
-				size_t pf = nr * ld;   /* the next row block, same column */
-
-				for (size_t i = 0; i < nr; i++)
-					wr[i] = (const int8_t *)w->data + (r + i) * ld;
-				BLOCK_I8(nr, nt);
-				r += nr;
-			}
-			t += nt;
-		}
-	}
-}
+#define K3_I8_ROWS_NAME avx2_i8_rows
+#include "kern_i8_rows.h"
 
 const struct k3_kern_i8_ops k3_kern_i8_avx2 = {
 	.isa = K3_KERN_ISA_AVX2,

@@ -12,27 +12,18 @@
  * The main loop is unrolled to 64 columns (one software prefetch per 64
  * bytes of a row, a cache line) and keeps the 32-column order exactly. One
  * inline row kernel serves every rows x tokens block (4 rows x 1 token at
- * T = 1, 1 row x up to 4 tokens for T > 1): an element's bits do not
- * depend on T, the row range or the thread split.
+ * T = 1, 1 row x up to 4 tokens for T > 1; the row walk of
+ * kern_i8_rows.h): an element's bits do not depend on T, the row range or
+ * the thread split.
  */
 #include <immintrin.h>
 #include <string.h>
 
 #include "kern_i8.h"
+#include "x86_fold.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define K3_UNROLL _Pragma("GCC unroll 8")
-
-INLINE float hsum16_i8(__m512 v)
-{
-	__m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-		_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-	__m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-
-	a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-	a = _mm_add_ss(a, _mm_movehdup_ps(a));
-	return _mm_cvtss_f32(a);
-}
 
 /* 16 int8 -> 16 fp32 (exact). */
 INLINE __m512 cvt16(const int8_t *p)
@@ -94,56 +85,13 @@ INLINE void rows_i8(size_t nr, size_t nt, size_t cols, const int8_t *const *wr,
 	}
 	K3_UNROLL for (size_t i = 0; i < nr; i++)
 		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = sc[i] * hsum16_i8(_mm512_add_ps(a0[i * nt + t],
+			out[t * ldo + i] = sc[i] * fold_hsum16(_mm512_add_ps(a0[i * nt + t],
 				a1[i * nt + t]));
 }
 #undef STEP32
 
-#define BLOCK_I8(NR, NT) do {                                                 \
-	switch ((NR) * 8 + (NT)) {                                                \
-	case 4 * 8 + 1: rows_i8(4, 1, cols, wr, sc, xt, out, ldy, pf); break;     \
-	case 1 * 8 + 4: rows_i8(1, 4, cols, wr, sc, xt, out, ldy, pf); break;     \
-	case 1 * 8 + 3: rows_i8(1, 3, cols, wr, sc, xt, out, ldy, pf); break;     \
-	case 1 * 8 + 2: rows_i8(1, 2, cols, wr, sc, xt, out, ldy, pf); break;     \
-	default: rows_i8(1, 1, cols, wr, sc, xt, out, ldy, pf); break;            \
-	}                                                                         \
-} while (0)
-
-enum { I8_ROW_TILE = 256 };
-/* Rows of at most this many bytes stream one per call at T = 1. */
-enum { I8_SHORT_ROW = 2048 };
-
-static void avx512_i8_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
-	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
-{
-	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
-	size_t nr1 = ld <= I8_SHORT_ROW ? 1 : 4;
-
-	for (size_t tile = r0; tile < r1; tile += I8_ROW_TILE) {
-		size_t tile_end = r1 - tile > I8_ROW_TILE ? tile + I8_ROW_TILE : r1;
-
-		for (size_t t = 0; t < T; ) {
-			size_t nt = T - t >= 4 ? 4 : T - t;
-			const float *xt[4] = { 0 };
-
-			for (size_t k = 0; k < nt; k++)
-				xt[k] = x + (t + k) * ldx;
-			for (size_t r = tile; r < tile_end; ) {
-				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
-				const int8_t *wr[4] = { 0 };
-				const float *sc = w->row_scales + r;
-				float *out = y + t * ldy + (r - r0);
-				size_t pf = nr * ld;
-
-				for (size_t i = 0; i < nr; i++)
-					wr[i] = (const int8_t *)w->data + (r + i) * ld;
-				BLOCK_I8(nr, nt);
-				r += nr;
-			}
-			t += nt;
-		}
-	}
-}
+#define K3_I8_ROWS_NAME avx512_i8_rows
+#include "kern_i8_rows.h"
 
 const struct k3_kern_i8_ops k3_kern_i8_avx512 = {
 	.isa = K3_KERN_ISA_AVX512,

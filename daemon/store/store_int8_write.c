@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "model/model.h"
 #include "store/store_model.h"
 
@@ -289,18 +290,6 @@ static int write_small(const char *dir, const char *name, const char *text, stru
 	return rc ? k3_err_set(err, rc, "cannot write '%s': %s", path, strerror(-rc)) : 0;
 }
 
-static int fsync_dir(const char *path)
-{
-	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) != 0)
-		rc = -errno;
-	close(fd);
-	return rc;
-}
-
 /* ---- the directory ---- */
 
 /* A file an overlay directory may hold (all of them are removed when it is
@@ -443,7 +432,6 @@ static int write_manifest(const char *tmp, const struct k3_store_pack_ident *was
  * now at tmp, is removed) and fsyncs the parent. */
 static int publish(const char *tmp, const char *dir, bool exists, struct k3_err *err)
 {
-	char parent[PATH_MAX];
 	int rc;
 
 	if (exists)
@@ -454,14 +442,9 @@ static int publish(const char *tmp, const char *dir, bool exists, struct k3_err 
 		return k3_err_set(err, rc, "cannot move '%s' to '%s': %s", tmp, dir, strerror(-rc));
 	if (exists)
 		remove_dir(tmp);
-	snprintf(parent, sizeof(parent), "%s", dir);
-	char *slash = strrchr(parent, '/');
-	if (slash && slash != parent)
-		*slash = '\0';
-	else
-		snprintf(parent, sizeof(parent), "%s", slash ? "/" : ".");
-	rc = fsync_dir(parent);
-	return rc ? k3_err_set(err, rc, "cannot fsync '%s': %s", parent, strerror(-rc)) : 0;
+	rc = k3_file_fsync_parent(dir);
+	return rc ? k3_err_set(err, rc, "cannot fsync the directory of '%s': %s", dir,
+			       strerror(-rc)) : 0;
 }
 
 int k3_store_int8_write(const struct k3_model *m, const char *dir_opt, bool force,
@@ -551,7 +534,7 @@ int k3_store_int8_write(const struct k3_model *m, const char *dir_opt, bool forc
 	free(itext);
 	if (!rc)
 		rc = write_manifest(tmp, was, n_was, sh, n_sh, rep, err);
-	if (!rc && (rc = fsync_dir(tmp)))
+	if (!rc && (rc = k3_file_fsync_dir(tmp)))
 		k3_err_set(err, rc, "cannot fsync '%s': %s", tmp, strerror(-rc));
 	if (rc)
 		goto out;
