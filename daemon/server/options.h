@@ -48,6 +48,10 @@ struct k3_options {
 	 * resident and the rest streamed (docs/store.md, "Spine streaming") */
 	int32_t spine_resident;
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
+	/* --spine int8: the int8 spine overlay (NOT weight-exact), never chosen
+	 * by k3d itself; --spine-int8-dir: where it is (NULL = MODEL/spine-int8) */
+	bool spine_int8;
+	const char *spine_int8_dir;
 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,
