@@ -2,7 +2,7 @@
  * gw_openai.c - request parsing and field policy of the OpenAI endpoints
  * (see gw_openai.h and the FIELD POLICY table of docs/k3-gateway.8, which
  * must agree with the tables below). Error texts follow OpenAI's wording
- * where clients match on it (openai-gateway.md §1.6).
+ * where clients match on it (docs/k3-gateway.md, "Errors").
  */
 #include "gw_openai.h"
 
@@ -65,7 +65,8 @@ static int bad_type(struct gw_openai_error *e, const char *param, const char *wa
 		    "Invalid type for '%s': expected %s, but got %s instead.", param, want, type_word(v));
 }
 
-/* null means absent for every optional field (openai-gateway.md §1.2). */
+/* null means absent for every optional field (docs/k3-gateway.md,
+ * "Request fields"). */
 static json_t *opt(json_t *body, const char *key)
 {
 	json_t *v = json_object_get(body, key);

@@ -1,6 +1,6 @@
 /*
  * demo_tok.c - the synthetic tokenizer of demo checkpoints: tiktoken.model
- * (base64 token, space, rank per line; k3-text-and-draft.md §1.2) and
+ * (base64 token, space, rank per line; docs/text-and-draft.md §1.2) and
  * tokenizer_config.json with the 256 special ids after the ranks (§1.6).
  *
  * Ranks 0..255 are the single bytes in the order the real file uses (the

@@ -1,7 +1,7 @@
 /*
  * store_pack.h - expert packs: each expert's six arrays copied, byte for
  * byte, into one contiguous span aligned to 4 KiB, so a cold expert costs one
- * O_DIRECT pread instead of six scattered ones (architecture.md, "Model
+ * O_DIRECT pread instead of six scattered ones (docs/architecture.md, "Model
  * store"). docs/formats.md ("Expert packs") describes the file format; in
  * short (little endian):
  *

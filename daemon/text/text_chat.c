@@ -1,5 +1,5 @@
 /*
- * text_chat.c - K3 XTML renderer (see text_chat.h; k3-text-and-draft.md
+ * text_chat.c - K3 XTML renderer (see text_chat.h; docs/text-and-draft.md
  * §3). The order of operations follows build_chat_segments: re-sort tool
  * results, normalize tool-call arguments, tool declaration, effort message,
  * messages, tool_choice, response_format, generation prompt.

@@ -1,5 +1,5 @@
 /*
- * text_tok.c - Kimi K3 tokenizer (see text_tok.h and k3-text-and-draft.md §1).
+ * text_tok.c - Kimi K3 tokenizer (see text_tok.h and docs/text-and-draft.md §1).
  *
  * Layout: every id's bytes live in one arena (off[id]..off[id+1]); ranks are
  * found by an open-addressing hash of their bytes, with a direct 64 Ki table

@@ -1,6 +1,6 @@
 """Conformance of k3-gateway with real OpenAI clients (the official `openai`
 SDK and `langchain-openai`) and raw bytes, against the scripted fake k3d.
-Case numbers refer to openai-gateway.md §3."""
+Case numbers refer to docs/k3-gateway.md, "Conformance cases"."""
 import json
 import socket
 import threading

@@ -148,7 +148,7 @@ static void check_tokenizer(const char *dir, uint32_t vocab)
 	}
 	T_OK(ok_ranks);
 	T_EQ_INT(lines, ranks);
-	/* the real file's single-byte positions (k3-text-and-draft.md §1.2) */
+	/* the real file's single-byte positions (docs/text-and-draft.md §1.2) */
 	T_EQ_INT(byte_of[220], ' ');
 	T_EQ_INT(byte_of[198], '\n');
 	T_EQ_INT(byte_of[197], '\t');
@@ -385,7 +385,7 @@ static void test_small_and_bench(void)
 	T_EQ_INT(c->num_experts_per_token, 2);   /* clamped to --experts */
 	static struct k3_model_bytes by;
 	k3_model_bytes(m, &by);
-	T_EQ_U64(by.expert_span, 17547264);      /* k3-model.md §2.6 */
+	T_EQ_U64(by.expert_span, 17547264);      /* docs/model.md §2.6 */
 	T_EQ_U64(by.experts, 2ull * 17547264);
 	const struct k3_expert *x = &k3_model_plan(m)->layers[1].moe.experts[1];
 	T_OK(x->span_contiguous);

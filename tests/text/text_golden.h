@@ -50,7 +50,7 @@ static inline void tg_b64(const unsigned char *s, size_t n, char *out)
 	EVP_EncodeBlock((unsigned char *)out, s, (int)n);
 }
 
-/* The K3 names at their offsets (k3-text-and-draft.md §1.6). */
+/* The K3 names at their offsets (docs/text-and-draft.md §1.6). */
 static const struct { unsigned off; const char *name; } tg_k3_names[] = {
 	{ 0, "[BOS]" }, { 1, "[EOS]" }, { 2, "<|end_of_msg|>" }, { 3, "<|open|>" },
 	{ 4, "<|close|>" }, { 5, "<|sep|>" }, { 6, "[start_header_id]" }, { 7, "[end_header_id]" },
