@@ -852,40 +852,30 @@ void gw_openai_request_release(struct gw_openai_request *r)
 	memset(r, 0, sizeof(*r));
 }
 
-static void set_str(struct k3_proto_str *s, bool *has, const char *v)
-{
-	if (!v)
-		return;
-	*s = k3_proto_str_of(v);
-	*has = true;
-}
-
 void gw_openai_to_generate(const struct gw_openai_request *r, struct k3_msg_generate *g)
 {
 	memset(g, 0, sizeof(*g));
-	g->has_mode = true;
 	if (r->ep == GW_EP_CHAT) {
-		g->mode = K3_MODE_CHAT;
-		set_str(&g->messages, &g->has_messages, r->messages);
-		set_str(&g->tools, &g->has_tools, r->tools);
-		set_str(&g->tool_choice, &g->has_tool_choice, r->tool_choice);
-		set_str(&g->response_format, &g->has_response_format, r->response_format);
-		if (r->effort == K3_EFFORT_NONE) {
-			g->thinking = false;
-			g->has_thinking = true;
-		}
-		if (r->effort != K3_EFFORT_UNSET) {
-			g->reasoning_effort = r->effort;
-			g->has_reasoning_effort = true;
-		}
+		k3_msg_generate_set_mode(g, K3_MODE_CHAT);
+		if (r->messages)
+			k3_msg_generate_set_messages(g, k3_proto_str_of(r->messages));
+		if (r->tools)
+			k3_msg_generate_set_tools(g, k3_proto_str_of(r->tools));
+		if (r->tool_choice)
+			k3_msg_generate_set_tool_choice(g, k3_proto_str_of(r->tool_choice));
+		if (r->response_format)
+			k3_msg_generate_set_response_format(g, k3_proto_str_of(r->response_format));
+		if (r->effort == K3_EFFORT_NONE)
+			k3_msg_generate_set_thinking(g, false);
+		if (r->effort != K3_EFFORT_UNSET)
+			k3_msg_generate_set_reasoning_effort(g, r->effort);
 	} else {
-		g->mode = K3_MODE_RAW;
-		set_str(&g->prompt, &g->has_prompt, r->prompt);
+		k3_msg_generate_set_mode(g, K3_MODE_RAW);
+		if (r->prompt)
+			k3_msg_generate_set_prompt(g, k3_proto_str_of(r->prompt));
 	}
-	if (r->has_max_new) {
-		g->max_new = r->max_new;
-		g->has_max_new = true;
-	}
+	if (r->has_max_new)
+		k3_msg_generate_set_max_new(g, r->max_new);
 	for (uint32_t i = 0; i < r->n_stop; i++)
 		g->stop.v[i] = k3_proto_str_of(r->stop[i]);
 	g->stop.n = r->n_stop;

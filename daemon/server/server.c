@@ -272,15 +272,14 @@ int k3_conn_send_error(struct k3_conn *c, uint32_t request_id, enum k3_proto_sta
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	memset(&e, 0, sizeof(e));
-	e.status = status; e.has_status = true;
+	k3_msg_error_set_status(&e, status);
 	/* Keep the message valid UTF-8 even if it quotes peer bytes. */
 	for (char *p = msg; *p; p++)
 		if ((unsigned char)*p >= 0x80)
 			*p = '?';
-	e.message = k3_proto_str_of(msg); e.has_message = true;
+	k3_msg_error_set_message(&e, k3_proto_str_of(msg));
 	if (param) {
-		e.param = k3_proto_str_of(param);
-		e.has_param = true;
+		k3_msg_error_set_param(&e, k3_proto_str_of(param));
 	}
 	return k3_conn_send(c, K3_MSG_ERROR, request_id, &e);
 }
@@ -311,22 +310,20 @@ static void handle_status(struct k3_conn *c, uint32_t rid)
 			? "out of time, cancelling the running work"
 			: "finishing running work, taking none new";
 	}
-	r.version = k3_proto_str_of(K3_VERSION); r.has_version = true;
-	r.state = info.state; r.has_state = true;
+	k3_msg_status_reply_set_version(&r, k3_proto_str_of(K3_VERSION));
+	k3_msg_status_reply_set_state(&r, info.state);
 	if (info.status_text) {
-		r.status_text = k3_proto_str_of(info.status_text);
-		r.has_status_text = true;
+		k3_msg_status_reply_set_status_text(&r, k3_proto_str_of(info.status_text));
 	}
 	if (info.model_id) {
-		r.model = k3_proto_str_of(info.model_id);
-		r.has_model = true;
+		k3_msg_status_reply_set_model(&r, k3_proto_str_of(info.model_id));
 	}
-	r.pid = (uint32_t)getpid(); r.has_pid = true;
-	r.uptime_s = uptime_s(s); r.has_uptime_s = true;
-	r.connections = s->n_conns; r.has_connections = true;
-	r.running = info.running; r.has_running = true;
-	r.queued = info.queued; r.has_queued = true;
-	r.queue_max = s->opts->queue_max; r.has_queue_max = true;
+	k3_msg_status_reply_set_pid(&r, (uint32_t)getpid());
+	k3_msg_status_reply_set_uptime_s(&r, uptime_s(s));
+	k3_msg_status_reply_set_connections(&r, s->n_conns);
+	k3_msg_status_reply_set_running(&r, info.running);
+	k3_msg_status_reply_set_queued(&r, info.queued);
+	k3_msg_status_reply_set_queue_max(&r, s->opts->queue_max);
 	k3_conn_send(c, K3_MSG_STATUS_REPLY, rid, &r);
 }
 
@@ -404,15 +401,14 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 			evtimer_add(c->idle_timer, &tv);
 	}
 	memset(&r, 0, sizeof(r));
-	r.server = k3_proto_str_of("k3d/" K3_VERSION); r.has_server = true;
-	r.version = K3_PROTO_VERSION; r.has_version = true;
-	r.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS | K3_PROTO_CAP_JOBS;
-	r.has_caps = true;
+	k3_msg_hello_ok_set_server(&r, k3_proto_str_of("k3d/" K3_VERSION));
+	k3_msg_hello_ok_set_version(&r, K3_PROTO_VERSION);
+	k3_msg_hello_ok_set_caps(&r, K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS |
+				     K3_PROTO_CAP_JOBS);
 	if (s->info.model_id) {
-		r.model = k3_proto_str_of(s->info.model_id);
-		r.has_model = true;
+		k3_msg_hello_ok_set_model(&r, k3_proto_str_of(s->info.model_id));
 	}
-	r.state = s->draining ? K3_STATE_DRAINING : s->info.state; r.has_state = true;
+	k3_msg_hello_ok_set_state(&r, s->draining ? K3_STATE_DRAINING : s->info.state);
 	k3_conn_send(c, K3_MSG_HELLO_OK, rid, &r);
 	k3_log_debug("connection %llu: hello from '%.*s' (uid %u pid %d)", (unsigned long long)c->id,
 		     (int)m->client.len, m->client.p, (unsigned)c->uid, (int)c->pid);
@@ -465,7 +461,7 @@ static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, con
 		struct k3_msg_pong r;
 
 		memset(&r, 0, sizeof(r));
-		r.state = s->draining ? K3_STATE_DRAINING : s->info.state; r.has_state = true;
+		k3_msg_pong_set_state(&r, s->draining ? K3_STATE_DRAINING : s->info.state);
 		k3_conn_send(c, K3_MSG_PONG, h->request_id, &r);
 		break;
 	}
@@ -484,7 +480,7 @@ static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, con
 		}
 		k3_log_notice("SHUTDOWN requested by uid %u pid %d", (unsigned)c->uid, (int)c->pid);
 		memset(&r, 0, sizeof(r));
-		r.message = k3_proto_str_of(shutdown_outcome(s)); r.has_message = true;
+		k3_msg_ok_set_message(&r, k3_proto_str_of(shutdown_outcome(s)));
 		k3_conn_send(c, K3_MSG_OK, h->request_id, &r);
 		k3_server_drain(s);
 		break;
@@ -746,8 +742,8 @@ static void refuse_fd(struct k3_server *s, int fd, enum k3_proto_status status, 
 	struct k3_msg_error e;
 
 	memset(&e, 0, sizeof(e));
-	e.status = status; e.has_status = true;
-	e.message = k3_proto_str_of(msg); e.has_message = true;
+	k3_msg_error_set_status(&e, status);
+	k3_msg_error_set_message(&e, k3_proto_str_of(msg));
 	k3_proto_buf_reset(&s->scratch);
 	if (k3_proto_encode(&s->scratch, K3_MSG_ERROR, 0, &e, NULL) == 0 &&
 	    send(fd, s->scratch.data, s->scratch.len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
