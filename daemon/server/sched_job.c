@@ -247,9 +247,8 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 
 	memset(&done, 0, sizeof(done));
 	k3_msg_done_set_finish(&done, j->finish);
-	if (j->finish == K3_FINISH_CANCELLED && atomic_load(&j->cancel_reason)) {
+	if (j->finish == K3_FINISH_CANCELLED && atomic_load(&j->cancel_reason))
 		k3_msg_done_set_cancel_reason(&done, atomic_load(&j->cancel_reason));
-	}
 	k3_msg_done_set_prompt_tokens(&done, q->n_prompt);
 	k3_msg_done_set_completion_tokens(&done, j->n_gen);
 	k3_msg_done_set_reasoning_tokens(&done, j->n_reasoning);
