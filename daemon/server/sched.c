@@ -3,7 +3,7 @@
  * in sched_internal.h): the engine thread's loop over the job queue, the
  * engine -> loop inbox, what happens to a job after it ran (totals, and
  * publishing its state once its DONE reached the kernel), CANCEL, and the
- * hooks through which server.c hands over requests, STATUS and the drain.
+ * hooks through which server*.c hands over requests, STATUS and the drain.
  *
  * Ownership. A job is created and freed on the loop thread. The engine
  * thread reads its inputs and writes its results (finish reason, counters,
@@ -415,7 +415,7 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	k3_conn_send(c, K3_MSG_MODEL_INFO_REPLY, rid, &r);
 }
 
-/* ---- hooks into server.c ----------------------------------------------------------------- */
+/* ---- hooks into server*.c ---------------------------------------------------------------- */
 
 static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_header *h,
 			const union k3_proto_body *body)

@@ -5,7 +5,7 @@
  * Where each behaviour lives:
  *   sched.c        the engine thread, the engine -> loop inbox, a job's
  *                  life after it ran (publishing its state), CANCEL, and
- *                  the hooks server.c calls (requests, STATUS, drain)
+ *                  the hooks server*.c calls (requests, STATUS, drain)
  *   sched_queue.c  the one queue type (struct sched_fifo)
  *   sched_admit.c  the one admission decision (BUSY, duplicate request
  *                  id, draining) for every kind of job, and ACCEPTED
