@@ -25,7 +25,7 @@ Each class comes in three spellings:
                         25% slower on non-ASCII text (alternations PCRE2
                         tries per character).
 k3_ucd_new[] lists the code points assigned after K3_UCD_PCRE2_BASE that are
-in some class (letters, marks, numbers, Han); text_tok.c looks for them
+in some class (letters, marks, numbers, Han); text_pretok.c looks for them
 before it picks a pattern.
 
 The output is checked in: the build needs neither Python packages nor a
