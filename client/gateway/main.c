@@ -321,6 +321,7 @@ int main(int argc, char **argv)
 	if (g.stop_timer)
 		event_free(g.stop_timer);
 	evhttp_free(g.http);
+	gw_http_release(&g);
 	event_base_free(g.base);
 	free(g.cfg.api_key);
 	return 0;
