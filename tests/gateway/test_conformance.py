@@ -557,6 +557,46 @@ def test_model_output_is_bytes_nul_included(st):                 # T48, issue 16
         assert s.get_final_completion().choices[0].message.tool_calls[0].function.arguments == args
 
 
+def test_history_with_nul_reaches_k3d(st):                      # T48, issue 16
+    """The second turn resends the first turn's reply, U+0000 and all: its
+    content, reasoning and tool-call arguments, the tool's answer and a new
+    user message reach k3d byte for byte, and so do a stop string and a
+    legacy prompt holding one (the body is parsed with "\\u0000" allowed,
+    and no field is cut at it)."""
+    args = '{"city": "x\u0000y"}'
+    first = fake_msg({"finish": "tool_calls", "tokens": [
+        {"r": "r\u0000"}, "c\u0000", {"tool": {"index": 0, "id": "call_n", "name": "get_weather",
+                                             "arguments": args}}]})
+    m = chat(st, messages=first, tools=TOOLS).choices[0].message
+    assert (m.content, m.model_extra["reasoning_content"]) == ("c\u0000", "r\u0000")
+    assert m.tool_calls[0].function.arguments == args
+    turn1 = {"role": "assistant", "content": m.content, "reasoning_content": m.model_extra["reasoning_content"],
+             "tool_calls": [{"id": m.tool_calls[0].id, "type": "function",
+                             "function": {"name": "get_weather", "arguments": m.tool_calls[0].function.arguments}}]}
+    history = first + [turn1, {"role": "tool", "tool_call_id": "call_n", "content": "sunny\u0000"},
+                       {"role": "user", "content": "and\u0000 then?"}]
+    c = chat(st, messages=history, tools=TOOLS, stop=["\u0000end"])
+    assert c.choices[0].message.content == "Hello from fake k3d."
+    sent = last_generate(st)
+    assert sent["messages"][1:] == [
+        {"role": "assistant", "content": "c\u0000", "reasoning_content": "r\u0000",
+         "tool_calls": [{"id": "call_n", "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+        {"role": "tool", "content": "sunny\u0000", "tool_call_id": "call_n"},
+        {"role": "user", "content": "and\u0000 then?"}], sent["messages"]
+    assert sent["stop"] == ["\u0000end"]
+    # the arguments also as an object (sent as its JSON text), and a raw prompt
+    history[1]["tool_calls"][0]["function"]["arguments"] = {"city": "x\u0000y"}
+    chat(st, messages=history, tools=TOOLS)
+    assert last_generate(st)["messages"][1]["tool_calls"][0]["function"]["arguments"] == \
+        '{"city":"x\\u0000y"}'
+    st.client().completions.create(model="m", prompt="p\u0000q")
+    assert last_generate(st)["prompt"] == "p\u0000q"
+    # a role is a word: "user\u0000x" is none of them
+    e = assert_error_shape(*st.raw("POST", "/v1/chat/completions",
+                                   {"model": "m", "messages": [{"role": "user\u0000x", "content": "a"}]}), 400)
+    assert e["param"] == "messages.[0].role"
+
+
 def test_invalid_utf8_from_k3d_is_an_error(st):
     """A TOKEN whose text is not UTF-8 (a broken k3d; the protocol's STR
     fields refuse it) never reaches the client as bytes: the stream ends
