@@ -25,7 +25,7 @@ enum {
 	ST_HDR_VALUE,
 	ST_HEAD_END_LF,      /* CR of the empty line ending the head */
 	ST_SKIP,             /* a Content-Length body */
-	ST_CSIZE,            /* chunk-size digits */
+	ST_CSIZE,            /* chunk-size digits (ST_CSIZE..ST_CSIZE_LF: the size line) */
 	ST_CBLANK,           /* blanks after the digits */
 	ST_CEXT,             /* a chunk extension, after ';' */
 	ST_CSIZE_LF,         /* CR of the chunk-size line */
@@ -181,6 +181,8 @@ size_t gw_chunked_feed(struct gw_chunked *c, const uint8_t *p, size_t n, struct 
 	for (i = 0; i < n; i++) {
 		uint8_t b = p[i];
 
+		if (c->state >= ST_CSIZE && c->state <= ST_CSIZE_LF && ++c->line_len > GW_CHUNKED_LINE_MAX)
+			return bad(c, v, i + 1, c->line_len, end_body, "a chunk-size line longer than 4096 bytes");
 		switch (c->state) {
 		case ST_PASSIVE:
 		case ST_BAD:
@@ -267,16 +269,15 @@ size_t gw_chunked_feed(struct gw_chunked *c, const uint8_t *p, size_t n, struct 
 			c->state = b == '\n' ? head_done(c) : ST_PASSIVE;
 			break;
 		case ST_SKIP:
+		case ST_CDATA:
+			/* a Content-Length body or chunk data: in bulk */
 			r = n - i < c->remaining ? n - i : (size_t)c->remaining;
 			c->remaining -= r;
 			i += r - 1;
 			if (!c->remaining)
-				c->state = ST_REQ_START;
+				c->state = c->state == ST_SKIP ? ST_REQ_START : ST_CDATA_CR;
 			break;
 		case ST_CSIZE:
-			if (++c->line_len > GW_CHUNKED_LINE_MAX)
-				return bad(c, v, i + 1, c->line_len, end_body,
-					   "a chunk-size line longer than 4096 bytes");
 			if (hex_value(b) >= 0) {
 				if (c->size >> 59)
 					return bad(c, v, i + 1, c->line_len, end_body,
@@ -303,9 +304,6 @@ size_t gw_chunked_feed(struct gw_chunked *c, const uint8_t *p, size_t n, struct 
 			break;
 		case ST_CBLANK:
 		case ST_CEXT:
-			if (++c->line_len > GW_CHUNKED_LINE_MAX)
-				return bad(c, v, i + 1, c->line_len, end_body,
-					   "a chunk-size line longer than 4096 bytes");
 			if (b == '\r') {
 				c->state = ST_CSIZE_LF;
 			} else if (b == '\n') {
@@ -321,20 +319,10 @@ size_t gw_chunked_feed(struct gw_chunked *c, const uint8_t *p, size_t n, struct 
 			}
 			break;
 		case ST_CSIZE_LF:
-			if (++c->line_len > GW_CHUNKED_LINE_MAX)
-				return bad(c, v, i + 1, c->line_len, end_body,
-					   "a chunk-size line longer than 4096 bytes");
 			if (b != '\n')
 				return bad(c, v, i + 1, c->line_len, end_body, "a CR without LF in a chunk-size line");
 			if ((r = size_line_done(c, v, i + 1)))
 				return r;
-			break;
-		case ST_CDATA:
-			r = n - i < c->remaining ? n - i : (size_t)c->remaining;
-			c->remaining -= r;
-			i += r - 1;
-			if (!c->remaining)
-				c->state = ST_CDATA_CR;
 			break;
 		case ST_CDATA_CR:
 			if (b == '\r' || b == '\n') {

@@ -307,34 +307,17 @@ static size_t contraction(struct ascan *a, size_t q)
 	return 0;
 }
 
-/* U* W+ contraction? from t (alternative 2 after its prefix); 0 = no match */
-static size_t word_a(struct ascan *a, size_t t)
+/* A word from t, then contraction?: U* W+ with lower_tail (alternative
+ * 2 after its prefix), else U+ W* (alternative 3); 0 = no match. */
+static size_t word(struct ascan *a, size_t t, bool lower_tail)
 {
 	size_t q = t, k;
 	int c;
 
 	while ((c = acl(a, q)) == A_UP)
 		q++;
-	if (c != A_LO)
+	if (lower_tail ? c != A_LO : q == t)
 		return 0;
-	while ((c = acl(a, q)) == A_LO)
-		q++;
-	if (a->bail)
-		return 0;
-	k = contraction(a, q);
-	return a->bail ? 0 : q + k - t;
-}
-
-/* U+ W* contraction? from t (alternative 3) */
-static size_t word_b(struct ascan *a, size_t t)
-{
-	size_t q = t, k;
-	int c;
-
-	if (acl(a, q) != A_UP)
-		return 0;
-	while ((c = acl(a, q)) == A_UP)
-		q++;
 	while ((c = acl(a, q)) == A_LO)
 		q++;
 	if (a->bail)
@@ -350,24 +333,18 @@ static size_t ascii_piece(const uint8_t *s, size_t n, size_t p, size_t e)
 	bool prefix = c == A_WS || c == A_OTH;   /* [^\r\n\p{L}\p{N}] */
 	size_t k, q;
 
-	/* 2: word with lower-case tail, with then without the prefix */
-	if (prefix && (k = word_a(&a, p + 1)))
-		return 1 + k;
-	if (a.bail)
-		return 0;
-	if ((k = word_a(&a, p)))
-		return k;
-	if (a.bail)
-		return 0;
-	/* 3: upper-case word */
-	if (prefix && (k = word_b(&a, p + 1)))
-		return 1 + k;
-	if (a.bail)
-		return 0;
-	if ((k = word_b(&a, p)))
-		return k;
-	if (a.bail)
-		return 0;
+	/* 2: word with lower-case tail, then 3: upper-case word; each with
+	 * then without the prefix */
+	for (int lower_tail = 1; lower_tail >= 0; lower_tail--) {
+		if (prefix && (k = word(&a, p + 1, lower_tail)))
+			return 1 + k;
+		if (a.bail)
+			return 0;
+		if ((k = word(&a, p, lower_tail)))
+			return k;
+		if (a.bail)
+			return 0;
+	}
 	/* 4: \p{N}{1,3} */
 	if (c == A_DIG) {
 		for (q = p; q < p + 3 && acl(&a, q) == A_DIG; q++)

@@ -184,6 +184,30 @@ static long payload_off(const char *path, const char *name)
 	return off;
 }
 
+/* Writes n bytes over path at off. */
+static void overwrite(const char *path, long off, const unsigned char *bytes, size_t n)
+{
+	int fd = open(path, O_WRONLY);
+
+	T_EQ_INT(pwrite(fd, bytes, n, off), (long)n);
+	close(fd);
+}
+
+/* Cases that are one edit of the first shard's header: the numbers are
+ * those of the catalogue in main. */
+static const struct {
+	const char *name;
+	void (*edit)(json_t *h);
+	const char *n1, *n2;          /* what the error must say */
+} header_cases[] = {
+	{ "overlap", ed_overlap, "overlapping data_offsets", "k_conv1d" },                 /* 3 */
+	{ "dtype-size", ed_dtype_size, "dtype/shape mismatch", "mlp.down_proj" },          /* 4: byte length */
+	{ "dtype-unknown", ed_unknown_dtype, "unknown dtype 'Q4_K'", NULL },               /* 4b */
+	{ "index-only", ed_remove, "missing tensor", "listed in the index" },              /* 6b: not in its shard */
+	{ "plan-dtype", ed_dtype_plan, "has dtype F16, expected BF16", "mlp.down_proj" },  /* 6c: plan errors */
+	{ "plan-shape", ed_shape_plan, "has shape [96, 160], expected [160, 96]", "gate_proj" },
+};
+
 int main(void)
 {
 	const char *d;
@@ -213,46 +237,25 @@ int main(void)
 
 	/* 2. header length past EOF */
 	d = fresh("hdrlen");
-	{
-		int fd = open(at(d, SH1), O_WRONLY);
-		unsigned char len[8] = { 0x00, 0x00, 0x10, 0x00, 0, 0, 0, 0 };   /* 1 MiB > file */
-		T_EQ_INT(pwrite(fd, len, 8, 0), 8);
-		close(fd);
-	}
+	overwrite(at(d, SH1), 0, (const unsigned char[8]){ 0x00, 0x00, 0x10, 0x00 }, 8);   /* 1 MiB > file */
 	expect_fail(d, -EINVAL, "header length 1048576 runs past the end", SH1);
 	d = fresh("hdrhuge");
-	{
-		int fd = open(at(d, SH1), O_WRONLY);
-		unsigned char len[8] = { 0, 0, 0, 0, 0, 0, 0, 0x7f };
-		T_EQ_INT(pwrite(fd, len, 8, 0), 8);
-		close(fd);
-	}
+	overwrite(at(d, SH1), 0, (const unsigned char[8]){ 0, 0, 0, 0, 0, 0, 0, 0x7f }, 8);
 	expect_fail(d, -EINVAL, "exceeds the", "byte limit");
 
-	/* 3. overlapping offsets */
-	d = fresh("overlap");
-	edit_header(at(d, SH1), ed_overlap);
-	expect_fail(d, -EINVAL, "overlapping data_offsets", "k_conv1d");
-
-	/* 4. dtype/shape mismatch (byte length) */
-	d = fresh("dtype-size");
-	edit_header(at(d, SH1), ed_dtype_size);
-	expect_fail(d, -EINVAL, "dtype/shape mismatch", "mlp.down_proj");
-
-	/* 4b. unknown dtype */
-	d = fresh("dtype-unknown");
-	edit_header(at(d, SH1), ed_unknown_dtype);
-	expect_fail(d, -EINVAL, "unknown dtype 'Q4_K'", NULL);
+	/* 3, 4, 4b, 6b, 6c: one edit of the first shard's header each */
+	for (size_t i = 0; i < sizeof(header_cases) / sizeof(header_cases[0]); i++) {
+		d = fresh(header_cases[i].name);
+		edit_header(at(d, SH1), header_cases[i].edit);
+		expect_fail(d, -EINVAL, header_cases[i].n1, header_cases[i].n2);
+	}
 
 	/* 5. MXFP4 scale byte 255 */
 	d = fresh("scale255");
 	{
 		long off = payload_off(at(d, SH2), "language_model.model.layers.5.block_sparse_moe.experts.3.w3.weight_scale");
 		T_OK(off > 0);
-		int fd = open(at(d, SH2), O_WRONLY);
-		unsigned char ff = 0xff;
-		T_EQ_INT(pwrite(fd, &ff, 1, off + 7), 1);
-		close(fd);
+		overwrite(at(d, SH2), off + 7, (const unsigned char[1]){ 0xff }, 1);
 	}
 	expect_fail(d, -EINVAL, "scale byte 255", "experts.3.w3.weight_scale");
 
@@ -262,19 +265,6 @@ int main(void)
 	ix_remove(d);
 	expect_fail(d, -EINVAL, "3 problems", "missing tensor 'language_model.model.layers.2.self_attn.dt_bias'");
 	expect_fail(d, -EINVAL, "layers.3.self_attn.kv_b_proj.weight", "experts.5.w2.weight_scale");
-
-	/* 6b. tensor listed in the index but absent from its shard */
-	d = fresh("index-only");
-	edit_header(at(d, SH1), ed_remove);
-	expect_fail(d, -EINVAL, "missing tensor", "listed in the index");
-
-	/* 6c. wrong dtype and wrong shape for a role (plan errors) */
-	d = fresh("plan-dtype");
-	edit_header(at(d, SH1), ed_dtype_plan);
-	expect_fail(d, -EINVAL, "has dtype F16, expected BF16", "mlp.down_proj");
-	d = fresh("plan-shape");
-	edit_header(at(d, SH1), ed_shape_plan);
-	expect_fail(d, -EINVAL, "has shape [96, 160], expected [160, 96]", "gate_proj");
 
 	/* 7. wrong config type */
 	d = fresh("config-type");

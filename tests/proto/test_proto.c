@@ -159,39 +159,42 @@ static bool str_eq(struct k3_proto_str a, struct k3_proto_str b)
 	return a.len == b.len && (a.len == 0 || memcmp(a.p, b.p, a.len) == 0);
 }
 
+/* The body fill(type) gives, in *in, encoded with request id rid into buf
+ * (initialized here; the caller releases it once done with out, whose
+ * views point into it) and decoded into *h and *out. False (reported)
+ * when either step fails. */
+static bool round_trip(uint32_t type, uint32_t rid, union k3_proto_body *in, struct k3_proto_buf *buf,
+		       struct k3_proto_header *h, union k3_proto_body *out)
+{
+	struct k3_proto_err err;
+
+	fill(type, in);
+	k3_proto_buf_init(buf, 1 << 20);
+	if (!T_OK(k3_proto_encode(buf, type, rid, in, &err) == 0) ||
+	    !T_OK(k3_proto_frame_decode(buf->data, buf->len, h, out, &err) == 0)) {
+		printf("     %s: %s\n", k3_proto_type_name(type), err.msg);
+		return false;
+	}
+	return true;
+}
+
 static void test_round_trips(void)
 {
-	for (uint32_t type = 1; type < K3_MSG_COUNT; type++) {
-		union k3_proto_body in, out;
-		struct k3_proto_buf buf;
-		struct k3_proto_header h;
-		struct k3_proto_err err;
-		int r;
+	union k3_proto_body in, out;
+	struct k3_proto_buf buf;
+	struct k3_proto_header h;
 
-		fill(type, &in);
-		k3_proto_buf_init(&buf, 1 << 20);
-		r = k3_proto_encode(&buf, type, 1000 + type, &in, &err);
-		T_EQ_INT(r, 0);
-		r = k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err);
-		if (!T_OK(r == 0))
-			printf("     %s: %s\n", k3_proto_type_name(type), err.msg);
-		T_EQ_INT(h.type, type);
-		T_EQ_INT(h.request_id, 1000 + type);
-		T_EQ_INT(h.length, buf.len - K3_PROTO_HEADER_SIZE);
+	for (uint32_t type = 1; type < K3_MSG_COUNT; type++) {
+		if (round_trip(type, 1000 + type, &in, &buf, &h, &out)) {
+			T_EQ_INT(h.type, type);
+			T_EQ_INT(h.request_id, 1000 + type);
+			T_EQ_INT(h.length, buf.len - K3_PROTO_HEADER_SIZE);
+		}
 		k3_proto_buf_release(&buf);
 	}
 
 	/* Field values survive, including ids, repeated strings and doubles. */
-	{
-		union k3_proto_body in, out;
-		struct k3_proto_buf buf;
-		struct k3_proto_header h;
-		struct k3_proto_err err;
-
-		fill(K3_MSG_GENERATE, &in);
-		k3_proto_buf_init(&buf, 1 << 20);
-		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_GENERATE, 5, &in, &err), 0);
-		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
+	if (round_trip(K3_MSG_GENERATE, 5, &in, &buf, &h, &out)) {
 		T_EQ_INT(out.generate.mode, K3_MODE_CHAT);
 		T_OK(str_eq(out.generate.messages, in.generate.messages));
 		T_EQ_INT(out.generate.stop.n, 2);
@@ -200,31 +203,25 @@ static void test_round_trips(void)
 		T_EQ_U64(k3_proto_ids_at(&out.generate.stop_ids, 1), 163584);
 		T_OK(out.generate.has_thinking && !out.generate.thinking);
 		T_OK(!out.generate.has_prompt);
-		k3_proto_buf_release(&buf);
+	}
+	k3_proto_buf_release(&buf);
 
-		fill(K3_MSG_TOKENIZE_REPLY, &in);
-		k3_proto_buf_init(&buf, 1 << 20);
-		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_TOKENIZE_REPLY, 6, &in, &err), 0);
-		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
+	if (round_trip(K3_MSG_TOKENIZE_REPLY, 6, &in, &buf, &h, &out)) {
 		T_EQ_INT(out.tokenize_reply.ids.n, 5);
 		for (uint32_t i = 0; i < 5; i++)
 			T_EQ_U64(k3_proto_ids_at(&out.tokenize_reply.ids, i), ids5[i]);
-		k3_proto_buf_release(&buf);
+	}
+	k3_proto_buf_release(&buf);
 
-		fill(K3_MSG_DONE, &in);
-		k3_proto_buf_init(&buf, 1 << 20);
-		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_DONE, 7, &in, &err), 0);
-		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
+	if (round_trip(K3_MSG_DONE, 7, &in, &buf, &h, &out)) {
 		T_OK(out.done.decode_tps == 3.25);
 		T_EQ_U64(out.done.expert_bytes_read, 1ull << 40);
 		T_OK(!out.done.has_prefill_s);
-		k3_proto_buf_release(&buf);
+	}
+	k3_proto_buf_release(&buf);
 
-		/* STATUS_REPLY's job list: u64 and u32 arrays, entry by entry. */
-		fill(K3_MSG_STATUS_REPLY, &in);
-		k3_proto_buf_init(&buf, 1 << 20);
-		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_STATUS_REPLY, 8, &in, &err), 0);
-		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
+	/* STATUS_REPLY's job list: u64 and u32 arrays, entry by entry. */
+	if (round_trip(K3_MSG_STATUS_REPLY, 8, &in, &buf, &h, &out)) {
 		const struct k3_msg_status_reply *st = &out.status_reply;
 		T_OK(st->has_job_ids && st->has_job_states && st->has_job_kinds && st->has_job_uids &&
 		     st->has_job_pids && st->has_job_ages_ms);
@@ -239,8 +236,8 @@ static void test_round_trips(void)
 			T_EQ_U64(k3_proto_ids_at(&st->job_uids, i), job_uids2[i]);
 			T_EQ_U64(k3_proto_ids_at(&st->job_pids, i), job_pids2[i]);
 		}
-		k3_proto_buf_release(&buf);
 	}
+	k3_proto_buf_release(&buf);
 }
 
 /* The exact bytes of a PING frame: the header layout is normative. */

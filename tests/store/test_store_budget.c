@@ -102,9 +102,7 @@ int main(void)
 	T_EQ_INT(k3_store_budget_parse_limit("", &v), -EINVAL);
 	T_EQ_INT(k3_store_budget_parse_limit("-1", &v), -EINVAL);
 
-	const char *tmp = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/k3budget.XXXXXX", tmp ? tmp : "/tmp");
-	if (!mkdtemp(dir))
+	if (!t_tempdir(dir, sizeof(dir), "k3budget"))
 		return t_skip("no temp dir");
 	char proc[600], root[600];
 	snprintf(proc, sizeof(proc), "%s/cgroup", dir);
