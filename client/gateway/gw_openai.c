@@ -115,6 +115,17 @@ static int get_bool(json_t *body, const char *key, bool *out, struct gw_openai_e
 	return 0;
 }
 
+/* A boolean this server can honour only as false (or absent): true is
+ * refused with msg. */
+static int only_false(json_t *body, const char *key, const char *msg, struct gw_openai_error *e)
+{
+	bool on = false;
+
+	if (get_bool(body, key, &on, e))
+		return -1;
+	return on ? fail(e, key, "unsupported_value", "%s", msg) : 0;
+}
+
 /* Positive token count (max_tokens and friends). */
 static int get_count(json_t *body, const char *key, bool *has, json_int_t *out,
 		     struct gw_openai_error *e)
@@ -415,6 +426,22 @@ static int tool_calls_canon(json_t *tcs, size_t mi, json_t **out, struct gw_open
 	return 0;
 }
 
+/* An optional string field of message i, copied as key into c, its
+ * canonical form; -1 (e filled) when it is not a string. */
+static int copy_string(json_t *c, const char *key, json_t *v, size_t i, struct gw_openai_error *e)
+{
+	char p[128];
+
+	if (!v)
+		return 0;
+	if (!json_is_string(v)) {
+		snprintf(p, sizeof(p), "messages.[%zu].%s", i, key);
+		return bad_type(e, p, "a string", v);
+	}
+	json_object_set(c, key, v);
+	return 0;
+}
+
 static int parse_messages(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
 {
 	json_t *msgs = json_object_get(body, "messages"), *m, *canon;
@@ -478,26 +505,15 @@ static int parse_messages(json_t *body, struct gw_openai_request *r, struct gw_o
 			json_decref(canon);
 			return bad_type(e, p, "a string or an array of content parts", content);
 		}
-		v = opt(m, "name");
-		if (v) {
-			if (!json_is_string(v)) {
-				json_decref(canon);
-				snprintf(p, sizeof(p), "messages.[%zu].name", i);
-				return bad_type(e, p, "a string", v);
-			}
-			json_object_set(c, "name", v);
+		if (copy_string(c, "name", opt(m, "name"), i, e)) {
+			json_decref(canon);
+			return -1;
 		}
 		if (is_asst) {
 			v = opt(m, "reasoning_content");
-			if (!v)
-				v = opt(m, "reasoning");
-			if (v) {
-				if (!json_is_string(v)) {
-					json_decref(canon);
-					snprintf(p, sizeof(p), "messages.[%zu].reasoning_content", i);
-					return bad_type(e, p, "a string", v);
-				}
-				json_object_set(c, "reasoning_content", v);
+			if (copy_string(c, "reasoning_content", v ? v : opt(m, "reasoning"), i, e)) {
+				json_decref(canon);
+				return -1;
 			}
 			v = opt(m, "tool_calls");
 			if (v) {
@@ -662,26 +678,14 @@ static int chat_refusals(json_t *body, struct gw_openai_error *e)
 			return fail(e, unsupported[i], "unsupported_parameter",
 				    "Unsupported parameter: '%s' is not supported by this server.", unsupported[i]);
 	}
-	v = opt(body, "logprobs");
-	if (v) {
-		if (!json_is_boolean(v))
-			return bad_type(e, "logprobs", "a boolean", v);
-		if (json_is_true(v))
-			return fail(e, "logprobs", "unsupported_value",
-				    "Unsupported value: 'logprobs' true is not supported by this server.");
-	}
+	if (only_false(body, "logprobs", "Unsupported value: 'logprobs' true is not supported by this server.", e))
+		return -1;
 	if (opt(body, "top_logprobs"))
 		return fail(e, "top_logprobs", "unsupported_parameter",
 			    "Unsupported parameter: 'top_logprobs' needs 'logprobs', which this server does not "
 			    "support.");
-	v = opt(body, "store");
-	if (v) {
-		if (!json_is_boolean(v))
-			return bad_type(e, "store", "a boolean", v);
-		if (json_is_true(v))
-			return fail(e, "store", "unsupported_value",
-				    "Unsupported value: 'store' true: this server stores nothing.");
-	}
+	if (only_false(body, "store", "Unsupported value: 'store' true: this server stores nothing.", e))
+		return -1;
 	v = opt(body, "modalities");
 	if (v) {
 		if (!json_is_array(v))
@@ -795,13 +799,8 @@ static int parse_completions(json_t *body, struct gw_openai_request *r, struct g
 	if (v && !(json_is_integer(v) && json_integer_value(v) == 0))
 		return fail(e, "logprobs", "unsupported_value",
 			    "Unsupported value: 'logprobs' is not supported by this server.");
-	v = opt(body, "echo");
-	if (v) {
-		if (!json_is_boolean(v))
-			return bad_type(e, "echo", "a boolean", v);
-		if (json_is_true(v))
-			return fail(e, "echo", "unsupported_value", "Unsupported value: 'echo' true is not supported.");
-	}
+	if (only_false(body, "echo", "Unsupported value: 'echo' true is not supported.", e))
+		return -1;
 	if (opt(body, "suffix"))
 		return fail(e, "suffix", "unsupported_parameter",
 			    "Unsupported parameter: 'suffix' is not supported by this server.");

@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
+#include "base/array.h"
 #include "base/file.h"
 #include "base/parse.h"
 #include "k3_limits.h"
@@ -38,23 +39,9 @@ void k3_tok_ids_release(struct k3_tok_ids *ids)
 
 int tok_ids_reserve(struct k3_tok_ids *ids, size_t extra)
 {
-	size_t need, cap;
-	uint32_t *v;
-
 	if (extra > SIZE_MAX / 4 - ids->n)
 		return -ENOMEM;
-	need = ids->n + extra;
-	if (need <= ids->cap)
-		return 0;
-	cap = ids->cap ? ids->cap : 64;
-	while (cap < need)
-		cap = cap > SIZE_MAX / 8 ? need : cap * 2;
-	v = realloc(ids->v, cap * sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	ids->v = v;
-	ids->cap = cap;
-	return 0;
+	return k3_array_reserve(&ids->v, &ids->cap, ids->n + extra, sizeof(*ids->v), 64);
 }
 
 int k3_tok_ids_push(struct k3_tok_ids *ids, uint32_t id)

@@ -60,16 +60,25 @@ static const char *fresh(const char *name)
 	return dir;
 }
 
+/* A shard's bytes (*b, malloc'ed; *n of them) and its parsed JSON
+ * header, *hl bytes after the 8-byte length. */
+static json_t *read_header(const char *path, unsigned char **b, size_t *n, uint64_t *hl)
+{
+	*b = t_read_file(path, n);
+	*hl = 0;
+	for (int i = 7; i >= 0; i--)
+		*hl = (*hl << 8) | (*b)[i];
+	return json_loadb((const char *)*b + 8, (size_t)*hl, 0, NULL);
+}
+
 /* Rewrites a shard's JSON header through edit(), keeping the data section. */
 static void edit_header(const char *path, void (*edit)(json_t *h))
 {
+	unsigned char *b;
 	size_t n;
-	unsigned char *b = t_read_file(path, &n);
-	uint64_t hl = 0;
+	uint64_t hl;
+	json_t *h = read_header(path, &b, &n, &hl);
 
-	for (int i = 7; i >= 0; i--)
-		hl = (hl << 8) | b[i];
-	json_t *h = json_loadb((const char *)b + 8, (size_t)hl, 0, NULL);
 	edit(h);
 	char *s = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	size_t sl = strlen(s), pad = (8 - sl % 8) % 8;
@@ -170,13 +179,10 @@ static void set_config(const char *dir, const char *field, json_t *value, bool t
 /* Byte offset of a tensor's payload in a shard file. */
 static long payload_off(const char *path, const char *name)
 {
+	unsigned char *b;
 	size_t n;
-	unsigned char *b = t_read_file(path, &n);
-	uint64_t hl = 0;
-
-	for (int i = 7; i >= 0; i--)
-		hl = (hl << 8) | b[i];
-	json_t *h = json_loadb((const char *)b + 8, (size_t)hl, 0, NULL);
+	uint64_t hl;
+	json_t *h = read_header(path, &b, &n, &hl);
 	json_t *t = json_object_get(h, name);
 	long off = t ? (long)(8 + hl + json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0))) : -1;
 	json_decref(h);

@@ -70,6 +70,26 @@ static void touch(struct k3_store *s, uint32_t layer, uint32_t expert)
 	use(s, layer, &expert, 1);
 }
 
+/* In a new step, after counting into *a: one prefetch of (layer, e),
+ * read to the end. */
+static void prefetched(struct k3_store *s, struct k3_store_stats *a, uint32_t layer, uint32_t e)
+{
+	k3_store_stats_get(s, a);
+	k3_store_step_begin(s);
+	T_EQ_U64(k3_store_prefetch(s, layer, &e, 1), 1);
+	k3_store_drain(s);
+}
+
+/* Prefetches issued and used, demand hits and misses, in d. */
+static void want_counts(const struct k3_store_stats *d, uint64_t issued, uint64_t used, uint64_t hits,
+			uint64_t misses)
+{
+	T_EQ_U64(d->prefetch_issued, issued);
+	T_EQ_U64(d->prefetch_used, used);
+	T_EQ_U64(d->demand_hits, hits);
+	T_EQ_U64(d->demand_misses, misses);
+}
+
 /* The counters since a, into d. */
 static void since(struct k3_store *s, const struct k3_store_stats *a, struct k3_store_stats *d)
 {
@@ -278,36 +298,24 @@ static void test_prefetch(struct k3_store_source *src)
 	T_OK(k3_store_resident(s, 1, 0));
 	use(s, 1, &e, 1);
 	since(s, &a, &d);
-	T_EQ_U64(d.prefetch_issued, 1);
-	T_EQ_U64(d.prefetch_used, 0);
+	want_counts(&d, 1, 0, 0, 1);
 	T_EQ_U64(d.prefetch_late, 1);
-	T_EQ_U64(d.demand_hits, 0);
-	T_EQ_U64(d.demand_misses, 1);
 	T_EQ_U64(d.bytes_read, cost(src, 1, 0));
 
 	/* Prefetch in step t, acquire in step t+1: used, and a hit. */
-	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
 	e = 3;
-	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
-	k3_store_drain(s);
+	prefetched(s, &a, 1, e);
 	k3_store_step_begin(s);
 	use(s, 1, &e, 1);
 	/* Prefetching what is resident does nothing. */
 	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 0);
 	since(s, &a, &d);
-	T_EQ_U64(d.prefetch_issued, 1);
-	T_EQ_U64(d.prefetch_used, 1);
-	T_EQ_U64(d.demand_hits, 1);
-	T_EQ_U64(d.demand_misses, 0);
+	want_counts(&d, 1, 1, 1, 0);
 	T_EQ_U64(d.bytes_read, cost(src, 1, 3));
 
 	/* A wrong guess that was read and then evicted: wasted bytes. */
-	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
 	e = 9;
-	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
-	k3_store_drain(s);
+	prefetched(s, &a, 1, e);
 	for (uint32_t l = 2; l <= 3; l++)
 		for (uint32_t x = 0; x < FX_EXPERTS; x++)
 			touch(s, l, x * 3);

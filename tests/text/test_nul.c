@@ -145,12 +145,7 @@ int main(void)
 {
 	static const char *const merges[] = { "\xf0\x9f", "th", "in", "nk", NULL };
 
-	tok = tg_synth(merges, 0, NULL, NULL);
-	if (!tok)
-		return t_done();
-	test_parser();
-	test_json();
-	test_render();
-	k3_tok_free(tok);
-	return t_done();
+	static void (*const tests[])(void) = { test_parser, test_json, test_render, NULL };
+
+	return tg_main(&tok, tg_synth(merges, 0, NULL, NULL), NULL, tests);
 }

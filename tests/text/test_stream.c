@@ -230,12 +230,7 @@ int main(void)
 	 * 東 = e6 9d b1, 京 = e4 ba ac */
 	static const char *const merges[] = { "\xf0\x9f", "\x91\x8b\xf0", "\x9f\x8f", "\xbd ",
 					      "\xe6\x9d", "\xb1\xe4", "\xba\xac", "lo", "hel", NULL };
-	tok = tg_synth(merges, 0, NULL, NULL);
-	if (!tok)
-		return t_done();
-	test_utf8_split();
-	test_detok();
-	test_parse();
-	k3_tok_free(tok);
-	return t_done();
+	static void (*const tests[])(void) = { test_utf8_split, test_detok, test_parse, NULL };
+
+	return tg_main(&tok, tg_synth(merges, 0, NULL, NULL), NULL, tests);
 }

@@ -127,4 +127,22 @@ static inline struct k3_tok *tg_real(const char **why)
 	return tok;
 }
 
+/*
+ * main() of a text test: runs each test of the NULL-terminated list with
+ * *slot = tok, then frees tok. A NULL tok ends the test at once: with why
+ * (tg_real's reason) a SKIP, or the failure tg_real already counted;
+ * without, tg_synth's failure.
+ */
+static inline int tg_main(struct k3_tok **slot, struct k3_tok *tok, const char *why, void (*const tests[])(void))
+{
+	if (!tok)
+		return why && !t_failures ? t_skip(why) : t_done();
+	*slot = tok;
+	for (size_t i = 0; tests[i]; i++)
+		tests[i]();
+	k3_tok_free(tok);
+	*slot = NULL;
+	return t_done();
+}
+
 #endif
