@@ -100,7 +100,7 @@ static int parse_count(const char *opt, const char *s, uint64_t min, uint64_t ma
 /* Appends a uid or user name to one of the K3_OPTIONS_MAX_IDS lists. */
 static int add_uid(const char *opt, const char *s, uid_t *list, unsigned *n, struct k3_err *err)
 {
-	uint32_t id;
+	uint32_t id = 0;
 	int r;
 
 	if (*n == K3_OPTIONS_MAX_IDS)
@@ -211,7 +211,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				return r;
 			break;
 		case O_GID: {
-			uint32_t id;
+			uint32_t id = 0;
 
 			if (opts->n_allow_gid == K3_OPTIONS_MAX_IDS)
 				return k3_err_set(err, -EINVAL, "--allow-gid: at most %d", K3_OPTIONS_MAX_IDS);
