@@ -226,6 +226,22 @@ static int check_scales(struct k3_model *m, struct k3_err *err)
 	return 0;
 }
 
+int k3_model_config_load(const char *dir, struct k3_model_config *out, struct k3_err *err)
+{
+	char *p = join(dir, "config.json"), *text = NULL;
+	size_t len = 0;
+	int r;
+
+	if (!p)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	r = read_small(p, K3_MODEL_CONFIG_MAX, &text, &len, err);
+	if (r == 0)
+		r = k3_model_config_parse(text, len, out, err);
+	free(text);
+	free(p);
+	return r;
+}
+
 int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 {
 	struct k3_model *m;
@@ -249,19 +265,7 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		goto fail;
 	}
 
-	if (!(p = join(m->dir, "config.json"))) {
-		r = k3_err_set(err, -ENOMEM, "out of memory");
-		goto fail;
-	}
-	r = read_small(p, K3_MODEL_CONFIG_MAX, &text, &len, err);
-	if (r)
-		goto fail;
-	r = k3_model_config_parse(text, len, &m->cfg, err);
-	free(text);
-	text = NULL;
-	free(p);
-	p = NULL;
-	if (r)
+	if ((r = k3_model_config_load(m->dir, &m->cfg, err)))
 		goto fail;
 
 	if (!(p = join(m->dir, "model.safetensors.index.json"))) {

@@ -155,6 +155,11 @@ struct k3_model_config {
 int k3_model_config_parse(const char *json, size_t len,
 			  struct k3_model_config *out, struct k3_err *err);
 
+/* Reads dir/config.json (at most K3_MODEL_CONFIG_MAX bytes) and parses it
+ * as k3_model_config_parse does: what `k3ctl plan` needs before any shard
+ * exists. -ENOENT (and other errnos) naming the file, or -EINVAL. */
+int k3_model_config_load(const char *dir, struct k3_model_config *out, struct k3_err *err);
+
 /* ---- tensors ---- */
 
 /* safetensors dtypes. Values are stable (never renumber). */

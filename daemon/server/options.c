@@ -14,6 +14,7 @@
 #include "base/parse.h"
 #include "store/store.h"
 #include "store/store_budget.h"
+#include "store/store_plan.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 
@@ -39,6 +40,15 @@ static const char usage[] =
 	"  --direct auto|on|off expert reads with O_DIRECT: auto (default) where the\n"
 	"                       file system allows it; on = required (refuse to start\n"
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
+	"  --memory-limit SIZE  plan memory for at most SIZE (64G, 512M; default and cap:\n"
+	"                       min(RAM, cgroup memory.max / memory.high))\n"
+	"  --context N          tokens of MLA cache the plan reserves per conversation; a\n"
+	"                       longer one is refused (default min(32768, the model's))\n"
+	"  --spine-resident auto|all|N|none  layers 0..N-1 stay in RAM, the rest stream\n"
+	"                       each pass (auto: the planner's choice; docs/plan.md)\n"
+	"  --io-rate GBPS       emulated drive: expert and spine reads limited to GBPS\n"
+	"                       GB/s in all (benchmarks over page-cached files)\n"
+	"  --io-latency MS      emulated drive: each read request takes MS more\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
@@ -99,7 +109,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT,
+	       O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -116,6 +127,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "memory-limit", required_argument, NULL, O_MEMLIMIT },
+		{ "context", required_argument, NULL, O_CONTEXT },
+		{ "spine-resident", required_argument, NULL, O_RESIDENT },
+		{ "io-rate", required_argument, NULL, O_IORATE },
+		{ "io-latency", required_argument, NULL, O_IOLAT },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -128,6 +144,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->frame_timeout_s = 60;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
+	opts->spine_resident = K3_STORE_PLAN_RESIDENT_AUTO;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -216,6 +233,33 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_MEMLIMIT:
+			if ((r = k3_store_plan_parse_size(optarg, &opts->memory_limit_bytes, err)) < 0)
+				return k3_err_prefix(err, "--memory-limit");
+			break;
+		case O_CONTEXT:
+			if ((r = k3_parse_u64(optarg, 1, 1u << 24, &v, err)) < 0)
+				return k3_err_prefix(err, "--context");
+			opts->context_tokens = (uint32_t)v;
+			break;
+		case O_RESIDENT:
+			if ((r = k3_store_plan_parse_resident(optarg, &opts->spine_resident, err)) < 0)
+				return r;
+			break;
+		case O_IORATE: {
+			double g;
+			if ((r = k3_parse_double(optarg, 0.001, 1000, &g, err)) < 0)
+				return k3_err_prefix(err, "--io-rate (GB/s)");
+			opts->io_rate_bytes_per_s = (uint64_t)(g * 1e9);
+			break;
+		}
+		case O_IOLAT: {
+			double ms;
+			if ((r = k3_parse_double(optarg, 0, 10000, &ms, err)) < 0)
+				return k3_err_prefix(err, "--io-latency (ms)");
+			opts->io_latency_ns = (uint64_t)(ms * 1e6);
+			break;
+		}
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -287,4 +331,20 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
+	char mem[32], ctx[32], res[16], rate[48];
+	if (opts->memory_limit_bytes)
+		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);
+	else
+		snprintf(mem, sizeof(mem), "none");
+	if (opts->context_tokens)
+		snprintf(ctx, sizeof(ctx), "%u", opts->context_tokens);
+	else
+		snprintf(ctx, sizeof(ctx), "auto");
+	if (opts->io_rate_bytes_per_s || opts->io_latency_ns)
+		snprintf(rate, sizeof(rate), "%.3fGB/s+%.3fms", (double)opts->io_rate_bytes_per_s / 1e9,
+			 (double)opts->io_latency_ns / 1e6);
+	else
+		snprintf(rate, sizeof(rate), "off");
+	k3_log_info("config: memory-limit=%s context=%s spine-resident=%s emulated-drive=%s", mem, ctx,
+		    k3_store_plan_resident_name(opts->spine_resident, res, sizeof(res)), rate);
 }

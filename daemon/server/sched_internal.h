@@ -40,6 +40,7 @@
 #include "engine/engine.h"
 #include "store/store.h"
 #include "store/store_engine.h"
+#include "store/store_plan.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
 #include "text/text_tok.h"
@@ -231,6 +232,9 @@ struct k3_sched {
 	struct k3_store_source *xsrc;
 	struct k3_store *store;
 	struct k3_store_engine_src xctx;
+	/* the memory plan (store_plan.h); valid when have_plan */
+	struct k3_store_plan_out plan;
+	bool have_plan;
 	/* --router-trace, engine thread only */
 	struct k3_store_trace *trace;
 	uint32_t *route_ids;            /* [SCHED_PREFILL_CHUNK][n_moe][K] */

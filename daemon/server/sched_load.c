@@ -1,8 +1,10 @@
 /*
  * sched_load.c - what the engine thread loads before its first job and
  * the work that uses the expert store directly: the model, tokenizer and
- * engine; the expert store behind the engine (packs or shards, the RAM
- * budget, readers, prefetch); --router-trace (opening it, appending each
+ * engine; the memory plan (store_plan.h: the limit split between spine,
+ * ring, expert cache, state, scratch and headroom, refused below the
+ * floor); the expert store behind the engine (packs or shards, readers,
+ * prefetch, the emulated drive); --router-trace (opening it, appending each
  * forward call's routes, flushing after each job); and WARM_EXPERTS
  * (validated on the loop thread, run on the engine thread between
  * generations).
@@ -21,16 +23,11 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "model/inspect.h"
 #include "model/model.h"
-#include "store/store_budget.h"
 #include "store/store_model.h"
+#include "store/store_plan.h"
 #include "store/store_trace.h"
-
-/* Per-request state the budget reserves besides the cache: MLA caches and
- * KDA states of one sequence plus activations (small next to the experts at
- * every scale this build serves; a long-context K3 request needs more and
- * --expert-cache-gb N then sets the share explicitly). */
-#define SCHED_STATE_RESERVE ((uint64_t)512 << 20)
 
 /* ---- router trace ------------------------------------------------------------ */
 
@@ -88,31 +85,6 @@ static int open_trace(struct k3_sched *s, struct k3_err *err)
 
 /* ---- the expert store ---------------------------------------------------------- */
 
-/* Bytes of the routed experts' tensors (what the store streams). */
-static uint64_t expert_tensor_bytes(const struct k3_model *m)
-{
-	const struct k3_model_plan *plan = k3_model_plan(m);
-	uint64_t sum = 0;
-
-	for (uint32_t l = 0; l < plan->n_layers; l++) {
-		if (!plan->layers[l].is_moe)
-			continue;
-		for (uint32_t x = 0; x < plan->layers[l].moe.n_experts; x++) {
-			const struct k3_expert *e = &plan->layers[l].moe.experts[x];
-			const struct k3_expert_proj *pr[3] = { &e->w1, &e->w2, &e->w3 };
-			for (int i = 0; i < 3; i++) {
-				if (pr[i]->packed)
-					sum += pr[i]->packed->nbytes;
-				if (pr[i]->scale)
-					sum += pr[i]->scale->nbytes;
-				if (pr[i]->weight)
-					sum += pr[i]->weight->nbytes;
-			}
-		}
-	}
-	return sum;
-}
-
 /* The first expert file read without O_DIRECT (for the log). */
 static uint32_t first_buffered(const struct k3_store_source *src)
 {
@@ -122,22 +94,82 @@ static uint32_t first_buffered(const struct k3_store_source *src)
 	return 0;
 }
 
+/* Splits the memory limit (store_plan.h) with the checkpoint's measured
+ * bytes and the expert store's slot size, logs the split, and keeps it for
+ * STATUS. Below the floor (or when --spine-resident / --expert-cache-gb
+ * ask for more than the limit holds) loading fails with every number. */
+static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_store_plan_out *p = &s->plan;
+	struct k3_model_bytes *b = malloc(sizeof(*b));
+	char pre[64];
+	int r;
+
+	if (!b)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	k3_model_bytes(s->model, b);
+	uint32_t ctx = o->context_tokens ? o->context_tokens : K3_STORE_PLAN_DEFAULT_CONTEXT;
+	if (!o->context_tokens && mc->max_position_embeddings && ctx > mc->max_position_embeddings)
+		ctx = (uint32_t)mc->max_position_embeddings;
+	struct k3_store_plan_in in = {
+		.cfg = mc,
+		.bytes = b,
+		.memory_limit_bytes = o->memory_limit_bytes,
+		.context_tokens = ctx,
+		.sequences = 1,
+		.spine_resident = o->spine_resident,
+		.expert_cache_bytes = o->expert_cache_bytes,
+		.max_chunk = SCHED_PREFILL_CHUNK,
+		.slot_bytes = slot_bytes,
+	};
+	r = k3_store_plan_compute(&in, p, err);
+	free(b);
+	if (r < 0)
+		return k3_err_prefix(err, "memory plan");
+	if (p->resident_layers == 0)
+		snprintf(pre, sizeof(pre), "no layer");
+	else
+		snprintf(pre, sizeof(pre), "layers 0..%u", p->resident_layers - 1);
+	k3_log_info("memory plan: limit %.3f GB (%s) = headroom %.3f + state %.3f (%u tokens) + scratch "
+		    "%.3f + resident spine %.3f (%s of %u%s%s) + ring %u x %.3f + expert cache %.3f "
+		    "(%u slots) + unused %.3f GB; floor %.3f GB; a cold token reads %.3f GB of spine "
+		    "and %.3f GB of experts", (double)p->limit_bytes / 1e9, p->limited_by,
+		    (double)p->headroom_bytes / 1e9, (double)p->state_bytes / 1e9, p->context_tokens,
+		    (double)p->scratch_bytes / 1e9, (double)p->spine_resident_bytes / 1e9, pre,
+		    p->n_layers, p->head_resident ? ", head" : "", p->embed_resident ? ", embedding" : "",
+		    p->ring_arenas, (double)p->arena_bytes / 1e9, (double)p->expert_cache_bytes / 1e9,
+		    p->expert_slots, (double)p->unused_bytes / 1e9, (double)p->floor_bytes / 1e9,
+		    (double)p->cold_spine_bytes_per_pass / 1e9,
+		    (double)p->cold_expert_bytes_per_token / 1e9);
+	/* Streaming the spine is the spine loader's (issue 17); until this
+	 * build has one, a plan that streams cannot be served. */
+	if (p->spine_ring_bytes)
+		return k3_err_set(err, -ENOMEM, "memory plan: the spine (%.3f GB) does not fit in the "
+				  "limit of %.3f GB (%s) beside the reserves, and this build cannot "
+				  "stream it: raise the limit or use a machine with more memory",
+				  (double)p->spine_total_bytes / 1e9, (double)p->limit_bytes / 1e9,
+				  p->limited_by);
+	s->have_plan = true;
+	return 0;
+}
+
 /* Opens the expert store behind the engine (docs/store.md, "For the
  * engine"): packs when valid (else shards, logged with the reason), the
- * RAM budget (refused below one token's floor), the reader threads and the
- * lookahead. A model whose experts the store cannot
- * stream (not MXFP4) keeps the mmapped tensors, with a warning. */
+ * memory plan (its expert cache), the reader threads and the lookahead. A
+ * model whose experts the store cannot stream (not MXFP4) keeps the
+ * mmapped tensors, with a warning. */
 static int open_store(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
 	struct k3_store_open_report rep;
-	struct k3_store_budget_out b;
 	char packdir[4096];
 	int r;
 
 	if (!mc->n_moe)
-		return 0;
+		return plan_memory(s, 0, err);
 	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
 	    (int)sizeof(packdir))
 		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
@@ -149,7 +181,7 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		k3_log_warning("expert store off: %s; routed experts come from the mmapped shards", err->msg);
 		err->code = 0;
 		err->msg[0] = '\0';
-		return 0;
+		return plan_memory(s, 0, err);
 	}
 	if (r == -EMEDIUMTYPE)   /* --direct on, and the file system refuses O_DIRECT */
 		return k3_err_prefix(err, "--direct on");
@@ -168,37 +200,22 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	else
 		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
 
-	size_t n_t = 0;
-	const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
-	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
 	uint64_t slot = k3_store_source_slot_bytes(s->xsrc);
 	uint64_t pool = (uint64_t)k3_store_source_count(s->xsrc) * slot;
-	for (size_t i = 0; i < n_t; i++)
-		weights += t[i].nbytes;
-	struct k3_store_budget_in bi = {
-		.spine_bytes = weights > xbytes ? weights - xbytes : 0,
-		.state_bytes = SCHED_STATE_RESERVE,
-		.slot_bytes = slot,
-		.floor_slots = mc->num_experts_per_token,
-		.requested_bytes = o->expert_cache_bytes,
-	};
-	r = k3_store_budget(&bi, &b, err);
-	if (r < 0)
-		return k3_err_prefix(err, "--expert-cache-gb");
-	/* More than every expert buys nothing. */
-	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
-	if (cache < b.floor_bytes)
-		cache = b.floor_bytes;
+	if ((r = plan_memory(s, slot, err)) < 0)
+		return r;
 	/* auto: every rank is offered, the store's precision gate decides. */
 	bool pf_auto = o->prefetch < 0;
 	int prefetch = pf_auto ? (int)mc->num_experts_per_token : o->prefetch;
 	struct k3_store_config cfg = {
-		.cache_bytes = cache,
+		.cache_bytes = s->plan.expert_cache_bytes,
 		.io_threads = o->io_threads,
 		.policy = K3_STORE_POLICY_FREQ,
 		.prefetch_slots = prefetch ? -1 : 0,
 		.prefetch_auto = pf_auto,
 		.check_scales = true,
+		.io_rate_bytes_per_s = o->io_rate_bytes_per_s,
+		.io_latency_ns = o->io_latency_ns,
 	};
 	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
 	if (r < 0)
@@ -217,12 +234,15 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		snprintf(pfs, sizeof(pfs), "%d guesses per position", prefetch);
 	else
 		snprintf(pfs, sizeof(pfs), "off");
-	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; limit %.1f GB%s, "
-		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; prefetch %s",
+	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; floor %.3f GB, "
+		    "experts %.3f GB); %u reader threads; prefetch %s",
 		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
-		    o->expert_cache_bytes ? "--expert-cache-gb" : "auto", (double)b.limit_bytes / 1e9,
-		    b.limited_by_cgroup ? " by cgroup" : "", (double)bi.spine_bytes / 1e9,
-		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
+		    o->expert_cache_bytes ? "--expert-cache-gb" : "the memory plan",
+		    (double)s->plan.expert_floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
+	if (o->io_rate_bytes_per_s || o->io_latency_ns)
+		k3_log_notice("emulated drive: reads limited to %.3f GB/s in all, %.3f ms per request "
+			      "(--io-rate, --io-latency: for benchmarks over page-cached files)",
+			      (double)o->io_rate_bytes_per_s / 1e9, (double)o->io_latency_ns / 1e6);
 	if (info.files_buffered && o->direct == K3_STORE_DIRECT_AUTO)
 		k3_log_warning("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
 			       " (--direct auto: the file system refused O_DIRECT for %s)",
