@@ -20,7 +20,8 @@
  *   1  2026-11-29  first version.
  *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
  *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
- *      only to peers whose HELLO has K3_PROTO_CAP_JOBS.)
+ *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; STATUS_REPLY 40-46:
+ *      peak RSS and the memory plan's split.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -198,7 +199,10 @@ enum k3_proto_state {
 /* Tags 29-34 are the job list: parallel arrays of one length, entry i
  * describing one job (running first, then queued in queue order), sent
  * only to peers that announced K3_PROTO_CAP_JOBS, and only the jobs that
- * peer may cancel. */
+ * peer may cancel. Tags 40-46: k3d's peak RSS (VmHWM) and the memory
+ * plan's split (docs/plan.md): the limit, the resident spine prefix of
+ * spine_layers layers and its bytes, the spine ring, the sequence state;
+ * expert_cache_bytes (20) is the plan's expert tier. */
 #define K3_PROTO_FIELDS_STATUS_REPLY(F, m) \
 	F(m, 1, STR, version, K3_LIM_NAME_MAX, 1) \
 	F(m, 2, U32, state, 0, 1) \
@@ -233,7 +237,14 @@ enum k3_proto_state {
 	F(m, 31, IDS, job_kinds, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 32, IDS, job_uids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 33, IDS, job_pids, K3_LIM_STATUS_JOBS, 0) \
-	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0)
+	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 40, U64, peak_rss_bytes, 0, 0) \
+	F(m, 41, U64, memory_limit_bytes, 0, 0) \
+	F(m, 42, U32, spine_layers, 0, 0) \
+	F(m, 43, U32, spine_resident_layers, 0, 0) \
+	F(m, 44, U64, spine_resident_bytes, 0, 0) \
+	F(m, 45, U64, spine_ring_bytes, 0, 0) \
+	F(m, 46, U64, state_bytes, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \

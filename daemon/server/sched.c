@@ -408,8 +408,8 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	r.id = k3_proto_str_of(s->model_id); r.has_id = true;
 	r.path = k3_proto_str_of(s->opts->model_dir); r.has_path = true;
 	r.provider = k3_proto_str_of("cpu"); r.has_provider = true;
-	r.context_length = (uint32_t)(mc->max_position_embeddings > UINT32_MAX ? UINT32_MAX :
-				      mc->max_position_embeddings);
+	uint64_t ctx = sched_context_tokens(s);
+	r.context_length = (uint32_t)(ctx > UINT32_MAX ? UINT32_MAX : ctx);
 	r.has_context_length = true;
 	r.vocab_size = k3_engine_vocab(s->engine); r.has_vocab_size = true;
 	r.n_layers = mc->num_hidden_layers; r.has_n_layers = true;
@@ -557,6 +557,7 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;
 		r->has_expert_cache_bytes = true;
 	}
+	sched_status_memory(s, r);
 }
 
 static unsigned hook_drain(void *ctx)

@@ -411,6 +411,13 @@ void sched_job_run(struct k3_sched *s, struct sched_job *j);
 /* Loads the model, tokenizer, engine, router trace and expert store, then
  * posts MSG_LOADED (ok, or the error text). Engine thread. */
 void sched_load(struct k3_sched *s);
+/* Tokens one conversation may hold: the model's max_position_embeddings,
+ * capped at the context the memory plan reserved state for (--context).
+ * Any thread once loaded. */
+uint64_t sched_context_tokens(const struct k3_sched *s);
+/* STATUS_REPLY's memory fields: peak RSS (VmHWM of this process) and,
+ * once loaded, the memory plan's split. Loop thread. */
+void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r);
 /* Appends the routes of the last forward call (c positions from pos) to
  * --router-trace; a write error stops tracing with one log line. */
 void sched_trace_routes(struct k3_sched *s, const struct sched_job *j, uint32_t pos, uint32_t c);

@@ -155,6 +155,39 @@ static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, struct k3_err *e
 	return 0;
 }
 
+uint64_t sched_context_tokens(const struct k3_sched *s)
+{
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	uint64_t ctx = mc->max_position_embeddings ? mc->max_position_embeddings : 4096;
+
+	return s->have_plan && s->plan.context_tokens < ctx ? s->plan.context_tokens : ctx;
+}
+
+void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r)
+{
+	char line[256];
+	uint64_t kb;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %" SCNu64, &kb) == 1) {
+			r->peak_rss_bytes = kb * 1024; r->has_peak_rss_bytes = true;
+			break;
+		}
+	if (f)
+		fclose(f);
+	/* The plan is written before MSG_LOADED and never again. */
+	if (!s->ready || !s->have_plan)
+		return;
+	const struct k3_store_plan_out *p = &s->plan;
+	r->memory_limit_bytes = p->limit_bytes; r->has_memory_limit_bytes = true;
+	r->spine_layers = p->n_layers; r->has_spine_layers = true;
+	r->spine_resident_layers = p->resident_layers; r->has_spine_resident_layers = true;
+	r->spine_resident_bytes = p->spine_resident_bytes; r->has_spine_resident_bytes = true;
+	r->spine_ring_bytes = p->spine_ring_bytes; r->has_spine_ring_bytes = true;
+	r->state_bytes = p->state_bytes; r->has_state_bytes = true;
+}
+
 /* Opens the expert store behind the engine (docs/store.md, "For the
  * engine"): packs when valid (else shards, logged with the reason), the
  * memory plan (its expert cache), the reader threads and the lookahead. A

@@ -271,6 +271,34 @@ static void small_plans(void)
 	T_EQ_U64(p.slot_bytes, 204800);
 }
 
+/* The config's bytes are the checkpoint's: both golden checkpoints and a
+ * demo model store the release's dtypes, so k3ctl plan (config only) and
+ * k3d (measured) plan the same. */
+static void measured_equals_config(const char *dir)
+{
+	struct k3_model *m;
+	struct k3_err err = { 0 };
+	static struct k3_model_bytes b;
+
+	if (k3_model_open(dir, &m, &err)) {
+		printf("FAIL: %s: %s\n", dir, err.msg);
+		T_OK(0);
+		return;
+	}
+	const struct k3_model_config *c = k3_model_config(m);
+	k3_model_bytes(m, &b);
+	for (uint32_t l = 0; l < c->num_hidden_layers; l++) {
+		uint64_t got = b.layer[l].attn + b.layer[l].norms + b.layer[l].mlp + b.layer[l].moe_spine;
+		if (got != k3_store_plan_layer_bytes(c, l, false))
+			printf("     %s layer %u\n", dir, l);
+		T_EQ_U64(got, k3_store_plan_layer_bytes(c, l, false));
+	}
+	T_EQ_U64(b.embed, k3_store_plan_embed_bytes(c));
+	T_EQ_U64(b.lm_head + b.final, k3_store_plan_head_bytes(c, false));
+	T_EQ_U64(b.expert_span, k3_store_plan_expert_bytes(c));
+	k3_model_free(m);
+}
+
 static void spellings(void)
 {
 	struct k3_err err = { 0 };
@@ -325,5 +353,11 @@ int main(void)
 	k3_plans(&c);
 	small_plans();
 	spellings();
+	static const char *const golden[] = { "k3tiny_a", "k3tiny_b" };
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/golden/forward/%s/model",
+			 getenv("K3_SHARED") ? getenv("K3_SHARED") : "../shared", golden[i]);
+		measured_equals_config(path);
+	}
 	return t_done();
 }
