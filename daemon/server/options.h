@@ -38,7 +38,8 @@ struct k3_options {
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 	/* The memory planner (docs/plan.md, store_plan.h) */
 	uint64_t memory_limit_bytes;  /* --memory-limit: 0 = min(RAM, cgroup) alone */
-	uint32_t context_tokens;      /* --context: 0 = min(32768, max_position_embeddings) */
+	uint32_t context_tokens;      /* --context: 0 = plan for min(32768, max_position_embeddings),
+				       * accept up to max_position_embeddings */
 	int32_t spine_resident;       /* --spine-resident: K3_STORE_PLAN_RESIDENT_* or N layers */
 	/* The emulated drive (store_io.h): 0 = off */
 	uint64_t io_rate_bytes_per_s; /* --io-rate GBPS */

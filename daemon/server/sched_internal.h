@@ -412,8 +412,8 @@ void sched_job_run(struct k3_sched *s, struct sched_job *j);
  * posts MSG_LOADED (ok, or the error text). Engine thread. */
 void sched_load(struct k3_sched *s);
 /* Tokens one conversation may hold: the model's max_position_embeddings,
- * capped at the context the memory plan reserved state for (--context).
- * Any thread once loaded. */
+ * capped at --context when it is given (the plan then reserves state for
+ * exactly that). Any thread. */
 uint64_t sched_context_tokens(const struct k3_sched *s);
 /* STATUS_REPLY's memory fields: peak RSS (VmHWM of this process) and,
  * once loaded, the memory plan's split. Loop thread. */

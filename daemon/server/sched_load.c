@@ -160,7 +160,10 @@ uint64_t sched_context_tokens(const struct k3_sched *s)
 	const struct k3_model_config *mc = k3_model_config(s->model);
 	uint64_t ctx = mc->max_position_embeddings ? mc->max_position_embeddings : 4096;
 
-	return s->have_plan && s->plan.context_tokens < ctx ? s->plan.context_tokens : ctx;
+	/* Only an explicit --context is a cap: by default the plan reserves
+	 * state for min(32768, the model's) tokens and a longer conversation
+	 * grows its MLA cache past the plan (docs/plan.md, "Context"). */
+	return s->opts->context_tokens && s->opts->context_tokens < ctx ? s->opts->context_tokens : ctx;
 }
 
 void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r)

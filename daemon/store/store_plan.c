@@ -383,11 +383,11 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 		experts = slots * o->slot_bytes;
 		if (experts < o->expert_floor_bytes) {
 			o->expert_cache_bytes = experts;
-			return k3_err_set(err, -ENOMEM, "--expert-cache-gb: %" PRIu64 " bytes hold %" PRIu64
-					  " experts of %" PRIu64 " bytes, below the floor of %" PRIu64
-					  " bytes (%u experts that one MoE layer pins at once)",
-					  in->expert_cache_bytes, slots, o->slot_bytes,
-					  o->expert_floor_bytes, c->num_experts_per_token);
+			return k3_err_set(err, -ENOMEM, "--expert-cache-gb: an expert cache of %" PRIu64
+					  " bytes (%" PRIu64 " slots) is below the floor of %" PRIu64
+					  " bytes: one token pins %u experts of %" PRIu64 " bytes in each "
+					  "MoE layer", in->expert_cache_bytes, slots, o->expert_floor_bytes,
+					  c->num_experts_per_token, o->slot_bytes);
 		}
 	}
 	o->expert_cache_bytes = experts;
