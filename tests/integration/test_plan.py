@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The memory plan through the real k3d (issue 17, items 3 and 5): a
+--memory-limit below the floor is refused at start with every number; a
+limit above it starts, logs the split, and STATUS carries peak RSS (VmHWM)
+and the split (fields 40-46); an explicit --context caps a conversation
+(MODEL_INFO says so, a longer request is refused); --spine-resident beyond
+the layer count is refused; the emulated drive (--io-rate, --io-latency)
+serves the same ids with the same bytes read, and is logged.
+
+usage: test_plan.py K3D K3CTL
+"""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from k3proto import (T, Daemon, connect, field, frame, generate_ids, make_model,  # noqa
+                     read_frame)
+
+K3D, K3CTL = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def u64(f, tag):
+    return struct.unpack("<Q", f[tag][0])[0] if tag in f else None
+
+
+def u32(f, tag):
+    return struct.unpack("<I", f[tag][0])[0] if tag in f else None
+
+
+def refused(model, *args):
+    tmp = tempfile.mkdtemp(prefix="k3d-plan-")
+    try:
+        return subprocess.run([K3D, "--socket", os.path.join(tmp, "s"), "--model", model,
+                               "--threads", "1", *args], capture_output=True, text=True,
+                              timeout=60)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def status(sock):
+    s = connect(sock)
+    s.sendall(frame(T["STATUS"], 3))
+    t, rid, f = read_frame(s)
+    s.close()
+    check(t == T["STATUS_REPLY"], f"STATUS_REPLY, got type {t}")
+    return f
+
+
+def model_info(sock):
+    s = connect(sock)
+    s.sendall(frame(T["MODEL_INFO"], 4))
+    t, rid, f = read_frame(s)
+    s.close()
+    return f
+
+
+def main():
+    model = make_model(K3CTL)
+    try:
+        # Below the floor: refused, naming the limit, who set it and the floor.
+        p = refused(model, "--memory-limit", "1M")
+        check(p.returncode != 0, "k3d refuses a limit below the floor")
+        check("below the floor: the memory limit is 1048576 bytes" in p.stderr and
+              "--memory-limit" in p.stderr and "the smallest limit one pass fits in, is" in
+              p.stderr, "the refusal has the numbers: " + p.stderr[-600:])
+        m = re.search(r"the smallest limit one pass fits in, is (\d+) bytes", p.stderr)
+        floor = int(m.group(1)) if m else 1 << 20
+        # What everything resident needs is enough, to the byte (at the floor
+        # the cheaper choice streams: the nano spine is more than its ring).
+        p = refused(model, "--memory-limit", str(floor), "--spine-resident", "all")
+        m = re.search(r"--spine-resident all: the memory limit is %d bytes .*; this needs "
+                      r"(\d+) bytes" % floor, p.stderr)
+        check(p.returncode != 0 and m is not None, "all resident: the need: " + p.stderr[-600:])
+        if m:
+            need = int(m.group(1))
+            p = refused(model, "--memory-limit", str(need - 1), "--spine-resident", "all")
+            check(p.returncode != 0, "one byte short of the need is refused")
+            d = Daemon(K3D, "--memory-limit", str(need), "--spine-resident", "all", model=model)
+            check("memory plan: limit" in d.log_text(), "starts with exactly the need")
+            d.stop()
+        p = refused(model, "--spine-resident", "99")
+        check(p.returncode != 0 and "--spine-resident 99: the model has 9 layers" in p.stderr,
+              "--spine-resident 99 refused: " + p.stderr[-300:])
+        p = refused(model, "--memory-limit", "lots")
+        check(p.returncode == 2 and "--memory-limit" in p.stderr, "bad --memory-limit: usage")
+        p = refused(model, "--io-rate", "0")
+        check(p.returncode == 2 and "--io-rate" in p.stderr, "--io-rate 0: usage")
+
+        # A limit above it: the split is logged and in STATUS.
+        d = Daemon(K3D, "--memory-limit", "2G", "--context", "4096", "--prefetch", "off", model=model)
+        try:
+            log = d.log_text()
+            check(re.search(r"memory plan: limit 2\.147 GB \(--memory-limit\) = headroom", log)
+                  is not None, "the plan is logged: " + log[-800:])
+            ids, done = generate_ids(d.sock, [5, 6, 7, 8], 4)
+            check(len(ids) == 4, f"generates: {ids}")
+            f = status(d.sock)
+            check(u64(f, 41) == 2 << 30, f"STATUS memory_limit_bytes {u64(f, 41)}")
+            check(u64(f, 40) and 0 < u64(f, 40) < 2 << 30,
+                  f"STATUS peak_rss_bytes {u64(f, 40)} (VmHWM, below the limit)")
+            layers = u32(f, 42)
+            check(layers == 9 and u32(f, 43) == 9, f"every layer resident: {u32(f, 43)}/{layers}")
+            check(u64(f, 45) == 0 and u64(f, 44) and u64(f, 46),
+                  f"no ring, some spine and state: {u64(f, 44)} {u64(f, 45)} {u64(f, 46)}")
+            out = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True,
+                                 text=True).stdout
+            check("peak RSS:" in out and "memory plan: limit 2.147 GB" in out and
+                  "(layers 0..8 of 9)" in out, "k3ctl status shows RSS and the split: " + out)
+            # --context 4096 caps a conversation.
+            mi = model_info(d.sock)
+            check(u32(mi, 4) == 4096, f"MODEL_INFO context_length {u32(mi, 4)}")
+            try:
+                generate_ids(d.sock, [5, 6, 7], 4094)
+                check(False, "a request past --context is refused")
+            except RuntimeError as e:
+                check("context holds 4096" in str(e), f"past --context: {e}")
+        finally:
+            d.stop()
+        baseline = (ids, u64(done, 11) if done else None)
+
+        # The emulated drive: same ids, same expert bytes, and logged.
+        d = Daemon(K3D, "--io-rate", "0.05", "--io-latency", "0.5", "--prefetch", "off", model=model)
+        try:
+            check("emulated drive: reads limited to 0.050 GB/s in all, 0.500 ms per request" in
+                  d.log_text(), "the emulated drive is logged")
+            ids2, done2 = generate_ids(d.sock, [5, 6, 7, 8], 4)
+            check((ids2, u64(done2, 11)) == baseline,
+                  f"same ids and bytes with the drive: {ids2} {u64(done2, 11)} vs {baseline}")
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+    print(f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
