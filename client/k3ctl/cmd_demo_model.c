@@ -1,11 +1,14 @@
 /*
- * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset nano|small|bench]
- * [--seed N] [overrides]`: writes a synthetic K3 checkpoint in the exact
- * Hugging Face layout (see daemon/model/demo.h and docs/formats.md).
+ * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset
+ * nano|small|bench|k3-sparse] [--seed N] [overrides]`: writes a synthetic
+ * K3 checkpoint in the exact Hugging Face layout (see daemon/model/demo.h
+ * and docs/formats.md); k3-sparse is the release's layout at full size as
+ * sparse files (docs/plan.md).
  */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "base/parse.h"
@@ -31,7 +34,7 @@ static const struct {
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench] [--seed N]\n"
+		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench|k3-sparse] [--seed N]\n"
 		"       [--layers N] [--hidden N] [--vocab N] [--intermediate N] [--experts N]\n"
 		"       [--top-k N] [--moe-intermediate N] [--latent N] [--shared-experts N]\n"
 		"       [--kda-heads N] [--kda-head-dim N] [--mla-heads N] [--q-lora N]\n"
@@ -59,7 +62,8 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 			out = val;
 		} else if (strcmp(a, "--preset") == 0) {
 			if (k3_demo_preset_parse(val, &o.preset))
-				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small or bench", val);
+				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small, bench or "
+						   "k3-sparse", val);
 		} else if (strcmp(a, "--seed") == 0) {
 			if (k3_parse_u64(val, 0, UINT64_MAX, &o.seed, &err))
 				return k3ctl_usage("demo-model", "--seed: %s", err.msg);
@@ -96,9 +100,25 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 	for (size_t i = 0; i < n; i++)
 		bytes += t[i].nbytes;
 	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	/* What the shards cost on disk (k3-sparse: the headers; the rest are holes). */
+	uint64_t apparent = 0, disk = 0;
+	for (uint32_t i = 0; i < k3_model_shard_count(m); i++) {
+		struct stat st;
+		if (stat(k3_model_shard_path(m, i), &st) == 0) {
+			apparent += (uint64_t)st.st_size;
+			disk += (uint64_t)st.st_blocks * 512;
+		}
+	}
 	if (k3ctl_g.json)
-		printf("{\"out\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,\"seconds\":%.3f}\n",
-		       out, n, (unsigned long long)bytes, k3_model_shard_count(m), d.layers, s);
+		printf("{\"out\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,"
+		       "\"seconds\":%.3f,\"apparent_bytes\":%llu,\"disk_bytes\":%llu,\"sparse\":%s}\n",
+		       out, n, (unsigned long long)bytes, k3_model_shard_count(m), d.layers, s,
+		       (unsigned long long)apparent, (unsigned long long)disk, d.sparse ? "true" : "false");
+	else if (d.sparse)
+		printf("wrote %s: Kimi K3's layout, %u layers, %u experts/layer (top-%u), %zu tensors, "
+		       "%.3f TB apparent in %u shards, %.1f MB on disk (%.2f s)\n%s\n", out, d.layers,
+		       d.experts, d.top_k, n, (double)apparent / 1e12, k3_model_shard_count(m),
+		       (double)disk / 1e6, s, K3_DEMO_SPARSE_NOTE);
 	else
 		printf("wrote %s: %u layers, hidden %u, %u experts/layer (top-%u), vocab %u, %zu tensors, %.1f MB in %u shards (%.2f s)\n",
 		       out, d.layers, d.hidden, d.experts, d.top_k, d.vocab, n, (double)bytes / 1e6,
