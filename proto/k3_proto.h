@@ -381,6 +381,22 @@ K3_PROTO_MESSAGES(K3_PROTO_STRUCT_)
 #undef K3_PROTO_STRUCT_
 #undef K3_PROTO_MEMBER_
 
+/* One setter per field, k3_msg_<message>_set_<field>(msg, value): stores
+ * the value and marks the field present, so an encoder never forgets
+ * has_<field> (an optional field without it is silently not sent):
+ *   k3_msg_done_set_prompt_tokens(&done, n);
+ *   k3_msg_error_set_message(&e, k3_proto_str_of("busy"));
+ * Generated from the schema rows, so a new field gets its setter too.
+ * Strings and id arrays are views: the setter copies the pointer, not the
+ * bytes, which must outlive the encode. */
+#define K3_PROTO_SETTER_(m, tag, KIND, fname, bound, req) \
+	static inline void k3_msg_##m##_set_##fname(struct k3_msg_##m *msg, k3_proto_##KIND##_t v) \
+	{ msg->fname = v; msg->has_##fname = true; }
+#define K3_PROTO_SETTERS_(id, NAME, name, bound) K3_PROTO_FIELDS_##NAME(K3_PROTO_SETTER_, name)
+K3_PROTO_MESSAGES(K3_PROTO_SETTERS_)
+#undef K3_PROTO_SETTERS_
+#undef K3_PROTO_SETTER_
+
 /* Any decoded body; the frame's type says which member is live. */
 union k3_proto_body {
 #define K3_PROTO_UNION_(id, NAME, name, bound) struct k3_msg_##name name;

@@ -115,8 +115,10 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 					    ep_names[ep], m->by_status[ep][i].status,
 					    (unsigned long long)m->by_status[ep][i].n);
 	help_type(out, "k3_gateway_tokens_total", "counter",
-		  "Tokens of generations whose reply reached the client, by kind (reasoning is part of "
-		  "completion).");
+		  "Tokens in the usage of replies that reached their client (generations that ended stop, "
+		  "length or tool_calls), by kind: prompt, completion, reasoning (part of completion), "
+		  "cached_prompt (prompt tokens whose KV cache k3d reused instead of prefilling; part of "
+		  "prompt).");
 	evbuffer_add_printf(out,
 		"k3_gateway_tokens_total{kind=\"prompt\"} %llu\n"
 		"k3_gateway_tokens_total{kind=\"completion\"} %llu\n"

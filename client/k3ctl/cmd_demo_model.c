@@ -1,7 +1,7 @@
 /*
  * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset
  * nano|small|bench|k3-sparse] [--seed N] [overrides]`: writes a synthetic
- * K3 checkpoint in the exact Hugging Face layout (see daemon/model/demo.h
+ * K3 checkpoint in the exact Hugging Face layout (see daemon/demo/demo.h
  * and docs/formats.md); k3-sparse is the release's layout at full size as
  * sparse files (docs/plan.md).
  */
@@ -13,7 +13,7 @@
 
 #include "base/parse.h"
 #include "k3ctl.h"
-#include "model/demo.h"
+#include "demo/demo.h"
 #include "model/model.h"
 
 static const struct {

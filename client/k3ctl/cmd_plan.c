@@ -176,7 +176,9 @@ int k3ctl_cmd_plan(int argc, char **argv)
 		if (!strcmp(a, "--model")) {
 			dir = val;
 		} else if (!strcmp(a, "--ram")) {
-			rc = k3_store_plan_parse_size(val, &in.ram_bytes, &err);
+			rc = k3_parse_size(val, &in.ram_bytes, &err);
+			if (!rc && !in.ram_bytes)
+				rc = k3_err_set(&err, -EINVAL, "a size above 0 (64G, 512M)");
 			in.cgroup_bytes = UINT64_MAX;   /* plan for a machine of that size */
 		} else if (!strcmp(a, "--context")) {
 			if (!(rc = k3_parse_u64(val, 1, 1u << 24, &v, &err)))

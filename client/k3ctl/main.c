@@ -176,12 +176,14 @@ int main(int argc, char **argv)
 	}
 	{
 		/* An empty --socket is a usage error (exit 2), not "cannot reach
-		 * k3d at ''" (exit 3). A too-long path is left to the connect,
-		 * which reports it as a k3d it cannot reach. */
+		 * k3d at ''" (exit 3). A too-long path is left to the connect
+		 * (offline commands need no socket), which gives the same exit
+		 * code the gateway gives, k3_client_socket_exit_code's. */
 		char why[512];
+		int r = k3_client_socket_check(k3ctl_g.socket_path, why, sizeof(why));
 
-		if (k3_client_socket_check(k3ctl_g.socket_path, why, sizeof(why)) == -EINVAL)
-			return k3ctl_fail(K3CTL_EXIT_USAGE, "%s", why);
+		if (r == -EINVAL)
+			return k3ctl_fail(k3_client_socket_exit_code(r), "%s", why);
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		char name[32];

@@ -235,8 +235,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->no_packs = true;
 			break;
 		case O_MEMLIMIT:
-			if ((r = k3_store_plan_parse_size(optarg, &opts->memory_limit_bytes, err)) < 0)
+			if ((r = k3_parse_size(optarg, &opts->memory_limit_bytes, err)) < 0)
 				return k3_err_prefix(err, "--memory-limit");
+			if (!opts->memory_limit_bytes)
+				return k3_err_set(err, -EINVAL, "--memory-limit: a size above 0 (64G, 512M)");
 			break;
 		case O_CONTEXT:
 			if ((r = k3_parse_u64(optarg, 1, 1u << 24, &v, err)) < 0)

@@ -28,6 +28,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "base/log.h"
+#include "base/sockact.h"
 #include "k3_build_config.h"
 
 enum { MAX_LISTENERS = 8, HELLO_TIMEOUT_S = 10, DRAIN_GRACE_S = 5 };
@@ -757,22 +758,13 @@ static int bind_own(struct k3_server *s, struct k3_err *err)
 
 int k3_server_listen(struct k3_server *s, struct k3_err *err)
 {
-	int n = sd_listen_fds(1), r;
+	int n = k3_sockact_listen_fds(AF_UNIX, "k3d.socket", err), r;
 
 	if (n < 0)
-		return k3_err_set(err, n, "cannot read sockets passed by systemd: %s", strerror(-n));
-	for (int i = 0; i < n; i++) {
-		int fd = SD_LISTEN_FDS_START + i;
-
-		if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0)
-			return k3_err_set(err, -EINVAL, "passed fd %d is not a listening Unix stream socket; "
-					  "check ListenStream= in k3d.socket", fd);
-		if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
-		    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0)
-			return k3_err_set(err, -errno, "fd %d: %s", fd, strerror(errno));
-		if ((r = add_listener(s, fd, err)) < 0)
+		return n;
+	for (int i = 0; i < n; i++)
+		if ((r = add_listener(s, K3_SOCKACT_FIRST_FD + i, err)) < 0)
 			return r;
-	}
 	if (n > 0) {
 		k3_log_info("serving %d socket(s) passed by systemd", n);
 		return 0;

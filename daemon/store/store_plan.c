@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -482,32 +481,4 @@ const char *k3_store_plan_resident_name(int32_t v, char *buf, unsigned n)
 		return "none";
 	snprintf(buf, n, "%" PRId32, v);
 	return buf;
-}
-
-int k3_store_plan_parse_size(const char *s, uint64_t *out, struct k3_err *err)
-{
-	char num[64];
-	size_t n = strlen(s);
-	unsigned shift = 0;
-	double v;
-
-	if (n == 0 || n >= sizeof(num))
-		return k3_err_set(err, -EINVAL, "'%s' is not a size (e.g. 64G, 512M)", s);
-	memcpy(num, s, n + 1);
-	switch (num[n - 1]) {
-	case 'K': case 'k': shift = 10; break;
-	case 'M': case 'm': shift = 20; break;
-	case 'G': case 'g': shift = 30; break;
-	case 'T': case 't': shift = 40; break;
-	}
-	if (shift)
-		num[n - 1] = '\0';
-	if (k3_parse_double(num, 0, (double)((uint64_t)1 << (60 - shift)), &v, NULL) != 0)
-		return k3_err_set(err, -EINVAL, "'%s' is not a size (a number with an optional K, M, G "
-				  "or T: 64G, 512M, 1.5T), at most 2^60 bytes", s);
-	v = ldexp(v, (int)shift);
-	if (v < 1)
-		return k3_err_set(err, -ERANGE, "'%s': a size of at least 1 byte", s);
-	*out = (uint64_t)v;
-	return 0;
 }

@@ -146,10 +146,4 @@ int k3_store_plan_parse_resident(const char *s, int32_t *out, struct k3_err *err
 /* "auto", "all", "none" or the number, into buf (>= 16 bytes). */
 const char *k3_store_plan_resident_name(int32_t v, char *buf, unsigned n);
 
-/* Parses a memory size: a decimal number (fractions allowed) with an
- * optional binary unit K, M, G, T (2^10 .. 2^40, either case; "64G" is
- * 64 GiB), at least 1 byte and at most 2^60. Returns 0 or -EINVAL /
- * -ERANGE with the reason. */
-int k3_store_plan_parse_size(const char *s, uint64_t *out, struct k3_err *err);
-
 #endif

@@ -10,17 +10,16 @@
 #include "text/text_tok.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pcre2.h>
 
+#include "base/file.h"
 #include "base/parse.h"
 #include "k3_limits.h"
 
@@ -920,48 +919,6 @@ void k3_tok_free(struct k3_tok *tok)
 	free(tok);
 }
 
-static int read_file(const char *path, size_t max, char **out, size_t *out_len, struct k3_err *err)
-{
-	struct stat st;
-	char *buf;
-	size_t got = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0)
-		return k3_err_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return k3_err_set(err, -EINVAL, "'%s' is not a regular file", path);
-	}
-	if ((uint64_t)st.st_size > max) {
-		close(fd);
-		return k3_err_set(err, -E2BIG, "'%s' is %lld bytes, more than the %zu-byte limit",
-				  path, (long long)st.st_size, max);
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
-		return k3_err_set(err, -ENOMEM, "out of memory reading '%s'", path);
-	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			int e = r < 0 ? errno : EIO;
-			free(buf);
-			close(fd);
-			return k3_err_set(err, -e, "cannot read '%s': %s", path, strerror(e));
-		}
-		got += (size_t)r;
-	}
-	close(fd);
-	buf[got] = 0;
-	*out = buf;
-	*out_len = got;
-	return 0;
-}
-
 static int b64_val(uint8_t c)
 {
 	if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -1325,9 +1282,9 @@ int k3_tok_load_files(const char *rank_path, const char *config_path, struct k3_
 	size_t rn = 0, cn = 0;
 	int rc;
 
-	if ((rc = read_file(rank_path, K3_TOK_FILE_MAX, &r, &rn, err)))
+	if ((rc = k3_file_read(rank_path, K3_TOK_FILE_MAX, 0, &r, &rn, err)))
 		return rc;
-	if (config_path && (rc = read_file(config_path, K3_TOK_FILE_MAX, &c, &cn, err))) {
+	if (config_path && (rc = k3_file_read(config_path, K3_TOK_FILE_MAX, 0, &c, &cn, err))) {
 		free(r);
 		return rc;
 	}

@@ -303,7 +303,6 @@ static void spellings(void)
 {
 	struct k3_err err = { 0 };
 	int32_t r;
-	uint64_t v;
 	char buf[16];
 
 	T_EQ_INT(k3_store_plan_parse_resident("auto", &r, &err), 0);
@@ -319,23 +318,6 @@ static void spellings(void)
 	T_EQ_INT(k3_store_plan_parse_resident("-1", &r, &err), -EINVAL);
 	T_EQ_INT(k3_store_plan_parse_resident("some", &r, &err), -EINVAL);
 	T_EQ_INT(k3_store_plan_parse_resident("257", &r, &err), -EINVAL);
-
-	T_EQ_INT(k3_store_plan_parse_size("64G", &v, &err), 0);
-	T_EQ_U64(v, 64 * GIB);
-	T_EQ_INT(k3_store_plan_parse_size("16g", &v, &err), 0);
-	T_EQ_U64(v, 16 * GIB);
-	T_EQ_INT(k3_store_plan_parse_size("512M", &v, &err), 0);
-	T_EQ_U64(v, 512 * MIB);
-	T_EQ_INT(k3_store_plan_parse_size("1.5T", &v, &err), 0);
-	T_EQ_U64(v, 3ull << 39);
-	T_EQ_INT(k3_store_plan_parse_size("123456", &v, &err), 0);
-	T_EQ_U64(v, 123456);
-	T_OK(k3_store_plan_parse_size("", &v, &err) < 0);
-	T_OK(k3_store_plan_parse_size("G", &v, &err) < 0);
-	T_OK(k3_store_plan_parse_size("-1G", &v, &err) < 0);
-	T_OK(k3_store_plan_parse_size("12GB", &v, &err) < 0);
-	T_OK(k3_store_plan_parse_size("0", &v, &err) < 0);
-	T_OK(k3_store_plan_parse_size("2000000T", &v, &err) < 0);
 }
 
 int main(void)
