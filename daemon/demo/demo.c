@@ -760,7 +760,11 @@ int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *
 	}
 	r = write_config(out, &d, o->seed, err);
 	if (!r)
-		r = k3_demo_write_tokenizer(out, d.vocab, err);
+		/* k3-sparse: no tokenizer. A synthetic rank file of the release's
+		 * size is refused by the tokenizer loader, which knows the real
+		 * one's SHA-256; copy the release's tiktoken.model and
+		 * tokenizer_config.json in to serve text (docs/plan.md). */
+		r = d.release_layout ? 0 : k3_demo_write_tokenizer(out, d.vocab, err);
 out:
 	for (size_t i = 0; i < l.n; i++)
 		free(l.v[i].pending);

@@ -33,7 +33,8 @@ enum k3_demo_preset {
 	 * release in its 96 shards (~1.56 TB apparent), the data regions left
 	 * as holes (they read as zeros; the disk holds the headers). Every
 	 * weight is zero, so its output is meaningless: a rehearsal of scale,
-	 * not of numbers. No overrides. */
+	 * not of numbers. No overrides, no tokenizer files (k3d serves token
+	 * ids; copy the release's tokenizer in for text). */
 	K3_DEMO_K3_SPARSE,
 	K3_DEMO_PRESET_COUNT
 };
