@@ -75,6 +75,10 @@ def u32(fields, tag):
     return struct.unpack("<I", fields[tag][0])[0]
 
 
+def u64(fields, tag):
+    return struct.unpack("<Q", fields[tag][0])[0]
+
+
 def connect(path, do_hello=True):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)

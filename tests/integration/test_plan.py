@@ -12,14 +12,13 @@ usage: test_plan.py K3D K3CTL
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import (T, Daemon, connect, field, frame, generate_ids, make_model,  # noqa
-                     read_frame)
+from k3proto import (T, Daemon, connect, frame, generate_ids, make_model, read_frame,  # noqa
+                     u32, u64)
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 failures = []
@@ -29,14 +28,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-def u64(f, tag):
-    return struct.unpack("<Q", f[tag][0])[0] if tag in f else None
-
-
-def u32(f, tag):
-    return struct.unpack("<I", f[tag][0])[0] if tag in f else None
 
 
 def refused(model, *args):
