@@ -66,6 +66,7 @@ enum k3_proto_status {
 	K3_STATUS_INVALID_ARGUMENT = 12,/* well-formed request the engine cannot honour exactly */
 	K3_STATUS_UNSUPPORTED = 13,     /* e.g. image parts in a text-only model */
 	K3_STATUS_INTERNAL = 14,
+	K3_STATUS_IDLE_TIMEOUT = 15,    /* k3d closed a connection idle past --idle-timeout */
 	K3_STATUS_COUNT
 };
 

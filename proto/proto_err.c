@@ -36,6 +36,7 @@ const char *k3_proto_status_name(uint32_t status)
 		[K3_STATUS_INVALID_ARGUMENT] = "invalid_argument",
 		[K3_STATUS_UNSUPPORTED] = "unsupported",
 		[K3_STATUS_INTERNAL] = "internal",
+		[K3_STATUS_IDLE_TIMEOUT] = "idle_timeout",
 	};
 	return status < K3_STATUS_COUNT ? names[status] : "unknown_status";
 }

@@ -84,6 +84,7 @@ int k3ctl_cmd_chat(int argc, char **argv)
 		free(line);
 		msgs = json_dumps(history, JSON_COMPACT);
 		k3ctl_gen_interrupted = 0;
+		k3ctl_client_reopen_if_closed(&c);   /* k3d closes idle connections (--idle-timeout) */
 		r = k3ctl_gen_run(&c, &o, NULL, msgs, &res);
 		free(msgs);
 		if (r != 0) {

@@ -26,6 +26,14 @@ struct k3_options {
 	unsigned threads;             /* --threads: compute threads, 0 = cores */
 	double drain_timeout_s;       /* how long SIGTERM waits for running work */
 	double frame_timeout_s;       /* a large frame must arrive whole within this */
+	/* Connections (k3_limits.h has each default, bound and why) */
+	unsigned max_connections;     /* --max-connections: all together */
+	unsigned max_connections_per_uid; /* --max-connections-per-uid: any one uid but
+				       * root and the gateway uids */
+	uid_t gateway_uid[K3_OPTIONS_MAX_IDS]; /* --gateway-uid: k3-gateway's users */
+	unsigned n_gateway_uid;
+	unsigned gateway_connections; /* --gateway-connections: kept for gateway_uid */
+	double idle_timeout_s;        /* --idle-timeout: 0 = never */
 	int log_level;                /* enum k3_log_level */
 	/* The expert store (docs/store.md) */
 	uint64_t expert_cache_bytes;  /* --expert-cache-gb: 0 = auto (store_budget.h) */
