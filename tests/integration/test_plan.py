@@ -33,11 +33,19 @@ def check(cond, what):
 def refused(model, *args):
     tmp = tempfile.mkdtemp(prefix="k3d-plan-")
     try:
-        return subprocess.run([K3D, "--socket", os.path.join(tmp, "s"), "--model", model,
-                               "--threads", "1", *args], capture_output=True, text=True,
-                              timeout=60)
+        p = subprocess.run([K3D, "--socket", os.path.join(tmp, "s"), "--model", model,
+                            "--threads", "1", *args], capture_output=True, text=True,
+                           timeout=60)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    check("Sanitizer" not in p.stderr and "runtime error:" not in p.stderr,
+          f"sanitizer report from k3d {' '.join(args)}: {p.stderr[-600:]}")
+    return p
+
+
+def stop(d):
+    d.stop()
+    check(not d.sanitizer_reports(), f"sanitizer reports: {d.sanitizer_reports()}")
 
 
 def status(sock):
@@ -80,7 +88,7 @@ def main():
             check(p.returncode != 0, "one byte short of the need is refused")
             d = Daemon(K3D, "--memory-limit", str(need), "--spine-resident", "all", model=model)
             check("memory plan: limit" in d.log_text(), "starts with exactly the need")
-            d.stop()
+            stop(d)
         p = refused(model, "--spine-resident", "99")
         check(p.returncode != 0 and "--spine-resident 99: the model has 9 layers" in p.stderr,
               "--spine-resident 99 refused: " + p.stderr[-300:])
@@ -118,7 +126,7 @@ def main():
             except RuntimeError as e:
                 check("context holds 4096" in str(e), f"past --context: {e}")
         finally:
-            d.stop()
+            stop(d)
         baseline = (ids, u64(done, 11) if done else None)
 
         # The emulated drive: same ids, same expert bytes, and logged.
@@ -130,7 +138,7 @@ def main():
             check((ids2, u64(done2, 11)) == baseline,
                   f"same ids and bytes with the drive: {ids2} {u64(done2, 11)} vs {baseline}")
         finally:
-            d.stop()
+            stop(d)
     finally:
         shutil.rmtree(os.path.dirname(model), ignore_errors=True)
     print(f"{len(failures)} failures")
