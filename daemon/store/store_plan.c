@@ -284,12 +284,14 @@ static void fill_tiers(const struct k3_store_plan_in *in, struct k3_store_plan_o
 
 	o->n_layers = c->num_hidden_layers;
 	for (uint32_t l = 0; l < o->n_layers; l++)
-		o->layer_spine_bytes[l] = b ? b->layer[l].attn + b->layer[l].norms + b->layer[l].mlp +
-					      b->layer[l].moe_spine
-					    : k3_store_plan_layer_bytes(c, l, in->spine_int8);
-	o->embed_bytes = b ? b->embed : k3_store_plan_embed_bytes(c);
-	o->head_bytes = b ? b->lm_head + b->final : k3_store_plan_head_bytes(c, in->spine_int8);
-	o->int8_estimate = in->spine_int8 && !b;
+		o->layer_spine_bytes[l] = in->layer_bytes ? in->layer_bytes[l]
+					  : b ? b->layer[l].attn + b->layer[l].norms + b->layer[l].mlp +
+						b->layer[l].moe_spine
+					  : k3_store_plan_layer_bytes(c, l, in->spine_int8);
+	o->embed_bytes = in->layer_bytes ? in->embed_bytes : b ? b->embed : k3_store_plan_embed_bytes(c);
+	o->head_bytes = in->layer_bytes ? in->head_bytes : b ? b->lm_head + b->final
+							  : k3_store_plan_head_bytes(c, in->spine_int8);
+	o->int8_estimate = in->spine_int8 && !b && !in->layer_bytes;
 	o->spine_total_bytes = o->embed_bytes + o->head_bytes;
 	for (uint32_t l = 0; l < o->n_layers; l++)
 		o->spine_total_bytes += o->layer_spine_bytes[l];
@@ -301,7 +303,9 @@ static void fill_tiers(const struct k3_store_plan_in *in, struct k3_store_plan_o
 	o->expert_floor_bytes = c->n_moe ? (uint64_t)c->num_experts_per_token * o->slot_bytes : 0;
 	/* One embedding row per position, as an O_DIRECT read of it touches
 	 * at most: the row's 4 KiB pages plus one for an unaligned start. */
-	o->embed_row_bytes = round_up((uint64_t)c->hidden_size * 2, ALIGN) + ALIGN;
+	o->embed_row_bytes = in->layer_bytes && in->embed_row_bytes
+			     ? in->embed_row_bytes
+			     : round_up((uint64_t)c->hidden_size * 2, ALIGN) + ALIGN;
 }
 
 static void fill_traffic(const struct k3_model_config *c, struct k3_store_plan_out *o)

@@ -69,6 +69,12 @@ struct k3_store_plan_in {
 	 * cfg with the release's dtypes (BF16 matrices and norms, F32 conv
 	 * taps, A_log, dt_bias, o_norm and routing bias, MXFP4 experts). */
 	const struct k3_model_bytes *bytes;
+	/* The spine's units as the spine loader holds them in memory (the
+	 * aligned extents it reads), overriding cfg and bytes for the spine:
+	 * layer_bytes[num_hidden_layers], the head, the embedding, one
+	 * embedding row as read. NULL = from bytes or cfg. */
+	const uint64_t *layer_bytes;
+	uint64_t head_bytes, embed_bytes, embed_row_bytes;
 	uint64_t ram_bytes;          /* 0 = detect (sysconf) */
 	uint64_t cgroup_bytes;       /* 0 = detect (memory.max and memory.high); UINT64_MAX = none */
 	uint64_t memory_limit_bytes; /* --memory-limit; 0 = none */

@@ -269,6 +269,22 @@ static void small_plans(void)
 	T_EQ_U64(p.head_bytes, 2003000);
 	T_EQ_U64(p.spine_total_bytes, 12 * 1000000 + 66 + 3000000 + 2003000);
 	T_EQ_U64(p.slot_bytes, 204800);
+
+	/* The spine loader's own unit sizes override both. */
+	uint64_t units[12];
+	for (uint32_t l = 0; l < 12; l++)
+		units[l] = 2000000 + 4096 * l;
+	mi.layer_bytes = units;
+	mi.head_bytes = 2100000;
+	mi.embed_bytes = 3100000;
+	mi.embed_row_bytes = 8192;
+	mi.spine_resident = K3_STORE_PLAN_RESIDENT_NONE;
+	T_EQ_INT(k3_store_plan_compute(&mi, &p, &err), 0);
+	T_EQ_U64(p.layer_spine_bytes[11], 2000000 + 4096 * 11);
+	T_EQ_U64(p.head_bytes, 2100000);
+	T_EQ_U64(p.embed_bytes, 3100000);
+	T_EQ_U64(p.arena_bytes, (2100000 + 4095) / 4096 * 4096);
+	T_EQ_U64(p.cold_spine_bytes_per_pass, 12 * 2000000 + 4096 * 66 + 2100000 + 8192);
 }
 
 /* The config's bytes are the checkpoint's: both golden checkpoints and a
