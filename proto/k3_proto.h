@@ -239,6 +239,10 @@ enum k3_proto_state {
 	F(m, 32, IDS, job_uids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 33, IDS, job_pids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 35, U64, spine_bytes_read, 0, 0) \
+	F(m, 36, U64, spine_loads, 0, 0) \
+	F(m, 37, U64, spine_memory_bytes, 0, 0) \
+	F(m, 38, F64, spine_io_wait_s_total, 0, 0) \
 	F(m, 40, U64, peak_rss_bytes, 0, 0) \
 	F(m, 41, U64, memory_limit_bytes, 0, 0) \
 	F(m, 42, U32, spine_layers, 0, 0) \
@@ -322,7 +326,11 @@ enum k3_proto_state {
 	F(m, 18, F64, compute_s, 0, 0) \
 	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
 	F(m, 20, U64, prefetch_issued_bytes, 0, 0) \
-	F(m, 21, U32, cancel_reason, 0, 0)
+	F(m, 21, U32, cancel_reason, 0, 0) \
+	F(m, 22, U64, spine_bytes_read, 0, 0) \
+	F(m, 23, U64, spine_loads, 0, 0) \
+	F(m, 24, U64, spine_rows_read, 0, 0) \
+	F(m, 25, F64, spine_io_wait_s, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

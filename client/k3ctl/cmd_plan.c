@@ -107,7 +107,7 @@ static void plan_print(const char *dir, const struct k3_model_config *c,
 	printf("limit      %9.3f GB  %s (%.1f GiB)\n", gb(p->limit_bytes), p->limited_by,
 	       (double)p->limit_bytes / (double)(1ull << 30));
 	printf("  headroom %9.3f GB  a tenth of the limit, at least %s\n", gb(p->headroom_bytes),
-	       strcmp(p->limited_by, "--memory-limit") == 0 ? "64 MiB" : "2 GiB");
+	       strcmp(p->limited_by, "--memory-limit") == 0 ? "32 MiB" : "2 GiB");
 	printf("  state    %9.3f GB  KDA %.3f GB (%u layers) + MLA cache %.3f GB (%u layers, %u "
 	       "tokens), %u sequence%s\n", gb(p->state_bytes), gb(p->kda_state_bytes), c->n_kda,
 	       gb(p->mla_cache_bytes), c->n_mla, p->context_tokens, p->sequences,
@@ -158,7 +158,7 @@ static void plan_print(const char *dir, const struct k3_model_config *c,
 int k3ctl_cmd_plan(int argc, char **argv)
 {
 	const char *dir = NULL;
-	struct k3_store_plan_in in = { .spine_resident = K3_STORE_PLAN_RESIDENT_AUTO };
+	struct k3_store_plan_in in = { .spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT };
 	struct k3_err err = { 0, "" };
 	double disk = 7.0;
 	uint64_t v;

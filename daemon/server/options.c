@@ -45,13 +45,18 @@ static const char usage[] =
 	"  --context N          tokens of MLA cache the plan reserves per conversation, and\n"
 	"                       the most one may hold (default: reserve min(32768, the\n"
 	"                       model's), accept up to the model's)\n"
-	"  --spine-resident auto|all|N|none  layers 0..N-1 stay in RAM, the rest stream\n"
-	"                       each pass (auto: the planner's choice; docs/plan.md)\n"
+	"  --spine-resident auto|all|N|none  stream the spine (every non-expert weight):\n"
+	"                       layers 0..N-1 stay resident, every later layer is read\n"
+	"                       per pass into a ring of layer arenas; auto = the memory\n"
+	"                       plan's prefix, all = every layer; not given: the plan's\n"
+	"                       choice, the spine mapped when it all fits (docs/plan.md)\n"
 	"  --io-rate GBPS       emulated drive: expert and spine reads limited to GBPS\n"
 	"                       GB/s in all (benchmarks over page-cached files)\n"
 	"  --io-latency MS      emulated drive: each read request takes MS more\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
-	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --no-packs           read experts (and the spine) from the shards even when\n"
+	"                       packs are valid\n"
+
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -213,7 +218,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->idle_timeout_s = K3_LIM_IDLE_TIMEOUT_DEFAULT_S;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
-	opts->spine_resident = K3_STORE_PLAN_RESIDENT_AUTO;
+	opts->spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -425,12 +430,17 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s",
+	char num[16];
+	const char *sp = opts->spine_resident == K3_STORE_PLAN_RESIDENT_DEFAULT
+			 ? "mapped (streamed when it does not fit)"
+			 : k3_store_plan_resident_name(opts->spine_resident, num, sizeof(num));
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
+		    " packs=%s spine-resident=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
-		    opts->no_packs ? "no" : "when valid");
-	char mem[32], ctx[32], res[16], rate[48];
+		    opts->no_packs ? "no" : "when valid", sp);
+	char mem[32], ctx[32], rate[48];
 	if (opts->memory_limit_bytes)
 		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);
 	else
@@ -444,6 +454,5 @@ void k3_options_log(const struct k3_options *opts)
 			 (double)opts->io_latency_ns / 1e6);
 	else
 		snprintf(rate, sizeof(rate), "off");
-	k3_log_info("config: memory-limit=%s context=%s spine-resident=%s emulated-drive=%s", mem, ctx,
-		    k3_store_plan_resident_name(opts->spine_resident, res, sizeof(res)), rate);
+	k3_log_info("config: memory-limit=%s context=%s emulated-drive=%s", mem, ctx, rate);
 }

@@ -42,13 +42,17 @@ struct k3_options {
 				       * 0 = off, -1 = auto (the default: every rank
 				       * whose measured precision passes the gate) */
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
-	bool no_packs;                /* --no-packs: read experts from the shards */
+	bool no_packs;                /* --no-packs: read experts (and the spine) from the shards */
+	/* --spine-resident: K3_STORE_PLAN_RESIDENT_DEFAULT when not given (the
+	 * plan's choice, the spine mapped when it all fits), _AUTO, _ALL,
+	 * _NONE, or N >= 0 layers resident and the rest streamed (docs/plan.md,
+	 * docs/store.md "Spine streaming") */
+	int32_t spine_resident;
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 	/* The memory planner (docs/plan.md, store_plan.h) */
 	uint64_t memory_limit_bytes;  /* --memory-limit: 0 = min(RAM, cgroup) alone */
 	uint32_t context_tokens;      /* --context: 0 = plan for min(32768, max_position_embeddings),
 				       * accept up to max_position_embeddings */
-	int32_t spine_resident;       /* --spine-resident: K3_STORE_PLAN_RESIDENT_* or N layers */
 	/* The emulated drive (store_io.h): 0 = off */
 	uint64_t io_rate_bytes_per_s; /* --io-rate GBPS */
 	uint64_t io_latency_ns;       /* --io-latency MS */

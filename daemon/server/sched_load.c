@@ -4,7 +4,8 @@
  * engine; the memory plan (store_plan.h: the limit split between spine,
  * ring, expert cache, state, scratch and headroom, refused below the
  * floor); the expert store behind the engine (packs or shards, readers,
- * prefetch, the emulated drive); --router-trace (opening it, appending each
+ * prefetch, the emulated drive) and the spine loader when the plan streams
+ * the spine; --router-trace (opening it, appending each
  * forward call's routes, flushing after each job); and WARM_EXPERTS
  * (validated on the loop thread, run on the engine thread between
  * generations).
@@ -23,10 +24,10 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "model/inspect.h"
 #include "model/model.h"
 #include "store/store_model.h"
 #include "store/store_plan.h"
+#include "store/store_spine.h"
 #include "store/store_trace.h"
 
 /* ---- router trace ------------------------------------------------------------ */
@@ -94,28 +95,66 @@ static uint32_t first_buffered(const struct k3_store_source *src)
 	return 0;
 }
 
-/* Splits the memory limit (store_plan.h) with the checkpoint's measured
- * bytes and the expert store's slot size, logs the split, and keeps it for
- * STATUS. Below the floor (or when --spine-resident / --expert-cache-gb
- * ask for more than the limit holds) loading fails with every number. */
-static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, struct k3_err *err)
+/* The expert source (packs when valid, else shards; logged with the
+ * reason), or none when the model's experts cannot be streamed (not
+ * MXFP4: they stay mmapped, with a warning). */
+static int open_expert_source(struct k3_sched *s, const char *packdir, bool have_packs,
+			      struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	struct k3_store_open_report rep;
+	int r;
+
+	memset(&rep, 0, sizeof(rep));
+	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL,
+				       (enum k3_store_direct)o->direct, &s->xsrc, &rep, err);
+	if (r == -ENOTSUP) {
+		k3_log_warning("expert store off: %s; routed experts come from the mmapped shards", err->msg);
+		err->code = 0;
+		err->msg[0] = '\0';
+		return 0;
+	}
+	if (r == -EMEDIUMTYPE)   /* --direct on, and the file system refuses O_DIRECT */
+		return k3_err_prefix(err, "--direct on");
+	if (r < 0)
+		return k3_err_prefix(err, "expert store");
+	if (o->no_packs)
+		k3_log_info("experts: %u MoE layers from the shards (--no-packs)", rep.layers_shards);
+	else if (!have_packs)
+		k3_log_info("experts: %u MoE layers from the shards (no %s; `k3ctl pack --model DIR` writes packs)",
+			    rep.layers_shards, packdir);
+	else if (rep.layers_shards)   /* a rejected pack is a warning: its layer reads slower */
+		k3_log(rep.packs_rejected ? K3_LOG_WARNING : K3_LOG_INFO,
+		       "experts: %u MoE layers from packs, %u from the shards (%u packs rejected; first: %s)",
+		       rep.layers_packed, rep.layers_shards, rep.packs_rejected,
+		       rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
+	else
+		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
+	return 0;
+}
+
+/* Guesses per position: auto offers every rank (the store's precision
+ * gate decides), N offers N, off none. */
+static int prefetch_of(const struct k3_options *o, const struct k3_model_config *mc)
+{
+	return o->prefetch < 0 ? (int)mc->num_experts_per_token : o->prefetch;
+}
+
+/* Splits the memory limit (store_plan.h) with the checkpoint's bytes (the
+ * spine loader's when it streams) and keeps the split for STATUS;
+ * slot_bytes: the expert store's slot (0: none). *streams: the spine
+ * loader serves the spine. Below the floor (or when --spine-resident or
+ * --expert-cache-gb ask for more than the limit holds) it fails with every
+ * number. */
+static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, bool *streams, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
-	struct k3_store_plan_out *p = &s->plan;
-	struct k3_model_bytes *b = malloc(sizeof(*b));
-	char pre[64];
-	int r;
-
-	if (!b)
-		return k3_err_set(err, -ENOMEM, "out of memory");
-	k3_model_bytes(s->model, b);
 	uint32_t ctx = o->context_tokens ? o->context_tokens : K3_STORE_PLAN_DEFAULT_CONTEXT;
+
 	if (!o->context_tokens && mc->max_position_embeddings && ctx > mc->max_position_embeddings)
 		ctx = (uint32_t)mc->max_position_embeddings;
 	struct k3_store_plan_in in = {
-		.cfg = mc,
-		.bytes = b,
 		.memory_limit_bytes = o->memory_limit_bytes,
 		.context_tokens = ctx,
 		.sequences = 1,
@@ -124,35 +163,46 @@ static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, struct k3_err *e
 		.max_chunk = SCHED_PREFILL_CHUNK,
 		.slot_bytes = slot_bytes,
 	};
-	r = k3_store_plan_compute(&in, p, err);
-	free(b);
+	int r = k3_store_plan_model(s->model, &in, &s->plan, streams, err);
 	if (r < 0)
 		return k3_err_prefix(err, "memory plan");
+	s->have_plan = true;
+	return 0;
+}
+
+static void log_plan(const struct k3_store_plan_out *p, bool mapped)
+{
+	char pre[64];
+
 	if (p->resident_layers == 0)
 		snprintf(pre, sizeof(pre), "no layer");
 	else
 		snprintf(pre, sizeof(pre), "layers 0..%u", p->resident_layers - 1);
 	k3_log_info("memory plan: limit %.3f GB (%s) = headroom %.3f + state %.3f (%u tokens) + scratch "
-		    "%.3f + resident spine %.3f (%s of %u%s%s) + ring %u x %.3f + expert cache %.3f "
+		    "%.3f + resident spine %.3f (%s of %u%s%s%s) + ring %u x %.3f + expert cache %.3f "
 		    "(%u slots) + unused %.3f GB; floor %.3f GB; a cold token reads %.3f GB of spine "
 		    "and %.3f GB of experts", (double)p->limit_bytes / 1e9, p->limited_by,
 		    (double)p->headroom_bytes / 1e9, (double)p->state_bytes / 1e9, p->context_tokens,
 		    (double)p->scratch_bytes / 1e9, (double)p->spine_resident_bytes / 1e9, pre,
 		    p->n_layers, p->head_resident ? ", head" : "", p->embed_resident ? ", embedding" : "",
-		    p->ring_arenas, (double)p->arena_bytes / 1e9, (double)p->expert_cache_bytes / 1e9,
-		    p->expert_slots, (double)p->unused_bytes / 1e9, (double)p->floor_bytes / 1e9,
-		    (double)p->cold_spine_bytes_per_pass / 1e9,
+		    mapped ? "; mapped" : "", p->ring_arenas, (double)p->arena_bytes / 1e9,
+		    (double)p->expert_cache_bytes / 1e9, p->expert_slots, (double)p->unused_bytes / 1e9,
+		    (double)p->floor_bytes / 1e9, (double)p->cold_spine_bytes_per_pass / 1e9,
 		    (double)p->cold_expert_bytes_per_token / 1e9);
-	/* Streaming the spine is the spine loader's (issue 17); until this
-	 * build has one, a plan that streams cannot be served. */
-	if (p->spine_ring_bytes)
-		return k3_err_set(err, -ENOMEM, "memory plan: the spine (%.3f GB) does not fit in the "
-				  "limit of %.3f GB (%s) beside the reserves, and this build cannot "
-				  "stream it: raise the limit or use a machine with more memory",
-				  (double)p->spine_total_bytes / 1e9, (double)p->limit_bytes / 1e9,
-				  p->limited_by);
-	s->have_plan = true;
-	return 0;
+}
+
+/* The spine loader's configuration: the plan's resident set (docs/plan.md);
+ * the embedding is gathered row by row. */
+static void spine_config(const struct k3_sched *s, struct k3_store_spine_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->direct = (enum k3_store_direct)s->opts->direct;
+	cfg->io_threads = s->opts->io_threads;
+	cfg->max_rows = SCHED_PREFILL_CHUNK;
+	cfg->resident_layers = s->plan.resident_layers;
+	cfg->head_resident = s->plan.head_resident;
+	cfg->embed_resident = false;
+	cfg->ring_arenas = s->plan.ring_arenas;
 }
 
 uint64_t sched_context_tokens(const struct k3_sched *s)
@@ -162,7 +212,8 @@ uint64_t sched_context_tokens(const struct k3_sched *s)
 
 	/* Only an explicit --context is a cap: by default the plan reserves
 	 * state for min(32768, the model's) tokens and a longer conversation
-	 * grows its MLA cache past the plan (docs/plan.md, "Context"). */
+	 * grows its MLA cache past the plan (docs/plan.md, "Options and where
+	 * the plan shows"). */
 	return s->opts->context_tokens && s->opts->context_tokens < ctx ? s->opts->context_tokens : ctx;
 }
 
@@ -191,58 +242,60 @@ void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r
 	r->state_bytes = p->state_bytes; r->has_state_bytes = true;
 }
 
-/* Opens the expert store behind the engine (docs/store.md, "For the
- * engine"): packs when valid (else shards, logged with the reason), the
- * memory plan (its expert cache), the reader threads and the lookahead. A
- * model whose experts the store cannot stream (not MXFP4) keeps the
- * mmapped tensors, with a warning. */
+/* The spine loader (--spine-resident): the spine pack when valid (else
+ * the shards, logged with the reason), reading through the expert store's
+ * pool when there is one. */
+static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cfg0,
+		      const char *packdir, bool have_packs, struct k3_err *err)
+{
+	struct k3_store_spine_config cfg = *cfg0;
+	struct k3_store_spine_report rep;
+	struct k3_store_spine_info in;
+	char path[4096];
+	int r;
+
+	cfg.io = s->store ? k3_store_reader_pool(s->store) : NULL;
+	if (have_packs && k3_store_spine_pack_path(path, sizeof(path), packdir) != 0)
+		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
+	r = k3_store_spine_new(s->model, have_packs ? path : NULL, &cfg, &s->spine, &rep, err);
+	if (r == -EMEDIUMTYPE)
+		return k3_err_prefix(err, "--direct on");
+	if (r < 0)
+		return k3_err_prefix(err, "spine loader");
+	k3_store_spine_info_get(s->spine, &in);
+	if (rep.pack_rejected)
+		k3_log_warning("spine: from the shards (the spine pack was rejected: %s)", rep.rejection);
+	char res[64];
+	if (in.resident_layers)
+		snprintf(res, sizeof(res), "layers 0..%" PRIu32, in.resident_layers - 1);
+	else
+		snprintf(res, sizeof(res), "no layer");
+	k3_log_info("spine: %s resident (%.3f GB with%s the head), %" PRIu32
+		    " layers%s streamed per pass (%.3f GB per pass) through %" PRIu32 " arenas of %.3f"
+		    " GB; embedding rows per token; from %s; %.3f GB of memory; %u files with"
+		    " O_DIRECT, %u buffered",
+		    res, (double)in.resident_bytes / 1e9,
+		    in.head_resident ? "" : "out", in.n_layers - in.resident_layers,
+		    in.head_resident ? "" : " and the head", (double)in.streamed_bytes_per_pass / 1e9,
+		    in.ring_arenas, (double)in.arena_bytes / 1e9,
+		    rep.from_pack ? "the spine pack" : s->opts->no_packs ? "the shards (--no-packs)"
+		    : "the shards", (double)in.memory_bytes / 1e9, rep.files_direct, rep.files_buffered);
+	return 0;
+}
+
+/* Creates the expert store over s->xsrc (docs/store.md, "For the engine"):
+ * the memory plan's expert cache, the reader threads (through the emulated
+ * drive when --io-rate / --io-latency ask for it). */
 static int open_store(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
-	struct k3_store_open_report rep;
-	char packdir[4096];
 	int r;
-
-	if (!mc->n_moe)
-		return plan_memory(s, 0, err);
-	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
-	    (int)sizeof(packdir))
-		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
-	memset(&rep, 0, sizeof(rep));
-	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
-	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL,
-				       (enum k3_store_direct)o->direct, &s->xsrc, &rep, err);
-	if (r == -ENOTSUP) {
-		k3_log_warning("expert store off: %s; routed experts come from the mmapped shards", err->msg);
-		err->code = 0;
-		err->msg[0] = '\0';
-		return plan_memory(s, 0, err);
-	}
-	if (r == -EMEDIUMTYPE)   /* --direct on, and the file system refuses O_DIRECT */
-		return k3_err_prefix(err, "--direct on");
-	if (r < 0)
-		return k3_err_prefix(err, "expert store");
-	if (o->no_packs)
-		k3_log_info("experts: %u MoE layers from the shards (--no-packs)", rep.layers_shards);
-	else if (!have_packs)
-		k3_log_info("experts: %u MoE layers from the shards (no %s; `k3ctl pack --model DIR` writes packs)",
-			    rep.layers_shards, packdir);
-	else if (rep.layers_shards)   /* a rejected pack is a warning: its layer reads slower */
-		k3_log(rep.packs_rejected ? K3_LOG_WARNING : K3_LOG_INFO,
-		       "experts: %u MoE layers from packs, %u from the shards (%u packs rejected; first: %s)",
-		       rep.layers_packed, rep.layers_shards, rep.packs_rejected,
-		       rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
-	else
-		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
 
 	uint64_t slot = k3_store_source_slot_bytes(s->xsrc);
 	uint64_t pool = (uint64_t)k3_store_source_count(s->xsrc) * slot;
-	if ((r = plan_memory(s, slot, err)) < 0)
-		return r;
-	/* auto: every rank is offered, the store's precision gate decides. */
 	bool pf_auto = o->prefetch < 0;
-	int prefetch = pf_auto ? (int)mc->num_experts_per_token : o->prefetch;
+	int prefetch = prefetch_of(o, mc);
 	struct k3_store_config cfg = {
 		.cache_bytes = s->plan.expert_cache_bytes,
 		.io_threads = o->io_threads,
@@ -257,11 +310,7 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");
 	struct k3_store_info info;
-	struct k3_expert_source es;
 	k3_store_info_get(s->store, &info);
-	k3_store_engine_src_init(&s->xctx, s->store, &es);
-	k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch, &es);
-	k3_engine_set_expert_source(s->engine, &es);
 	char pfs[96];
 	if (pf_auto)
 		snprintf(pfs, sizeof(pfs), "auto (a rank is read ahead while its precision >= %.2f)",
@@ -288,6 +337,52 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		k3_log_info("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
 			    " (--direct %s)", info.files_direct, info.files_buffered,
 			    k3_store_direct_name((enum k3_store_direct)o->direct));
+	return 0;
+}
+
+/* Everything between the model and the engine's first job (docs/store.md,
+ * docs/plan.md): the expert source, the memory plan, the expert store, the spine loader sharing its readers, the
+ * engine over the spine source, the expert source behind the engine. */
+static int open_engine(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_engine_opts eo = { .threads = o->threads };
+	struct k3_store_spine_config scfg;
+	struct k3_spine_source ss;
+	char packdir[4096];
+	int r;
+
+	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
+	    (int)sizeof(packdir))
+		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
+	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
+	if (mc->n_moe && (r = open_expert_source(s, packdir, have_packs, err)) < 0)
+		return r;
+	uint64_t slot = s->xsrc ? k3_store_source_slot_bytes(s->xsrc) : 0;
+	bool spine;
+	if ((r = plan_memory(s, slot, &spine, err)) < 0)
+		return r;
+	log_plan(&s->plan, !spine);
+	if (s->xsrc && (r = open_store(s, err)) < 0)
+		return r;
+	if (spine) {
+		spine_config(s, &scfg);
+		r = open_spine(s, &scfg, packdir, have_packs, err);
+		if (r < 0)
+			return r;
+		k3_store_spine_source(s->spine, &ss);
+		eo.spine = &ss;
+	}
+	r = k3_engine_open(s->model, &eo, &s->engine, err);
+	if (r < 0)
+		return r;
+	if (s->store) {
+		struct k3_expert_source es;
+		k3_store_engine_src_init(&s->xctx, s->store, &es);
+		k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch_of(o, mc), &es);
+		k3_engine_set_expert_source(s->engine, &es);
+	}
 	return 0;
 }
 
@@ -322,7 +417,6 @@ static void log_model(const struct k3_sched *s)
 void sched_load(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
-	struct k3_engine_opts eo = { .threads = s->opts->threads };
 	const char *dir = s->opts->model_dir;
 	const char *base;
 	char msg[K3_ERR_MSG_MAX + 64];
@@ -335,14 +429,12 @@ void sched_load(struct k3_sched *s)
 	else if (r == 0)
 		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
-		r = k3_engine_open(s->model, &eo, &s->engine, &err);
+		r = open_engine(s, &err);
 	if (r == 0 && (r = open_trace(s, &err)) < 0) {
 		snprintf(msg, sizeof(msg), "cannot use --router-trace: %s", err.msg);
 		sched_post_kind(s, MSG_LOADED, NULL, false, msg);
 		return;
 	}
-	if (r == 0)
-		r = open_store(s, &err);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "cannot load model '%s': %s", dir, err.msg);
 		sched_post_kind(s, MSG_LOADED, NULL, false, msg);

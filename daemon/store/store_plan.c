@@ -9,11 +9,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/parse.h"
 #include "store/store_budget.h"
+#include "store/store_spine.h"
 
 #define KIB ((uint64_t)1 << 10)
 #define MIB ((uint64_t)1 << 20)
@@ -135,8 +137,9 @@ static void state_bytes(const struct k3_model_config *c, uint32_t context, uint3
  * (the residual rows and AttnRes block pool) and providers/cpu (cpu_open:
  * eight rows of the widest operand, the experts' four rows per routed
  * slot, the MLA and KDA work rows) allocate them, plus the logits row and
- * the gathered embedding rows of a streamed embedding. */
-static uint64_t scratch_bytes(const struct k3_model_config *c, uint64_t B)
+ * the spine loader's buffer of B embedding rows (row_bytes each, as an
+ * O_DIRECT read of a row spans). */
+static uint64_t scratch_bytes(const struct k3_model_config *c, uint64_t B, uint64_t row_bytes)
 {
 	uint64_t D = c->hidden_size, H = c->num_attention_heads, K = c->num_experts_per_token;
 	uint64_t blocks = c->n_attn_res_blocks ? c->n_attn_res_blocks : 1;
@@ -153,7 +156,7 @@ static uint64_t scratch_bytes(const struct k3_model_config *c, uint64_t B)
 			4 * B * (K ? K : 1) * ew * 4 +
 			H * (c->mla_kv_a_width + 1) * 4 + H * (c->kv_lora_rank + 1) * 4 +
 			6 * (uint64_t)c->kda_head_dim * c->kda_num_heads * 4;
-	uint64_t out = 2 * (uint64_t)c->vocab_size * 4 + B * D * 2;
+	uint64_t out = 2 * (uint64_t)c->vocab_size * 4 + B * row_bytes;
 	return engine + prov + out;
 }
 
@@ -163,7 +166,7 @@ static uint64_t scratch_bytes(const struct k3_model_config *c, uint64_t B)
  * the system's own use; --memory-limit is a target for k3d's peak RSS. */
 static uint64_t least_headroom(const char *limited_by)
 {
-	return strcmp(limited_by, "--memory-limit") == 0 ? 64 * MIB : 2 * GIB;
+	return strcmp(limited_by, "--memory-limit") == 0 ? 32 * MIB : 2 * GIB;
 }
 
 static int find_limit(const struct k3_store_plan_in *in, struct k3_store_plan_out *o,
@@ -353,7 +356,7 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 	memset(o, 0, sizeof(*o));
 	if (!c)
 		return k3_err_set(err, -EINVAL, "the planner needs the model's config");
-	if (in->spine_resident < K3_STORE_PLAN_RESIDENT_NONE ||
+	if (in->spine_resident < K3_STORE_PLAN_RESIDENT_DEFAULT ||
 	    (in->spine_resident >= 0 && (uint32_t)in->spine_resident > c->num_hidden_layers))
 		return k3_err_set(err, -EINVAL, "--spine-resident %" PRId32 ": the model has %u layers",
 				  in->spine_resident, c->num_hidden_layers);
@@ -364,7 +367,7 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 	o->sequences = in->sequences ? in->sequences : 1;
 	state_bytes(c, o->context_tokens, o->sequences, &o->kda_state_bytes, &o->mla_cache_bytes);
 	o->state_bytes = o->kda_state_bytes + o->mla_cache_bytes;
-	o->scratch_bytes = scratch_bytes(c, in->max_chunk ? in->max_chunk : 64);
+	o->scratch_bytes = scratch_bytes(c, in->max_chunk ? in->max_chunk : 64, o->embed_row_bytes);
 	spine_init(&sp, o->layer_spine_bytes, o->n_layers, o->head_bytes, o->embed_bytes);
 
 	/* The floor: the smallest limit one pass fits in: the reserves, one
@@ -372,7 +375,10 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 	 * everything streamed, and the headroom that limit itself implies. */
 	uint64_t arena0, fixed = o->headroom_bytes + o->state_bytes + o->scratch_bytes;
 	uint64_t ring0 = ring_of(&sp, 0, false, &arena0);
-	uint64_t spine_min = o->spine_total_bytes < ring0 ? o->spine_total_bytes : ring0;
+	/* The spine loader gathers embedding rows; a mapped spine holds them. */
+	bool gather = in->spine_resident != K3_STORE_PLAN_RESIDENT_DEFAULT;
+	uint64_t all_bytes = o->spine_total_bytes - (gather ? o->embed_bytes : 0);
+	uint64_t spine_min = all_bytes < ring0 ? all_bytes : ring0;
 	uint64_t need = o->state_bytes + o->scratch_bytes + o->expert_floor_bytes + spine_min;
 	uint64_t least = least_headroom(o->limited_by);
 	o->floor_bytes = need + least > 10 * least ? (need * 10 + 8) / 9 : need + least;
@@ -405,15 +411,17 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 	/* The spine's resident set. */
 	uint32_t R = 0;
 	bool head = false, embed = false;
-	int32_t want = in->spine_resident;
+	int32_t want = in->spine_resident == K3_STORE_PLAN_RESIDENT_DEFAULT
+		       ? K3_STORE_PLAN_RESIDENT_AUTO : in->spine_resident;
 	if ((want == K3_STORE_PLAN_RESIDENT_AUTO || want == K3_STORE_PLAN_RESIDENT_ALL ||
 	     (want >= 0 && (uint32_t)want == o->n_layers)) &&
-	    o->spine_total_bytes <= avail) {
+	    all_bytes <= avail) {
 		R = o->n_layers;
-		head = embed = true;
+		head = true;
+		embed = !gather;
 	} else if (want == K3_STORE_PLAN_RESIDENT_ALL) {
-		o->spine_resident_bytes = o->spine_total_bytes;
-		return below(err, o, "--spine-resident all", fixed + experts + o->spine_total_bytes);
+		o->spine_resident_bytes = all_bytes;
+		return below(err, o, "--spine-resident all", fixed + experts + all_bytes);
 	} else if (want == K3_STORE_PLAN_RESIDENT_NONE) {
 		if (ring0 > avail) {
 			o->spine_ring_bytes = ring0;
@@ -435,7 +443,7 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 	o->head_resident = head;
 	o->embed_resident = embed;
 	o->spine_resident_bytes = resident_of(&sp, R, head) + (embed ? o->embed_bytes : 0);
-	o->spine_ring_bytes = embed ? 0 : ring_of(&sp, R, head, &o->arena_bytes);
+	o->spine_ring_bytes = ring_of(&sp, R, head, &o->arena_bytes);
 	o->ring_arenas = o->spine_ring_bytes ? K3_STORE_PLAN_RING_ARENAS : 0;
 	uint64_t rest = avail - o->spine_resident_bytes - o->spine_ring_bytes;
 
@@ -453,6 +461,51 @@ int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_pla
 			  o->expert_cache_bytes;
 	fill_traffic(c, o);
 	return 0;
+}
+
+/* ---- an opened checkpoint ---- */
+
+int k3_store_plan_model(const struct k3_model *m, struct k3_store_plan_in *in,
+			struct k3_store_plan_out *out, bool *streams, struct k3_err *err)
+{
+	struct k3_model_bytes *b = malloc(sizeof(*b));
+	struct k3_store_spine_sizes *z = NULL;
+	int rc;
+
+	*streams = false;
+	if (!b)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	k3_model_bytes(m, b);
+	in->cfg = k3_model_config(m);
+	in->bytes = b;
+	in->layer_bytes = NULL;
+	/* By default the mapped spine's bytes decide whether it streams at all;
+	 * an explicit --spine-resident is the loader's from the start. */
+	if (in->spine_resident == K3_STORE_PLAN_RESIDENT_DEFAULT) {
+		rc = k3_store_plan_compute(in, out, err);
+		*streams = rc == 0 && (out->resident_layers < out->n_layers || !out->head_resident);
+	} else {
+		rc = 0;
+		*streams = true;
+	}
+	if (*streams) {
+		/* Again with exactly what the loader holds: its units' aligned
+		 * extents, and a row buffer of O_DIRECT-aligned rows. */
+		if (!(z = malloc(sizeof(*z))))
+			rc = k3_err_set(err, -ENOMEM, "out of memory");
+		else if ((rc = k3_store_spine_sizes(m, z, err)) == 0) {
+			in->layer_bytes = z->layer;
+			in->head_bytes = z->head;
+			in->embed_bytes = z->embed;
+			in->embed_row_bytes = round_up(z->embed_row + ALIGN - 1, ALIGN);
+			rc = k3_store_plan_compute(in, out, err);
+		}
+	}
+	in->bytes = NULL;
+	in->layer_bytes = NULL;
+	free(z);
+	free(b);
+	return rc;
 }
 
 /* ---- spellings ---- */
@@ -483,6 +536,8 @@ const char *k3_store_plan_resident_name(int32_t v, char *buf, unsigned n)
 		return "all";
 	if (v == K3_STORE_PLAN_RESIDENT_NONE)
 		return "none";
+	if (v == K3_STORE_PLAN_RESIDENT_DEFAULT)
+		return "default";
 	snprintf(buf, n, "%" PRId32, v);
 	return buf;
 }

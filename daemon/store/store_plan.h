@@ -9,7 +9,7 @@
  *   headroom = max(2 GiB, limit / 10)   (limit from RAM or a cgroup:
  *              allocator slack, page tables, the tokenizer and tensor
  *              table, the kernel's page cache charged to the cgroup)
- *              max(64 MiB, limit / 10)  (limit from --memory-limit: a
+ *              max(32 MiB, limit / 10)  (limit from --memory-limit: a
  *              target for k3d's own peak RSS, the machine's rest outside)
  *   state    = per sequence: KDA recurrent state and conv window of every
  *              KDA layer + MLA latent cache of every MLA layer for the
@@ -28,7 +28,8 @@
  * bytes per byte). So, above the floor:
  *   1. everything (every layer, the head, the embedding) resident when it
  *      fits with the expert floor: no ring, the rest to the expert cache
- *      (today's auto budget);
+ *      (today's auto budget; the embedding counts only where the spine is
+ *      mapped: the spine loader gathers its rows);
  *   2. otherwise the embedding is gathered row by row (T x D x 2 bytes a
  *      pass), and the resident set is the head (lm_head, final norms: read
  *      every pass) and/or the longest prefix of layers 0..R-1 that
@@ -48,11 +49,16 @@
 #include "model/inspect.h"
 #include "model/model.h"
 
-/* --spine-resident: a layer count N >= 0, or one of these. */
+/* --spine-resident: a layer count N >= 0, or one of these. Every value but
+ * DEFAULT means the spine loader serves the spine (store_spine.h), so the
+ * embedding is gathered row by row, never held. */
 enum {
-	K3_STORE_PLAN_RESIDENT_AUTO = -1,   /* the policy above */
-	K3_STORE_PLAN_RESIDENT_ALL = -2,    /* every layer, head and embedding, or refuse */
-	K3_STORE_PLAN_RESIDENT_NONE = -3,   /* nothing: every layer and the head streamed */
+	K3_STORE_PLAN_RESIDENT_AUTO = -1,    /* the policy above */
+	K3_STORE_PLAN_RESIDENT_ALL = -2,     /* every layer and the head, or refuse */
+	K3_STORE_PLAN_RESIDENT_NONE = -3,    /* nothing: every layer and the head streamed */
+	/* not given: the policy above, and when everything fits (the
+	 * embedding too) the spine stays mapped as it always has */
+	K3_STORE_PLAN_RESIDENT_DEFAULT = -4,
 };
 
 /* Arenas of the spine ring when anything is streamed: layer L+1 is read
@@ -80,7 +86,7 @@ struct k3_store_plan_in {
 	uint64_t memory_limit_bytes; /* --memory-limit; 0 = none */
 	uint32_t context_tokens;     /* MLA cache per sequence; 0 = K3_STORE_PLAN_DEFAULT_CONTEXT */
 	uint32_t sequences;          /* 0 = 1 (one today; issue 21 raises it) */
-	int32_t spine_resident;      /* K3_STORE_PLAN_RESIDENT_AUTO/-ALL/-NONE or N layers */
+	int32_t spine_resident;      /* K3_STORE_PLAN_RESIDENT_* or N layers */
 	bool spine_int8;             /* row-wise int8 matrices (an estimate: 1 byte a weight
 				      * plus a fp32 scale a row) */
 	uint64_t expert_cache_bytes; /* explicit --expert-cache-gb; 0 = auto */
@@ -136,6 +142,18 @@ struct k3_store_plan_out {
 int k3_store_plan_compute(const struct k3_store_plan_in *in, struct k3_store_plan_out *out,
 			  struct k3_err *err);
 
+/* The plan of an opened checkpoint (k3d and k3ctl bench): in->cfg and
+ * in->bytes from m (its measured bytes), then, when the plan needs the
+ * spine loader (in->spine_resident given, or a spine that does not all
+ * stay resident), again with the loader's own unit sizes
+ * (k3_store_spine_sizes), so the split holds exactly what the loader will.
+ * *streams says whether the spine loader serves the spine. The other
+ * fields of *in are the caller's. Returns as k3_store_plan_compute, or
+ * -ENOMEM / -EINVAL from measuring. */
+struct k3_model;
+int k3_store_plan_model(const struct k3_model *m, struct k3_store_plan_in *in,
+			struct k3_store_plan_out *out, bool *streams, struct k3_err *err);
+
 /* Bytes of layer l's spine tensors (everything but routed experts), of
  * the embedding, of the head, and of one routed expert (the six MXFP4
  * arrays, or the three BF16 matrices of an unquantized model), from cfg
@@ -146,10 +164,11 @@ uint64_t k3_store_plan_head_bytes(const struct k3_model_config *cfg, bool int8);
 uint64_t k3_store_plan_expert_bytes(const struct k3_model_config *cfg);
 
 /* Parses a --spine-resident value: "auto", "all", "none" or a layer count
- * (0..K3_MODEL_MAX_LAYERS). Returns 0 or -EINVAL with the reason. */
+ * (0..K3_MODEL_MAX_LAYERS; "0" keeps the head when it fits, "none" does
+ * not). Returns 0 or -EINVAL with the reason. */
 int k3_store_plan_parse_resident(const char *s, int32_t *out, struct k3_err *err);
 
-/* "auto", "all", "none" or the number, into buf (>= 16 bytes). */
+/* "auto", "all", "none", "default" or the number, into buf (>= 16 bytes). */
 const char *k3_store_plan_resident_name(int32_t v, char *buf, unsigned n);
 
 #endif

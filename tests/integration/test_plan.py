@@ -5,7 +5,9 @@ limit above it starts, logs the split, and STATUS carries peak RSS (VmHWM)
 and the split (fields 40-46); an explicit --context caps a conversation
 (MODEL_INFO says so, a longer request is refused); --spine-resident beyond
 the layer count is refused; the emulated drive (--io-rate, --io-latency)
-serves the same ids with the same bytes read, and is logged.
+serves the same ids with the same bytes read, and is logged; and with
+--memory-limit alone, a model whose spine is over 3x the limit streams on
+its own, with the mapped spine's ids and a peak RSS (VmHWM) under the limit.
 
 usage: test_plan.py K3D K3CTL
 """
@@ -65,6 +67,60 @@ def model_info(sock):
     return f
 
 
+# A demo model whose spine (24 layers of hidden 1024 and the head: 0.36 GB
+# a pass) is more than 3x LIMIT; the plan streams it without being asked.
+LIMIT = 110 * 1000 * 1000
+DEMO = ["--preset", "small", "--layers", "24", "--hidden", "1024", "--vocab", "8192",
+        "--intermediate", "2048", "--experts", "16", "--top-k", "4", "--moe-intermediate", "256",
+        "--latent", "512", "--shared-experts", "1", "--kda-heads", "8", "--kda-head-dim", "128",
+        "--mla-heads", "8", "--q-lora", "384", "--kv-lora", "256", "--nope", "128",
+        "--rope", "64", "--v-head", "128", "--attn-res-block", "4"]
+
+
+def vm_hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_limit():
+    work = tempfile.mkdtemp(prefix="k3d-plan-rss-")
+    model = os.path.join(work, "demo")
+    prompt = [300, 301, 302, 303, 304, 305, 306, 307]
+    try:
+        subprocess.run([K3CTL, "demo-model", "--out", model, *DEMO], check=True, capture_output=True)
+        d = Daemon(K3D, model=model)
+        try:
+            check("; mapped)" in d.log_text(), "without a limit the spine stays mapped")
+            mapped, _ = generate_ids(d.sock, prompt, 6)
+        finally:
+            stop(d)
+        d = Daemon(K3D, "--memory-limit", str(LIMIT), "--context", "256", model=model)
+        try:
+            log = d.log_text()
+            m = re.search(r"streamed per pass \(([0-9.]+) GB per pass\)", log)
+            check(m is not None and float(m.group(1)) * 1e9 >= 3 * LIMIT,
+                  "the plan streams a spine over 3x the limit: " + log[-700:])
+            got, done = generate_ids(d.sock, prompt, 6)
+            check(got == mapped, f"streamed ids {got} == mapped ids {mapped}")
+            f = status(d.sock)
+            check(u32(f, 43) < u32(f, 42) and u64(f, 45) > 0,
+                  f"STATUS: {u32(f, 43)} of {u32(f, 42)} layers resident, ring {u64(f, 45)}")
+            hwm = vm_hwm(d.proc.pid)
+            with open(f"/proc/{d.proc.pid}/maps") as fh:
+                asan = "libasan" in fh.read()
+            print(f"# limit {LIMIT / 1e6:.0f} MB: VmHWM {hwm / 1e6:.1f} MB"
+                  f"{' (AddressSanitizer build: not checked)' if asan else ''}")
+            if not asan:   # ASan's shadow memory and redzones are not k3d's
+                check(hwm <= LIMIT, f"VmHWM {hwm} <= the limit {LIMIT}")
+        finally:
+            stop(d)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     model = make_model(K3CTL)
     try:
@@ -74,6 +130,9 @@ def main():
         check("below the floor: the memory limit is 1048576 bytes" in p.stderr and
               "--memory-limit" in p.stderr and "the smallest limit one pass fits in, is" in
               p.stderr, "the refusal has the numbers: " + p.stderr[-600:])
+        # The spine loader's floor (its units' aligned extents: a little more
+        # than the mapped spine's).
+        p = refused(model, "--memory-limit", "1M", "--spine-resident", "all")
         m = re.search(r"the smallest limit one pass fits in, is (\d+) bytes", p.stderr)
         floor = int(m.group(1)) if m else 1 << 20
         # What everything resident needs is enough, to the byte (at the floor
@@ -141,6 +200,7 @@ def main():
             stop(d)
     finally:
         shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+    run_limit()
     print(f"{len(failures)} failures")
     return 1 if failures else 0
 

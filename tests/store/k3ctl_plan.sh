@@ -44,7 +44,7 @@ out=$("$k3ctl" --json plan --model "$cfg" --ram 64G --spine-resident 10 --contex
 # Below the floor: exit 1, every number.
 if err=$("$k3ctl" plan --model "$cfg" --ram 8G 2>&1); then fail "8G accepted: $err"; fi
 echo "$err" | grep -q "below the floor: the memory limit is 8589934592 bytes" || fail "floor: $err"
-echo "$err" | grep -q "the floor, the smallest limit one pass fits in, is 9576948480 bytes" ||
+echo "$err" | grep -q "the floor, the smallest limit one pass fits in, is 9577341696 bytes" ||
 	fail "floor value: $err"
 
 # Usage: exit 2; a directory without config.json: exit 1.

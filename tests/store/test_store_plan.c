@@ -89,7 +89,7 @@ static void k3_tiers(const struct k3_model_config *c)
 static void k3_plans(const struct k3_model_config *c)
 {
 	struct k3_store_plan_in in = { .cfg = c, .cgroup_bytes = UINT64_MAX,
-				       .spine_resident = K3_STORE_PLAN_RESIDENT_AUTO };
+				       .spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT };
 	struct k3_store_plan_out p, q;
 	struct k3_err err = { 0 };
 
@@ -122,7 +122,7 @@ static void k3_plans(const struct k3_model_config *c)
 	T_EQ_INT(q.resident_layers, R);
 	T_OK(q.head_resident);
 	T_EQ_U64(q.expert_cache_bytes, p.expert_cache_bytes);
-	in.spine_resident = K3_STORE_PLAN_RESIDENT_AUTO;
+	in.spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 	/* A cold token reads every streamed layer and one embedding row, and
 	 * 16 experts in each of 92 MoE layers. */
 	uint64_t streamed = 0;
@@ -144,9 +144,21 @@ static void k3_plans(const struct k3_model_config *c)
 	T_EQ_U64(p.expert_slots, (256 * GIB - p.headroom_bytes - p.state_bytes - p.scratch_bytes -
 				  113509540864ull) / EXPERT);
 	check_sums(&p);
-	in.spine_resident = K3_STORE_PLAN_RESIDENT_ALL;
-	T_EQ_INT(k3_store_plan_compute(&in, &q, &err), 0);
-	T_EQ_U64(q.expert_slots, p.expert_slots);
+	/* With the spine loader (any --spine-resident) the embedding's rows
+	 * are gathered: every layer and the head held, one row read a pass. */
+	uint64_t embed = k3_store_plan_embed_bytes(c);
+	for (int i = 0; i < 2; i++) {
+		in.spine_resident = i ? K3_STORE_PLAN_RESIDENT_ALL : K3_STORE_PLAN_RESIDENT_AUTO;
+		T_EQ_INT(k3_store_plan_compute(&in, &q, &err), 0);
+		T_EQ_INT(q.resident_layers, 93);
+		T_OK(q.head_resident && !q.embed_resident);
+		T_EQ_U64(q.spine_resident_bytes, 113509540864ull - embed);
+		T_EQ_U64(q.spine_ring_bytes, 0);
+		T_EQ_U64(q.cold_spine_bytes_per_pass, q.embed_row_bytes);
+		T_EQ_U64(q.expert_slots, (256 * GIB - q.headroom_bytes - q.state_bytes - q.scratch_bytes -
+					  (113509540864ull - embed)) / EXPERT);
+		check_sums(&q);
+	}
 
 	/* --spine-resident all where it does not fit: refused, with numbers. */
 	in.ram_bytes = 64 * GIB;
@@ -165,7 +177,7 @@ static void k3_plans(const struct k3_model_config *c)
 	check_sums(&q);
 	in.spine_resident = 94;
 	T_EQ_INT(k3_store_plan_compute(&in, &q, &err), -EINVAL);
-	in.spine_resident = K3_STORE_PLAN_RESIDENT_AUTO;
+	in.spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 
 	/* --memory-limit 16G below RAM: it sets the limit and a smaller
 	 * headroom (a target for k3d's own RSS). The rehearsal's setting. */
@@ -234,7 +246,7 @@ static void small_plans(void)
 	/* 128 GiB: all resident; the cache is the rest, capped at the pool:
 	 * more than every expert buys nothing. */
 	struct k3_store_plan_in in = { .cfg = &c, .ram_bytes = 128 * GIB, .cgroup_bytes = UINT64_MAX,
-				       .spine_resident = K3_STORE_PLAN_RESIDENT_AUTO };
+				       .spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT };
 	T_EQ_INT(k3_store_plan_compute(&in, &p, &err), 0);
 	T_EQ_INT(p.resident_layers, 12);
 	T_OK(p.embed_resident && p.head_resident);
@@ -243,11 +255,11 @@ static void small_plans(void)
 	check_sums(&p);
 
 	/* A limit a few times below the spine (the streaming tests' setup):
-	 * --memory-limit's headroom is a tenth, at least 64 MiB. */
+	 * --memory-limit's headroom is a tenth, at least 32 MiB. */
 	uint64_t spine = p.spine_total_bytes;
-	in.memory_limit_bytes = 64 * MIB + spine / 3 + p.state_bytes + p.scratch_bytes + 8 * MIB;
+	in.memory_limit_bytes = 32 * MIB + spine / 3 + p.state_bytes + p.scratch_bytes + 8 * MIB;
 	T_EQ_INT(k3_store_plan_compute(&in, &p, &err), 0);
-	T_EQ_U64(p.headroom_bytes, p.limit_bytes / 10 > 64 * MIB ? p.limit_bytes / 10 : 64 * MIB);
+	T_EQ_U64(p.headroom_bytes, p.limit_bytes / 10 > 32 * MIB ? p.limit_bytes / 10 : 32 * MIB);
 	T_OK(p.resident_layers < 12);
 	T_OK(!p.embed_resident);
 	check_sums(&p);
@@ -263,7 +275,8 @@ static void small_plans(void)
 	b.final = 3000;
 	b.expert_span = 200000;
 	struct k3_store_plan_in mi = { .cfg = &c, .bytes = &b, .ram_bytes = 128 * GIB,
-				       .cgroup_bytes = UINT64_MAX, .slot_bytes = 204800 };
+				       .cgroup_bytes = UINT64_MAX, .slot_bytes = 204800,
+				       .spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT };
 	T_EQ_INT(k3_store_plan_compute(&mi, &p, &err), 0);
 	T_EQ_U64(p.layer_spine_bytes[11], 1000011);
 	T_EQ_U64(p.head_bytes, 2003000);
@@ -331,6 +344,7 @@ static void spellings(void)
 	T_EQ_INT(r, 40);
 	T_EQ_STR(k3_store_plan_resident_name(40, buf, sizeof(buf)), "40");
 	T_EQ_STR(k3_store_plan_resident_name(K3_STORE_PLAN_RESIDENT_NONE, buf, sizeof(buf)), "none");
+	T_EQ_STR(k3_store_plan_resident_name(K3_STORE_PLAN_RESIDENT_DEFAULT, buf, sizeof(buf)), "default");
 	T_EQ_INT(k3_store_plan_parse_resident("-1", &r, &err), -EINVAL);
 	T_EQ_INT(k3_store_plan_parse_resident("some", &r, &err), -EINVAL);
 	T_EQ_INT(k3_store_plan_parse_resident("257", &r, &err), -EINVAL);
