@@ -2,7 +2,7 @@
  * cmd_bench.c - `k3ctl bench --model DIR [--max-new N] [--prompt-len N]
  * [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]
  * [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]
- * [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]
+ * [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]
  * [--io-rate GBPS] [--io-latency MS]`: offline (no daemon) greedy generation
  * through the expert store (and with --spine-resident the spine loader,
  * store_spine.h), measured against the disk it reads from (issue 7,
@@ -86,7 +86,7 @@ static void usage(void)
 		"usage: k3ctl bench --model DIR [--max-new N] [--prompt-len N]\n"
 		"       [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]\n"
 		"       [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]\n"
-		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]\n"
+		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
 		"       [--io-rate GBPS] [--io-latency MS]\n");
 }
 

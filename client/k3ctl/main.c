@@ -98,7 +98,8 @@ static const struct {
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
 		   "            [--io-threads N] [--threads N] [--no-packs] [--disk-mib M]\n"
-		   "            [--disk-samples N] [--seed N] [--io-rate GBPS] [--io-latency MS]" },
+		   "            [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
+		   "            [--io-rate GBPS] [--io-latency MS]" },
 };
 
 static int command_help(const char *name)

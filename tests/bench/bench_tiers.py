@@ -50,7 +50,8 @@ def main():
     slots_a = int(cache_gb * 1e9) // slot
     slots_b = (int(cache_gb * 1e9) + freed) // slot
     streamed = none["cold_spine_bytes_per_token"]
-    bench_help = subprocess.run([k3ctl, "bench", "--help"], capture_output=True, text=True).stderr
+    h = subprocess.run([k3ctl, "bench", "--help"], capture_output=True, text=True)
+    bench_help = h.stdout + h.stderr
     streams = "--spine-resident" in bench_help
     # warm the page cache so the emulated drive, not the disk, sets the pace
     subprocess.run(["sh", "-c", f"cat '{model}'/*.safetensors > /dev/null"], check=True)
@@ -74,15 +75,20 @@ def main():
             o = json.loads(subprocess.run(cmd, check=True, capture_output=True,
                                           text=True).stdout)
             d = o["decode"]
-            res[name].append((d["tokens_per_s"], d["bytes_per_token"], o["decode_s_per_token"]))
+            res[name].append((d["tokens_per_s"], d["bytes_per_token"], o["decode_s_per_token"],
+                              d.get("spine_bytes_per_token", 0),
+                              o.get("decode_vs_emulated_floor", 0)))
     out = {}
     for name in ("A", "B"):
         tps = statistics.median(x[0] for x in res[name])
         bpt = statistics.median(x[1] for x in res[name])
         spt = statistics.median(x[2] for x in res[name])
+        sbt = statistics.median(x[3] for x in res[name])
+        vsf = statistics.median(x[4] for x in res[name])
         out[name] = (tps, bpt, spt)
         print(f"{name}: {tps:.3f} tokens/s measured ({', '.join('%.3f' % x[0] for x in res[name])}),"
-              f" {bpt / 1e6:.2f} MB of experts read per token")
+              f" {bpt / 1e6:.2f} MB of experts and {sbt / 1e6:.2f} MB of spine read per token;"
+              f" {vsf:.2f} x the emulated floor")
     (ta, ea, sa), (tb, eb, sb) = out["A"], out["B"]
     saved = ea - eb
     print(f"expert cache: {slots_b - slots_a} more slots ({freed / 1e6:.1f} MB) saved "
