@@ -130,8 +130,12 @@ class Env:
         e["HOME"] = self.tmp     # no token file of the user's
         if env:
             e.update(env)
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=e, timeout=timeout)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=e, timeout=timeout)
+        # under ASan/UBSan a report on any path (error paths included) fails the test
+        check("Sanitizer" not in r.stderr and "runtime error:" not in r.stderr,
+              "a sanitizer report: %s" % r.stderr[-3000:])
+        return r
 
     def close(self):
         for s in self.servers:
