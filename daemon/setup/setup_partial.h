@@ -50,10 +50,18 @@ int k3_setup_partial_open(int dirfd, const char *name, uint64_t size, const uint
 			  uint64_t *resume, struct k3_err *err);
 
 /* Appends n bytes that belong at offset off, which must equal the bytes
- * written so far; off + n must not pass the size. Returns 0, -ERANGE for
- * an offset or length that does not fit, or the write errno (-ENOSPC ...). */
+ * written so far; off + n must not pass the size. The bytes are copied to
+ * a ring that the download's writer thread writes, hashes and journals
+ * (this call waits only when the ring is full). Returns 0, -ERANGE for an
+ * offset or length that does not fit, or the writer's error from an
+ * earlier write (-ENOSPC ...). */
 int k3_setup_partial_write(struct k3_setup_partial *p, uint64_t off, const void *buf, size_t n,
 			   struct k3_err *err);
+
+/* Waits until every byte queued by write is in the file, hashed and
+ * journalled (writes are handed to a writer thread). Returns 0 or the
+ * writer's error. */
+int k3_setup_partial_flush(struct k3_setup_partial *p, struct k3_err *err);
 
 /* Back to zero bytes (a server answered a range request with the whole
  * file). 0 or the errno. */

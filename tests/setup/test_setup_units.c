@@ -201,6 +201,7 @@ static void test_partial(const char *tmp)
 	T_EQ_U64(resume, 0);
 	T_EQ_INT(k3_setup_partial_write(p, 0, data, CHUNK * 2 + CHUNK / 2, &err), 0);
 	T_EQ_INT(k3_setup_partial_write(p, 5, data, 10, &err), -ERANGE);   /* not the next byte */
+	T_EQ_INT(k3_setup_partial_flush(p, &err), 0);
 	/* what a crash would leave: the files as they are now */
 	snprintf(path, sizeof(path), "%s/f.partial", tmp);
 	snprintf(saved, sizeof(saved), "%s/crash.partial", tmp);
