@@ -47,6 +47,11 @@
 #define K3_LIM_CONNECTIONS        256u
 #define K3_LIM_QUEUE_MAX          1024u
 
+/* Jobs listed in one STATUS_REPLY (running first, then queued in order;
+ * the running/queued counters still give the totals). 64 x 32 bytes keeps
+ * the reply far inside the small payload bound. */
+#define K3_LIM_STATUS_JOBS        64u
+
 /* Daemon: bytes of unsent output per connection before it stops reading
  * that connection (backpressure). */
 #define K3_LIM_CONN_OUTBUF        (8u << 20)

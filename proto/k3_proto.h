@@ -18,6 +18,9 @@
  * existing message or field changes; new message types and new optional
  * fields do not need a bump because peers negotiate them in HELLO):
  *   1  2026-11-29  first version.
+ *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
+ *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
+ *      only to peers whose HELLO has K3_PROTO_CAP_JOBS.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -40,6 +43,9 @@ enum k3_proto_caps {
 	K3_PROTO_CAP_TOOLS    = 1u << 1,   /* TOOL_CALL events */
 	K3_PROTO_CAP_PROGRESS = 1u << 2,   /* PROGRESS events during prefill */
 	K3_PROTO_CAP_DRAFT    = 1u << 3,   /* draft policies */
+	K3_PROTO_CAP_JOBS     = 1u << 4,   /* STATUS_REPLY's job list (tags 29-34): a
+					    * client sets it to receive the list, k3d to
+					    * say it sends one */
 };
 
 /* Wire status codes carried by ERROR. Never renumber; add at the end. */
@@ -105,6 +111,11 @@ struct k3_proto_strv {         /* STRV: repeated STR, at most K3_LIM_STOP_COUNT 
 	uint32_t n;
 	struct k3_proto_str v[K3_LIM_STOP_COUNT];
 };
+struct k3_proto_u64s {         /* U64S: array of u64 */
+	uint32_t n;
+	const uint64_t *v;         /* encode: host-order source array */
+	const uint8_t *le;         /* decode: n little-endian u64 in the payload */
+};
 
 typedef uint32_t k3_proto_u32;
 typedef uint64_t k3_proto_u64;
@@ -114,6 +125,7 @@ typedef struct k3_proto_str  k3_proto_STR_t;
 typedef struct k3_proto_str  k3_proto_BYTES_t;
 typedef struct k3_proto_ids  k3_proto_IDS_t;
 typedef struct k3_proto_strv k3_proto_STRV_t;
+typedef struct k3_proto_u64s k3_proto_U64S_t;
 typedef k3_proto_u32  k3_proto_U32_t;
 typedef k3_proto_u64  k3_proto_U64_t;
 typedef k3_proto_f64  k3_proto_F64_t;
@@ -122,6 +134,7 @@ typedef k3_proto_bool k3_proto_BOOL_t;
 enum k3_proto_kind {
 	K3_PROTO_U32 = 1, K3_PROTO_U64, K3_PROTO_F64, K3_PROTO_BOOL,
 	K3_PROTO_STR, K3_PROTO_BYTES, K3_PROTO_IDS, K3_PROTO_STRV,
+	K3_PROTO_U64S,
 };
 
 /* GENERATE.mode */
@@ -146,6 +159,10 @@ enum k3_proto_cancel_reason {
 	K3_CANCEL_BY_ID = 2,      /* CANCEL by job id from another connection (k3ctl cancel) */
 	K3_CANCEL_SHUTDOWN = 3,   /* k3d stopping: drain timeout, or asked to stop again */
 };
+/* STATUS_REPLY.job_kinds: what a job does */
+enum k3_proto_job_kind { K3_JOB_GENERATE = 0, K3_JOB_WARM_EXPERTS = 1 };
+/* STATUS_REPLY.job_states */
+enum k3_proto_job_state { K3_JOB_RUNNING = 0, K3_JOB_QUEUED = 1 };
 /* STATUS_REPLY.state */
 enum k3_proto_state {
 	K3_STATE_LOADING = 0, K3_STATE_READY = 1, K3_STATE_DRAINING = 2,
@@ -178,6 +195,10 @@ enum k3_proto_state {
 #define K3_PROTO_FIELDS_PONG(F, m) \
 	F(m, 1, U32, state, 0, 1)
 #define K3_PROTO_FIELDS_STATUS(F, m)
+/* Tags 29-34 are the job list: parallel arrays of one length, entry i
+ * describing one job (running first, then queued in queue order), sent
+ * only to peers that announced K3_PROTO_CAP_JOBS, and only the jobs that
+ * peer may cancel. */
 #define K3_PROTO_FIELDS_STATUS_REPLY(F, m) \
 	F(m, 1, STR, version, K3_LIM_NAME_MAX, 1) \
 	F(m, 2, U32, state, 0, 1) \
@@ -206,7 +227,13 @@ enum k3_proto_state {
 	F(m, 25, U64, prefetch_issued_bytes, 0, 0) \
 	F(m, 26, F64, io_wait_s_total, 0, 0) \
 	F(m, 27, F64, compute_s_total, 0, 0) \
-	F(m, 28, U64, positions_total, 0, 0)
+	F(m, 28, U64, positions_total, 0, 0) \
+	F(m, 29, U64S, job_ids, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 30, IDS, job_states, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 31, IDS, job_kinds, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 32, IDS, job_uids, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 33, IDS, job_pids, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -443,6 +470,18 @@ static inline uint32_t k3_proto_ids_at(const struct k3_proto_ids *ids, uint32_t 
 		return ids->v[i];
 	return (uint32_t)ids->le[4 * i] | (uint32_t)ids->le[4 * i + 1] << 8 |
 	       (uint32_t)ids->le[4 * i + 2] << 16 | (uint32_t)ids->le[4 * i + 3] << 24;
+}
+
+/* The i-th value of a decoded or encoder-side u64 array. */
+static inline uint64_t k3_proto_u64s_at(const struct k3_proto_u64s *a, uint32_t i)
+{
+	uint64_t v = 0;
+
+	if (a->v)
+		return a->v[i];
+	for (int b = 7; b >= 0; b--)
+		v = v << 8 | a->le[8 * i + (uint32_t)b];
+	return v;
 }
 
 /* A view of a C string for encoding (NULL gives an empty view). */

@@ -15,7 +15,7 @@ struct field_desc {
 	uint16_t tag;
 	uint8_t kind;         /* enum k3_proto_kind */
 	uint8_t required;
-	uint32_t bound;       /* bytes (STR/BYTES) or count (IDS/STRV) */
+	uint32_t bound;       /* bytes (STR/BYTES) or count (IDS/U64S/STRV) */
 	size_t off, has_off;  /* offsets of the value and of has_<name> */
 	const char *name;
 };
@@ -167,19 +167,30 @@ static int field_decode(const struct msg_desc *m, const struct field_desc *f,
 		s->len = len;
 		break;
 	}
-	case K3_PROTO_IDS: {
-		struct k3_proto_ids *ids = dst;
+	case K3_PROTO_IDS:
+	case K3_PROTO_U64S: {
+		uint32_t w = f->kind == K3_PROTO_IDS ? 4 : 8;
 
-		if (len % 4)
+		if (len % w)
 			return k3_proto_fail(err, K3_PROTO_E_FIELD_SIZE,
-					     "%s: field '%s' has %u bytes, not a multiple of 4",
-					     m->name, f->name, len);
-		if (len / 4 > f->bound)
-			return k3_proto_fail(err, K3_PROTO_E_TOO_LONG, "%s: field '%s' has %u ids, limit %u",
-					     m->name, f->name, len / 4, f->bound);
-		ids->n = len / 4;
-		ids->v = NULL;
-		ids->le = v;
+					     "%s: field '%s' has %u bytes, not a multiple of %u",
+					     m->name, f->name, len, w);
+		if (len / w > f->bound)
+			return k3_proto_fail(err, K3_PROTO_E_TOO_LONG, "%s: field '%s' has %u %s, limit %u",
+					     m->name, f->name, len / w, w == 4 ? "ids" : "values", f->bound);
+		if (f->kind == K3_PROTO_IDS) {
+			struct k3_proto_ids *ids = dst;
+
+			ids->n = len / w;
+			ids->v = NULL;
+			ids->le = v;
+		} else {
+			struct k3_proto_u64s *a = dst;
+
+			a->n = len / w;
+			a->v = NULL;
+			a->le = v;
+		}
 		break;
 	}
 	case K3_PROTO_STRV: {
@@ -311,23 +322,32 @@ static int field_encode(struct k3_proto_buf *out, const struct msg_desc *m,
 	case K3_PROTO_STR:
 	case K3_PROTO_BYTES:
 		return put_str(out, m, f, src, f->bound, f->kind == K3_PROTO_STR, err);
-	case K3_PROTO_IDS: {
+	case K3_PROTO_IDS:
+	case K3_PROTO_U64S: {
+		/* Both array kinds start with n and the source pointers. */
 		const struct k3_proto_ids *ids = src;
+		const struct k3_proto_u64s *a = src;
+		bool wide = f->kind == K3_PROTO_U64S;
+		uint32_t n = wide ? a->n : ids->n, w = wide ? 8 : 4;
+		bool data = wide ? a->v || a->le : ids->v || ids->le;
 		uint8_t h[K3_PROTO_FIELD_HEADER];
 		int r;
 
-		if (ids->n > f->bound)
-			return k3_proto_fail(err, K3_PROTO_E_TOO_LONG, "%s: field '%s' has %u ids, limit %u",
-					     m->name, f->name, ids->n, f->bound);
-		if (ids->n && !ids->v && !ids->le)
+		if (n > f->bound)
+			return k3_proto_fail(err, K3_PROTO_E_TOO_LONG, "%s: field '%s' has %u %s, limit %u",
+					     m->name, f->name, n, wide ? "values" : "ids", f->bound);
+		if (n && !data)
 			return k3_proto_fail(err, K3_PROTO_E_BAD_VALUE, "%s: field '%s' has no data",
 					     m->name, f->name);
 		k3_proto_wr16(h, f->tag);
-		k3_proto_wr32(h + 2, ids->n * 4);
+		k3_proto_wr32(h + 2, n * w);
 		r = k3_proto_buf_append(out, h, sizeof(h));
-		for (uint32_t i = 0; r == 0 && i < ids->n; i++) {
-			k3_proto_wr32(tmp, k3_proto_ids_at(ids, i));
-			r = k3_proto_buf_append(out, tmp, 4);
+		for (uint32_t i = 0; r == 0 && i < n; i++) {
+			if (wide)
+				k3_proto_wr64(tmp, k3_proto_u64s_at(a, i));
+			else
+				k3_proto_wr32(tmp, k3_proto_ids_at(ids, i));
+			r = k3_proto_buf_append(out, tmp, w);
 		}
 		return r;
 	}

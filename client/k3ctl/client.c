@@ -164,7 +164,9 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	memset(&hello, 0, sizeof(hello));
 	hello.client = k3_proto_str_of("k3ctl/" K3_VERSION); hello.has_client = true;
 	hello.version = K3_PROTO_VERSION; hello.has_version = true;
-	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; hello.has_caps = true;
+	/* jobs: cmd_status decodes STATUS_REPLY's job list */
+	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS | K3_PROTO_CAP_JOBS;
+	hello.has_caps = true;
 	uint32_t status = 0;
 	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, &status, err);
 	if (r == -EREMOTEIO && (status == K3_STATUS_UNAUTHORIZED || status == K3_STATUS_BUSY)) {

@@ -1,6 +1,7 @@
 /* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify]`: writes one
  * expert pack per MoE layer (store_pack.h), keeps packs that are already up
- * to date, and with --verify rehashes every span. */
+ * to date, compares a pack whose shards changed (and with --verify every
+ * pack) span by span with the shards, and rewrites the stale ones. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	struct k3_store_pack_ident *id = NULL;
 	struct k3_err err = { 0, "" };
 	char packdir[4096], path[4096];
-	uint32_t written = 0, kept = 0;
+	uint32_t written = 0, kept = 0, reverified = 0;
 	uint64_t bytes = 0, verified = 0;
 	size_t n_id = 0;
 	int rc, code = K3CTL_EXIT_ERROR;
@@ -88,22 +89,30 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		}
 		written += res.written;
 		kept += !res.written;
+		reverified += res.reverified;
 		bytes += res.payload_bytes;
 		verified += res.verified_bytes;
 		if (!k3ctl_g.json)
-			printf("layer %3" PRIu32 ": %s %zu experts, %" PRIu64 " bytes%s\n", l,
+			printf("layer %3" PRIu32 ": %s %zu experts, %" PRIu64 " bytes%s%s%s%s\n", l,
 			       res.written ? (res.replaced ? "rewrote" : "wrote") : "kept",
 			       res.n_experts, res.file_bytes,
-			       res.verified_bytes ? ", every span verified" : "");
+			       res.verified_bytes ? (res.written ? ", every span verified"
+						    : ", every span compared with the shards") : "",
+			       res.why[0] ? (res.written ? " (replaced: " : " (re-verified: ") : "",
+			       res.why, res.why[0] ? ")" : "");
 	}
 	if (k3ctl_g.json)
 		printf("{\"ok\":true,\"dir\":\"%s\",\"written\":%" PRIu32 ",\"kept\":%" PRIu32
-		       ",\"payload_bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64 "}\n",
-		       packdir, written, kept, bytes, verified);
+		       ",\"reverified\":%" PRIu32 ",\"payload_bytes\":%" PRIu64
+		       ",\"verified_bytes\":%" PRIu64 "}\n",
+		       packdir, written, kept, reverified, bytes, verified);
 	else
 		printf("%s: %" PRIu32 " packs written, %" PRIu32 " kept, %" PRIu64
 		       " expert bytes, %" PRIu64 " bytes verified\n", packdir, written, kept, bytes,
 		       verified);
+	if (!k3ctl_g.json && reverified)
+		printf("%" PRIu32 " kept packs were re-verified against changed shards (their"
+		       " source records now name the files as they are)\n", reverified);
 	code = K3CTL_EXIT_OK;
 out:
 	free(id);

@@ -1,6 +1,10 @@
-/* cmd_shutdown.c - `k3ctl shutdown`: ask k3d to drain and exit. */
+/* cmd_shutdown.c - `k3ctl shutdown`: ask k3d to drain and exit; asked
+ * again during the drain, k3d cancels the running work and k3ctl says so. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "client.h"
 #include "k3ctl.h"
@@ -21,12 +25,31 @@ int k3ctl_cmd_shutdown(int argc, char **argv)
 		return r;
 	memset(&req, 0, sizeof(req));
 	r = k3ctl_client_call(&c, K3_MSG_SHUTDOWN, &req, 10000, &h, &reply, NULL, &err);
-	k3ctl_client_close(&c);
-	if (r < 0)
-		return k3ctl_fail(K3CTL_EXIT_ERROR, "shutdown refused: %s", err.msg);
-	if (k3ctl_g.json)
-		printf("{\"ok\":true}\n");
-	else
+	if (r < 0 || h.type != K3_MSG_OK) {
+		k3ctl_client_close(&c);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "shutdown refused: %s",
+				  r < 0 ? err.msg : "unexpected reply");
+	}
+	/* k3d's OK says what the request did: "draining" for the first one;
+	 * during a drain, whether it cancelled the running work. */
+	const struct k3_proto_str *m = &reply.ok.message;
+	bool first = !reply.ok.has_message || (m->len == 8 && memcmp(m->p, "draining", 8) == 0);
+	if (k3ctl_g.json) {
+		json_t *o = json_object();
+		char *text;
+
+		json_object_set_new(o, "ok", json_true());
+		if (reply.ok.has_message)
+			json_object_set_new(o, "message", json_stringn(m->p ? m->p : "", m->len));
+		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		puts(text ? text : "{\"ok\":true}");
+		free(text);
+		json_decref(o);
+	} else if (first) {
 		printf("k3d is draining and will exit\n");
+	} else {
+		printf("k3d is draining and will exit (%.*s)\n", (int)m->len, m->p);
+	}
+	k3ctl_client_close(&c);
 	return K3CTL_EXIT_OK;
 }

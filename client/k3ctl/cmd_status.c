@@ -1,4 +1,5 @@
-/* cmd_status.c - `k3ctl status`: the daemon's state and counters. */
+/* cmd_status.c - `k3ctl status`: the daemon's state and counters, and
+ * the running and queued jobs (their ids are what `k3ctl cancel` takes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,68 @@ static const char *state_name(uint32_t s)
 static json_t *jstr(struct k3_proto_str s)
 {
 	return json_stringn(s.p ? s.p : "", s.len);
+}
+
+static const char *job_state_name(uint32_t s)
+{
+	return s == K3_JOB_RUNNING ? "running" : s == K3_JOB_QUEUED ? "queued" : "unknown";
+}
+
+static const char *job_kind_name(uint32_t k)
+{
+	return k == K3_JOB_GENERATE ? "generate" : k == K3_JOB_WARM_EXPERTS ? "warm-experts" : "unknown";
+}
+
+/* How many jobs the reply lists: 0 when k3d sent no list, -1 when its
+ * arrays do not pair up (refused, never guessed). */
+static int job_count(const struct k3_msg_status_reply *s)
+{
+	uint32_t n = s->job_ids.n;
+
+	if (!s->has_job_ids)
+		return s->has_job_states || s->has_job_kinds || s->has_job_uids || s->has_job_pids ||
+		       s->has_job_ages_ms ? -1 : 0;
+	if (!s->has_job_states || !s->has_job_kinds || !s->has_job_uids || !s->has_job_pids ||
+	    !s->has_job_ages_ms || s->job_states.n != n || s->job_kinds.n != n ||
+	    s->job_uids.n != n || s->job_pids.n != n || s->job_ages_ms.n != n)
+		return -1;
+	return (int)n;
+}
+
+/* The job list as JSON objects (job ids for `k3ctl cancel`). */
+static json_t *jobs_json(const struct k3_msg_status_reply *s, int n)
+{
+	json_t *a = json_array();
+
+	for (uint32_t i = 0; i < (uint32_t)n; i++) {
+		json_t *o = json_object();
+
+		json_object_set_new(o, "id", json_integer((json_int_t)k3_proto_u64s_at(&s->job_ids, i)));
+		json_object_set_new(o, "state", json_string(job_state_name(k3_proto_ids_at(&s->job_states, i))));
+		json_object_set_new(o, "kind", json_string(job_kind_name(k3_proto_ids_at(&s->job_kinds, i))));
+		json_object_set_new(o, "uid", json_integer(k3_proto_ids_at(&s->job_uids, i)));
+		json_object_set_new(o, "pid", json_integer(k3_proto_ids_at(&s->job_pids, i)));
+		json_object_set_new(o, "age_s",
+				    json_real((double)k3_proto_u64s_at(&s->job_ages_ms, i) / 1e3));
+		json_array_append_new(a, o);
+	}
+	return a;
+}
+
+static void jobs_print(const struct k3_msg_status_reply *s, int n)
+{
+	if (n <= 0)
+		return;
+	printf("jobs:        %-8s %-8s %-13s %-7s %-8s %s\n", "ID", "STATE", "KIND", "UID", "PID", "AGE");
+	for (uint32_t i = 0; i < (uint32_t)n; i++)
+		printf("             %-8llu %-8s %-13s %-7u %-8u %.1f s\n",
+		       (unsigned long long)k3_proto_u64s_at(&s->job_ids, i),
+		       job_state_name(k3_proto_ids_at(&s->job_states, i)),
+		       job_kind_name(k3_proto_ids_at(&s->job_kinds, i)),
+		       k3_proto_ids_at(&s->job_uids, i), k3_proto_ids_at(&s->job_pids, i),
+		       (double)k3_proto_u64s_at(&s->job_ages_ms, i) / 1e3);
+	if (n == (int)K3_LIM_STATUS_JOBS)
+		printf("             (the first %u shown)\n", K3_LIM_STATUS_JOBS);
 }
 
 int k3ctl_cmd_status(int argc, char **argv)
@@ -40,6 +103,11 @@ int k3ctl_cmd_status(int argc, char **argv)
 	if (r < 0 || h.type != K3_MSG_STATUS_REPLY) {
 		k3ctl_client_close(&c);
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "status: %s", r < 0 ? err.msg : "unexpected reply");
+	}
+	int n_jobs = job_count(s);
+	if (n_jobs < 0) {
+		k3ctl_client_close(&c);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "status: k3d sent a job list whose fields do not pair up");
 	}
 	if (k3ctl_g.json) {
 		json_t *o = json_object();
@@ -78,6 +146,8 @@ int k3ctl_cmd_status(int argc, char **argv)
 			json_object_set_new(o, "io_wait_s_total", json_real(s->io_wait_s_total));
 		if (s->has_compute_s_total)
 			json_object_set_new(o, "compute_s_total", json_real(s->compute_s_total));
+		/* null: a k3d that does not list jobs */
+		json_object_set_new(o, "jobs", s->has_job_ids ? jobs_json(s, n_jobs) : json_null());
 		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		puts(text ? text : "{}");
 		free(text);
@@ -95,6 +165,7 @@ int k3ctl_cmd_status(int argc, char **argv)
 		       s->has_model ? s->model.p : "(none)");
 		printf("connections: %u\n", s->connections);
 		printf("generation:  %u running, %u/%u queued\n", s->running, s->queued, s->queue_max);
+		jobs_print(s, n_jobs);
 		if (s->has_requests_total)
 			printf("requests:    %llu (prompt %llu tokens, completion %llu tokens)\n",
 			       (unsigned long long)s->requests_total,

@@ -41,6 +41,7 @@ struct k3_conn {
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;
+	uint64_t caps;                 /* HELLO's capability bits */
 	bool hello_done;
 	bool may_shutdown;             /* own uid, root or --allow-uid */
 	bool closing;                  /* close once output is flushed */
@@ -111,6 +112,8 @@ bool k3_conn_is_open(const struct k3_conn *c)
 }
 
 uid_t k3_conn_uid(const struct k3_conn *c) { return c->uid; }
+pid_t k3_conn_pid(const struct k3_conn *c) { return c->pid; }
+uint64_t k3_conn_caps(const struct k3_conn *c) { return c->caps; }
 uint64_t k3_conn_id(const struct k3_conn *c) { return c->id; }
 bool k3_conn_is_admin(const struct k3_conn *c) { return c->may_shutdown; }
 
@@ -261,7 +264,7 @@ static void handle_status(struct k3_conn *c, uint32_t rid)
 
 	memset(&r, 0, sizeof(r));
 	if (s->hooks.status)
-		s->hooks.status(s->hooks.ctx, &info, &r);
+		s->hooks.status(s->hooks.ctx, c, &info, &r);
 	if (s->draining) {
 		/* The engine's text ("ready") would contradict the state. */
 		info.state = K3_STATE_DRAINING;
@@ -301,6 +304,7 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 		return;
 	}
 	c->hello_done = true;
+	c->caps = m->has_caps ? m->caps : 0;
 	if (c->hello_timer) {
 		event_free(c->hello_timer);
 		c->hello_timer = NULL;
@@ -308,7 +312,8 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 	memset(&r, 0, sizeof(r));
 	r.server = k3_proto_str_of("k3d/" K3_VERSION); r.has_server = true;
 	r.version = K3_PROTO_VERSION; r.has_version = true;
-	r.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS; r.has_caps = true;
+	r.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS | K3_PROTO_CAP_JOBS;
+	r.has_caps = true;
 	if (s->info.model_id) {
 		r.model = k3_proto_str_of(s->info.model_id);
 		r.has_model = true;
@@ -317,6 +322,21 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 	k3_conn_send(c, K3_MSG_HELLO_OK, rid, &r);
 	k3_log_debug("connection %llu: hello from '%.*s' (uid %u pid %d)", (unsigned long long)c->id,
 		     (int)m->client.len, m->client.p, (unsigned)c->uid, (int)c->pid);
+}
+
+/* SHUTDOWN's OK text: what k3_server_drain is about to do, so that a
+ * second `k3ctl shutdown` can say the running work was cancelled
+ * (docs/protocol.md, "Conversation"). */
+static const char *shutdown_outcome(const struct k3_server *s)
+{
+	if (!s->draining)
+		return "draining";
+	if (!s->drain_waiting)
+		return "already draining";
+	if (s->drain_cancelled)
+		return "already draining; the running work was already cancelled";
+	return s->drain_timer ? "already draining; the running work was cancelled"
+			      : "already draining";
 }
 
 static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, const uint8_t *payload)
@@ -370,7 +390,7 @@ static void handle_frame(struct k3_conn *c, const struct k3_proto_header *h, con
 		}
 		k3_log_notice("SHUTDOWN requested by uid %u pid %d", (unsigned)c->uid, (int)c->pid);
 		memset(&r, 0, sizeof(r));
-		r.message = k3_proto_str_of("draining"); r.has_message = true;
+		r.message = k3_proto_str_of(shutdown_outcome(s)); r.has_message = true;
 		k3_conn_send(c, K3_MSG_OK, h->request_id, &r);
 		k3_server_drain(s);
 		break;

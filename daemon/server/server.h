@@ -41,8 +41,11 @@ struct k3_server_hooks {
 		       const union k3_proto_body *body);
 	/* The connection is going away: cancel everything it owns. */
 	void (*conn_closed)(void *ctx, struct k3_conn *c);
-	/* Fills the engine part of STATUS (state, counters). */
-	void (*status)(void *ctx, struct k3_server_info *info, struct k3_msg_status_reply *reply);
+	/* Fills the engine part of STATUS (state, counters, and the job list
+	 * for a peer c that announced K3_PROTO_CAP_JOBS); reply may point
+	 * into ctx until the next call. */
+	void (*status)(void *ctx, const struct k3_conn *c, struct k3_server_info *info,
+		       struct k3_msg_status_reply *reply);
 	/* Drain started (SIGTERM or SHUTDOWN): cancel queued work, refuse new
 	 * work, and return how many jobs are still running. When that is not
 	 * zero the scheduler calls k3_server_drain_done() once the last one
@@ -101,9 +104,13 @@ int k3_conn_when_flushed(struct k3_conn *c, void (*cb)(void *arg, bool written),
 /* Sends ERROR{status, message, param (may be NULL)}. */
 int k3_conn_send_error(struct k3_conn *c, uint32_t request_id, enum k3_proto_status status,
 		       const char *param, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Peer credentials, and a per-process unique connection number. */
+/* Peer credentials (SO_PEERCRED at accept), a per-process unique
+ * connection number, and the capability bits of the peer's HELLO (0
+ * before it). */
 uid_t k3_conn_uid(const struct k3_conn *c);
+pid_t k3_conn_pid(const struct k3_conn *c);
 uint64_t k3_conn_id(const struct k3_conn *c);
+uint64_t k3_conn_caps(const struct k3_conn *c);
 /* True for the daemon's uid, root and --allow-uid peers (they may send
  * SHUTDOWN and cancel anyone's job); false for --allow-gid members. */
 bool k3_conn_is_admin(const struct k3_conn *c);

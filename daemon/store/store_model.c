@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
 			  size_t *n, struct k3_err *err)
@@ -152,6 +153,18 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 	rc = add_shards(src, m, err);
 	if (rc == 0 && pack_dir)
 		rc = k3_store_model_idents(m, &id, &n_id, err);
+	/* The packs must match the files the shards are read through: if a
+	 * path now names another file than the one opened, the stat of the
+	 * descriptor is what counts. */
+	for (size_t i = 0; rc == 0 && i < n_id; i++) {
+		struct stat st;
+		rc = k3_store_source_file_stat(src, (uint32_t)i, &st);
+		if (rc)
+			k3_err_set(err, rc, "cannot stat '%s': %s", k3_model_shard_path(m, (uint32_t)i),
+				   strerror(-rc));
+		else
+			k3_store_pack_ident_stat(&id[i], &st);
+	}
 	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++) {
 		struct k3_store_pack *pack = NULL;
 		struct k3_err perr = { 0 };

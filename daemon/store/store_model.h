@@ -45,8 +45,11 @@ struct k3_store_open_report {
 };
 
 /* Opens the source the engine streams experts from: for each MoE layer the
- * pack in pack_dir when it is valid for these shards (header, directory,
- * identity; span hashes are checked by k3ctl pack --verify, not here),
+ * pack in pack_dir when it is valid for these shards (its header and
+ * directory, and every shard's identity: name, size, header SHA-256,
+ * device, inode, mtime, ctime, against the descriptor the shard is read
+ * through; a stat and a header hash per shard, no expert byte read; the
+ * span bytes are compared with the shards by k3ctl pack, not here),
  * otherwise the shard tensors. pack_dir NULL: shards only. rep may be NULL.
  * Returns 0 or a negative errno; a rejected pack is not an error (it is
  * reported in rep and the shards are used). */

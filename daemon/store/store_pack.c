@@ -1,11 +1,15 @@
-/* store_pack.c - expert pack writer, reader and verifier (see store_pack.h). */
+/*
+ * store_pack.c - the expert pack format (see store_pack.h and
+ * docs/formats.md, "Expert packs"): source identities and how they
+ * compare, the reader and its checks, the self-check of span hashes, and
+ * the encoder of the header and metadata the writer (store_pack_write.c)
+ * puts in front of the spans. Every byte offset of the format is here.
+ */
 #include "store/store_pack.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,23 +23,28 @@
 enum {
 	HDR_BYTES = 4096,
 	HDR_HASHED = 88,                 /* header bytes covered by header_sha256 */
-	SRC_REC = 256 + 8 + 8 + 32,      /* name, size, header_bytes, digest */
+	/* A source record (docs/formats.md, "Expert packs"): byte offsets. */
+	SRC_NAME = 0,                    /* 256 bytes, NUL-padded */
+	SRC_SIZE = 256,
+	SRC_HEADER_BYTES = 264,
+	SRC_HEADER_SHA = 272,            /* 32 bytes */
+	SRC_DEV = 304,
+	SRC_INO = 312,
+	SRC_MTIME = 320,                 /* i64 ns */
+	SRC_CTIME = 328,                 /* i64 ns */
+	SRC_FLAGS = 336,                 /* u32, then 4 zero bytes */
+	SRC_SHA = 344,                   /* 32 bytes: whole-file SHA-256 when flagged */
+	SRC_REC = 384,                   /* 376..384 zero */
+	SRC_FLAG_SHA256 = 1u << 0,
 	DIR_REC = 4 + 4 + 8 + 8 + K3_STORE_ARRAYS * 16 + 32,
 	HASH_CHUNK = 4 << 20,            /* bytes per read while hashing */
-};
-
-struct pack_entry {
-	uint32_t layer, expert;
-	uint64_t offset, length;
-	uint64_t arr_off[K3_STORE_ARRAYS], arr_len[K3_STORE_ARRAYS];
-	uint8_t sha[32];
 };
 
 struct k3_store_pack {
 	uint64_t file_bytes, data_offset;
 	struct k3_store_pack_ident *idents;
 	size_t n_idents;
-	struct pack_entry *ent;
+	struct k3_store_pack_span *ent;
 	size_t n_ent;
 };
 
@@ -97,21 +106,6 @@ static int pread_full(int fd, void *buf, size_t n, uint64_t off)
 	return 0;
 }
 
-static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
-{
-	size_t put = 0;
-
-	while (put < n) {
-		ssize_t r = pwrite(fd, (const uint8_t *)buf + put, n - put, (off_t)(off + put));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -errno;
-		put += (size_t)r;
-	}
-	return 0;
-}
-
 /* SHA-256 of n bytes of fd at off, read in bounded chunks. */
 static int hash_range(int fd, uint64_t off, uint64_t n, uint8_t *buf, uint8_t out[32])
 {
@@ -144,6 +138,66 @@ out:
 
 /* ---- identity ---- */
 
+static int64_t ts_ns(const struct timespec *t)
+{
+	return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+void k3_store_pack_ident_stat(struct k3_store_pack_ident *id, const struct stat *st)
+{
+	id->size = (uint64_t)st->st_size;
+	id->dev = (uint64_t)st->st_dev;
+	id->ino = (uint64_t)st->st_ino;
+	id->mtime_ns = ts_ns(&st->st_mtim);
+	id->ctime_ns = ts_ns(&st->st_ctim);
+}
+
+/* Appends ", name" (or "name" first) to the list in what. */
+static void add_field(char *what, size_t size, const char *name)
+{
+	size_t n;
+
+	if (!what || size == 0)
+		return;
+	n = strlen(what);
+	snprintf(what + n, size - n, "%s%s", n ? ", " : "", name);
+}
+
+enum k3_store_pack_match k3_store_pack_ident_match(const struct k3_store_pack_ident *was,
+						   const struct k3_store_pack_ident *now,
+						   char *what, size_t what_size)
+{
+	enum k3_store_pack_match m = K3_STORE_PACK_SAME;
+	const struct {
+		bool differs;
+		enum k3_store_pack_match kind;
+		const char *name;
+	} fields[] = {
+		{ strcmp(was->name, now->name) != 0, K3_STORE_PACK_OTHER, "name" },
+		{ was->size != now->size, K3_STORE_PACK_OTHER, "size" },
+		{ was->header_bytes != now->header_bytes ||
+		  memcmp(was->header_sha256, now->header_sha256, 32) != 0, K3_STORE_PACK_OTHER,
+		  "header" },
+		{ was->has_sha256 && now->has_sha256 && memcmp(was->sha256, now->sha256, 32) != 0,
+		  K3_STORE_PACK_OTHER, "SHA-256" },
+		{ was->dev != now->dev, K3_STORE_PACK_CHANGED, "device" },
+		{ was->ino != now->ino, K3_STORE_PACK_CHANGED, "inode" },
+		{ was->mtime_ns != now->mtime_ns, K3_STORE_PACK_CHANGED, "mtime" },
+		{ was->ctime_ns != now->ctime_ns, K3_STORE_PACK_CHANGED, "ctime" },
+	};
+
+	if (what && what_size)
+		what[0] = '\0';
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+		if (!fields[i].differs)
+			continue;
+		add_field(what, what_size, fields[i].name);
+		if (fields[i].kind > m)
+			m = fields[i].kind;
+	}
+	return m;
+}
+
 int k3_store_pack_ident(const char *path, const char *name, uint64_t header_bytes,
 			struct k3_store_pack_ident *out, struct k3_err *err)
 {
@@ -163,7 +217,7 @@ int k3_store_pack_ident(const char *path, const char *name, uint64_t header_byte
 		rc = k3_err_set(err, -EINVAL, "'%s' is not a regular file", path);
 		goto out;
 	}
-	out->size = (uint64_t)st.st_size;
+	k3_store_pack_ident_stat(out, &st);
 	if (header_bytes == 0) {
 		uint8_t len8[8];
 		rc = pread_full(fd, len8, 8, 0);
@@ -226,6 +280,16 @@ const struct k3_store_pack_ident *k3_store_pack_source(const struct k3_store_pac
 	return i < pack->n_idents ? &pack->idents[i] : NULL;
 }
 
+const struct k3_store_pack_span *k3_store_pack_span(const struct k3_store_pack *pack, size_t i)
+{
+	return i < pack->n_ent ? &pack->ent[i] : NULL;
+}
+
+uint64_t k3_store_pack_file_bytes(const struct k3_store_pack *pack)
+{
+	return pack->file_bytes;
+}
+
 int k3_store_pack_entry(const struct k3_store_pack *pack, size_t i, uint32_t *layer,
 			uint32_t *expert, uint64_t length[K3_STORE_ARRAYS])
 {
@@ -238,6 +302,16 @@ int k3_store_pack_entry(const struct k3_store_pack *pack, size_t i, uint32_t *la
 	return 0;
 }
 
+int k3_store_pack_span_check(const char *path, const struct k3_store_pack_span *span,
+			     const uint8_t digest[32], struct k3_err *err)
+{
+	if (memcmp(digest, span->sha256, 32) == 0)
+		return 0;
+	return k3_err_set(err, -EBADMSG, "'%s': expert (%" PRIu32 ", %" PRIu32 ") at byte %" PRIu64
+			  " fails its SHA-256 check (damaged pack; delete it and run k3ctl pack"
+			  " again)", path, span->layer, span->expert, span->offset);
+}
+
 static int verify_spans(int fd, const struct k3_store_pack *pack, const char *path,
 			uint64_t *verified, struct k3_err *err)
 {
@@ -248,32 +322,21 @@ static int verify_spans(int fd, const struct k3_store_pack *pack, const char *pa
 	if (!buf)
 		return k3_err_set(err, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < pack->n_ent; i++) {
-		const struct pack_entry *e = &pack->ent[i];
+		const struct k3_store_pack_span *e = &pack->ent[i];
 		rc = hash_range(fd, e->offset, e->length, buf, got);
 		if (rc) {
 			k3_err_set(err, rc, "'%s': cannot read expert (%" PRIu32 ", %" PRIu32 "): %s",
 				   path, e->layer, e->expert, strerror(-rc));
 			break;
 		}
-		if (memcmp(got, e->sha, 32) != 0) {
-			rc = k3_err_set(err, -EBADMSG, "'%s': expert (%" PRIu32 ", %" PRIu32
-					") at byte %" PRIu64 " fails its SHA-256 check (damaged pack;"
-					" delete it and run k3ctl pack again)",
-					path, e->layer, e->expert, e->offset);
+		rc = k3_store_pack_span_check(path, e, got, err);
+		if (rc)
 			break;
-		}
 		if (verified)
 			*verified += e->length;
 	}
 	free(buf);
 	return rc;
-}
-
-static bool ident_equal(const struct k3_store_pack_ident *a, const struct k3_store_pack_ident *b)
-{
-	return strcmp(a->name, b->name) == 0 && a->size == b->size &&
-	       a->header_bytes == b->header_bytes &&
-	       memcmp(a->header_sha256, b->header_sha256, 32) == 0;
 }
 
 #define BAD(...) do { rc = k3_err_set(err, -EBADMSG, __VA_ARGS__); goto out; } while (0)
@@ -299,9 +362,14 @@ static int pack_parse(int fd, const char *path, struct k3_store_pack *p, struct 
 		return k3_err_set(err, rc, "cannot read '%s': %s", path, strerror(-rc));
 	if (memcmp(hdr, PACK_MAGIC, 8) != 0)
 		BAD("'%s' is not an expert pack (bad magic)", path);
+	if (get_u32(hdr + 8) < K3_STORE_PACK_VERSION)
+		BAD("'%s' is an expert pack of format %" PRIu32 ", which does not record its"
+		    " sources' file identity; this build reads format %d: run k3ctl pack --model"
+		    " DIR to rewrite it", path, get_u32(hdr + 8), K3_STORE_PACK_VERSION);
 	if (get_u32(hdr + 8) != K3_STORE_PACK_VERSION)
-		BAD("'%s': pack version %" PRIu32 " is not %d", path, get_u32(hdr + 8),
-		    K3_STORE_PACK_VERSION);
+		BAD("'%s' is an expert pack of format %" PRIu32 ", newer than this build reads"
+		    " (%d): run this build's k3ctl pack --model DIR to rewrite it, or a newer"
+		    " k3d", path, get_u32(hdr + 8), K3_STORE_PACK_VERSION);
 	if ((rc = sha256(hdr, HDR_HASHED, sha)) != 0)
 		goto out;
 	if (memcmp(sha, hdr + HDR_HASHED, 32) != 0)
@@ -345,15 +413,25 @@ static int pack_parse(int fd, const char *path, struct k3_store_pack *p, struct 
 		struct k3_store_pack_ident *id = &p->idents[i];
 		if (memchr(r, 0, 256) == NULL)
 			BAD("'%s': source name %" PRIu32 " is not terminated", path, i);
-		memcpy(id->name, r, 256);
-		id->size = get_u64(r + 256);
-		id->header_bytes = get_u64(r + 264);
-		memcpy(id->header_sha256, r + 272, 32);
+		memcpy(id->name, r + SRC_NAME, 256);
+		id->size = get_u64(r + SRC_SIZE);
+		id->header_bytes = get_u64(r + SRC_HEADER_BYTES);
+		memcpy(id->header_sha256, r + SRC_HEADER_SHA, 32);
+		id->dev = get_u64(r + SRC_DEV);
+		id->ino = get_u64(r + SRC_INO);
+		id->mtime_ns = (int64_t)get_u64(r + SRC_MTIME);
+		id->ctime_ns = (int64_t)get_u64(r + SRC_CTIME);
+		uint32_t fl = get_u32(r + SRC_FLAGS);
+		if ((fl & ~(uint32_t)SRC_FLAG_SHA256) || get_u32(r + SRC_FLAGS + 4) ||
+		    get_u64(r + SRC_SHA + 32))
+			BAD("'%s': source record %" PRIu32 " has unknown flags or fields", path, i);
+		id->has_sha256 = fl & SRC_FLAG_SHA256;
+		memcpy(id->sha256, r + SRC_SHA, 32);
 	}
 	prev_end = p->data_offset;
 	for (uint32_t i = 0; i < n_exp; i++) {
 		const uint8_t *r = meta + (size_t)n_src * SRC_REC + (size_t)i * DIR_REC;
-		struct pack_entry *e = &p->ent[i];
+		struct k3_store_pack_span *e = &p->ent[i];
 		e->layer = get_u32(r);
 		e->expert = get_u32(r + 4);
 		e->offset = get_u64(r + 8);
@@ -362,7 +440,7 @@ static int pack_parse(int fd, const char *path, struct k3_store_pack *p, struct 
 			e->arr_off[a] = get_u64(r + 24 + 16 * a);
 			e->arr_len[a] = get_u64(r + 32 + 16 * a);
 		}
-		memcpy(e->sha, r + 24 + 16 * K3_STORE_ARRAYS, 32);
+		memcpy(e->sha256, r + 24 + 16 * K3_STORE_ARRAYS, 32);
 		if (e->layer >= K3_STORE_MAX_LAYERS || e->expert >= K3_STORE_MAX_EXPERTS_PER_LAYER)
 			BAD("'%s': entry %" PRIu32 " names expert (%" PRIu32 ", %" PRIu32 ")"
 			    " out of range", path, i, e->layer, e->expert);
@@ -388,6 +466,34 @@ out:
 	return rc;
 }
 
+/* The start-up check: the pack's sources must be SAME as expect. */
+static int check_sources(const struct k3_store_pack *p, const struct k3_store_pack_ident *expect,
+			 size_t n_expect, const char *path, struct k3_err *err)
+{
+	char what[128];
+
+	if (n_expect != p->n_idents)
+		return k3_err_set(err, -ESTALE, "'%s' was built from %zu source files, the model"
+				  " has %zu (run k3ctl pack --model DIR)", path, p->n_idents, n_expect);
+	for (size_t i = 0; i < n_expect; i++) {
+		switch (k3_store_pack_ident_match(&p->idents[i], &expect[i], what, sizeof(what))) {
+		case K3_STORE_PACK_SAME:
+			continue;
+		case K3_STORE_PACK_CHANGED:
+			return k3_err_set(err, -ESTALE, "'%s' is not used: its source '%s' was written"
+					  " or replaced since the pack was made (%s changed), so the"
+					  " pack may hold other bytes; k3ctl pack --model DIR compares"
+					  " it with the source and rewrites what differs", path,
+					  expect[i].name, what);
+		case K3_STORE_PACK_OTHER:
+			return k3_err_set(err, -ESTALE, "'%s' was built from other source files:"
+					  " source %zu ('%s') has another %s (run k3ctl pack --model"
+					  " DIR)", path, i, expect[i].name, what);
+		}
+	}
+	return 0;
+}
+
 int k3_store_pack_open(const char *path, const struct k3_store_pack_ident *expect,
 		       size_t n_expect, unsigned flags, struct k3_store_pack **out,
 		       struct k3_err *err)
@@ -408,14 +514,9 @@ int k3_store_pack_open(const char *path, const struct k3_store_pack_ident *expec
 	if (rc)
 		goto fail;
 	if (expect) {
-		bool same = n_expect == p->n_idents;
-		for (size_t i = 0; same && i < n_expect; i++)
-			same = ident_equal(&expect[i], &p->idents[i]);
-		if (!same) {
-			rc = k3_err_set(err, -ESTALE, "'%s' was built from other source files"
-					" (run k3ctl pack again)", path);
+		rc = check_sources(p, expect, n_expect, path, err);
+		if (rc)
 			goto fail;
-		}
 	}
 	if (flags & K3_STORE_PACK_VERIFY) {
 		rc = verify_spans(fd, p, path, NULL, err);
@@ -440,7 +541,7 @@ int k3_store_pack_add_to_source(const struct k3_store_pack *pack, const char *pa
 	if (rc)
 		return rc;
 	for (size_t i = 0; i < pack->n_ent; i++) {
-		const struct pack_entry *pe = &pack->ent[i];
+		const struct k3_store_pack_span *pe = &pack->ent[i];
 		struct k3_store_expert e = { .layer = pe->layer, .expert = pe->expert };
 		for (int a = 0; a < K3_STORE_ARRAYS; a++) {
 			e.ext[a].file = file;
@@ -454,91 +555,31 @@ int k3_store_pack_add_to_source(const struct k3_store_pack *pack, const char *pa
 	return 0;
 }
 
-/* ---- writer ---- */
+/* ---- encoder (for the writer) ---- */
 
-/* Lays out the pack for src: entries sorted, spans placed, hashes unset. */
-static int plan_layout(const struct k3_store_source *src, struct pack_entry **out_ent,
-		       size_t **out_order, uint64_t *data_offset, uint64_t *file_bytes,
-		       size_t n_idents)
+uint64_t k3_store_pack_data_offset(size_t n_idents, size_t n_spans)
 {
-	size_t n = k3_store_source_count(src);
-	size_t *order = malloc((n ? n : 1) * sizeof(*order));
-	struct pack_entry *ent = calloc(n ? n : 1, sizeof(*ent));
-	uint64_t cursor;
-
-	if (!order || !ent) {
-		free(order);
-		free(ent);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; i < n; i++)
-		order[i] = i;
-	qsort_r(order, n, sizeof(*order), k3_store_source_cmp_index, (void *)src);
-	*data_offset = align_to(HDR_BYTES + (uint64_t)n_idents * SRC_REC +
-				(uint64_t)n * DIR_REC, K3_STORE_ALIGN);
-	cursor = *data_offset;
-	for (size_t i = 0; i < n; i++) {
-		const struct k3_store_expert *e = k3_store_source_expert(src, order[i]);
-		uint64_t off = 0;
-		ent[i].layer = e->layer;
-		ent[i].expert = e->expert;
-		ent[i].offset = cursor;
-		for (int a = 0; a < K3_STORE_ARRAYS; a++) {
-			off = align_to(off, K3_STORE_PACK_ARRAY_ALIGN);
-			ent[i].arr_off[a] = off;
-			ent[i].arr_len[a] = e->ext[a].length;
-			off += e->ext[a].length;   /* <= 6 GiB: no overflow */
-		}
-		ent[i].length = off;
-		cursor = align_to(cursor + off, K3_STORE_ALIGN);
-	}
-	*file_bytes = cursor;
-	*out_ent = ent;
-	*out_order = order;
-	return 0;
-}
-
-static bool layout_matches(const struct k3_store_pack *p, const struct pack_entry *ent, size_t n)
-{
-	if (p->n_ent != n)
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		const struct pack_entry *a = &p->ent[i], *b = &ent[i];
-		if (a->layer != b->layer || a->expert != b->expert)
-			return false;
-		for (int k = 0; k < K3_STORE_ARRAYS; k++)
-			if (a->arr_len[k] != b->arr_len[k])
-				return false;
-	}
-	return true;
-}
-
-static int fsync_dir_of(const char *path)
-{
-	char buf[PATH_MAX];
-	int fd, rc = 0;
-
-	if (strlen(path) >= sizeof(buf))
-		return -ENAMETOOLONG;
-	strcpy(buf, path);
-	fd = open(dirname(buf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) != 0)
-		rc = -errno;
-	close(fd);
-	return rc;
+	return align_to(HDR_BYTES + (uint64_t)n_idents * SRC_REC + (uint64_t)n_spans * DIR_REC,
+			K3_STORE_ALIGN);
 }
 
 static void encode_meta(uint8_t *meta, const struct k3_store_pack_ident *idents, size_t n_idents,
-			const struct pack_entry *ent, size_t n)
+			const struct k3_store_pack_span *ent, size_t n)
 {
 	for (size_t i = 0; i < n_idents; i++) {
 		uint8_t *r = meta + i * SRC_REC;
-		memcpy(r, idents[i].name, strlen(idents[i].name));
-		put_u64(r + 256, idents[i].size);
-		put_u64(r + 264, idents[i].header_bytes);
-		memcpy(r + 272, idents[i].header_sha256, 32);
+		memcpy(r + SRC_NAME, idents[i].name, strlen(idents[i].name));
+		put_u64(r + SRC_SIZE, idents[i].size);
+		put_u64(r + SRC_HEADER_BYTES, idents[i].header_bytes);
+		memcpy(r + SRC_HEADER_SHA, idents[i].header_sha256, 32);
+		put_u64(r + SRC_DEV, idents[i].dev);
+		put_u64(r + SRC_INO, idents[i].ino);
+		put_u64(r + SRC_MTIME, (uint64_t)idents[i].mtime_ns);
+		put_u64(r + SRC_CTIME, (uint64_t)idents[i].ctime_ns);
+		if (idents[i].has_sha256) {
+			put_u32(r + SRC_FLAGS, SRC_FLAG_SHA256);
+			memcpy(r + SRC_SHA, idents[i].sha256, 32);
+		}
 	}
 	for (size_t i = 0; i < n; i++) {
 		uint8_t *r = meta + n_idents * SRC_REC + i * DIR_REC;
@@ -550,179 +591,38 @@ static void encode_meta(uint8_t *meta, const struct k3_store_pack_ident *idents,
 			put_u64(r + 24 + 16 * a, ent[i].arr_off[a]);
 			put_u64(r + 32 + 16 * a, ent[i].arr_len[a]);
 		}
-		memcpy(r + 24 + 16 * K3_STORE_ARRAYS, ent[i].sha, 32);
+		memcpy(r + 24 + 16 * K3_STORE_ARRAYS, ent[i].sha256, 32);
 	}
 }
 
-/* Copies every expert into the temp file fd; fills ent[].sha. */
-static int write_spans(int fd, const struct k3_store_source *src, const size_t *order,
-		       struct pack_entry *ent, size_t n, struct k3_err *err)
+int k3_store_pack_encode_head(const struct k3_store_pack_ident *idents, size_t n_idents,
+			      const struct k3_store_pack_span *spans, size_t n_spans,
+			      uint64_t file_bytes, uint8_t **out, size_t *out_bytes)
 {
-	uint64_t slot_bytes = k3_store_source_slot_bytes(src), span_max = 0;
-	void *slot = NULL, *span = NULL;
-	struct k3_store_plan plan;
-	int rc = 0;
+	uint64_t meta_bytes = (uint64_t)n_idents * SRC_REC + (uint64_t)n_spans * DIR_REC;
+	uint8_t *head = calloc(1, HDR_BYTES + meta_bytes), *meta = head + HDR_BYTES;
+	int rc;
 
-	for (size_t i = 0; i < n; i++)
-		if (ent[i].length > span_max)
-			span_max = ent[i].length;
-	if (posix_memalign(&slot, K3_STORE_ALIGN, slot_bytes ? slot_bytes : K3_STORE_ALIGN) ||
-	    !(span = malloc(span_max ? span_max : 1))) {
-		rc = k3_err_set(err, -ENOMEM, "out of memory for a %" PRIu64 "-byte span", span_max);
-		goto out;
+	*out = NULL;
+	*out_bytes = 0;
+	if (!head)
+		return -ENOMEM;
+	encode_meta(meta, idents, n_idents, spans, n_spans);
+	memcpy(head, PACK_MAGIC, 8);
+	put_u32(head + 8, K3_STORE_PACK_VERSION);
+	put_u32(head + 12, K3_STORE_ARRAYS);
+	put_u32(head + 16, (uint32_t)n_idents);
+	put_u32(head + 20, (uint32_t)n_spans);
+	put_u64(head + 24, HDR_BYTES);
+	put_u64(head + 32, meta_bytes);
+	put_u64(head + 40, k3_store_pack_data_offset(n_idents, n_spans));
+	put_u64(head + 48, file_bytes);
+	if ((rc = sha256(meta, meta_bytes, head + 56)) != 0 ||
+	    (rc = sha256(head, HDR_HASHED, head + HDR_HASHED)) != 0) {
+		free(head);
+		return rc;
 	}
-	for (size_t i = 0; i < n; i++) {
-		struct pack_entry *e = &ent[i];
-		k3_store_source_plan(src, order[i], &plan);
-		for (unsigned r = 0; r < plan.n_reads; r++) {
-			int64_t got = k3_store_source_pread(src, &plan.read[r], slot);
-			if (got < 0) {
-				rc = k3_err_set(err, (int)got, "cannot read expert (%" PRIu32 ", %" PRIu32
-						") from '%s': %s", e->layer, e->expert,
-						k3_store_source_file_path(src, plan.read[r].file),
-						strerror((int)-got));
-				goto out;
-			}
-		}
-		memset(span, 0, e->length);
-		for (int a = 0; a < K3_STORE_ARRAYS; a++)
-			memcpy((uint8_t *)span + e->arr_off[a], (uint8_t *)slot + plan.array_offset[a],
-			       e->arr_len[a]);
-		if ((rc = sha256(span, e->length, e->sha)) != 0 ||
-		    (rc = pwrite_full(fd, span, e->length, e->offset)) != 0) {
-			k3_err_set(err, rc, "cannot write the pack: %s", strerror(-rc));
-			goto out;
-		}
-	}
-out:
-	free(slot);
-	free(span);
-	return rc;
-}
-
-int k3_store_pack_write(const char *path, const struct k3_store_source *src,
-			const struct k3_store_pack_ident *idents, size_t n_idents,
-			unsigned flags, struct k3_store_pack_result *res,
-			struct k3_err *err)
-{
-	struct k3_store_pack_result r0 = { 0 };
-	struct k3_store_pack *old = NULL;
-	struct pack_entry *ent = NULL;
-	size_t *order = NULL, n = k3_store_source_count(src);
-	uint64_t data_offset, file_bytes, meta_bytes;
-	uint8_t hdr[HDR_BYTES] = { 0 }, *meta = NULL;
-	char tmp[PATH_MAX];
-	int fd = -1, rc;
-
-	if (!res)
-		res = &r0;
-	memset(res, 0, sizeof(*res));
-	if (n_idents != k3_store_source_file_count(src) || n_idents == 0)
-		return k3_err_set(err, -EINVAL, "%zu source identities for %zu source files",
-				  n_idents, k3_store_source_file_count(src));
-	rc = plan_layout(src, &ent, &order, &data_offset, &file_bytes, n_idents);
-	if (rc)
-		return k3_err_set(err, rc, "out of memory");
-	res->n_experts = n;
-	res->file_bytes = file_bytes;
-	for (size_t i = 0; i < n; i++)
-		for (int a = 0; a < K3_STORE_ARRAYS; a++)
-			res->payload_bytes += ent[i].arr_len[a];
-
-	/* An existing pack for the same sources and experts is verified, not
-	 * rewritten: re-running k3ctl pack is cheap and safe. */
-	rc = k3_store_pack_open(path, idents, n_idents, 0, &old, NULL);
-	if (rc == 0 && layout_matches(old, ent, n)) {
-		if (flags & K3_STORE_PACK_VERIFY) {
-			int vfd = open(path, O_RDONLY | O_CLOEXEC);
-			if (vfd < 0) {
-				rc = k3_err_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
-				goto out;
-			}
-			rc = verify_spans(vfd, old, path, &res->verified_bytes, err);
-			close(vfd);
-		}
-		goto out;
-	}
-	res->replaced = rc != -ENOENT;
-
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp)) {
-		rc = k3_err_set(err, -ENAMETOOLONG, "pack path '%s' is too long", path);
-		goto out;
-	}
-	fd = mkstemp(tmp);
-	if (fd < 0) {
-		rc = k3_err_set(err, -errno, "cannot create '%s': %s", tmp, strerror(errno));
-		goto out;
-	}
-	if (fchmod(fd, 0644) != 0 || ftruncate(fd, (off_t)file_bytes) != 0) {
-		rc = k3_err_set(err, -errno, "cannot size '%s' to %" PRIu64 " bytes: %s", tmp,
-				file_bytes, strerror(errno));
-		goto out_unlink;
-	}
-	rc = write_spans(fd, src, order, ent, n, err);
-	if (rc)
-		goto out_unlink;
-	meta_bytes = (uint64_t)n_idents * SRC_REC + (uint64_t)n * DIR_REC;
-	meta = calloc(1, meta_bytes);
-	if (!meta) {
-		rc = k3_err_set(err, -ENOMEM, "out of memory");
-		goto out_unlink;
-	}
-	encode_meta(meta, idents, n_idents, ent, n);
-	memcpy(hdr, PACK_MAGIC, 8);
-	put_u32(hdr + 8, K3_STORE_PACK_VERSION);
-	put_u32(hdr + 12, K3_STORE_ARRAYS);
-	put_u32(hdr + 16, (uint32_t)n_idents);
-	put_u32(hdr + 20, (uint32_t)n);
-	put_u64(hdr + 24, HDR_BYTES);
-	put_u64(hdr + 32, meta_bytes);
-	put_u64(hdr + 40, data_offset);
-	put_u64(hdr + 48, file_bytes);
-	if ((rc = sha256(meta, meta_bytes, hdr + 56)) != 0 ||
-	    (rc = sha256(hdr, HDR_HASHED, hdr + HDR_HASHED)) != 0)
-		goto out_unlink;
-	if ((rc = pwrite_full(fd, meta, meta_bytes, HDR_BYTES)) != 0 ||
-	    (rc = pwrite_full(fd, hdr, HDR_BYTES, 0)) != 0) {
-		k3_err_set(err, rc, "cannot write '%s': %s", tmp, strerror(-rc));
-		goto out_unlink;
-	}
-	if (fsync(fd) != 0) {
-		rc = k3_err_set(err, -errno, "cannot fsync '%s': %s", tmp, strerror(errno));
-		goto out_unlink;
-	}
-	/* Read back what reached the disk before publishing it: the pages are
-	 * clean after fsync, so dropping them makes the reads go to the disk
-	 * rather than check the page cache against itself. */
-	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-	k3_store_pack_free(old);
-	old = NULL;
-	rc = k3_store_pack_open(tmp, idents, n_idents, 0, &old, err);
-	if (rc == 0) {
-		res->verified_bytes = 0;
-		rc = verify_spans(fd, old, tmp, &res->verified_bytes, err);
-	}
-	if (rc)
-		goto out_unlink;
-	if (rename(tmp, path) != 0) {
-		rc = k3_err_set(err, -errno, "cannot rename '%s' to '%s': %s", tmp, path,
-				strerror(errno));
-		goto out_unlink;
-	}
-	rc = fsync_dir_of(path);
-	if (rc)
-		k3_err_set(err, rc, "cannot fsync the directory of '%s': %s", path, strerror(-rc));
-	res->written = true;
-	goto out;
-
-out_unlink:
-	unlink(tmp);
-out:
-	if (fd >= 0)
-		close(fd);
-	k3_store_pack_free(old);
-	free(meta);
-	free(ent);
-	free(order);
-	return rc;
+	*out = head;
+	*out_bytes = HDR_BYTES + meta_bytes;
+	return 0;
 }

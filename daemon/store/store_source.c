@@ -293,6 +293,14 @@ const char *k3_store_source_file_path(const struct k3_store_source *src, uint32_
 	return file < src->n_files ? src->files[file].path : NULL;
 }
 
+int k3_store_source_file_stat(const struct k3_store_source *src, uint32_t file,
+			      struct stat *st)
+{
+	if (file >= src->n_files)
+		return -ERANGE;
+	return fstat(src->files[file].fd, st) == 0 ? 0 : -errno;
+}
+
 static uint64_t align_up(uint64_t v)
 {
 	return (v + K3_STORE_ALIGN - 1) & ~(uint64_t)(K3_STORE_ALIGN - 1);

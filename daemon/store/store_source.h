@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "base/err.h"
 
@@ -115,6 +116,11 @@ size_t k3_store_source_file_count(const struct k3_store_source *src);
 /* True when file i is read with O_DIRECT (for the caller to log). */
 bool k3_store_source_file_direct(const struct k3_store_source *src, uint32_t file);
 const char *k3_store_source_file_path(const struct k3_store_source *src, uint32_t file);
+/* fstat of the descriptor file i is read through, now: the identity of the
+ * bytes the source reads, whatever its path names meanwhile (store_pack.h
+ * records it). Returns 0, -ERANGE for an unknown file, or fstat's errno. */
+int k3_store_source_file_stat(const struct k3_store_source *src, uint32_t file,
+			      struct stat *st);
 
 /* ---- read planning (used by store.c and the benchmark) ---- */
 

@@ -85,6 +85,30 @@ def connect(path, do_hello=True):
     return s
 
 
+def generate_ids(sock_path, ids, max_new):
+    """Returns (generated ids, DONE fields) of one raw-ids GENERATE."""
+    names = {v: k for k, v in T.items()}
+    s = connect(sock_path)
+    p = field(1, 0) + field(3, b"".join(struct.pack("<I", i) for i in ids)) + field(8, max_new)
+    s.sendall(frame(T["GENERATE"], 9, p))
+    out, done = [], None
+    while done is None:
+        r = read_frame(s, 120)
+        if r is None:
+            raise EOFError("connection closed")
+        t, rid, f = r
+        name = names.get(t)
+        if name == "TOKEN":
+            b = f[1][0]
+            out += [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
+        elif name == "DONE":
+            done = f
+        elif name == "ERROR":
+            raise RuntimeError("k3d error: " + f[2][0].decode())
+    s.close()
+    return out, done
+
+
 class Daemon:
     """Starts the real k3d in a private temporary directory."""
 

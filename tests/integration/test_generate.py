@@ -107,6 +107,23 @@ class Stream:
         return struct.unpack("<I", self.done[tag])[0]
 
 
+def start_long(sock, rid):
+    """A generation that runs until cancelled, once it yields tokens."""
+    st = Stream(sock, rid, raw(prompt="long", max_new=100000))
+    while st.step() != "TOKEN":
+        pass
+    return st
+
+
+def start_long_prefill(sock, rid, n_ids):
+    """A generation whose n_ids-position prefill keeps it running on any
+    machine, once its prefill has begun."""
+    st = Stream(sock, rid, raw(ids=[1 + i % 2000 for i in range(n_ids)], max_new=100000))
+    while st.step() != "PROGRESS":
+        pass
+    return st
+
+
 def generate(sock_path, payload, rid=1):
     s = connect(sock_path)
     st = Stream(s, rid, payload).finish()
@@ -231,9 +248,7 @@ def test_busy_and_queue(k3d):
     d = Daemon(k3d)   # --queue 0
     try:
         a = connect(d.sock)
-        sa = Stream(a, 1, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 1)
         st = generate(d.sock, raw(prompt="second", max_new=2))
         check(st.error and st.error[0] == STATUS["busy"], f"busy with queue 0: {st.error}")
         # Control requests are answered while the engine is busy decoding.
@@ -269,9 +284,7 @@ def test_busy_and_queue(k3d):
     d = Daemon(k3d, "--queue", "1")
     try:
         a = connect(d.sock)
-        sa = Stream(a, 1, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 1)
         b = connect(d.sock)
         sb = Stream(b, 2, raw(prompt="waits", max_new=3))
         sb.step()
@@ -283,9 +296,7 @@ def test_busy_and_queue(k3d):
         sb.finish()
         check(sb.finish_reason() == 1 and len(sb.ids) == 3, "queued request runs after the first")
         # A request id still in use on the connection is refused, not merged.
-        sa = Stream(a, 5, raw(prompt="long", max_new=100000))
-        while sa.step() != "TOKEN":
-            pass
+        sa = start_long(a, 5)
         a.sendall(frame(T["GENERATE"], 5, raw(prompt="dup", max_new=2)))
         while True:
             r = read_frame(a)
@@ -299,6 +310,140 @@ def test_busy_and_queue(k3d):
         check(any(e == "ACCEPTED" for e in sb.events), "ACCEPTED sent")
         a.close()
         b.close()
+    finally:
+        d.stop()
+
+
+def warm(layers, experts):
+    return ids_field(1, layers) + ids_field(2, experts)
+
+
+def until(sock, rid, names):
+    """Reads frames until one for rid whose type is in names; returns it."""
+    while True:
+        r = read_frame(sock, 60)
+        if r is None:
+            return None
+        if r[1] == rid and NAMES.get(r[0]) in names:
+            return r
+
+
+def test_admission_kinds(k3d):
+    """One admission rule for every kind of job (issue 15): WARM_EXPERTS
+    is admitted like GENERATE: it queues behind a job told to stop instead
+    of BUSY, may not reuse the request id of a live job on its connection,
+    and a full queue's BUSY names what is running."""
+    d = Daemon(k3d)   # --queue 0
+    try:
+        a = connect(d.sock)
+        sa = start_long(a, 1)
+        b = connect(d.sock)
+        b.sendall(frame(T["WARM_EXPERTS"], 3, warm([1], [0])))
+        r = until(b, 3, ("ERROR", "WARM_EXPERTS_REPLY"))
+        check(r and r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["busy"] and
+              b"1 generation running and 0/0 queued" in r[2][2][0],
+              f"WARM_EXPERTS while a generation runs, queue 0: busy naming it ({r and r[2].get(2)})")
+        b.close()
+        a.sendall(frame(T["CANCEL"], 1) + frame(T["WARM_EXPERTS"], 2, warm([1], [0])))
+        got = {}
+        while len(got) < 2:
+            r = read_frame(a, 60)
+            if r is None:
+                break
+            if (r[1], NAMES.get(r[0])) in ((1, "DONE"), (2, "ERROR"), (2, "WARM_EXPERTS_REPLY")):
+                got[r[1]] = r
+        r = got.get(2)
+        check(r and r[0] == T["WARM_EXPERTS_REPLY"] and u32(r[2], 2) == 1,
+              f"WARM_EXPERTS right after CANCEL queues behind the stopping job, not BUSY "
+              f"({r and NAMES.get(r[0])} {r and r[2].get(2)})")
+        check(1 in got and u32(got[1][2], 1) == 2, "the cancelled generation ends with DONE{cancelled}")
+        a.close()
+    finally:
+        d.stop()
+    d = Daemon(k3d, "--queue", "1")
+    try:
+        a = connect(d.sock)
+        sa = start_long(a, 5)
+        a.sendall(frame(T["WARM_EXPERTS"], 5, warm([1], [0])))
+        r = until(a, 5, ("ERROR", "WARM_EXPERTS_REPLY", "DONE"))
+        check(r and r[0] == T["ERROR"] and u32(r[2], 1) == STATUS["bad_request"],
+              f"WARM_EXPERTS reusing a running GENERATE's request id: bad_request "
+              f"({r and NAMES.get(r[0])})")
+        a.sendall(frame(T["CANCEL"], 5))
+        sa.finish()
+        check(sa.finish_reason() == 2, "the GENERATE with that id is unaffected and cancellable")
+        a.close()
+    finally:
+        d.stop()
+
+
+def hello_caps(caps):
+    return frame(T["HELLO"], 1, field(1, "test/1") + field(2, 1) + field(3, struct.pack("<Q", caps)))
+
+
+def test_status_jobs(k3d):
+    """Issue 16: `k3ctl status` lists running and queued jobs with id,
+    client uid/pid, kind and age, so `k3ctl cancel` needs no guess; only
+    peers that announce the jobs capability get the list on the wire."""
+    d = Daemon(k3d, "--queue", "2")
+    try:
+        a = connect(d.sock)
+        sa = start_long_prefill(a, 1, 3000)
+        b, w = connect(d.sock), connect(d.sock)
+        sb = Stream(b, 2, raw(prompt="waits", max_new=2))
+        sb.step()
+        w.sendall(frame(T["WARM_EXPERTS"], 3, warm([1], [0])))
+        ids = [struct.unpack("<Q", st.accepted[1][0])[0] for st in (sa, sb)]
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"], capture_output=True,
+                           text=True, timeout=30)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        jobs = j.get("jobs") or []
+        got = [(x["id"], x["state"], x["kind"], x["uid"], x["pid"]) for x in jobs]
+        want = [(ids[0], "running", "generate", os.getuid(), os.getpid()),
+                (ids[1], "queued", "generate", os.getuid(), os.getpid()),
+                (ids[1] + 1, "queued", "warm-experts", os.getuid(), os.getpid())]
+        check(got == want, f"status --json lists the jobs in order: {got} (want {want})")
+        check(len(jobs) == 3 and jobs[0]["age_s"] > 0 and
+              jobs[0]["age_s"] >= jobs[1]["age_s"] >= jobs[2]["age_s"] >= 0,
+              f"ages: oldest first ({[x.get('age_s') for x in jobs]})")
+        check(j.get("running") == 1 and j.get("queued") == 2, f"counters still there: {j.get('queued')}")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True, text=True,
+                           timeout=30)
+        line = re.search(rf"^\s+{ids[0]}\s+running\s+generate\s+{os.getuid()}\s+{os.getpid()}\s+[0-9.]+ s$",
+                         r.stdout, re.M)
+        check(line is not None and re.search(rf"^\s+{ids[1] + 1}\s+queued\s+warm-experts\s", r.stdout, re.M),
+              f"status text lists the jobs: {r.stdout!r}")
+        # On the wire: the list only for a peer that asked (bit 4), and an
+        # empty one means no jobs, not an old daemon.
+        for caps, want_list in ((0x7, False), (0x7 | 1 << 4, True)):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(d.sock)
+            c.sendall(hello_caps(caps))
+            hr = read_frame(c)
+            c.sendall(frame(T["STATUS"], 2))
+            sr = read_frame(c)
+            c.close()
+            has = sr and 29 in sr[2]
+            check(has == want_list and all((t in sr[2]) == want_list for t in range(29, 35)),
+                  f"HELLO caps {caps:#x}: job list fields {'present' if want_list else 'absent'}")
+            if want_list and has:
+                check(len(sr[2][29][0]) == 8 * 3 and len(sr[2][32][0]) == 4 * 3,
+                      "three jobs: u64 ids, u32 uids")
+                check(struct.unpack("<Q", hr[2][3][0])[0] & (1 << 4), "HELLO_OK says k3d lists jobs")
+        # The listed id is what k3ctl cancel takes.
+        r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", str(got[0][0] if got else 0)],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0, f"k3ctl cancel of the listed running job: {r.stderr}")
+        sa.finish()
+        sb.finish()
+        check(sa.finish_reason() == 2 and sb.finish_reason() == 1, "listed job cancelled, next one ran")
+        r = until(w, 3, ("WARM_EXPERTS_REPLY", "ERROR"))
+        check(r and r[0] == T["WARM_EXPERTS_REPLY"], "the listed preload ran")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"], capture_output=True,
+                           text=True, timeout=30)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        check(j.get("jobs") == [], f"idle: an empty job list ({j.get('jobs')})")
+        a.close(); b.close(); w.close()
     finally:
         d.stop()
 
@@ -529,9 +674,7 @@ def sigterm_during_long_prefill(d):
     """Starts a generation whose prefill outlives any drain timeout on any
     machine and sends SIGTERM once it runs; returns (connection, stream)."""
     a = connect(d.sock)
-    sa = Stream(a, 1, raw(ids=[1 + i % 2000 for i in range(20000)], max_new=100000))
-    while sa.step() != "PROGRESS":
-        pass
+    sa = start_long_prefill(a, 1, 20000)
     d.proc.send_signal(signal.SIGTERM)
     return a, sa
 
@@ -618,6 +761,43 @@ def test_drain(k3d):
         d.stop()
 
 
+def test_shutdown_twice(k3d):
+    """Issue 16: a second `k3ctl shutdown` during the drain cancels the
+    running work at once, and says so; the first one does not."""
+    d = Daemon(k3d, "--drain-timeout", "60")
+    try:
+        a = connect(d.sock)
+        sa = start_long_prefill(a, 1, 20000)
+        r1 = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
+                            timeout=30)
+        check(r1.returncode == 0 and r1.stdout == "k3d is draining and will exit\n",
+              f"first k3ctl shutdown: draining ({r1.returncode} {r1.stdout!r} {r1.stderr!r})")
+        t0 = time.time()
+        r2 = subprocess.run([K3CTL, "--socket", d.sock, "--json", "shutdown"], capture_output=True,
+                            text=True, timeout=30)
+        j = json.loads(r2.stdout) if r2.returncode == 0 else {}
+        check(j.get("ok") is True and "the running work was cancelled" in j.get("message", ""),
+              f"second k3ctl shutdown says the running work was cancelled ({r2.stdout!r} {r2.stderr!r})")
+        expect_done_cancelled(sa, "second k3ctl shutdown")
+        check(d.proc.wait(20) == 0 and time.time() - t0 < 20,
+              f"exit 0 soon after the second shutdown ({time.time() - t0:.1f} s)")
+        a.close()
+    finally:
+        d.stop()
+    # The text form, when the running work is cancelled by the second one.
+    d = Daemon(k3d, "--drain-timeout", "60")
+    try:
+        a, sa = sigterm_during_long_prefill(d)
+        r = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode == 0 and "the running work was cancelled" in r.stdout,
+              f"k3ctl shutdown after SIGTERM says the running work was cancelled ({r.stdout!r})")
+        expect_done_cancelled(sa, "k3ctl shutdown after SIGTERM")
+        a.close()
+    finally:
+        d.stop()
+
+
 def test_cancel_permissions(k3d):
     """A CANCEL by job id from another user's connection: admins (the
     daemon's uid, root, --allow-uid) may cancel any job, --allow-gid
@@ -637,6 +817,16 @@ def test_cancel_permissions(k3d):
                             K3CTL, "--socket", d.sock, "cancel", str(job)],
                            capture_output=True, text=True, timeout=30)
         check(r.returncode == 1, f"a group member may not cancel root's job {job}: {r.returncode} {r.stderr}")
+        # STATUS lists to each peer the jobs it may cancel.
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            K3CTL, "--socket", d.sock, "status", "--json"],
+                           capture_output=True, text=True, timeout=30)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        check(j.get("jobs") == [] and j.get("running") == 1,
+              f"a group member's status does not list root's job: {r.stdout[:300]} {r.stderr}")
+        r = subprocess.run([K3CTL, "--socket", d.sock, "status", "--json"], capture_output=True, text=True)
+        j = json.loads(r.stdout) if r.returncode == 0 else {}
+        check([x["id"] for x in j.get("jobs") or []] == [job], f"root's status lists it: {j.get('jobs')}")
         r = subprocess.run([K3CTL, "--socket", d.sock, "cancel", str(job)], capture_output=True, text=True)
         check(r.returncode == 0, f"root may cancel it: {r.stderr}")
         sa.finish()
@@ -708,8 +898,11 @@ def main():
         check(d.stop() == 0, "clean exit")
         check(not d.sanitizer_reports(), f"no sanitizer reports: {d.sanitizer_reports()[:3]}")
     print("-- busy/queue"); test_busy_and_queue(K3D)
+    print("-- admission of every kind"); test_admission_kinds(K3D)
+    print("-- status jobs"); test_status_jobs(K3D)
     print("-- reuse"); test_reuse_and_transactions(K3D)
     print("-- drain"); test_drain(K3D)
+    print("-- shutdown twice"); test_shutdown_twice(K3D)
     print("-- cancel permissions"); test_cancel_permissions(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
     print(f"{len(failures)} failed")

@@ -24,10 +24,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import T, Daemon, connect, field, frame, read_frame  # noqa
+from k3proto import Daemon, generate_ids as generate  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
-NAMES = {v: k for k, v in T.items()}
 failures = []
 
 
@@ -35,29 +34,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-def generate(sock_path, ids, max_new):
-    """Returns (generated ids, DONE fields) of one raw-ids GENERATE."""
-    s = connect(sock_path)
-    p = field(1, 0) + field(3, b"".join(struct.pack("<I", i) for i in ids)) + field(8, max_new)
-    s.sendall(frame(T["GENERATE"], 9, p))
-    out, done = [], None
-    while done is None:
-        r = read_frame(s, 120)
-        if r is None:
-            raise EOFError("connection closed")
-        t, rid, f = r
-        name = NAMES.get(t)
-        if name == "TOKEN":
-            b = f[1][0]
-            out += [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
-        elif name == "DONE":
-            done = f
-        elif name == "ERROR":
-            raise RuntimeError("k3d error: " + f[2][0].decode())
-    s.close()
-    return out, done
 
 
 def u64(f, tag):

@@ -16,6 +16,13 @@
 #include "t.h"
 
 static const uint32_t ids5[] = { 1, 163584, 0, 0xffffffffu, 42 };
+/* STATUS_REPLY's job list: two jobs (a job id past 2^32, an age past 2^32 ms) */
+static const uint64_t job_ids2[] = { (1ull << 40) + 7, 8 };
+static const uint64_t job_ages2[] = { 12345, (1ull << 33) + 1 };
+static const uint32_t job_states2[] = { K3_JOB_RUNNING, K3_JOB_QUEUED };
+static const uint32_t job_kinds2[] = { K3_JOB_GENERATE, K3_JOB_WARM_EXPERTS };
+static const uint32_t job_uids2[] = { 1000, 0 };
+static const uint32_t job_pids2[] = { 4242, 0x7fffffffu };
 
 /* Fills every field of a message of `type` with a distinctive value. */
 static void fill(uint32_t type, union k3_proto_body *b)
@@ -57,6 +64,18 @@ static void fill(uint32_t type, union k3_proto_body *b)
 		b->status_reply.io_wait_s_total = 12.25; b->status_reply.has_io_wait_s_total = true;
 		b->status_reply.compute_s_total = 3.5; b->status_reply.has_compute_s_total = true;
 		b->status_reply.positions_total = 1000; b->status_reply.has_positions_total = true;
+		b->status_reply.job_ids.n = 2; b->status_reply.job_ids.v = job_ids2;
+		b->status_reply.has_job_ids = true;
+		b->status_reply.job_states.n = 2; b->status_reply.job_states.v = job_states2;
+		b->status_reply.has_job_states = true;
+		b->status_reply.job_kinds.n = 2; b->status_reply.job_kinds.v = job_kinds2;
+		b->status_reply.has_job_kinds = true;
+		b->status_reply.job_uids.n = 2; b->status_reply.job_uids.v = job_uids2;
+		b->status_reply.has_job_uids = true;
+		b->status_reply.job_pids.n = 2; b->status_reply.job_pids.v = job_pids2;
+		b->status_reply.has_job_pids = true;
+		b->status_reply.job_ages_ms.n = 2; b->status_reply.job_ages_ms.v = job_ages2;
+		b->status_reply.has_job_ages_ms = true;
 		break;
 	case K3_MSG_MODEL_INFO_REPLY:
 		b->model_info_reply.id = k3_proto_str_of("kimi-k3"); b->model_info_reply.has_id = true;
@@ -199,6 +218,27 @@ static void test_round_trips(void)
 		T_OK(out.done.decode_tps == 3.25);
 		T_EQ_U64(out.done.expert_bytes_read, 1ull << 40);
 		T_OK(!out.done.has_prefill_s);
+		k3_proto_buf_release(&buf);
+
+		/* STATUS_REPLY's job list: u64 and u32 arrays, entry by entry. */
+		fill(K3_MSG_STATUS_REPLY, &in);
+		k3_proto_buf_init(&buf, 1 << 20);
+		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_STATUS_REPLY, 8, &in, &err), 0);
+		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
+		const struct k3_msg_status_reply *st = &out.status_reply;
+		T_OK(st->has_job_ids && st->has_job_states && st->has_job_kinds && st->has_job_uids &&
+		     st->has_job_pids && st->has_job_ages_ms);
+		T_EQ_INT(st->job_ids.n, 2);
+		T_EQ_INT(st->job_ages_ms.n, 2);
+		T_EQ_INT(st->job_pids.n, 2);
+		for (uint32_t i = 0; i < 2; i++) {
+			T_EQ_U64(k3_proto_u64s_at(&st->job_ids, i), job_ids2[i]);
+			T_EQ_U64(k3_proto_u64s_at(&st->job_ages_ms, i), job_ages2[i]);
+			T_EQ_U64(k3_proto_ids_at(&st->job_states, i), job_states2[i]);
+			T_EQ_U64(k3_proto_ids_at(&st->job_kinds, i), job_kinds2[i]);
+			T_EQ_U64(k3_proto_ids_at(&st->job_uids, i), job_uids2[i]);
+			T_EQ_U64(k3_proto_ids_at(&st->job_pids, i), job_pids2[i]);
+		}
 		k3_proto_buf_release(&buf);
 	}
 }
@@ -354,6 +394,33 @@ static void test_malformed(void)
 	f_fix(&f);
 	expect("ids not a multiple of 4", &f, K3_PROTO_E_FIELD_SIZE);
 
+	/* STATUS_REPLY with the required fields, then one job-list field. */
+	static const uint8_t f64_0[8] = { 0 };
+	struct frame st;
+	f_hdr(&st, K3_PROTO_MAGIC, 1, K3_MSG_STATUS_REPLY, 0, 0, 0);
+	f_field(&st, 1, 1, "v", 1);
+	f_field(&st, 2, 4, u32_1, 4);
+	f_field(&st, 5, 4, u32_1, 4);
+	f_field(&st, 6, 8, f64_0, 8);
+	for (uint16_t tag = 7; tag <= 10; tag++)
+		f_field(&st, tag, 4, u32_1, 4);
+	f = st;
+	f_field(&f, 29, 12, "\1\0\0\0\0\0\0\0\2\0\0\0", 12);
+	f_fix(&f);
+	expect("u64 array not a multiple of 8", &f, K3_PROTO_E_FIELD_SIZE);
+	{
+		static uint8_t many[8 * (K3_LIM_STATUS_JOBS + 1)];
+
+		f = st;
+		f_field(&f, 34, sizeof(many), many, sizeof(many));
+		f_fix(&f);
+		expect("job list over K3_LIM_STATUS_JOBS", &f, K3_PROTO_E_TOO_LONG);
+		f = st;
+		f_field(&f, 34, sizeof(many) - 8, many, sizeof(many) - 8);
+		f_fix(&f);
+		expect("job list at K3_LIM_STATUS_JOBS", &f, 0);
+	}
+
 	f_hdr(&f, K3_PROTO_MAGIC, 1, K3_MSG_TOKENIZE, 0, 0, 0);
 	f_field(&f, 1, 4, "a\xc3\x28z", 4);
 	f_fix(&f);
@@ -458,6 +525,16 @@ static void test_encoder_refuses(void)
 	b.tokenize.text.p = "\xff"; b.tokenize.text.len = 1; b.tokenize.has_text = true;
 	T_EQ_INT(k3_proto_encode(&buf, K3_MSG_TOKENIZE, 1, &b, &err), K3_PROTO_E_BAD_UTF8);
 	T_EQ_INT(k3_proto_encode(&buf, 12345, 1, &b, &err), K3_PROTO_E_UNKNOWN_TYPE);
+	/* A job list longer than its bound is refused by the encoder too. */
+	{
+		static uint64_t many[K3_LIM_STATUS_JOBS + 1];
+
+		fill(K3_MSG_STATUS_REPLY, &b);
+		b.status_reply.job_ids.n = K3_LIM_STATUS_JOBS + 1;
+		b.status_reply.job_ids.v = many;
+		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_STATUS_REPLY, 1, &b, &err), K3_PROTO_E_TOO_LONG);
+		T_EQ_INT(buf.len, 0);
+	}
 	k3_proto_buf_release(&buf);
 
 	/* A buffer whose max is too small refuses without partial output. */

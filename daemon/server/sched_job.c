@@ -1,0 +1,357 @@
+/*
+ * sched_job.c - running one generation on the engine thread, in named
+ * steps: prepare (output stage, logits, the sequence: a clone of the
+ * published conversation when the prompt extends it), prefill (the prompt
+ * in SCHED_PREFILL_CHUNK chunks, PROGRESS after each), the decode loop
+ * (one pass per position: pick the id, stage it, compute the next
+ * position), and the end (store accounting, DONE or ERROR, the branch
+ * that may be published). Everything a running generation owns is in its
+ * struct sched_seq; the job keeps only its inputs and results.
+ *
+ * Cancellation: the job's atomic flag is polled between prefill chunks
+ * and decode steps, and the engine polls it between layers (then a
+ * forward call returns -ECANCELED and the half-advanced branch is
+ * dropped). Greedy only: the next id is the argmax of the logits.
+ *
+ * Seams (not implemented yet; the shapes below are where they go):
+ *  - "Several sequences in one pass" (issue 21): sched_pass() advances an
+ *    array of running sequences by one decode position each. Today the
+ *    engine thread hands it one. Issue 21 keeps up to N struct sched_seq
+ *    live on the engine thread (s->running becomes a set), admits queued
+ *    jobs into free seats between passes (seq_prepare + seq_prefill), and
+ *    replaces the per-sequence forward call in seq_step() by one batched
+ *    forward over the positions of all live sequences; seq_end() then runs
+ *    for each sequence as it finishes, not when the pass loop ends.
+ *  - "Draft, verify, commit" (issue 18): seq_step() is the one place that
+ *    commits ids. With a draft it proposes N ids, runs the target over
+ *    N + 1 positions in one forward call, and commits the accepted prefix
+ *    plus K3's own next id, feeding each committed id to the stage in
+ *    order exactly as today (so stop strings, end ids and max_new cut the
+ *    run at the same id) and replaying the KDA state onto the accepted
+ *    prefix. Its contract already allows it: one call commits >= 1 ids.
+ */
+#include "server/sched_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+/* Output stage, logits buffer and the sequence to advance. j->finish is
+ * ERROR until a later step says otherwise. Returns 0 or a negative errno
+ * with q->err. */
+static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq *q)
+{
+	const uint32_t V = k3_engine_vocab(s->engine);
+	const uint32_t n = (uint32_t)j->prompt.n;
+	int r;
+
+	memset(q, 0, sizeof(*q));
+	q->job = j;
+	q->n_prompt = n;
+	q->queued_s = sched_since(&j->t_submit);
+	if (s->store)
+		k3_store_stats_get(s->store, &q->xs0);
+	clock_gettime(CLOCK_MONOTONIC, &q->t_prefill);
+	q->t_decode = q->t_prefill;
+	q->logits = malloc((size_t)V * sizeof(float));
+	q->out_last = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, q->logits, s->route_ids, s->route_w };
+	q->out_none = (struct k3_engine_out){ K3_ENGINE_LOGITS_NONE, NULL, s->route_ids, s->route_w };
+	j->finish = K3_FINISH_ERROR;
+	r = sched_stage_init(&q->stage, j, &q->err);
+	if (r == 0 && !q->logits)
+		r = k3_err_set(&q->err, -ENOMEM, "out of memory");
+	if (r < 0)
+		return r;
+	/* Reuse the published conversation when the prompt strictly extends it. */
+	pthread_mutex_lock(&s->lock);
+	for (int k = 0; j->chat && k < 2; k++) {
+		const struct sched_conv *p = &s->pub[k];
+
+		if (p->seq && p->ids.n > q->start && p->ids.n < n &&
+		    memcmp(p->ids.v, j->prompt.v, p->ids.n * sizeof(uint32_t)) == 0) {
+			k3_engine_seq_free(q->seq);
+			q->seq = NULL;
+			r = k3_engine_seq_clone(s->engine, p->seq, &q->seq, &q->err);
+			if (r < 0)
+				break;
+			q->start = (uint32_t)p->ids.n;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (r < 0)
+		return r;
+	/* The capacity is a hint (MLA caches grow past it): do not reserve a
+	 * whole context for a request that may stop early. */
+	if (!q->seq && (r = k3_engine_seq_new(s->engine, n + (j->max_new < 4096 ? j->max_new : 4096) + 1,
+					      &q->seq, &q->err)) < 0)
+		return r;
+	k3_engine_set_cancel(s->engine, &j->cancel);
+	j->n_cached = q->start;
+	return 0;
+}
+
+/* The prompt positions not served by a published state, chunk by chunk;
+ * the last chunk leaves the logits of the last prompt position. Returns 0
+ * when prefilled, 1 when cancelled between chunks (j->finish says so), or
+ * a negative errno. */
+static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	const uint32_t n = q->n_prompt;
+	int r;
+
+	clock_gettime(CLOCK_MONOTONIC, &q->t_prefill);
+	q->prefill_end = q->start;
+	for (uint32_t pos = q->start; pos < n;) {
+		uint32_t c = n - pos < SCHED_PREFILL_CHUNK ? n - pos : SCHED_PREFILL_CHUNK;
+		struct k3_msg_progress p;
+
+		if (atomic_load(&j->cancel)) {
+			j->finish = K3_FINISH_CANCELLED;
+			return 1;
+		}
+		r = k3_engine_forward(s->engine, q->seq, (const int32_t *)j->prompt.v + pos, c,
+				      pos + c == n ? &q->out_last : &q->out_none, &q->err);
+		if (r < 0)
+			return r;
+		j->positions += c;
+		sched_trace_routes(s, j, pos, c);
+		pos += c;
+		q->prefill_end = pos;
+		memset(&p, 0, sizeof(p));
+		p.done = pos; p.has_done = true;
+		p.total = n; p.has_total = true;
+		sched_post_frame(j, K3_MSG_PROGRESS, &p);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if ((r = k3_tok_ids_push(&j->branch[1].ids, j->prompt.v[i])) < 0 ||
+		    (j->chat && (r = k3_tok_ids_push(&j->branch[0].ids, j->prompt.v[i])) < 0))
+			return r;
+	if (j->chat && (r = k3_engine_seq_clone(s->engine, q->seq, &j->branch[0].seq, &q->err)) < 0)
+		return r;
+	q->prefill_s = sched_since(&q->t_prefill);
+	q->prefilled = true;
+	return 0;
+}
+
+/*
+ * One decode position of one sequence: commit the next id (the argmax of
+ * the current logits), stage it, and unless that ended the generation,
+ * compute the following position's logits. Returns 1 to go on, 0 when the
+ * generation ended (j->finish: stop, cancelled; length stays as set), or a
+ * negative errno with q->err. The seam for drafting (file comment).
+ */
+static int seq_step(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	uint32_t tok;
+	int r;
+
+	if (atomic_load(&j->cancel)) {
+		j->finish = K3_FINISH_CANCELLED;
+		return 0;
+	}
+	tok = k3_engine_argmax(q->logits, k3_engine_vocab(s->engine));
+	j->n_gen++;
+	r = sched_stage_feed(&q->stage, tok);
+	if (r < 0)
+		return k3_err_set(&q->err, r, "output stage failed on id %u", tok);
+	if (r == 1) {
+		j->finish = K3_FINISH_STOP;
+		return 0;
+	}
+	if (j->n_gen == j->max_new)
+		return 0;
+	r = k3_engine_forward(s->engine, q->seq, (const int32_t *)&tok, 1, &q->out_last, &q->err);
+	if (r < 0)
+		return r;
+	j->positions++;
+	sched_trace_routes(s, j, q->n_prompt + j->n_gen - 1, 1);
+	if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
+		return r;
+	return 1;
+}
+
+/*
+ * One pass of the engine: each of the n sequences still decoding advances
+ * by one position; a sequence's outcome is in its rc (seq_step's return)
+ * and decoding flag. Returns how many still decode. The seam for several
+ * sequences in one pass (file comment); today n is 1.
+ */
+static unsigned sched_pass(struct k3_sched *s, struct sched_seq *const *seqs, unsigned n)
+{
+	unsigned live = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		struct sched_seq *q = seqs[i];
+
+		if (!q->decoding)
+			continue;
+		q->rc = seq_step(s, q);
+		q->decoding = q->rc > 0;
+		live += q->decoding;
+	}
+	return live;
+}
+
+/* Decodes until an end id, a stop string, max_new or cancel, then flushes
+ * the output stage. Returns 0 or a negative errno with q->err. */
+static int seq_decode(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	int r;
+
+	clock_gettime(CLOCK_MONOTONIC, &q->t_decode);
+	j->finish = K3_FINISH_LENGTH;
+	q->rc = 0;
+	q->decoding = j->n_gen < j->max_new;
+	while (sched_pass(s, &q, 1))
+		;
+	if (q->rc < 0)
+		return q->rc;
+	r = sched_stage_finish(&q->stage);
+	if (q->stage.any_tool && j->finish == K3_FINISH_STOP)
+		j->finish = K3_FINISH_TOOL_CALLS;
+	q->decode_s = sched_since(&q->t_decode);
+	return r;
+}
+
+/* Lets the expert store settle and returns in d what this job cost it. */
+static void seq_store_settle(struct k3_sched *s, const struct sched_seq *q, struct k3_store_stats *d)
+{
+	struct k3_store_stats now;
+
+	memset(d, 0, sizeof(*d));
+	if (!s->store)
+		return;
+	/* Guesses still queued are for layers this request has passed: drop
+	 * them, and let reads in flight land, so every byte is charged to the
+	 * request that caused it. */
+	k3_store_prefetch_cancel(s->store, UINT32_MAX);
+	k3_store_drain(s->store);
+	k3_store_idle(s->store);
+	k3_store_stats_get(s->store, &now);
+	k3_store_stats_sub(&now, &q->xs0, d);
+}
+
+/* The DONE frame of a generation that ended without an engine error. */
+static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_seq *q,
+					const struct k3_store_stats *xd)
+{
+	struct sched_job *j = q->job;
+	const double prefill_s = q->prefill_s, decode_s = q->decode_s;
+	struct k3_msg_done done;
+
+	memset(&done, 0, sizeof(done));
+	done.finish = j->finish; done.has_finish = true;
+	if (j->finish == K3_FINISH_CANCELLED && atomic_load(&j->cancel_reason)) {
+		done.cancel_reason = atomic_load(&j->cancel_reason);
+		done.has_cancel_reason = true;
+	}
+	done.prompt_tokens = q->n_prompt; done.has_prompt_tokens = true;
+	done.completion_tokens = j->n_gen; done.has_completion_tokens = true;
+	done.reasoning_tokens = j->n_reasoning; done.has_reasoning_tokens = true;
+	done.cached_tokens = j->n_cached; done.has_cached_tokens = true;
+	done.queued_s = q->queued_s; done.has_queued_s = true;
+	done.prefill_s = prefill_s; done.has_prefill_s = true;
+	done.decode_s = decode_s; done.has_decode_s = true;
+	done.prefill_tps = prefill_s > 0 ? (double)(q->prefill_end - q->start) / prefill_s : 0;
+	done.has_prefill_tps = true;
+	done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
+	done.has_decode_tps = true;
+	/* Honest split of the engine's time: waiting for expert reads vs
+	 * everything else (compute_s + io_wait_s = prefill + decode). */
+	done.io_wait_s = (double)xd->io_wait_ns * 1e-9; done.has_io_wait_s = true;
+	done.compute_s = prefill_s + decode_s - done.io_wait_s;
+	if (done.compute_s < 0)
+		done.compute_s = 0;
+	done.has_compute_s = true;
+	if (s->store) {
+		/* hits exclude same-step prefetches (docs/store.md, counters) */
+		done.expert_bytes_read = xd->bytes_read; done.has_expert_bytes_read = true;
+		done.expert_hits = xd->demand_hits; done.has_expert_hits = true;
+		done.expert_misses = xd->demand_misses; done.has_expert_misses = true;
+		done.prefetch_issued = xd->prefetch_issued; done.has_prefetch_issued = true;
+		done.prefetch_issued_bytes = xd->prefetch_issued_bytes;
+		done.has_prefetch_issued_bytes = true;
+		done.prefetch_used = xd->prefetch_used; done.has_prefetch_used = true;
+		done.prefetch_wasted_bytes = xd->prefetch_wasted_bytes;
+		done.has_prefetch_wasted_bytes = true;
+	}
+	return sched_encode_frame(j, K3_MSG_DONE, &done);
+}
+
+/* The end of a generation, however it ended (r: 0 or the negative errno
+ * that stopped it): frees what the sequence owned, charges the store's
+ * work, leaves DONE or ERROR in j->final and keeps the branch only when
+ * the answer is complete. */
+static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
+{
+	struct sched_job *j = q->job;
+	struct k3_store_stats xd;
+
+	sched_stage_release(&q->stage);
+	free(q->logits);
+	q->logits = NULL;
+	k3_engine_set_cancel(s->engine, NULL);
+	sched_trace_flush(s);
+	seq_store_settle(s, q, &xd);
+	if (r == -ECANCELED) {
+		/* Stopped between layers: the branch is half-advanced, drop it. */
+		r = 0;
+		j->finish = K3_FINISH_CANCELLED;
+		q->decode_s = sched_since(&q->t_decode);
+	}
+	if (!q->prefilled && j->finish == K3_FINISH_CANCELLED) {
+		/* Cancelled during prefill: that time was prefill, none was decode. */
+		q->prefill_s = sched_since(&q->t_prefill);
+		q->decode_s = 0;
+	}
+	j->prefill_s = q->prefill_s;
+	j->decode_s = q->decode_s;
+	j->io_wait_s = (double)xd.io_wait_ns * 1e-9;
+	j->compute_s = q->prefill_s + q->decode_s > j->io_wait_s ?
+		       q->prefill_s + q->decode_s - j->io_wait_s : 0;
+	if (r < 0) {
+		struct k3_msg_error e;
+
+		k3_log_err("job %llu failed: %s", (unsigned long long)j->id, q->err.msg);
+		memset(&e, 0, sizeof(e));
+		e.status = K3_STATUS_INTERNAL; e.has_status = true;
+		e.message = k3_proto_str_of(q->err.msg[0] ? q->err.msg : "engine failure");
+		e.has_message = true;
+		j->final = sched_encode_frame(j, K3_MSG_ERROR, &e);
+		k3_engine_seq_free(q->seq);
+		q->seq = NULL;
+		j->finish = K3_FINISH_ERROR;
+	} else {
+		j->final = seq_done_frame(s, q, &xd);
+		j->done_sent = j->final != NULL;
+	}
+	/* Only a complete answer becomes publishable state. */
+	if (q->seq && (j->finish == K3_FINISH_STOP || j->finish == K3_FINISH_LENGTH ||
+		       j->finish == K3_FINISH_TOOL_CALLS)) {
+		j->branch[1].seq = q->seq;
+	} else {
+		k3_engine_seq_free(q->seq);
+		sched_conv_release(&j->branch[0]);
+		sched_conv_release(&j->branch[1]);
+	}
+	q->seq = NULL;
+}
+
+void sched_job_run(struct k3_sched *s, struct sched_job *j)
+{
+	struct sched_seq q;
+	int r = seq_prepare(s, j, &q);
+
+	if (r == 0)
+		r = seq_prefill(s, &q);
+	if (r == 0)
+		r = seq_decode(s, &q);
+	else if (r == 1)
+		r = 0;   /* cancelled during prefill: DONE{cancelled} */
+	seq_end(s, &q, r);
+}
