@@ -41,6 +41,9 @@ static const char usage[] =
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --fetch-experts      a streaming install (k3ctl setup --stream): fetch routed\n"
+	"                       experts that are not on disk yet when first used, over\n"
+	"                       HTTPS (needs network: docs/setup.md, 'Streaming installs')\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
@@ -99,7 +102,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_FETCH };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -115,6 +118,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "prefetch", required_argument, NULL, O_PREFETCH },
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
+		{ "fetch-experts", no_argument, NULL, O_FETCH },
 		{ "direct", required_argument, NULL, O_DIRECT },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
@@ -216,6 +220,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_FETCH:
+			opts->fetch_experts = true;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -282,9 +289,10 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s",
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s"
+		    " fetch-experts=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
-		    opts->no_packs ? "no" : "when valid");
+		    opts->no_packs ? "no" : "when valid", opts->fetch_experts ? "yes" : "no");
 }

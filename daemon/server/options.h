@@ -35,6 +35,8 @@ struct k3_options {
 				       * whose measured precision passes the gate) */
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
 	bool no_packs;                /* --no-packs: read experts from the shards */
+	bool fetch_experts;           /* --fetch-experts: a streaming install's missing
+				       * experts are fetched on demand (docs/setup.md) */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 };
 

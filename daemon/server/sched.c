@@ -557,6 +557,14 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;
 		r->has_expert_cache_bytes = true;
 	}
+	if (s->ready && s->remote) {
+		/* a streaming install says how far its experts have come */
+		char d[200];
+		k3_setup_remote_describe(s->remote, d, sizeof(d));
+		snprintf(s->stream_text, sizeof(s->stream_text), "%s; %s",
+			 info->status_text ? info->status_text : "ready", d);
+		info->status_text = s->stream_text;
+	}
 }
 
 static unsigned hook_drain(void *ctx)
@@ -677,6 +685,7 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 	if (s->store)
 		k3_store_engine_src_release(&s->xctx);
 	k3_store_free(s->store);
+	k3_setup_remote_close(s->remote);   /* after the readers that call it */
 	k3_store_source_free(s->xsrc);
 	k3_store_trace_close(s->trace, NULL);
 	free(s->route_ids);

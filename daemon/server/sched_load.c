@@ -142,7 +142,23 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	    (int)sizeof(packdir))
 		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
 	memset(&rep, 0, sizeof(rep));
-	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
+	/* A streaming install (k3ctl setup --stream) has routed experts that
+	 * are not on disk yet: reading them needs the fetcher, and packs of
+	 * such shards would hold holes. */
+	bool stream = false;
+	uint64_t absent = 0;
+	r = k3_setup_stream_status(o->model_dir, &stream, &absent, err);
+	if (r < 0)
+		return k3_err_prefix(err, "the install's state");
+	if (stream && !o->fetch_experts)
+		return k3_err_set(err, -ENOENT, "%s is a streaming install with %" PRIu64 " routed experts"
+				  " not on disk yet: start k3d with --fetch-experts (it needs network"
+				  " access: docs/setup.md, 'Streaming installs'), or fetch them first with"
+				  " 'k3ctl fetch-weights --model %s'", o->model_dir, absent, o->model_dir);
+	if (!stream && o->fetch_experts)
+		k3_log_notice("--fetch-experts: every routed expert of %s is on disk; nothing to fetch",
+			      o->model_dir);
+	bool have_packs = !o->no_packs && !stream && access(packdir, F_OK) == 0;
 	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL,
 				       (enum k3_store_direct)o->direct, &s->xsrc, &rep, err);
 	if (r == -ENOTSUP) {
@@ -200,6 +216,21 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		.prefetch_auto = pf_auto,
 		.check_scales = true,
 	};
+	if (stream) {
+		struct k3_setup_opts so;
+		k3_setup_opts_default(&so);
+		so.dir = o->model_dir;
+		so.progress = K3_SETUP_PROGRESS_QUIET;
+		so.out = stderr;
+		r = k3_setup_remote_open(&so, s->model, true, &s->remote, err);
+		if (r < 0)
+			return k3_err_prefix(err, "--fetch-experts");
+		s->remote_reader = (struct k3_setup_remote_reader){ s->remote, s->xsrc };
+		cfg.read = k3_setup_remote_read;
+		cfg.read_ctx = &s->remote_reader;
+		k3_log_info("experts: streaming install, %" PRIu64 " routed experts not on disk yet are"
+			    " fetched when first used (verified as docs/setup.md says)", absent);
+	}
 	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");

@@ -515,8 +515,15 @@ int k3_setup_expert_table_write(const struct k3_model *m, int dirfd, const char 
 			len += (size_t)snprintf(text + len, cap - len, "%" PRIu32 " %" PRIu32 " %s\n", l, e, hex);
 		}
 	}
-	if (rc == 0)
-		rc = k3_setup_write_atomic(dirfd, name, text, len, name, err);
+	if (rc == 0) {
+		/* an identical table (one setup verified, say) is kept, not replaced */
+		char *old = NULL;
+		size_t old_len = 0;
+		if (k3_setup_read_file(dirfd, name, TABLE_MAX, &old, &old_len, name, NULL) != 0 ||
+		    old_len != len || memcmp(old, text, len) != 0)
+			rc = k3_setup_write_atomic(dirfd, name, text, len, name, err);
+		free(old);
+	}
 	free(text);
 	if (rc == 0)
 		*n = count;

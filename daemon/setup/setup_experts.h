@@ -142,7 +142,8 @@ int k3_setup_expert_table_find(const struct k3_setup_expert_table *t, uint32_t l
 size_t k3_setup_expert_table_count(const struct k3_setup_expert_table *t);
 
 /* Writes the table of every routed expert of m to dirfd/name atomically,
- * hashing the mapped tensors. Returns 0 or the errno; *n gets the count. */
+ * hashing the mapped tensors; an identical file already there is kept.
+ * Returns 0 or the errno; *n gets the count. */
 int k3_setup_expert_table_write(const struct k3_model *m, int dirfd, const char *name,
 				size_t *n, struct k3_err *err);
 

@@ -600,3 +600,54 @@ int k3_setup_fetch(const struct k3_setup_opts *o, const struct k3_setup_fetch_se
 	k3_model_free(m);
 	return rc;
 }
+
+/* ---- k3d ---- */
+
+int k3_setup_stream_status(const char *dir, bool *stream, uint64_t *absent, struct k3_err *err)
+{
+	struct k3_setup_state *st = NULL;
+	struct k3_setup_expert_map *map = NULL;
+	int dfd, rc;
+
+	*stream = false;
+	*absent = 0;
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return k3_err_set(err, -errno, "cannot open '%s': %s", dir, strerror(errno));
+	rc = k3_setup_state_load(dfd, &st, err);
+	for (size_t i = 0; rc == 0 && i < st->n; i++)
+		if (st->rec[i].have == K3_SETUP_HAVE_SPARSE)
+			*stream = true;
+	if (rc == 0 && *stream && k3_setup_expert_map_open(dfd, false, &map, NULL) == 0) {
+		uint64_t counts[4];
+		k3_setup_expert_map_counts(map, counts);
+		*absent = counts[K3_SETUP_EXPERT_ABSENT];
+		k3_setup_expert_map_close(map);
+	}
+	k3_setup_state_free(st);
+	close(dfd);
+	return rc;
+}
+
+int64_t k3_setup_remote_read(void *ctx, const struct k3_store_read *rd, uint8_t *dst)
+{
+	struct k3_setup_remote_reader *rr = ctx;
+	struct k3_err err = { 0, "" };
+	int rc = k3_setup_remote_ensure_range(rr->remote, rd->file, rd->offset, rd->length, &err);
+
+	if (rc) {
+		k3_log_err("expert fetch: %s", err.msg);
+		return rc;
+	}
+	return k3_store_source_pread(rr->src, rd, dst);
+}
+
+void k3_setup_remote_describe(struct k3_setup_remote *r, char *buf, size_t size)
+{
+	struct k3_setup_remote_stats st;
+
+	k3_setup_remote_stats_get(r, &st);
+	snprintf(buf, size, "streaming experts: %" PRIu64 " fetched (%.2f GB), %u in flight, %"
+		 PRIu64 " shards verified, %" PRIu64 " failed", st.experts_fetched, (double)st.bytes / 1e9,
+		 st.in_flight, st.shards_verified, st.failed + st.shards_failed);
+}

@@ -25,6 +25,7 @@
 #include "base/err.h"
 #include "model/model.h"
 #include "setup/setup_install.h"
+#include "store/store_source.h"
 
 struct k3_setup_remote;
 
@@ -68,5 +69,27 @@ int k3_setup_remote_ensure_range(struct k3_setup_remote *r, uint32_t shard, uint
  * is done. Returns 0 or the first failure's errno. */
 int k3_setup_remote_run(struct k3_setup_remote *r, struct k3_err *err);
 void k3_setup_remote_stats_get(struct k3_setup_remote *r, struct k3_setup_remote_stats *st);
+
+/* Whether dir is a streaming install that still lacks bytes: some shard is
+ * recorded sparse. *absent gets the routed experts not on disk (0 when the
+ * expert map is missing). Returns 0 (*stream false for a full install or a
+ * directory setup did not make) or an errno. */
+int k3_setup_stream_status(const char *dir, bool *stream, uint64_t *absent, struct k3_err *err);
+
+/* The expert store's reader for a streaming install (store.h, cfg.read):
+ * ensures the bytes of rd (file index = shard index: a source made from
+ * the shards alone, store_model.h) are on disk, fetching the experts they
+ * belong to, then preads them from src. Returns what
+ * k3_store_source_pread returns, or the fetch's errno (logged with its
+ * reason). */
+struct k3_setup_remote_reader {
+	struct k3_setup_remote *remote;
+	const struct k3_store_source *src;
+};
+int64_t k3_setup_remote_read(void *ctx, const struct k3_store_read *rd, uint8_t *dst);
+
+/* One line for k3d's STATUS text: "streaming experts: N fetched (X GB),
+ * K in flight, S shards verified, F failed". */
+void k3_setup_remote_describe(struct k3_setup_remote *r, char *buf, size_t size);
 
 #endif

@@ -20,6 +20,7 @@ a fault with "repeat": true stays). Faults:
   {"type": "cut", "after": N}        close the connection after N body bytes
   {"type": "stall", "after": N, "seconds": S}  send N bytes, then go silent
   {"type": "flip", "at": OFFSET}     flip the byte at absolute OFFSET
+  {"type": "flip_each", "skip": N}   flip the byte N bytes into every response body
   {"type": "status", "code": 503, "retry_after": S}
   {"type": "redirect", "location": URL}
   {"type": "length", "value": N}     announce and send N bytes as the whole file
@@ -173,6 +174,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         break
                     if kind == "flip" and start + sent <= fault["at"] < start + sent + len(buf):
                         buf[fault["at"] - start - sent] ^= 0x01
+                    skip = fault.get("skip", 0) if kind == "flip_each" else -1
+                    if sent <= skip < sent + len(buf):
+                        buf[skip - sent] ^= 0x01
                     self.wfile.write(buf)
                     sent += len(buf)
                     if rate:
