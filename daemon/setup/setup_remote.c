@@ -101,8 +101,16 @@ static void record_shard(struct k3_setup_remote *r, uint32_t shard, enum k3_setu
 	struct stat sb;
 	int lfd;
 
-	if (!f || k3_setup_lock(r->s.dirfd, true, &lfd, &err) != 0)
+	if (!f)
 		return;
+	/* never wait: a k3ctl setup may hold the lock for hours, and this runs
+	 * on the thread the expert reads wait for. The map already says what
+	 * arrived; a later check or completion records the shard. */
+	if (k3_setup_lock(r->s.dirfd, false, &lfd, &err) != 0) {
+		k3_log_warning("'%s' not recorded as %s in the install's state: %s", f->path,
+			       have == K3_SETUP_HAVE_VERIFIED ? "verified" : "to fetch again", err.msg);
+		return;
+	}
 	if (k3_setup_state_load(r->s.dirfd, &st, &err) == 0 && fstat(r->fds[shard], &sb) == 0 &&
 	    k3_setup_state_set(st, f->path, f->size, f->sha256, have, &sb))
 		(void)k3_setup_state_save(r->s.dirfd, st, &err);
