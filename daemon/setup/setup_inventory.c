@@ -15,20 +15,31 @@
 #include <jansson.h>
 
 #include "setup/setup_experts.h"
+#include "setup/setup_publish.h"
 #include "setup/setup_verify.h"
 
 #define FORMAT_NAME "k3-inventory"
+
+/* 1..max bytes of letters, digits and the characters in `extra`. */
+static bool chars_ok(const char *s, size_t max, const char *extra)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > max)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && !strchr(extra, s[i]))
+			return false;
+	return true;
+}
 
 bool k3_setup_name_ok(const char *name)
 {
 	size_t n = name ? strlen(name) : 0;
 
-	if (n == 0 || n > K3_SETUP_NAME_MAX || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+	if (!name || !chars_ok(name, K3_SETUP_NAME_MAX, "._-") || strcmp(name, ".") == 0 ||
+	    strcmp(name, "..") == 0)
 		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!isalnum((unsigned char)name[i]) && name[i] != '.' && name[i] != '_' &&
-		    name[i] != '-')
-			return false;
 	/* Our own names: the setup directory, partial downloads and their
 	 * journals, packs. A release never needs them. */
 	if (strncmp(name, ".k3-", 4) == 0 || strcmp(name, "k3-packs") == 0)
@@ -41,26 +52,12 @@ bool k3_setup_name_ok(const char *name)
 
 static bool revision_ok(const char *s)
 {
-	size_t n = strlen(s);
-
-	if (n == 0 || n > 128)
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
-			return false;
-	return true;
+	return chars_ok(s, 128, "._-");
 }
 
 static bool repository_ok(const char *s)
 {
-	size_t n = strlen(s);
-
-	if (n == 0 || n > 256)
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!isalnum((unsigned char)s[i]) && !strchr("._-/", s[i]))
-			return false;
-	return true;
+	return chars_ok(s, 256, "._-/");
 }
 
 static bool host_ok(const char *h)
@@ -341,42 +338,20 @@ out:
 int k3_setup_inventory_load(const char *path, struct k3_setup_inventory **out,
 			    struct k3_err *err)
 {
-	struct stat st;
 	char *buf = NULL;
-	size_t got = 0;
+	size_t len;
 	int fd, rc;
 
 	*out = NULL;
+	/* the user's path: a link there is the user's choice */
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return k3_err_set(err, -errno, "cannot open inventory '%s': %s", path, strerror(errno));
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return k3_err_set(err, -EINVAL, "inventory '%s' is not a regular file", path);
-	}
-	if ((uint64_t)st.st_size > K3_SETUP_INVENTORY_MAX_BYTES) {
-		close(fd);
-		return k3_err_set(err, -EFBIG, "inventory '%s' is over the 16 MiB limit", path);
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
-		return k3_err_set(err, -ENOMEM, "out of memory");
-	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-	}
+	rc = k3_setup_read_fd(fd, K3_SETUP_INVENTORY_MAX_BYTES, &buf, &len, path, err);
 	close(fd);
-	if (got != (size_t)st.st_size) {
-		free(buf);
-		return k3_err_set(err, -EIO, "cannot read inventory '%s'", path);
-	}
-	rc = k3_setup_inventory_parse(buf, got, out, err);
+	if (rc)
+		return rc;
+	rc = k3_setup_inventory_parse(buf, len, out, err);
 	free(buf);
 	if (rc)
 		k3_err_prefix(err, "%s", path);

@@ -172,31 +172,20 @@ int k3_setup_write_atomic(int dirfd, const char *name, const void *data, size_t 
 	return k3_setup_fsync_dir(dirfd, what, err);
 }
 
-int k3_setup_read_file(int dirfd, const char *name, size_t max, char **out, size_t *len,
-		       const char *what, struct k3_err *err)
+int k3_setup_read_fd(int fd, size_t max, char **out, size_t *len, const char *what,
+		     struct k3_err *err)
 {
 	struct stat st;
 	char *buf;
 	size_t got = 0;
-	int fd;
 
 	*out = NULL;
 	*len = 0;
-	fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		if (errno == ENOENT)
-			return -ENOENT;
-		return k3_err_set(err, -errno, "cannot open '%s': %s", what, strerror(errno));
-	}
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
-		close(fd);
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max)
 		return k3_err_set(err, -EFBIG, "'%s' is not a regular file of at most %zu bytes", what, max);
-	}
 	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
+	if (!buf)
 		return k3_err_set(err, -ENOMEM, "out of memory");
-	}
 	while (got < (size_t)st.st_size) {
 		ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
 		if (r < 0 && errno == EINTR)
@@ -205,7 +194,6 @@ int k3_setup_read_file(int dirfd, const char *name, size_t max, char **out, size
 			break;
 		got += (size_t)r;
 	}
-	close(fd);
 	if (got != (size_t)st.st_size) {
 		free(buf);
 		return k3_err_set(err, -EIO, "cannot read '%s'", what);
@@ -214,4 +202,21 @@ int k3_setup_read_file(int dirfd, const char *name, size_t max, char **out, size
 	*out = buf;
 	*len = got;
 	return 0;
+}
+
+int k3_setup_read_file(int dirfd, const char *name, size_t max, char **out, size_t *len,
+		       const char *what, struct k3_err *err)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), rc;
+
+	*out = NULL;
+	*len = 0;
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return -ENOENT;
+		return k3_err_set(err, -errno, "cannot open '%s': %s", what, strerror(errno));
+	}
+	rc = k3_setup_read_fd(fd, max, out, len, what, err);
+	close(fd);
+	return rc;
 }

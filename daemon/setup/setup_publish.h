@@ -67,6 +67,12 @@ int k3_setup_publish(int dirfd, int fd, const char *from, const char *to, const 
 int k3_setup_write_atomic(int dirfd, const char *name, const void *data, size_t len,
 			  const char *what, struct k3_err *err);
 
+/* Reads the open file fd (a regular file of at most max bytes) into a
+ * malloc'd, NUL-terminated buffer. Returns 0, -EFBIG or the errno; `what`
+ * names it in messages. */
+int k3_setup_read_fd(int fd, size_t max, char **out, size_t *len, const char *what,
+		     struct k3_err *err);
+
 /* Reads dirfd/name (O_NOFOLLOW, a regular file of at most max bytes) into a
  * malloc'd, NUL-terminated buffer. Returns 0, -ENOENT, -EFBIG, -ELOOP or
  * the errno. */
