@@ -462,7 +462,7 @@ int k3_setup_expert_table_find(const struct k3_setup_expert_table *t, uint32_t l
 			       uint32_t expert, uint8_t out[32])
 {
 	struct table_entry key = { .layer = layer, .expert = expert };
-	const struct table_entry *e = bsearch(&key, t->v, t->n, sizeof(key), cmp_entry);
+	const struct table_entry *e = t->n ? bsearch(&key, t->v, t->n, sizeof(key), cmp_entry) : NULL;
 
 	if (!e)
 		return -ENOENT;
