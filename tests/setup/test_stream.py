@@ -57,6 +57,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
+        log = self.logtext()
+        check("Sanitizer" not in log and "runtime error:" not in log,
+              "k3d: a sanitizer report: %s" % log[-3000:])
 
 
 def world(env, table=False):
