@@ -21,7 +21,7 @@ enum { MAX_CHECKPOINTS = 65536, LINE_MAX_BYTES = 128 };
  * journals, so the SHA-256 runs on another core than TLS (ratio against
  * curl: docs/setup.md, "Measurements"). */
 #define RING_BYTES ((size_t)8 << 20)
-#define WRITER_PIECE ((size_t)1 << 20)
+#define WRITER_PIECE ((size_t)128 << 10)
 
 struct k3_setup_partial {
 	int dirfd;          /* borrowed */
