@@ -562,6 +562,14 @@ int k3_setup_fetch(const struct k3_setup_opts *o, const struct k3_setup_fetch_se
 
 	if (fetched)
 		*fetched = 0;
+	{
+		/* an install must exist: fetch-weights never makes one */
+		struct k3_setup_session s;
+		rc = k3_setup_session_open(&s, o, NULL, false, false, err);
+		if (rc)
+			return rc;
+		k3_setup_session_close(&s);
+	}
 	if (sel->spine) {
 		/* what setup --stream does for files not yet present */
 		so.stream = true;

@@ -65,8 +65,9 @@ int k3_setup_session_open(struct k3_setup_session *s, const struct k3_setup_opts
 	s->dirfd = s->lockfd = -1;
 	rc = k3_setup_dir_open(o->dir, create, &s->dirfd, err);
 	if (rc) {
-		if (rc == -ENOENT && !inv)
-			k3_err_set(err, -ENOENT, "no install at '%s' (run k3ctl setup first)", o->dir);
+		if (rc == -ENOENT && !create)
+			k3_err_set(err, -ENOENT, "no install at '%s' (k3ctl setup --full or --stream"
+				   " makes one)", o->dir);
 		return rc;
 	}
 	if (lock && (rc = k3_setup_lock(s->dirfd, false, &s->lockfd, err)) != 0)
@@ -96,7 +97,8 @@ int k3_setup_session_open(struct k3_setup_session *s, const struct k3_setup_opts
 		}
 	} else {
 		rc = k3_err_set(err, -ENOENT, "'%s' is not a k3ctl install (no " K3_SETUP_DIR "/"
-				K3_SETUP_PINNED_NAME "): pass --inventory FILE", o->dir);
+				K3_SETUP_PINNED_NAME "): run k3ctl setup first, or pass --inventory FILE",
+				o->dir);
 		goto fail;
 	}
 	if (s->state->repository[0] && (strcmp(s->state->repository, s->inv->repository) ||
