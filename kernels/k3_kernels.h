@@ -7,7 +7,7 @@
  *
  *   K3_KERNELS=ref      scalar reference path (the oracle)
  *   K3_KERNELS=avx2     AVX2+FMA (fails over to ref if the CPU lacks it)
- *   K3_KERNELS=avx512   AVX-512F/BW (fails over to the best lower ISA)
+ *   K3_KERNELS=avx512   AVX-512 F/BW/VL/DQ (fails over to the best lower ISA)
  *   K3_KERNELS=neon     aarch64 NEON
  *   unset / "auto"      the best the CPU supports
  *   anything else       ref (a typo must not silently pick a fast path;
@@ -43,7 +43,7 @@
 enum k3_kern_isa {
 	K3_KERN_ISA_REF = 0,     /* portable scalar C */
 	K3_KERN_ISA_AVX2 = 1,    /* x86-64 AVX2 + FMA */
-	K3_KERN_ISA_AVX512 = 2,  /* x86-64 AVX-512 F + BW + VL */
+	K3_KERN_ISA_AVX512 = 2,  /* x86-64 AVX-512 F + BW + VL + DQ */
 	K3_KERN_ISA_NEON = 3,    /* aarch64 Advanced SIMD */
 	K3_KERN_ISA_COUNT
 };
@@ -93,6 +93,15 @@ enum k3_kern_dtype {
  *             E2M1 table {0,.5,1,1.5,2,3,4,6}, bit 3 = sign (§9). Decoded in
  *             registers; no fp32 copy of W is ever made.
  */
+/* E2M1 code (0..15) -> value (§9), the one definition of the MXFP4 value
+ * table: every ISA's decoder here, the cpu provider's reference and the
+ * checkpoint reader's oracle (daemon/model/mxfp4.c) instantiate it with
+ * `static const float t[16] = K3_KERN_E2M1_VALUES;`. Codes 8..15 are the
+ * negatives of 0..7 (bit 3 = sign; code 8 is -0.0). */
+#define K3_KERN_E2M1_VALUES \
+	{ 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, \
+	  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f }
+
 struct k3_kern_mat {
 	enum k3_kern_dtype dtype;
 	size_t rows, cols;

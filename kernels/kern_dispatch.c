@@ -40,6 +40,7 @@ static bool cpu_has(enum k3_kern_isa isa)
 		return __builtin_cpu_supports("avx512f") &&
 			__builtin_cpu_supports("avx512bw") &&
 			__builtin_cpu_supports("avx512vl") &&
+			__builtin_cpu_supports("avx512dq") &&
 			__builtin_cpu_supports("fma");
 #endif
 #if defined(__aarch64__)

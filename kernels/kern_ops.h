@@ -95,9 +95,4 @@ const struct k3_kern_ops *k3_kern_ops_for(enum k3_kern_isa isa);
 /* The table chosen for this process (see k3_kernels.h). */
 const struct k3_kern_ops *k3_kern_ops_active(void);
 
-/* E2M1 code -> value (§9), shared by every ISA's decoder. */
-#define K3_KERN_E2M1_VALUES \
-	{ 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, \
-	  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f }
-
 #endif

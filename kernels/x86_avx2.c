@@ -20,9 +20,8 @@
  *  The same inline row kernel serves every (rows x tokens) block size, so a
  *  y element is the same bits whether T = 1 or T = 64 and however the rows
  *  are split among threads.
- *  Transposed product, axpy, KDA step: elementwise FMA chains in row order;
- *  column tails use fmaf (the same single rounding as vfmadd), so a column's
- *  value does not depend on where a thread's column range starts.
+ *  Transposed product, axpy, KDA step: elementwise FMA chains in row order
+ *  (x86_chain.h, shared with the AVX-512 file).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -32,6 +31,7 @@
 #include <string.h>
 
 #include "kern_ops.h"
+#include "x86_chain.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* Full unrolling of the rows x tokens loops keeps every accumulator in a
@@ -56,19 +56,12 @@ INLINE __m256i tail_mask(size_t n)
 	return _mm256_loadu_si256((const __m256i *)(m + 8 - n));
 }
 
-INLINE __m256 load_bf16x8(const uint16_t *p)
-{
-	__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-
-	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
 INLINE __m256 load_bf16_part(const uint16_t *p, size_t n)
 {
 	uint16_t tmp[8] = { 0 };
 
 	memcpy(tmp, p, n * sizeof(*p));
-	return load_bf16x8(tmp);
+	return chain_bf16x8(tmp);
 }
 
 /* ------------------------------------------------------------------ */
@@ -126,7 +119,7 @@ INLINE __m256 load_f32_part(const float *p, size_t n)
 	return _mm256_maskload_ps(p, tail_mask(n));
 }
 
-DEF_ROWS_DENSE(rows_bf16, uint16_t, load_bf16x8, load_bf16_part)
+DEF_ROWS_DENSE(rows_bf16, uint16_t, chain_bf16x8, load_bf16_part)
 DEF_ROWS_DENSE(rows_f32, float, _mm256_loadu_ps, load_f32_part)
 
 /* ------------------------------------------------------------------ */
@@ -515,54 +508,6 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	}
 }
 
-static void avx2_matmul_t_cols(const struct k3_kern_mat *w, size_t c0,
-	size_t c1, size_t T, const float *x, size_t ldx, float *y, size_t ldy)
-{
-	size_t ld = w->ld ? w->ld : w->cols;
-	bool bf = w->dtype == K3_KERN_DT_BF16;
-
-	for (size_t t = 0; t < T; t++) {
-		const float *xt = x + t * ldx;
-		float *yt = y + t * ldy;
-		size_t c = c0;
-
-		for (; c + 32 <= c1; c += 32) {
-			__m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(),
-				_mm256_setzero_ps(), _mm256_setzero_ps() };
-
-			for (size_t r = 0; r < w->rows; r++) {
-				__m256 xr = _mm256_set1_ps(xt[r]);
-
-				for (int k = 0; k < 4; k++) {
-					__m256 wv = bf ? load_bf16x8((const uint16_t *)w->data + r * ld + c + 8 * k)
-						: _mm256_loadu_ps((const float *)w->data + r * ld + c + 8 * k);
-
-					a[k] = _mm256_fmadd_ps(wv, xr, a[k]);
-				}
-			}
-			for (int k = 0; k < 4; k++)
-				_mm256_storeu_ps(yt + c + 8 * k, a[k]);
-		}
-		for (; c < c1; c++) {
-			float acc = 0.0f;
-
-			for (size_t r = 0; r < w->rows; r++) {
-				float wv;
-
-				if (bf) {
-					uint32_t u = (uint32_t)((const uint16_t *)w->data)[r * ld + c] << 16;
-
-					memcpy(&wv, &u, sizeof(wv));
-				} else {
-					wv = ((const float *)w->data)[r * ld + c];
-				}
-				acc = fmaf(wv, xt[r], acc);
-			}
-			yt[c] = acc;
-		}
-	}
-}
-
 /* ------------------------------------------------------------------ */
 /* Vector ops                                                          */
 
@@ -580,76 +525,12 @@ static float avx2_sumsq(size_t n, const float *x)
 	return avx2_dot(n, x, x);
 }
 
-static void avx2_axpy(size_t n, float a, const float *x, float *y)
-{
-	__m256 av = _mm256_set1_ps(a);
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i),
-			_mm256_loadu_ps(y + i)));
-	for (; i < n; i++)
-		y[i] = fmaf(a, x[i], y[i]);
-}
-
-static void avx2_kda_step(size_t dk, size_t dv, float *S, const float *q,
-	const float *k, const float *v, const float *alpha, float beta,
-	float *o, float *scratch)
-{
-	float *pred = scratch, *u = scratch + dv;
-	size_t j;
-
-	for (j = 0; j < dv; j++)
-		pred[j] = 0.0f;
-	for (size_t i = 0; i < dk; i++) {
-		float *Si = S + i * dv;
-		__m256 al = _mm256_set1_ps(alpha[i]), kv = _mm256_set1_ps(k[i]);
-
-		for (j = 0; j + 8 <= dv; j += 8) {
-			__m256 s = _mm256_mul_ps(_mm256_loadu_ps(Si + j), al);
-
-			_mm256_storeu_ps(Si + j, s);
-			_mm256_storeu_ps(pred + j, _mm256_fmadd_ps(kv, s,
-				_mm256_loadu_ps(pred + j)));
-		}
-		for (; j < dv; j++) {
-			Si[j] *= alpha[i];
-			pred[j] = fmaf(k[i], Si[j], pred[j]);
-		}
-	}
-	for (j = 0; j < dv; j++) {
-		u[j] = beta * (v[j] - pred[j]);
-		o[j] = 0.0f;
-	}
-	for (size_t i = 0; i < dk; i++) {
-		float *Si = S + i * dv;
-		__m256 kv = _mm256_set1_ps(k[i]), qv = _mm256_set1_ps(q[i]);
-
-		for (j = 0; j + 8 <= dv; j += 8) {
-			__m256 s = _mm256_fmadd_ps(kv, _mm256_loadu_ps(u + j),
-				_mm256_loadu_ps(Si + j));
-
-			_mm256_storeu_ps(Si + j, s);
-			_mm256_storeu_ps(o + j, _mm256_fmadd_ps(qv, s, _mm256_loadu_ps(o + j)));
-		}
-		for (; j < dv; j++) {
-			Si[j] = fmaf(k[i], u[j], Si[j]);
-			o[j] = fmaf(q[i], Si[j], o[j]);
-		}
-	}
-}
-
-#if defined(K3_KERN_AVX512_BUILD)
-const struct k3_kern_ops k3_kern_ops_avx512 = {
-	.isa = K3_KERN_ISA_AVX512,
-#else
 const struct k3_kern_ops k3_kern_ops_avx2 = {
 	.isa = K3_KERN_ISA_AVX2,
-#endif
 	.matmul_rows = avx2_matmul_rows,
-	.matmul_t_cols = avx2_matmul_t_cols,
+	.matmul_t_cols = x86_matmul_t_cols,
 	.dot = avx2_dot,
 	.sumsq = avx2_sumsq,
-	.axpy = avx2_axpy,
-	.kda_step = avx2_kda_step,
+	.axpy = x86_axpy,
+	.kda_step = x86_kda_step,
 };

@@ -65,6 +65,7 @@ enum k3_proto_status {
 	K3_STATUS_INVALID_ARGUMENT = 12,/* well-formed request the engine cannot honour exactly */
 	K3_STATUS_UNSUPPORTED = 13,     /* e.g. image parts in a text-only model */
 	K3_STATUS_INTERNAL = 14,
+	K3_STATUS_IDLE_TIMEOUT = 15,    /* k3d closed a connection idle past --idle-timeout */
 	K3_STATUS_COUNT
 };
 
@@ -233,7 +234,11 @@ enum k3_proto_state {
 	F(m, 31, IDS, job_kinds, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 32, IDS, job_uids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 33, IDS, job_pids, K3_LIM_STATUS_JOBS, 0) \
-	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0)
+	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 35, U64, spine_bytes_read, 0, 0) \
+	F(m, 36, U64, spine_loads, 0, 0) \
+	F(m, 37, U64, spine_memory_bytes, 0, 0) \
+	F(m, 38, F64, spine_io_wait_s_total, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -310,7 +315,11 @@ enum k3_proto_state {
 	F(m, 18, F64, compute_s, 0, 0) \
 	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
 	F(m, 20, U64, prefetch_issued_bytes, 0, 0) \
-	F(m, 21, U32, cancel_reason, 0, 0)
+	F(m, 21, U32, cancel_reason, 0, 0) \
+	F(m, 22, U64, spine_bytes_read, 0, 0) \
+	F(m, 23, U64, spine_loads, 0, 0) \
+	F(m, 24, U64, spine_rows_read, 0, 0) \
+	F(m, 25, F64, spine_io_wait_s, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)
@@ -369,6 +378,22 @@ enum k3_proto_type {
 K3_PROTO_MESSAGES(K3_PROTO_STRUCT_)
 #undef K3_PROTO_STRUCT_
 #undef K3_PROTO_MEMBER_
+
+/* One setter per field, k3_msg_<message>_set_<field>(msg, value): stores
+ * the value and marks the field present, so an encoder never forgets
+ * has_<field> (an optional field without it is silently not sent):
+ *   k3_msg_done_set_prompt_tokens(&done, n);
+ *   k3_msg_error_set_message(&e, k3_proto_str_of("busy"));
+ * Generated from the schema rows, so a new field gets its setter too.
+ * Strings and id arrays are views: the setter copies the pointer, not the
+ * bytes, which must outlive the encode. */
+#define K3_PROTO_SETTER_(m, tag, KIND, fname, bound, req) \
+	static inline void k3_msg_##m##_set_##fname(struct k3_msg_##m *msg, k3_proto_##KIND##_t v) \
+	{ msg->fname = v; msg->has_##fname = true; }
+#define K3_PROTO_SETTERS_(id, NAME, name, bound) K3_PROTO_FIELDS_##NAME(K3_PROTO_SETTER_, name)
+K3_PROTO_MESSAGES(K3_PROTO_SETTERS_)
+#undef K3_PROTO_SETTERS_
+#undef K3_PROTO_SETTER_
 
 /* Any decoded body; the frame's type says which member is live. */
 union k3_proto_body {

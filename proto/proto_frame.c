@@ -1,8 +1,6 @@
 /* proto_frame.c - frame header codec and stream splitting (see k3_proto.h). */
 #include "proto_internal.h"
-
-#include <stdarg.h>
-#include <stdio.h>
+#include "proto_schema.h"
 
 _Static_assert(K3_PROTO_HEADER_SIZE == 4 + 2 + 2 + 2 + 2 + 4 + 4, "header layout");
 
@@ -11,19 +9,6 @@ _Static_assert(K3_PROTO_HEADER_SIZE == 4 + 2 + 2 + 2 + 2 + 4 + 4, "header layout
 #define wr16 k3_proto_wr16
 #define wr32 k3_proto_wr32
 #define fail k3_proto_fail
-
-int k3_proto_fail(struct k3_proto_err *err, int code, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err) {
-		err->code = code;
-		va_start(ap, fmt);
-		vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 void k3_proto_header_encode(const struct k3_proto_header *h, uint8_t out[K3_PROTO_HEADER_SIZE])
 {
@@ -75,20 +60,4 @@ int k3_proto_frame_split(const uint8_t *buf, size_t len, struct k3_proto_header 
 		return 0;
 	*payload = buf + K3_PROTO_HEADER_SIZE;
 	return (int)(K3_PROTO_HEADER_SIZE + h->length);
-}
-
-int k3_proto_frame_decode(const uint8_t *buf, size_t len, struct k3_proto_header *h,
-			  union k3_proto_body *body, struct k3_proto_err *err)
-{
-	const uint8_t *payload = NULL;
-	int n = k3_proto_frame_split(buf, len, h, &payload, err);
-
-	if (n < 0)
-		return n;
-	if (n == 0)
-		return fail(err, K3_PROTO_E_TRUNCATED, "frame truncated after %zu bytes", len);
-	if ((size_t)n != len)
-		return fail(err, K3_PROTO_E_TRAILING, "%zu bytes after the end of the frame",
-			    len - (size_t)n);
-	return k3_proto_decode(h->type, payload, h->length, body, err);
 }

@@ -1,111 +1,20 @@
 /*
- * proto_msg.c - schema-driven payload codec. Decoding work is bounded by
- * the payload length: each tag may appear once (STRV up to its count), so
- * a payload holds at most as many fields as its schema has slots.
- * The tables below are generated
- * from K3_PROTO_MESSAGES / K3_PROTO_FIELDS_* in k3_proto.h, so the decoder,
- * the encoder and the C structs cannot drift apart.
+ * proto_msg.c - schema-driven payload codec (the tables are in
+ * proto_schema.c) and whole-frame decoding. Decoding work is bounded by the
+ * payload length: each tag may appear once (STRV up to its count), so a
+ * payload holds at most as many fields as its schema has slots.
+ *
+ * Files of proto/ depend in one direction: proto_err <- proto_schema <-
+ * proto_frame <- proto_msg (the frame splitter needs only the schema's
+ * bounds; encoding a message needs the header encoder).
  */
 #include "proto_internal.h"
+#include "proto_schema.h"
 
 #include <stddef.h>
 #include <string.h>
 
-struct field_desc {
-	uint16_t tag;
-	uint8_t kind;         /* enum k3_proto_kind */
-	uint8_t required;
-	uint32_t bound;       /* bytes (STR/BYTES) or count (IDS/U64S/STRV) */
-	size_t off, has_off;  /* offsets of the value and of has_<name> */
-	const char *name;
-};
-
-struct msg_desc {
-	const char *name;
-	uint32_t payload_max;
-	size_t size;          /* sizeof the message struct */
-	const struct field_desc *fields;
-	size_t n_fields;
-};
-
-#define FIELD_ROW_(m, tag, KIND, fname, bound, req) \
-	{ tag, K3_PROTO_##KIND, req, bound, offsetof(struct k3_msg_##m, fname), \
-	  offsetof(struct k3_msg_##m, has_##fname), #fname },
-#define FIELD_TABLE_(id, NAME, name, bound) \
-	static const struct field_desc fields_##name[] = { \
-		K3_PROTO_FIELDS_##NAME(FIELD_ROW_, name) \
-		{ 0, 0, 0, 0, 0, 0, NULL } };
-K3_PROTO_MESSAGES(FIELD_TABLE_)
-#undef FIELD_TABLE_
-#undef FIELD_ROW_
-
-static const struct msg_desc messages[K3_MSG_COUNT] = {
-#define MSG_ROW_(id, NAME, name, bound) \
-	[id] = { #NAME, bound, sizeof(struct k3_msg_##name), fields_##name, \
-		 sizeof(fields_##name) / sizeof(fields_##name[0]) - 1 },
-	K3_PROTO_MESSAGES(MSG_ROW_)
-#undef MSG_ROW_
-};
-
-static const struct msg_desc *msg_find(uint32_t type)
-{
-	if (type == 0 || type >= K3_MSG_COUNT || !messages[type].name)
-		return NULL;
-	return &messages[type];
-}
-
-const char *k3_proto_type_name(uint32_t type)
-{
-	const struct msg_desc *m = msg_find(type);
-
-	return m ? m->name : NULL;
-}
-
-uint32_t k3_proto_type_payload_max(uint32_t type)
-{
-	const struct msg_desc *m = msg_find(type);
-
-	return m ? m->payload_max : 0;
-}
-
-const char *k3_proto_status_name(uint32_t status)
-{
-	static const char *const names[K3_STATUS_COUNT] = {
-		[K3_STATUS_OK] = "ok",
-		[K3_STATUS_BAD_REQUEST] = "bad_request",
-		[K3_STATUS_UNSUPPORTED_VERSION] = "unsupported_version",
-		[K3_STATUS_UNKNOWN_TYPE] = "unknown_type",
-		[K3_STATUS_TOO_LARGE] = "too_large",
-		[K3_STATUS_BUSY] = "busy",
-		[K3_STATUS_NOT_FOUND] = "not_found",
-		[K3_STATUS_CANCELLED] = "cancelled",
-		[K3_STATUS_UNAUTHORIZED] = "unauthorized",
-		[K3_STATUS_SHUTTING_DOWN] = "shutting_down",
-		[K3_STATUS_NOT_READY] = "not_ready",
-		[K3_STATUS_CONTEXT_EXCEEDED] = "context_length_exceeded",
-		[K3_STATUS_INVALID_ARGUMENT] = "invalid_argument",
-		[K3_STATUS_UNSUPPORTED] = "unsupported",
-		[K3_STATUS_INTERNAL] = "internal",
-	};
-	return status < K3_STATUS_COUNT ? names[status] : "unknown_status";
-}
-
-const char *k3_proto_error_name(int code)
-{
-	static const char *const names[] = {
-		"ok", "bad_magic", "bad_version", "unknown_type", "bad_flags",
-		"reserved_nonzero", "oversized", "truncated", "trailing_bytes",
-		"field_overrun", "unknown_field", "duplicate_field", "missing_field",
-		"field_size", "too_long", "too_many", "bad_utf8", "bad_value",
-		"no_memory",
-	};
-	int i = -code;
-
-	_Static_assert(sizeof(names) / sizeof(names[0]) == -K3_PROTO_E_COUNT_, "error names");
-	return i >= 0 && i < (int)(sizeof(names) / sizeof(names[0])) ? names[i] : "unknown_error";
-}
-
-static const struct field_desc *field_find(const struct msg_desc *m, uint16_t tag)
+static const struct k3_proto_field_desc *field_find(const struct k3_proto_msg_desc *m, uint16_t tag)
 {
 	for (size_t i = 0; i < m->n_fields; i++)
 		if (m->fields[i].tag == tag)
@@ -114,7 +23,7 @@ static const struct field_desc *field_find(const struct msg_desc *m, uint16_t ta
 }
 
 /* Checks one field value against its descriptor and stores it in body. */
-static int field_decode(const struct msg_desc *m, const struct field_desc *f,
+static int field_decode(const struct k3_proto_msg_desc *m, const struct k3_proto_field_desc *f,
 			const uint8_t *v, uint32_t len, uint8_t *body,
 			struct k3_proto_err *err)
 {
@@ -220,7 +129,7 @@ static int field_decode(const struct msg_desc *m, const struct field_desc *f,
 int k3_proto_decode(uint32_t type, const uint8_t *payload, size_t len, void *body,
 		    struct k3_proto_err *err)
 {
-	const struct msg_desc *m = msg_find(type);
+	const struct k3_proto_msg_desc *m = k3_proto_schema_msg(type);
 	size_t pos = 0;
 	int r;
 
@@ -233,7 +142,7 @@ int k3_proto_decode(uint32_t type, const uint8_t *payload, size_t len, void *bod
 	while (pos < len) {
 		uint16_t tag;
 		uint32_t flen;
-		const struct field_desc *f;
+		const struct k3_proto_field_desc *f;
 
 		if (len - pos < K3_PROTO_FIELD_HEADER)
 			return k3_proto_fail(err, K3_PROTO_E_TRAILING, "%s: %zu trailing bytes after the last field",
@@ -255,7 +164,7 @@ int k3_proto_decode(uint32_t type, const uint8_t *payload, size_t len, void *bod
 		pos += flen;
 	}
 	for (size_t i = 0; i < m->n_fields; i++) {
-		const struct field_desc *f = &m->fields[i];
+		const struct k3_proto_field_desc *f = &m->fields[i];
 
 		if (f->required && !*(const bool *)((const uint8_t *)body + f->has_off))
 			return k3_proto_fail(err, K3_PROTO_E_MISSING_FIELD, "%s: required field '%s' is missing",
@@ -279,8 +188,8 @@ static int put_field(struct k3_proto_buf *out, uint16_t tag, const void *v, uint
 	return r;
 }
 
-static int put_str(struct k3_proto_buf *out, const struct msg_desc *m,
-		   const struct field_desc *f, const struct k3_proto_str *s,
+static int put_str(struct k3_proto_buf *out, const struct k3_proto_msg_desc *m,
+		   const struct k3_proto_field_desc *f, const struct k3_proto_str *s,
 		   uint32_t bound, bool utf8, struct k3_proto_err *err)
 {
 	if (s->len > bound)
@@ -295,8 +204,8 @@ static int put_str(struct k3_proto_buf *out, const struct msg_desc *m,
 	return put_field(out, f->tag, s->p ? s->p : "", s->len);
 }
 
-static int field_encode(struct k3_proto_buf *out, const struct msg_desc *m,
-			const struct field_desc *f, const uint8_t *body,
+static int field_encode(struct k3_proto_buf *out, const struct k3_proto_msg_desc *m,
+			const struct k3_proto_field_desc *f, const uint8_t *body,
 			struct k3_proto_err *err)
 {
 	const void *src = body + f->off;
@@ -370,7 +279,7 @@ static int field_encode(struct k3_proto_buf *out, const struct msg_desc *m,
 int k3_proto_encode(struct k3_proto_buf *out, uint32_t type, uint32_t request_id,
 		    const void *body, struct k3_proto_err *err)
 {
-	const struct msg_desc *m = msg_find(type);
+	const struct k3_proto_msg_desc *m = k3_proto_schema_msg(type);
 	struct k3_proto_header h = { K3_PROTO_MAGIC, K3_PROTO_VERSION, (uint16_t)type, 0, 0, request_id, 0 };
 	uint8_t hdr[K3_PROTO_HEADER_SIZE] = { 0 };
 	size_t start = out->len, plen = 0;
@@ -380,7 +289,7 @@ int k3_proto_encode(struct k3_proto_buf *out, uint32_t type, uint32_t request_id
 		return k3_proto_fail(err, K3_PROTO_E_UNKNOWN_TYPE, "unknown message type %u", type);
 	r = k3_proto_buf_append(out, hdr, sizeof(hdr));
 	for (size_t i = 0; r == 0 && i < m->n_fields; i++) {
-		const struct field_desc *f = &m->fields[i];
+		const struct k3_proto_field_desc *f = &m->fields[i];
 
 		if (!*(const bool *)((const uint8_t *)body + f->has_off)) {
 			if (f->required)
@@ -406,4 +315,20 @@ int k3_proto_encode(struct k3_proto_buf *out, uint32_t type, uint32_t request_id
 	h.length = (uint32_t)plen;
 	k3_proto_header_encode(&h, out->data + start);
 	return 0;
+}
+
+int k3_proto_frame_decode(const uint8_t *buf, size_t len, struct k3_proto_header *h,
+			  union k3_proto_body *body, struct k3_proto_err *err)
+{
+	const uint8_t *payload = NULL;
+	int n = k3_proto_frame_split(buf, len, h, &payload, err);
+
+	if (n < 0)
+		return n;
+	if (n == 0)
+		return k3_proto_fail(err, K3_PROTO_E_TRUNCATED, "frame truncated after %zu bytes", len);
+	if ((size_t)n != len)
+		return k3_proto_fail(err, K3_PROTO_E_TRAILING, "%zu bytes after the end of the frame",
+				     len - (size_t)n);
+	return k3_proto_decode(h->type, payload, h->length, body, err);
 }

@@ -26,6 +26,13 @@ const char *k3_client_default_socket(void)
 	return K3_CLIENT_SYSTEMD_SOCKET;
 }
 
+int k3_client_socket_exit_code(int check)
+{
+	if (check == 0)
+		return 0;
+	return check == -EINVAL ? K3_CLIENT_EXIT_USAGE : K3_CLIENT_EXIT_UNAVAILABLE;
+}
+
 int k3_client_socket_check(const char *path, char *why, size_t why_size)
 {
 	size_t n = strlen(path);

@@ -25,10 +25,24 @@ const char *k3_client_default_socket(void);
 /* 0 when path fits a sockaddr_un; -EINVAL when it is empty (why says
  * --socket needs a path and names the default); -ENAMETOOLONG when it is
  * too long (why names the path, its length and the limit). why gets
- * why_size bytes, truncated to fit. k3-gateway checks at start-up (a usage
- * error, exit 2, rather than a 503 on every request); k3ctl refuses an
- * empty path as a usage error (exit 2) and a too-long one when it connects
- * (exit 3, like any k3d it cannot reach). */
+ * why_size bytes, truncated to fit. Both clients refuse an empty path as a
+ * usage error (exit 2) and a too-long one as a k3d they cannot reach (exit
+ * 3): k3-gateway at start-up (rather than a 503 on every request), k3ctl
+ * when it connects. */
 int k3_client_socket_check(const char *path, char *why, size_t why_size);
+
+/* The exit codes both clients give for a socket path (k3ctl.1,
+ * k3-gateway.8): an empty path is a usage error; a path too long for
+ * sun_path, from --socket or $K3D_SOCKET alike, names a k3d that cannot
+ * be reached, the same as one that does not answer. */
+enum {
+	K3_CLIENT_EXIT_USAGE = 2,
+	K3_CLIENT_EXIT_UNAVAILABLE = 3,
+};
+
+/* The exit code for what k3_client_socket_check returned: 0 for 0,
+ * K3_CLIENT_EXIT_USAGE for -EINVAL, K3_CLIENT_EXIT_UNAVAILABLE for
+ * -ENAMETOOLONG (or any other refusal). */
+int k3_client_socket_exit_code(int check);
 
 #endif

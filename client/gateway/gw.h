@@ -45,9 +45,13 @@ struct gw_metrics {
 	/* DONEs whose reply did not: the client left, or cancelled/error */
 	uint64_t undelivered_prompt_tokens, undelivered_completion_tokens;
 	uint64_t expert_bytes_read, expert_hits, expert_misses;
+	/* bytes read for every DONE seen, delivered or not (the reads happened) */
+	uint64_t done_expert_bytes, done_spine_bytes;
 	uint64_t cancels_sent;
 	unsigned in_flight;          /* API requests holding a daemon connection (not /health, /metrics) */
 };
+
+struct gw_req;
 
 struct gw {
 	struct gw_config cfg;
@@ -55,10 +59,28 @@ struct gw {
 	struct evhttp *http;
 	struct gw_metrics m;
 	time_t started;
+	struct gw_req *reqs;         /* every live request (gw_http.c's list) */
+	unsigned writing;            /* replies handed to evhttp, not yet written or lost */
+	bool stopping;               /* SIGTERM/SIGINT: new requests get 503; exit at writing 0 */
+	struct event *stop_timer;    /* bounds the wait for the replies being written */
 };
 
 /* Installs the routing callback and server limits on g->http. */
 void gw_http_setup(struct gw *g);
+
+/*
+ * The gateway stops (the first SIGTERM or SIGINT). Every open reply ends
+ * as a reply: a stream with an error event (503 shutting_down) and
+ * "data: [DONE]", any other request with a 503 shutting_down error (a
+ * /health probe with its own 503 body, /metrics with the gateway's own
+ * counters); every k3d connection closes, which cancels its job; new
+ * requests get 503. The event loop exits once those replies, and any
+ * finished before that are still being written, are out, or after
+ * GW_STOP_FLUSH_S seconds for a client that does not read.
+ * Calling it again exits the loop at once.
+ */
+#define GW_STOP_FLUSH_S 5
+void gw_http_stop(struct gw *g);
 
 /* Counts one finished request. */
 void gw_metrics_count(struct gw_metrics *m, enum gw_ep_metric ep, int status);

@@ -1,8 +1,8 @@
 /*
- * gw_openai.c - field policy of the OpenAI endpoints (see gw_openai.h and
- * the FIELD POLICY table of docs/k3-gateway.8, which must agree with the
- * tables below). Error texts follow OpenAI's wording where clients match on
- * it (openai-gateway.md §1.6).
+ * gw_openai.c - request parsing and field policy of the OpenAI endpoints
+ * (see gw_openai.h and the FIELD POLICY table of docs/k3-gateway.8, which
+ * must agree with the tables below). Error texts follow OpenAI's wording
+ * where clients match on it (openai-gateway.md §1.6).
  */
 #include "gw_openai.h"
 
@@ -11,6 +11,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+void gw_openai_utf8_trim(char *s)
+{
+	size_t n = strlen(s);
+
+	/* A cut can only split the last character, which has at most 4 bytes. */
+	for (size_t k = 0; k < 4 && k <= n; k++) {
+		if (k3_proto_utf8_valid(s, n - k)) {
+			s[n - k] = 0;
+			return;
+		}
+	}
+}
 
 static int fail(struct gw_openai_error *e, const char *param, const char *code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -25,6 +38,9 @@ static int fail(struct gw_openai_error *e, const char *param, const char *code, 
 	va_start(ap, fmt);
 	vsnprintf(e->message, sizeof(e->message), fmt, ap);
 	va_end(ap);
+	/* Client strings (a key, a role) may be cut at the buffers' ends. */
+	gw_openai_utf8_trim(e->param);
+	gw_openai_utf8_trim(e->message);
 	return -1;
 }
 
@@ -781,6 +797,46 @@ int gw_openai_parse(enum gw_endpoint ep, json_t *body, struct gw_openai_request 
 		return fail(e, NULL, "invalid_type",
 			    "The request body must be a JSON object, but got %s.", type_word(body));
 	return ep == GW_EP_CHAT ? parse_chat(body, out, e) : parse_completions(body, out, e);
+}
+
+static bool json_too_deep(json_t *v, unsigned depth)
+{
+	size_t i;
+	const char *k;
+	json_t *c;
+
+	if (depth > K3_LIM_JSON_DEPTH)
+		return true;
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, c)
+			if (json_too_deep(c, depth + 1))
+				return true;
+	} else if (json_is_object(v)) {
+		json_object_foreach(v, k, c)
+			if (json_too_deep(c, depth + 1))
+				return true;
+	}
+	return false;
+}
+
+int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, struct gw_openai_request *out,
+			 struct gw_openai_error *e)
+{
+	json_error_t je;
+	json_t *v = json_loadb(len ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+	int rc;
+
+	if (!v)
+		return fail(e, NULL, NULL,
+			    "We could not parse the JSON body of your request (%s at line %d, column %d). The "
+			    "body must be valid JSON.", je.text, je.line, je.column);
+	if (json_too_deep(v, 0)) {
+		json_decref(v);
+		return fail(e, NULL, NULL, "The JSON body nests deeper than %u levels.", K3_LIM_JSON_DEPTH);
+	}
+	rc = gw_openai_parse(ep, v, out, e);
+	json_decref(v);
+	return rc;
 }
 
 void gw_openai_request_release(struct gw_openai_request *r)

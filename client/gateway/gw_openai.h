@@ -1,8 +1,9 @@
 /*
- * gw_openai.h - the OpenAI request policy of k3-gateway: validates a parsed
- * JSON body of POST /v1/chat/completions or /v1/completions against the
- * field policy (docs/k3-gateway.8, "FIELD POLICY") and maps it onto the
- * fields of a k3 GENERATE frame. Pure: no I/O, no globals.
+ * gw_openai.h - the request side of k3-gateway's OpenAI dialect: parses the
+ * JSON body of POST /v1/chat/completions or /v1/completions, validates it
+ * against the field policy (docs/k3-gateway.8, "FIELD POLICY") and maps it
+ * onto the fields of a k3 GENERATE frame. Pure: no I/O, no globals. The
+ * reply side is gw_openai_reply.h.
  *
  * What the gateway sends k3d in GENERATE (mode CHAT):
  *   messages   canonical JSON array: every message has "role" (system, user,
@@ -27,6 +28,7 @@
 #define K3_GW_OPENAI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -72,7 +74,26 @@ struct gw_openai_request {
 int gw_openai_parse(enum gw_endpoint ep, json_t *body, struct gw_openai_request *out,
 		 struct gw_openai_error *e);
 
+/*
+ * The whole request side: parses body (len bytes, borrowed, need not be
+ * NUL-terminated) as JSON, then gw_openai_parse. Malformed JSON (duplicate
+ * keys included) and nesting deeper than K3_LIM_JSON_DEPTH are 400s with
+ * param null. Same return, ownership and release rule as gw_openai_parse.
+ */
+int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, struct gw_openai_request *out,
+			 struct gw_openai_error *e);
+
 void gw_openai_request_release(struct gw_openai_request *r);
+
+/*
+ * Error texts are built with snprintf into bounded buffers from strings
+ * that may hold any character (a client's key, k3d's message); a cut can
+ * leave half a UTF-8 character at the end, which jansson refuses to put in
+ * JSON (the error would turn into a 500). Drops such a partial last
+ * character from the NUL-terminated s; a string that is valid UTF-8 but
+ * for its last character is unchanged otherwise.
+ */
+void gw_openai_utf8_trim(char *s);
 
 /*
  * Fills a GENERATE frame body from a parsed request. The frame's string

@@ -19,6 +19,8 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "base/parse.h"
+#include "base/sockact.h"
 #include "gw.h"
 #include "k3_build_config.h"
 #include "k3_client_socket.h"
@@ -49,27 +51,14 @@ static void usage(FILE *f)
 		GW_MAX_CORS, K3_LIM_HTTP_BODY_DEFAULT);
 }
 
-/* Strict decimal parse: digits only, in [min, max]. */
+/* A flag's whole number in [min, max] (base/parse.h); prints why not. */
 static int parse_uint(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out)
 {
-	uint64_t v = 0;
+	struct k3_err err = { 0, "" };
 
-	if (!s || !*s)
-		goto bad;
-	for (const char *p = s; *p; p++) {
-		if (*p < '0' || *p > '9')
-			goto bad;
-		if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
-			goto bad;
-		v = v * 10 + (uint64_t)(*p - '0');
-	}
-	if (v < min || v > max)
-		goto bad;
-	*out = v;
-	return 0;
-bad:
-	fprintf(stderr, "k3-gateway: %s '%s': expected a whole number in [%llu, %llu]\n", flag, s ? s : "",
-		(unsigned long long)min, (unsigned long long)max);
+	if (k3_parse_u64(s, min, max, out, &err) == 0)
+		return 0;
+	fprintf(stderr, "k3-gateway: %s %s\n", flag, err.msg);
 	return -1;
 }
 
@@ -148,29 +137,13 @@ static int host_is_loopback(const char *host)
 	return ok;
 }
 
-/* systemd socket activation ($LISTEN_PID / $LISTEN_FDS, fds from 3). */
-static int systemd_fds(void)
-{
-	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
-	uint64_t p, n;
-
-	if (!pid || !fds)
-		return 0;
-	if (parse_uint("LISTEN_PID", pid, 1, INT32_MAX, &p) || parse_uint("LISTEN_FDS", fds, 0, 64, &n))
-		return -1;
-	if ((pid_t)p != getpid())
-		return 0;
-	unsetenv("LISTEN_PID");
-	unsetenv("LISTEN_FDS");
-	unsetenv("LISTEN_FDNAMES");
-	return (int)n;
-}
-
+/* The first signal ends the open replies as replies and leaves the loop
+ * when they are written (gw_http_stop); a second one leaves at once. */
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	(void)sig;
 	(void)what;
-	event_base_loopexit(arg, NULL);
+	gw_http_stop(arg);
 }
 
 int main(int argc, char **argv)
@@ -260,12 +233,15 @@ int main(int argc, char **argv)
 	}
 	{
 		/* Checked once here: every request would fail to connect anyway,
-		 * and a start-up error is where the operator looks. */
+		 * and a start-up error is where the operator looks. An empty
+		 * --socket is a usage error (2); a path no Unix socket can have
+		 * is a k3d the gateway cannot reach (3, k3ctl's exit for it). */
 		char why[512];
+		int rc = k3_client_socket_check(g.cfg.socket_path, why, sizeof(why));
 
-		if (k3_client_socket_check(g.cfg.socket_path, why, sizeof(why)) < 0) {
+		if (rc < 0) {
 			fprintf(stderr, "k3-gateway: %s\n", why);
-			return 2;
+			return rc == -ENAMETOOLONG ? 3 : 2;
 		}
 	}
 	signal(SIGPIPE, SIG_IGN);
@@ -278,12 +254,19 @@ int main(int argc, char **argv)
 	}
 	gw_http_setup(&g);
 
-	nfds = systemd_fds();
-	if (nfds < 0)
-		return 2;
+	{
+		struct k3_err err = { 0, "" };
+
+		/* Malformed variables are a configuration error (2); a passed fd
+		 * that is no listening socket leaves nothing to serve (1). */
+		nfds = k3_sockact_listen_fds(AF_UNSPEC, "k3-gateway.socket", &err);
+		if (nfds < 0) {
+			fprintf(stderr, "k3-gateway: %s\n", err.msg);
+			return nfds == -EINVAL || nfds == -ERANGE || nfds == -E2BIG ? 2 : 1;
+		}
+	}
 	if (nfds > 0) {
-		for (int fd = 3; fd < 3 + nfds; fd++) {
-			evutil_make_socket_nonblocking(fd);
+		for (int fd = K3_SOCKACT_FIRST_FD; fd < K3_SOCKACT_FIRST_FD + nfds; fd++) {
 			if (evhttp_accept_socket(g.http, fd) < 0) {
 				fprintf(stderr, "k3-gateway: cannot serve on systemd socket fd %d\n", fd);
 				return 1;
@@ -327,14 +310,16 @@ int main(int argc, char **argv)
 			ss.ss_family == AF_INET6 ? "[" : "", addr, ss.ss_family == AF_INET6 ? "]" : "", bound_port,
 			g.cfg.socket_path);
 	}
-	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, g.base);
-	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, g.base);
+	struct event *sigint = evsignal_new(g.base, SIGINT, on_signal, &g);
+	struct event *sigterm = evsignal_new(g.base, SIGTERM, on_signal, &g);
 
 	event_add(sigint, NULL);
 	event_add(sigterm, NULL);
 	event_base_dispatch(g.base);
 	event_free(sigint);
 	event_free(sigterm);
+	if (g.stop_timer)
+		event_free(g.stop_timer);
 	evhttp_free(g.http);
 	event_base_free(g.base);
 	free(g.cfg.api_key);

@@ -37,6 +37,9 @@ int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
 	uint32_t rid = c->next_request_id++;
 	int r;
 
+	if (c->fd < 0)
+		return k3_err_set(err, -ECONNRESET, "%s", c->closed_why[0] ? c->closed_why :
+				  "not connected to k3d");
 	k3_proto_buf_init(&out, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 	if (k3_proto_encode(&out, type, rid, body, &perr) != 0) {
 		k3_proto_buf_release(&out);
@@ -141,6 +144,9 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 	memset(c, 0, sizeof(*c));
 	c->fd = -1;
 	c->next_request_id = 1;
+	/* kept even when this open fails, for k3ctl_client_reopen_if_closed
+	 * (a longer path fails k3_client_socket_check below) */
+	snprintf(c->path, sizeof(c->path), "%s", path);
 	k3_proto_buf_init(&c->in, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 	memset(&sun, 0, sizeof(sun));
 	sun.sun_family = AF_UNIX;
@@ -162,11 +168,11 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 				  "or point --socket/K3D_SOCKET at it)", path, strerror(-r));
 	}
 	memset(&hello, 0, sizeof(hello));
-	hello.client = k3_proto_str_of("k3ctl/" K3_VERSION); hello.has_client = true;
-	hello.version = K3_PROTO_VERSION; hello.has_version = true;
+	k3_msg_hello_set_client(&hello, k3_proto_str_of("k3ctl/" K3_VERSION));
+	k3_msg_hello_set_version(&hello, K3_PROTO_VERSION);
 	/* jobs: cmd_status decodes STATUS_REPLY's job list */
-	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS | K3_PROTO_CAP_JOBS;
-	hello.has_caps = true;
+	k3_msg_hello_set_caps(&hello, K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS |
+			      K3_PROTO_CAP_JOBS);
 	uint32_t status = 0;
 	r = k3ctl_client_call(c, K3_MSG_HELLO, &hello, 10000, &h, &reply, &status, err);
 	if (r == -EREMOTEIO && (status == K3_STATUS_UNAUTHORIZED || status == K3_STATUS_BUSY)) {
@@ -201,6 +207,35 @@ int k3ctl_client_open(struct k3ctl_client *c, const char *path, struct k3_err *e
 		k3_proto_decode(h.type, c->hello_frame + K3_PROTO_HEADER_SIZE, h.length, &c->hello, NULL);
 	}
 	return 0;
+}
+
+int k3ctl_client_reopen_if_closed(struct k3ctl_client *c)
+{
+	char path[sizeof(c->path)];
+	struct k3_err err = { 0, "" };
+	struct pollfd pfd = { c->fd, POLLIN, 0 };
+	struct k3_proto_header h;
+	union k3_proto_body b;
+	int r = 0;
+
+	if (c->fd >= 0) {
+		if (poll(&pfd, 1, 0) == 0)
+			return 0;   /* nothing arrived: still open */
+		/* Between requests k3d sends nothing but its reason to close
+		 * (ERROR{idle_timeout}); read up to the end of the stream. */
+		while ((r = k3ctl_client_recv(c, 0, &h, &b, &err)) == 0)
+			;
+		if (r == -ETIMEDOUT)
+			return 0;   /* stray frames, but the connection is open */
+	}
+	snprintf(path, sizeof(path), "%s", c->path);
+	k3ctl_client_close(c);
+	r = k3ctl_client_open(c, path, &err);
+	if (r < 0) {
+		k3_err_prefix(&err, "k3d closed the connection, and reconnecting failed");
+		memcpy(c->closed_why, err.msg, sizeof(c->closed_why));
+	}
+	return r;
 }
 
 void k3ctl_client_close(struct k3ctl_client *c)

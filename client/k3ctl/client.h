@@ -11,7 +11,9 @@
 #include "k3_proto.h"
 
 struct k3ctl_client {
-	int fd;
+	int fd;                      /* -1 when closed */
+	char path[108];              /* the socket, for k3ctl_client_reopen_if_closed */
+	char closed_why[K3_ERR_MSG_MAX]; /* why a reopen failed ("" if none); sends report it */
 	uint32_t next_request_id;
 	struct k3_proto_buf in;      /* bytes received, frame at the front */
 	size_t consumed;             /* bytes of the frame last returned */
@@ -35,9 +37,23 @@ void k3ctl_client_close(struct k3ctl_client *c);
 
 /* Sends a request; *request_id (may be NULL) gets its id. Returns 0,
  * -EINVAL when the body does not encode, -ECONNRESET when the daemon
- * closed the connection (EPIPE included), or another negative errno. */
+ * closed the connection (EPIPE included, and a connection that
+ * k3ctl_client_reopen_if_closed could not reopen: err says why), or
+ * another negative errno. */
 int k3ctl_client_send(struct k3ctl_client *c, uint32_t type, const void *body,
 		      uint32_t *request_id, struct k3_err *err);
+
+/*
+ * For a client that waits on its user between requests (k3ctl chat at its
+ * prompt), longer than k3d's --idle-timeout: when k3d has closed the
+ * connection meanwhile (ERROR{idle_timeout}, or any close), reopens it on
+ * the same socket path (connect and HELLO, as k3ctl_client_open) and
+ * returns 0; also 0 when it is still open. Call it only between requests:
+ * frames still waiting are read and dropped. When the reopen fails it
+ * returns k3ctl_client_open's code, leaves the client closed, and the next
+ * k3ctl_client_send fails with -ECONNRESET and the reason.
+ */
+int k3ctl_client_reopen_if_closed(struct k3ctl_client *c);
 
 /*
  * Waits up to timeout_ms (-1: forever) for the next frame and decodes it

@@ -22,7 +22,7 @@ int k3ctl_cmd_cancel(int argc, char **argv)
 	if ((r = k3ctl_connect(&c)) != 0)
 		return r;
 	memset(&req, 0, sizeof(req));
-	req.job_id = id; req.has_job_id = true;
+	k3_msg_cancel_set_job_id(&req, id);
 	r = k3ctl_client_call(&c, K3_MSG_CANCEL, &req, 10000, &h, &reply, &status, &err);
 	k3ctl_client_close(&c);
 	if (r < 0)

@@ -1,7 +1,9 @@
 /*
  * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset nano|small|bench]
  * [--seed N] [overrides]`: writes a synthetic K3 checkpoint in the exact
- * Hugging Face layout (see daemon/model/demo.h and docs/formats.md).
+ * Hugging Face layout (see daemon/demo/demo.h and docs/formats.md).
+ * `--preset trained` instead installs the trained demo checkpoint embedded
+ * in k3ctl (demo_trained.h, tools/train_demo/): fixed bytes, no options.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -9,8 +11,9 @@
 #include <time.h>
 
 #include "base/parse.h"
+#include "demo_trained.h"
 #include "k3ctl.h"
-#include "model/demo.h"
+#include "demo/demo.h"
 #include "model/model.h"
 
 static const struct {
@@ -31,12 +34,13 @@ static const struct {
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench] [--seed N]\n"
+		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench|trained] [--seed N]\n"
 		"       [--layers N] [--hidden N] [--vocab N] [--intermediate N] [--experts N]\n"
 		"       [--top-k N] [--moe-intermediate N] [--latent N] [--shared-experts N]\n"
 		"       [--kda-heads N] [--kda-head-dim N] [--mla-heads N] [--q-lora N]\n"
 		"       [--kv-lora N] [--nope N] [--rope N] [--v-head N] [--attn-res-block N]\n"
-		"       [--shards N]\n");
+		"       [--shards N]\n"
+		"       (--preset trained installs the shipped trained checkpoint; it takes no other option)\n");
 }
 
 int k3ctl_cmd_demo_model(int argc, char **argv)
@@ -45,6 +49,7 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 	const char *out = NULL;
 	struct k3_err err = { 0, "" };
 	uint64_t v;
+	bool trained = false, other = false;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -58,9 +63,12 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		if (strcmp(a, "--out") == 0) {
 			out = val;
 		} else if (strcmp(a, "--preset") == 0) {
-			if (k3_demo_preset_parse(val, &o.preset))
-				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small or bench", val);
+			trained = strcmp(val, "trained") == 0;
+			if (!trained && k3_demo_preset_parse(val, &o.preset))
+				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small, bench or trained",
+						   val);
 		} else if (strcmp(a, "--seed") == 0) {
+			other = true;
 			if (k3_parse_u64(val, 0, UINT64_MAX, &o.seed, &err))
 				return k3ctl_usage("demo-model", "--seed: %s", err.msg);
 		} else {
@@ -73,23 +81,28 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 			if (k3_parse_u64(val, 1, 1u << 24, &v, &err))
 				return k3ctl_usage("demo-model", "%s: %s", a, err.msg);
 			*(uint32_t *)((char *)&o + dims[k].off) = (uint32_t)v;
+			other = true;
 		}
 	}
 	if (!out)
 		return k3ctl_usage("demo-model", "--out DIR is required");
+	if (trained && other)
+		return k3ctl_usage("demo-model", "--preset trained is a fixed checkpoint: it takes no --seed or dimension option");
 
 	struct k3_demo_dims d;
-	if (k3_demo_resolve(&o, &d, &err))
+	if (!trained && k3_demo_resolve(&o, &d, &err))
 		return k3ctl_usage("demo-model", "%s", err.msg);
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (k3_demo_write(out, &o, &err))
+	unsigned long long written;
+	if (trained ? k3ctl_trained_install(out, &written, &err) : k3_demo_write(out, &o, &err))
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model: %s", err.msg);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* prove the result loads exactly as a real checkpoint would */
 	struct k3_model *m;
 	if (k3_model_open(out, &m, &err))
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model: the written checkpoint does not load: %s", err.msg);
+	const struct k3_model_config *c = k3_model_config(m);
 	size_t n;
 	const struct k3_tensor *t = k3_model_tensors(m, &n);
 	uint64_t bytes = 0;
@@ -97,12 +110,14 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		bytes += t[i].nbytes;
 	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (k3ctl_g.json)
-		printf("{\"out\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,\"seconds\":%.3f}\n",
-		       out, n, (unsigned long long)bytes, k3_model_shard_count(m), d.layers, s);
+		printf("{\"out\":\"%s\",\"trained\":%s,\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,"
+		       "\"seconds\":%.3f}\n", out, trained ? "true" : "false", n, (unsigned long long)bytes,
+		       k3_model_shard_count(m), c->num_hidden_layers, s);
 	else
-		printf("wrote %s: %u layers, hidden %u, %u experts/layer (top-%u), vocab %u, %zu tensors, %.1f MB in %u shards (%.2f s)\n",
-		       out, d.layers, d.hidden, d.experts, d.top_k, d.vocab, n, (double)bytes / 1e6,
-		       k3_model_shard_count(m), s);
+		printf("wrote %s%s: %u layers, hidden %u, %u experts/layer (top-%u), vocab %u, %zu tensors, %.1f MB in %u shards (%.2f s)\n",
+		       out, trained ? " (the trained demo model, every file SHA-256 checked)" : "",
+		       c->num_hidden_layers, c->hidden_size, c->num_experts, c->num_experts_per_token,
+		       c->vocab_size, n, (double)bytes / 1e6, k3_model_shard_count(m), s);
 	k3_model_free(m);
 	return K3CTL_EXIT_OK;
 }

@@ -17,30 +17,6 @@
 #include "model/inspect.h"
 #include "model/model.h"
 
-/* "64G", "512M", "1T", "123456" (binary units) -> bytes */
-static int parse_size(const char *s, uint64_t *out, struct k3_err *err)
-{
-	char num[32];
-	size_t n = strlen(s);
-	unsigned shift = 0;
-
-	if (n == 0 || n >= sizeof(num))
-		return k3_err_set(err, -EINVAL, "'%s' is not a size", s);
-	memcpy(num, s, n + 1);
-	switch (num[n - 1]) {
-	case 'K': case 'k': shift = 10; break;
-	case 'M': case 'm': shift = 20; break;
-	case 'G': case 'g': shift = 30; break;
-	case 'T': case 't': shift = 40; break;
-	}
-	if (shift)
-		num[n - 1] = '\0';
-	if (k3_parse_u64(num, 0, UINT64_MAX >> shift, out, err))
-		return -EINVAL;
-	*out <<= shift;
-	return 0;
-}
-
 static uint64_t default_ram(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
@@ -78,7 +54,7 @@ int k3ctl_cmd_inspect(int argc, char **argv)
 
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--ram") == 0 && i + 1 < argc) {
-			if (parse_size(argv[++i], &ram, &err))
+			if (k3_parse_size(argv[++i], &ram, &err))
 				return k3ctl_usage("inspect", "--ram: %s", err.msg);
 		} else if (argv[i][0] == '-' || dir) {
 			return k3ctl_usage("inspect", "usage: k3ctl inspect DIR [--ram SIZE] [--json]");

@@ -71,8 +71,8 @@ static int preload_ranking(const struct k3_store_trace_rank *rk, size_t n, uint6
 		return r;
 	}
 	memset(&req, 0, sizeof(req));
-	req.layers.n = (uint32_t)m; req.layers.v = layers; req.has_layers = true;
-	req.experts.n = (uint32_t)m; req.experts.v = experts; req.has_experts = true;
+	k3_msg_warm_experts_set_layers(&req, (struct k3_proto_ids){ (uint32_t)m, layers, NULL });
+	k3_msg_warm_experts_set_experts(&req, (struct k3_proto_ids){ (uint32_t)m, experts, NULL });
 	/* Reading a large cache from disk takes minutes on slow disks. */
 	r = k3ctl_client_call(&c, K3_MSG_WARM_EXPERTS, &req, 3600 * 1000, &h, &reply, NULL, &err);
 	free(layers);

@@ -12,12 +12,17 @@
 
 #include <stdbool.h>
 
+#include "k3_client_socket.h"
+
 enum k3ctl_exit {
 	K3CTL_EXIT_OK = 0,
 	K3CTL_EXIT_ERROR = 1,
 	K3CTL_EXIT_USAGE = 2,
 	K3CTL_EXIT_UNAVAILABLE = 3,
 };
+/* The socket-path rule is shared with k3-gateway (client/common). */
+_Static_assert((int)K3CTL_EXIT_USAGE == (int)K3_CLIENT_EXIT_USAGE &&
+	       (int)K3CTL_EXIT_UNAVAILABLE == (int)K3_CLIENT_EXIT_UNAVAILABLE, "one exit-code rule");
 
 /* Global options parsed by main.c before the command runs. */
 struct k3ctl_globals {

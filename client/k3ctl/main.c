@@ -79,7 +79,7 @@ static const struct {
 		  "           [--hide-reasoning] [--stats] [--ids] [--json]\n"
 		  "  One message per line on stdin; Ctrl-C cancels a reply; Ctrl-D or /exit quits." },
 	{ "cancel", "k3ctl cancel JOB_ID" },
-	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench] [--seed N] [--layers N]\n"
+	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench|trained] [--seed N] [--layers N]\n"
 			"  [--hidden N] [--vocab N] [--intermediate N] [--experts N] [--top-k N]\n"
 			"  [--moe-intermediate N] [--latent N] [--shared-experts N] [--kda-heads N]\n"
 			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"
@@ -184,12 +184,14 @@ int main(int argc, char **argv)
 	}
 	{
 		/* An empty --socket is a usage error (exit 2), not "cannot reach
-		 * k3d at ''" (exit 3). A too-long path is left to the connect,
-		 * which reports it as a k3d it cannot reach. */
+		 * k3d at ''" (exit 3). A too-long path is left to the connect
+		 * (offline commands need no socket), which gives the same exit
+		 * code the gateway gives, k3_client_socket_exit_code's. */
 		char why[512];
+		int r = k3_client_socket_check(k3ctl_g.socket_path, why, sizeof(why));
 
-		if (k3_client_socket_check(k3ctl_g.socket_path, why, sizeof(why)) == -EINVAL)
-			return k3ctl_fail(K3CTL_EXIT_USAGE, "%s", why);
+		if (r == -EINVAL)
+			return k3ctl_fail(k3_client_socket_exit_code(r), "%s", why);
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		char name[32];

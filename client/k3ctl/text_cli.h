@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "k3_limits.h"
 #include "k3ctl.h"
 #include "text/text_tok.h"
@@ -61,53 +62,17 @@ static inline int text_cli_load(const char *cmd, const struct text_cli_vocab *v,
 	return 0;
 }
 
-/* Reads a file ("-" = stdin) up to K3_LIM_TEXT_MAX bytes into a malloc'ed
- * NUL-terminated buffer. Returns 0 or a negative errno (message printed). */
+/* Reads a file ("-" = stdin; pipes too) of up to K3_LIM_TEXT_MAX bytes into
+ * a malloc'ed NUL-terminated buffer. Returns 0 or a negative errno
+ * (message printed). */
 static inline int text_cli_read(const char *path, char **out, size_t *len)
 {
-	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-	size_t cap = 1 << 16, n = 0;
-	char *buf;
+	struct k3_err err = { 0, "" };
+	int rc = k3_file_read(path, K3_LIM_TEXT_MAX, K3_FILE_STREAMS, out, len, &err);
 
-	if (!f) {
-		int e = errno;
-		k3ctl_fail(K3CTL_EXIT_ERROR, "cannot open '%s': %s", path, strerror(e));
-		return -e;
-	}
-	buf = malloc(cap);
-	while (buf) {
-		size_t r = fread(buf + n, 1, cap - n - 1, f);
-		n += r;
-		if (r == 0)
-			break;
-		if (n + 1 == cap) {
-			if (cap > K3_LIM_TEXT_MAX) {
-				free(buf);
-				if (f != stdin)
-					fclose(f);
-				k3ctl_fail(K3CTL_EXIT_ERROR, "'%s' is larger than %u bytes", path, K3_LIM_TEXT_MAX);
-				return -E2BIG;
-			}
-			char *nb = realloc(buf, cap * 2);
-			if (!nb) {
-				free(buf);
-				buf = NULL;
-				break;
-			}
-			buf = nb;
-			cap *= 2;
-		}
-	}
-	if (f != stdin)
-		fclose(f);
-	if (!buf) {
-		k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory reading '%s'", path);
-		return -ENOMEM;
-	}
-	buf[n] = 0;
-	*out = buf;
-	*len = n;
-	return 0;
+	if (rc)
+		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
+	return rc;
 }
 
 #endif

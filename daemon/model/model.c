@@ -3,6 +3,8 @@
  * read-only mappings, the sorted tensor table (see model.h).
  */
 #include "model/model_internal.h"
+#include "model/model_plan.h"
+#include "model/model_tensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,70 +16,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Reads a whole small file (at most max bytes) into a malloc'd buffer. */
-static int read_small(const char *path, size_t max, char **out, size_t *len, struct k3_err *err)
-{
-	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	int r = 0;
-
-	*out = NULL;
-	if (fd < 0)
-		return k3_err_set(err, -errno, "%s: %s", path, strerror(errno));
-	if (fstat(fd, &st) < 0) {
-		r = k3_err_set(err, -errno, "%s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		r = k3_err_set(err, -EINVAL, "%s: not a regular file", path);
-		goto out;
-	}
-	if ((uint64_t)st.st_size > max) {
-		r = k3_err_set(err, -EINVAL, "%s: %lld bytes exceeds the %zu byte limit", path,
-			       (long long)st.st_size, max);
-		goto out;
-	}
-	*out = malloc((size_t)st.st_size + 1);
-	if (!*out) {
-		r = k3_err_set(err, -ENOMEM, "%s: out of memory", path);
-		goto out;
-	}
-	size_t got = 0;
-	while (got < (size_t)st.st_size) {
-		ssize_t n = read(fd, *out + got, (size_t)st.st_size - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			r = k3_err_set(err, n < 0 ? -errno : -EIO, "%s: read failed", path);
-			free(*out);
-			*out = NULL;
-			goto out;
-		}
-		got += (size_t)n;
-	}
-	(*out)[got] = '\0';
-	*len = got;
-out:
-	close(fd);
-	return r;
-}
-
-static char *join(const char *a, const char *b)
-{
-	size_t n = strlen(a) + strlen(b) + 2;
-	char *s = malloc(n);
-
-	if (s)
-		snprintf(s, n, "%s/%s", a, b);
-	return s;
-}
+#include "base/file.h"
+#include "base/path.h"
 
 /* Opens, checks and maps one shard. The resolved path must stay inside the
  * model directory: a symlink may point within it, never out of it. */
 static int shard_open(struct k3_model *m, const char *name, struct k3_shard *sh,
 		      struct k3_err *err)
 {
-	char *p = join(m->dir, name);
+	char *p = k3_path_join(m->dir, name);
 	char real[PATH_MAX];
 	struct stat st;
 	int fd = -1, r = 0;
@@ -135,11 +82,6 @@ out:
 	return r;
 }
 
-static int cmp_tensor(const void *a, const void *b)
-{
-	return strcmp(((const struct k3_tensor *)a)->name, ((const struct k3_tensor *)b)->name);
-}
-
 /* Merges every shard header into one sorted table and checks it against
  * the index: each listed tensor is in the shard the index names, and every
  * stored tensor is listed. */
@@ -170,7 +112,7 @@ static int build_table(struct k3_model *m, const struct k3_st_index *ix, struct 
 			t->data = sh->map + t->file_offset;
 		}
 	}
-	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), cmp_tensor);
+	k3_tensors_sort(m->tensors, m->n_tensors);
 	for (size_t i = 1; i < m->n_tensors; i++)
 		if (strcmp(m->tensors[i - 1].name, m->tensors[i].name) == 0)
 			return k3_err_set(err, -EINVAL, "tensor '%s' is stored twice (in '%s' and '%s')",
@@ -201,29 +143,67 @@ static int build_table(struct k3_model *m, const struct k3_st_index *ix, struct 
 }
 
 /* Scans every MXFP4 scale tensor for the forbidden byte 255 (§9) when the
- * total is small enough to read at open. */
+ * total is small enough to read at open. Read with pread, not through the
+ * mapping: a scan through the mapping would leave every scanned page, and
+ * the neighbours the kernel maps around each fault (up to 64 KiB: other
+ * experts' and spine tensors' bytes), in the process's resident memory,
+ * which the spine streaming of issue 17 must keep to what it reads. */
 static int check_scales(struct k3_model *m, struct k3_err *err)
 {
-	uint64_t total = 0;
+	uint64_t total = 0, widest = 0;
+	uint8_t *buf = NULL;
+	uint32_t open_shard = UINT32_MAX;
+	int fd = -1, r = 0;
 
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const char *n = m->tensors[i].name;
 		size_t l = strlen(n);
-		if (l > 13 && strcmp(n + l - 13, ".weight_scale") == 0)
+		if (l > 13 && strcmp(n + l - 13, ".weight_scale") == 0) {
 			total += m->tensors[i].nbytes;
-	}
-	if (total > K3_MODEL_SCALE_SCAN_MAX)
-		return 0;   /* the store checks each span it reads */
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct k3_tensor *t = &m->tensors[i];
-		size_t l = strlen(t->name);
-		if (l > 13 && strcmp(t->name + l - 13, ".weight_scale") == 0) {
-			int r = k3_mxfp4_check_scales(t->data, (size_t)t->nbytes, t->name, err);
-			if (r)
-				return r;
+			if (m->tensors[i].nbytes > widest)
+				widest = m->tensors[i].nbytes;
 		}
 	}
-	return 0;
+	if (total > K3_MODEL_SCALE_SCAN_MAX || total == 0)
+		return 0;   /* the store checks each span it reads */
+	buf = malloc((size_t)widest);
+	if (!buf)
+		return k3_err_set(err, -ENOMEM, "out of memory for the MXFP4 scale scan");
+	for (size_t i = 0; r == 0 && i < m->n_tensors; i++) {
+		const struct k3_tensor *t = &m->tensors[i];
+		size_t l = strlen(t->name), got = 0;
+		if (l <= 13 || strcmp(t->name + l - 13, ".weight_scale") != 0)
+			continue;
+		if (t->shard != open_shard) {
+			if (fd >= 0)
+				close(fd);
+			open_shard = t->shard;
+			fd = open(m->shards[t->shard].path, O_RDONLY | O_CLOEXEC);
+			if (fd < 0) {
+				r = k3_err_set(err, -errno, "shard '%s': %s", m->shards[t->shard].path,
+					       strerror(errno));
+				break;
+			}
+		}
+		while (got < t->nbytes) {
+			ssize_t n = pread(fd, buf + got, (size_t)t->nbytes - got,
+					  (off_t)(t->file_offset + got));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				r = k3_err_set(err, n < 0 ? -errno : -EIO, "shard '%s': cannot read '%s'",
+					       m->shards[t->shard].path, t->name);
+				break;
+			}
+			got += (size_t)n;
+		}
+		if (r == 0)
+			r = k3_mxfp4_check_scales(buf, (size_t)t->nbytes, t->name, err);
+	}
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return r;
 }
 
 int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
@@ -249,11 +229,11 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		goto fail;
 	}
 
-	if (!(p = join(m->dir, "config.json"))) {
+	if (!(p = k3_path_join(m->dir, "config.json"))) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	r = read_small(p, K3_MODEL_CONFIG_MAX, &text, &len, err);
+	r = k3_file_read(p, K3_MODEL_CONFIG_MAX, 0, &text, &len, err);
 	if (r)
 		goto fail;
 	r = k3_model_config_parse(text, len, &m->cfg, err);
@@ -264,12 +244,12 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 	if (r)
 		goto fail;
 
-	if (!(p = join(m->dir, "model.safetensors.index.json"))) {
+	if (!(p = k3_path_join(m->dir, "model.safetensors.index.json"))) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
 	if (access(p, F_OK) == 0) {
-		r = read_small(p, K3_MODEL_INDEX_MAX, &text, &len, err);
+		r = k3_file_read(p, K3_MODEL_INDEX_MAX, 0, &text, &len, err);
 		if (!r)
 			r = k3_st_parse_index(text, len, &ix, err);
 		free(text);
@@ -281,7 +261,7 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		/* A single-file checkpoint has no index. */
 		free(p);
 		p = NULL;
-		if (!(p = join(m->dir, "model.safetensors"))) {
+		if (!(p = k3_path_join(m->dir, "model.safetensors"))) {
 			r = k3_err_set(err, -ENOMEM, "out of memory");
 			goto fail;
 		}
@@ -310,7 +290,7 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 	if (r)
 		goto fail;
 	k3_st_index_release(&ix);
-	r = k3_model_plan_build(m, err);
+	r = k3_model_plan_build(&m->cfg, m->tensors, m->n_tensors, &m->plan, &m->layers, &m->experts, err);
 	if (r)
 		goto fail;
 	r = check_scales(m, err);
@@ -357,9 +337,7 @@ const struct k3_model_plan *k3_model_plan(const struct k3_model *m)
 
 const struct k3_tensor *k3_model_tensor(const struct k3_model *m, const char *name)
 {
-	struct k3_tensor key = { .name = name };
-
-	return bsearch(&key, m->tensors, m->n_tensors, sizeof(key), cmp_tensor);
+	return k3_tensors_find(m->tensors, m->n_tensors, name);
 }
 
 const struct k3_tensor *k3_model_tensors(const struct k3_model *m, size_t *n_out)
@@ -386,48 +364,4 @@ const char *k3_model_shard_path(const struct k3_model *m, uint32_t i)
 uint64_t k3_model_shard_size(const struct k3_model *m, uint32_t i)
 {
 	return i < m->n_shards ? m->shards[i].size : 0;
-}
-
-/* IEEE half -> float, exact (every half is representable in float). */
-static float half_to_f32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-	uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-	float f;
-
-	if (exp == 0) {
-		/* zero or subnormal: man * 2^-24 */
-		f = (float)man * 0x1p-24f;
-		return sign ? -f : f;
-	}
-	if (exp == 31)
-		u = sign | 0x7f800000u | (man << 13);
-	else
-		u = sign | ((exp + 112u) << 23) | (man << 13);
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-int k3_tensor_read_f32(const struct k3_tensor *t, uint64_t first, size_t n, float *out)
-{
-	const uint8_t *p = t->data;
-
-	if (first > t->nelem || n > t->nelem - first)
-		return -ERANGE;
-	switch (t->dtype) {
-	case K3_DTYPE_BF16:
-		k3_bf16_to_f32_row(p + 2 * first, out, n);
-		return 0;
-	case K3_DTYPE_F16:
-		for (size_t i = 0; i < n; i++) {
-			const uint8_t *q = p + 2 * (first + i);
-			out[i] = half_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-		}
-		return 0;
-	case K3_DTYPE_F32:
-		memcpy(out, p + 4 * first, n * sizeof(float));
-		return 0;
-	default:
-		return -EINVAL;
-	}
 }

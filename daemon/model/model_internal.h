@@ -28,8 +28,4 @@ struct k3_model {
 	struct k3_expert *experts;  /* every MoE layer's experts, layer-major */
 };
 
-/* Builds m->plan from m->cfg and m->tensors (model_plan.c). On failure
- * err holds one message listing every problem found. */
-int k3_model_plan_build(struct k3_model *m, struct k3_err *err);
-
 #endif

@@ -10,7 +10,7 @@
  * projections [1, D]) may be BF16, F16 or F32 and are read with
  * k3_tensor_read_f32(); MXFP4 packed and scale tensors must be U8.
  */
-#include "model/model_internal.h"
+#include "model/model_plan.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -18,10 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model_tensors.h"
+
 enum { DT_MAT = 1, DT_VEC = 2, DT_U8 = 3 };
 
 struct planctx {
-	struct k3_model *m;
+	const struct k3_model_config *cfg;
+	const struct k3_tensor *tensors;
+	size_t n_tensors;
 	char prefix[96];          /* "language_model." or "" */
 	size_t problems;
 	char msg[K3_ERR_MSG_MAX - 48];   /* room for the "tensor plan: N problems: " head */
@@ -83,7 +87,7 @@ static const struct k3_tensor *want(struct planctx *c, const char *name, int cls
 	char a[128], b[128];
 
 	snprintf(full, sizeof(full), "%s%s", c->prefix, name);
-	const struct k3_tensor *t = k3_model_tensor(c->m, full);
+	const struct k3_tensor *t = k3_tensors_find(c->tensors, c->n_tensors, full);
 	if (!t) {
 		problem(c, "missing tensor '%s'", full);
 		return NULL;
@@ -131,7 +135,7 @@ static const char *lname(char *buf, size_t n, uint32_t l, const char *role)
 
 static void plan_kda(struct planctx *c, uint32_t l, struct k3_kda_plan *k)
 {
-	const struct k3_model_config *f = &c->m->cfg;
+	const struct k3_model_config *f = c->cfg;
 	uint64_t D = f->hidden_size, P = f->kda_width, dk = f->kda_head_dim, H = f->kda_num_heads;
 	uint64_t K = f->short_conv_kernel_size;
 	char n[160];
@@ -165,7 +169,7 @@ static void plan_kda(struct planctx *c, uint32_t l, struct k3_kda_plan *k)
 
 static void plan_mla(struct planctx *c, uint32_t l, struct k3_mla_plan *a)
 {
-	const struct k3_model_config *f = &c->m->cfg;
+	const struct k3_model_config *f = c->cfg;
 	uint64_t D = f->hidden_size, H = f->num_attention_heads;
 	uint64_t qh = f->mla_q_head_dim, kv = f->kv_lora_rank, qr = f->q_lora_rank;
 	char n[160];
@@ -190,7 +194,7 @@ static void plan_mla(struct planctx *c, uint32_t l, struct k3_mla_plan *a)
 
 static void plan_mlp(struct planctx *c, uint32_t l, const char *pre, uint64_t W, struct k3_mlp_plan *p)
 {
-	uint64_t D = c->m->cfg.hidden_size;
+	uint64_t D = c->cfg->hidden_size;
 	char role[96], n[160];
 
 	snprintf(role, sizeof(role), "%sgate_proj.weight", pre);
@@ -213,7 +217,7 @@ static void plan_proj(struct planctx *c, uint32_t l, uint32_t e, const char *w,
 	snprintf(role, sizeof(role), "block_sparse_moe.experts.%u.%s.weight_packed", e, w);
 	lname(n, sizeof(n), l, role);
 	snprintf(full, sizeof(full), "%s%s", c->prefix, n);
-	if (k3_model_tensor(c->m, full)) {
+	if (k3_tensors_find(c->tensors, c->n_tensors, full)) {
 		p->mxfp4 = true;
 		if (cols % K3_MXFP4_GROUP) {
 			problem(c, "'%s': MXFP4 input width %u is not a multiple of 32", full, cols);
@@ -226,7 +230,7 @@ static void plan_proj(struct planctx *c, uint32_t l, uint32_t e, const char *w,
 		snprintf(role, sizeof(role), "block_sparse_moe.experts.%u.%s.weight", e, w);
 		lname(n, sizeof(n), l, role);
 		snprintf(full, sizeof(full), "%s%s", c->prefix, n);
-		if (!k3_model_tensor(c->m, full)) {
+		if (!k3_tensors_find(c->tensors, c->n_tensors, full)) {
 			problem(c, "missing tensor '%s' (neither .weight_packed nor .weight)", full);
 			return;
 		}
@@ -278,7 +282,7 @@ static void expert_span(struct k3_expert *x)
 
 static void plan_moe(struct planctx *c, uint32_t l, struct k3_moe_plan *q, struct k3_expert *experts)
 {
-	const struct k3_model_config *f = &c->m->cfg;
+	const struct k3_model_config *f = c->cfg;
 	uint64_t D = f->hidden_size, E = f->num_experts, lat = f->routed_expert_hidden_size;
 	char n[160];
 
@@ -309,9 +313,11 @@ static void plan_moe(struct planctx *c, uint32_t l, struct k3_moe_plan *q, struc
 	}
 }
 
-int k3_model_plan_build(struct k3_model *m, struct k3_err *err)
+int k3_model_plan_build(const struct k3_model_config *cfg, const struct k3_tensor *tensors,
+			size_t n_tensors, struct k3_model_plan *plan, struct k3_layer_plan **layers,
+			struct k3_expert **experts, struct k3_err *err)
 {
-	const struct k3_model_config *f = &m->cfg;
+	const struct k3_model_config *f = cfg;
 	struct planctx *c = calloc(1, sizeof(*c));
 	uint64_t D = f->hidden_size, V = f->vocab_size;
 	bool ar = f->attn_res_block_size != 0;
@@ -320,15 +326,17 @@ int k3_model_plan_build(struct k3_model *m, struct k3_err *err)
 
 	if (!c)
 		return k3_err_set(err, -ENOMEM, "out of memory");
-	c->m = m;
+	c->cfg = cfg;
+	c->tensors = tensors;
+	c->n_tensors = n_tensors;
 	snprintf(c->prefix, sizeof(c->prefix), "%s", f->has_language_model_prefix ? "language_model." : "");
-	m->layers = calloc(f->num_hidden_layers, sizeof(*m->layers));
-	m->experts = calloc((size_t)f->n_moe * f->num_experts + 1, sizeof(*m->experts));
-	if (!m->layers || !m->experts) {
+	*layers = calloc(f->num_hidden_layers, sizeof(**layers));
+	*experts = calloc((size_t)f->n_moe * f->num_experts + 1, sizeof(**experts));
+	if (!*layers || !*experts) {
 		free(c);
 		return k3_err_set(err, -ENOMEM, "out of memory for the tensor plan");
 	}
-	struct k3_model_plan *p = &m->plan;
+	struct k3_model_plan *p = plan;
 	p->embed_tokens = want2(c, "model.embed_tokens.weight", DT_MAT, V, D);
 	p->norm = want1(c, "model.norm.weight", DT_VEC, D);
 	if (f->tie_word_embeddings)
@@ -340,10 +348,10 @@ int k3_model_plan_build(struct k3_model *m, struct k3_err *err)
 		p->output_attn_res_proj = want2(c, "model.output_attn_res_proj.weight", DT_VEC, 1, D);
 	}
 	p->n_layers = f->num_hidden_layers;
-	p->layers = m->layers;
+	p->layers = *layers;
 	size_t ex = 0;
 	for (uint32_t l = 0; l < f->num_hidden_layers && c->problems <= 10000; l++) {
-		struct k3_layer_plan *y = &m->layers[l];
+		struct k3_layer_plan *y = &(*layers)[l];
 		y->index = l;
 		y->is_kda = f->is_kda[l];
 		y->is_moe = f->is_moe[l];
@@ -364,7 +372,7 @@ int k3_model_plan_build(struct k3_model *m, struct k3_err *err)
 		else
 			plan_mla(c, l, &y->mla);
 		if (y->is_moe) {
-			plan_moe(c, l, &y->moe, &m->experts[ex]);
+			plan_moe(c, l, &y->moe, &(*experts)[ex]);
 			ex += f->num_experts;
 		} else {
 			plan_mlp(c, l, "mlp.", f->intermediate_size, &y->mlp);

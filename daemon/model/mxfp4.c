@@ -4,10 +4,9 @@
 #include <errno.h>
 #include <math.h>
 
-static const float e2m1[16] = {
-	0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-	-0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
-};
+#include "k3_kernels.h"
+
+static const float e2m1[16] = K3_KERN_E2M1_VALUES;
 
 float k3_mxfp4_e2m1(uint8_t code)
 {

@@ -14,6 +14,7 @@
 #include "base/parse.h"
 #include "store/store.h"
 #include "store/store_budget.h"
+#include "store/store_spine.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 
@@ -40,19 +41,33 @@ static const char usage[] =
 	"                       file system allows it; on = required (refuse to start\n"
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
-	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --no-packs           read experts (and the spine) from the shards even when\n"
+	"                       packs are valid\n"
+	"  --spine-resident auto|all|none|N  stream the spine (every non-expert weight):\n"
+	"                       layers 0..N-1 stay resident, every later layer is read\n"
+	"                       per pass into a ring of layer arenas; all = every layer\n"
+	"                       resident (read once), auto = as many as the memory\n"
+	"                       budget allows; not given: the spine stays mapped\n"
 	"  --fetch-experts      a streaming install (k3ctl setup --stream): fetch routed\n"
 	"                       experts that are not on disk yet when first used, over\n"
 	"                       HTTPS (needs network: docs/setup.md, 'Streaming installs')\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
+	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
+	"  --max-connections-per-uid N  connections one uid may hold (default 32);\n"
+	"                       root and --gateway-uid users are not capped\n"
+	"  --gateway-uid UID    peers with this uid or user name are k3-gateway (repeatable):\n"
+	"                       admitted, and served from --gateway-connections\n"
+	"  --gateway-connections N  connections kept for --gateway-uid peers (default 64)\n"
+	"  --idle-timeout S     close connections idle this long, with no request queued\n"
+	"                       or running (default 300; 0 = never)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
 	"  -h, --help           show this help\n"
 	"  --version            show the version\n"
 	"\n"
 	"The daemon's own uid and root are always allowed. See k3d(8).\n";
 
-static int parse_uid(const char *s, uid_t *out, struct k3_err *err)
+static int parse_uid(const char *opt, const char *s, uid_t *out, struct k3_err *err)
 {
 	uint64_t v;
 	struct passwd *pw;
@@ -63,8 +78,33 @@ static int parse_uid(const char *s, uid_t *out, struct k3_err *err)
 	}
 	pw = getpwnam(s);
 	if (!pw)
-		return k3_err_set(err, -EINVAL, "--allow-uid: no user '%s'", s);
+		return k3_err_set(err, -EINVAL, "%s: no user '%s'", opt, s);
 	*out = pw->pw_uid;
+	return 0;
+}
+
+/* A count option: k3_parse_u64 within [min, max], named in the error. */
+static int parse_count(const char *opt, const char *s, uint64_t min, uint64_t max, unsigned *out,
+		       struct k3_err *err)
+{
+	uint64_t v;
+
+	if (k3_parse_u64(s, min, max, &v, err) < 0)
+		return k3_err_prefix(err, "%s", opt);
+	*out = (unsigned)v;
+	return 0;
+}
+
+/* Appends a uid or user name to one of the K3_OPTIONS_MAX_IDS lists. */
+static int add_uid(const char *opt, const char *s, uid_t *list, unsigned *n, struct k3_err *err)
+{
+	int r;
+
+	if (*n == K3_OPTIONS_MAX_IDS)
+		return k3_err_set(err, -EINVAL, "%s: at most %d", opt, K3_OPTIONS_MAX_IDS);
+	if ((r = parse_uid(opt, s, &list[*n], err)) < 0)
+		return r;
+	(*n)++;
 	return 0;
 }
 
@@ -98,11 +138,38 @@ static int parse_level(const char *s, int *out, struct k3_err *err)
 	return k3_err_set(err, -EINVAL, "--log-level: '%s' is not one of err, warning, notice, info, debug", s);
 }
 
+/* The connection limits depend on each other: defaults shrink with a
+ * small --max-connections, explicit values that cannot fit are refused. */
+static int finish_connection_limits(struct k3_options *opts, bool per_uid_set, bool gateway_set,
+				    struct k3_err *err)
+{
+	unsigned total = opts->max_connections;
+	unsigned gw_max = total - K3_LIM_CONN_ROOT_RESERVED - 1;
+
+	if (!per_uid_set)
+		opts->max_connections_per_uid = K3_LIM_CONN_PER_UID_DEFAULT < total
+			? K3_LIM_CONN_PER_UID_DEFAULT : total;
+	else if (opts->max_connections_per_uid > total)
+		return k3_err_set(err, -EINVAL, "--max-connections-per-uid %u is more than "
+				  "--max-connections %u", opts->max_connections_per_uid, total);
+	if (!gateway_set)
+		opts->gateway_connections = K3_LIM_CONN_GATEWAY_DEFAULT < total / 4
+			? K3_LIM_CONN_GATEWAY_DEFAULT : total / 4;
+	else if (opts->gateway_connections > gw_max)
+		return k3_err_set(err, -EINVAL, "--gateway-connections %u leaves no room for other "
+				  "clients: at most %u with --max-connections %u (%u are kept for root)",
+				  opts->gateway_connections, gw_max, total, K3_LIM_CONN_ROOT_RESERVED);
+	if (gateway_set && !opts->n_gateway_uid)
+		return k3_err_set(err, -EINVAL, "--gateway-connections needs --gateway-uid (whose "
+				  "connections it keeps room for)");
+	return 0;
+}
+
 int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_err *err)
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
-	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_FETCH };
+	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE, O_FETCH };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -112,6 +179,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "drain-timeout", required_argument, NULL, O_DRAIN },
 		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
+		{ "max-connections", required_argument, NULL, O_MAX_CONN },
+		{ "max-connections-per-uid", required_argument, NULL, O_MAX_CONN_UID },
+		{ "gateway-uid", required_argument, NULL, O_GW_UID },
+		{ "gateway-connections", required_argument, NULL, O_GW_CONN },
+		{ "idle-timeout", required_argument, NULL, O_IDLE },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "expert-cache-gb", required_argument, NULL, O_CACHE },
 		{ "io-threads", required_argument, NULL, O_IOT },
@@ -120,18 +192,23 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "fetch-experts", no_argument, NULL, O_FETCH },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "spine-resident", required_argument, NULL, O_SPINE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
 	uint64_t v;
 	int c, r;
+	bool per_uid_set = false, gateway_set = false;
 
 	memset(opts, 0, sizeof(*opts));
 	opts->drain_timeout_s = 30;
 	opts->frame_timeout_s = 60;
+	opts->max_connections = K3_LIM_CONNECTIONS_DEFAULT;
+	opts->idle_timeout_s = K3_LIM_IDLE_TIMEOUT_DEFAULT_S;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
+	opts->spine_resident = K3_OPTIONS_SPINE_MAPPED;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -146,12 +223,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->model_dir = optarg;
 			break;
 		case O_UID:
-			if (opts->n_allow_uid == K3_OPTIONS_MAX_IDS)
-				return k3_err_set(err, -EINVAL, "--allow-uid: at most %d", K3_OPTIONS_MAX_IDS);
-			r = parse_uid(optarg, &opts->allow_uid[opts->n_allow_uid], err);
-			if (r < 0)
+			if ((r = add_uid("--allow-uid", optarg, opts->allow_uid, &opts->n_allow_uid, err)) < 0)
 				return r;
-			opts->n_allow_uid++;
 			break;
 		case O_GID:
 			if (opts->n_allow_gid == K3_OPTIONS_MAX_IDS)
@@ -162,18 +235,42 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->n_allow_gid++;
 			break;
 		case O_QUEUE:
-			if ((r = k3_parse_u64(optarg, 0, K3_LIM_QUEUE_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--queue");
-			opts->queue_max = (unsigned)v;
+			if ((r = parse_count("--queue", optarg, 0, K3_LIM_QUEUE_MAX, &opts->queue_max, err)) < 0)
+				return r;
 			break;
 		case O_THREADS:
-			if ((r = k3_parse_u64(optarg, 0, 1024, &v, err)) < 0)
-				return k3_err_prefix(err, "--threads");
-			opts->threads = (unsigned)v;
+			if ((r = parse_count("--threads", optarg, 0, 1024, &opts->threads, err)) < 0)
+				return r;
 			break;
 		case O_FRAME_TIMEOUT:
 			if ((r = k3_parse_double(optarg, 0.1, 86400, &opts->frame_timeout_s, err)) < 0)
 				return k3_err_prefix(err, "--frame-timeout");
+			break;
+		case O_MAX_CONN:
+			if ((r = parse_count("--max-connections", optarg, K3_LIM_CONNECTIONS_MIN,
+					     K3_LIM_CONNECTIONS_MAX, &opts->max_connections, err)) < 0)
+				return r;
+			break;
+		case O_MAX_CONN_UID:
+			if ((r = parse_count("--max-connections-per-uid", optarg, 1, K3_LIM_CONNECTIONS_MAX,
+					     &opts->max_connections_per_uid, err)) < 0)
+				return r;
+			per_uid_set = true;
+			break;
+		case O_GW_UID:
+			if ((r = add_uid("--gateway-uid", optarg, opts->gateway_uid, &opts->n_gateway_uid, err)) < 0)
+				return r;
+			break;
+		case O_GW_CONN:
+			if ((r = parse_count("--gateway-connections", optarg, 1, K3_LIM_CONNECTIONS_MAX,
+					     &opts->gateway_connections, err)) < 0)
+				return r;
+			gateway_set = true;
+			break;
+		case O_IDLE:
+			if ((r = k3_parse_double(optarg, 0, K3_LIM_IDLE_TIMEOUT_MAX_S, &opts->idle_timeout_s,
+						 err)) < 0)
+				return k3_err_prefix(err, "--idle-timeout");
 			break;
 		case O_DRAIN:
 			if ((r = k3_parse_double(optarg, 0, 86400, &opts->drain_timeout_s, err)) < 0)
@@ -188,9 +285,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				return r;
 			break;
 		case O_IOT:
-			if ((r = k3_parse_u64(optarg, 1, K3_STORE_MAX_IO_THREADS, &v, err)) < 0)
-				return k3_err_prefix(err, "--io-threads");
-			opts->io_threads = (unsigned)v;
+			if ((r = parse_count("--io-threads", optarg, 1, K3_STORE_MAX_IO_THREADS,
+					     &opts->io_threads, err)) < 0)
+				return r;
 			break;
 		case O_PREFETCH:
 			if (strcmp(optarg, "off") == 0) {
@@ -220,6 +317,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_SPINE:
+			if ((r = k3_store_spine_parse_resident(optarg, &opts->spine_resident, err)) < 0)
+				return k3_err_prefix(err, "--spine-resident");
+			break;
 		case O_FETCH:
 			opts->fetch_experts = true;
 			break;
@@ -237,7 +338,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	}
 	if (optind < argc)
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
-	return 0;
+	return finish_connection_limits(opts, per_uid_set, gateway_set, err);
 }
 
 int k3_options_default_socket(struct k3_options *opts, struct k3_err *err)
@@ -274,6 +375,14 @@ void k3_options_log(const struct k3_options *opts)
 	for (unsigned i = 0; i < opts->n_allow_gid && off < sizeof(ids); i++)
 		off += (size_t)snprintf(ids + off, sizeof(ids) - off, ",gid:%u", (unsigned)opts->allow_gid[i]);
 	k3_log_info("config: allow=%s", ids);
+	off = (size_t)snprintf(ids, sizeof(ids), "%s", opts->n_gateway_uid ? "" : "(none)");
+	for (unsigned i = 0; i < opts->n_gateway_uid && off < sizeof(ids); i++)
+		off += (size_t)snprintf(ids + off, sizeof(ids) - off, "%suid:%u", i ? "," : "",
+					(unsigned)opts->gateway_uid[i]);
+	k3_log_info("config: max-connections=%u (root %u, gateway %u) per-uid=%u gateway-uid=%s "
+		    "idle-timeout=%gs", opts->max_connections, K3_LIM_CONN_ROOT_RESERVED,
+		    opts->n_gateway_uid ? opts->gateway_connections : 0, opts->max_connections_per_uid,
+		    ids, opts->idle_timeout_s);
 	k3_log_info("config: model=%s queue=%u threads=%u drain-timeout=%gs",
 		    opts->model_dir ? opts->model_dir : "(none)", opts->queue_max, opts->threads,
 		    opts->drain_timeout_s);
@@ -289,10 +398,19 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s"
-		    " fetch-experts=%s",
+	char sp[32];
+	if (opts->spine_resident == K3_OPTIONS_SPINE_MAPPED)
+		snprintf(sp, sizeof(sp), "mapped");
+	else if (opts->spine_resident == K3_STORE_SPINE_AUTO)
+		snprintf(sp, sizeof(sp), "auto");
+	else if (opts->spine_resident == K3_STORE_SPINE_ALL)
+		snprintf(sp, sizeof(sp), "all");
+	else
+		snprintf(sp, sizeof(sp), "%d", (int)opts->spine_resident);
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
+		    " packs=%s spine-resident=%s fetch-experts=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
-		    opts->no_packs ? "no" : "when valid", opts->fetch_experts ? "yes" : "no");
+		    opts->no_packs ? "no" : "when valid", sp, opts->fetch_experts ? "yes" : "no");
 }

@@ -26,6 +26,14 @@ struct k3_options {
 	unsigned threads;             /* --threads: compute threads, 0 = cores */
 	double drain_timeout_s;       /* how long SIGTERM waits for running work */
 	double frame_timeout_s;       /* a large frame must arrive whole within this */
+	/* Connections (k3_limits.h has each default, bound and why) */
+	unsigned max_connections;     /* --max-connections: all together */
+	unsigned max_connections_per_uid; /* --max-connections-per-uid: any one uid but
+				       * root and the gateway uids */
+	uid_t gateway_uid[K3_OPTIONS_MAX_IDS]; /* --gateway-uid: k3-gateway's users */
+	unsigned n_gateway_uid;
+	unsigned gateway_connections; /* --gateway-connections: kept for gateway_uid */
+	double idle_timeout_s;        /* --idle-timeout: 0 = never */
 	int log_level;                /* enum k3_log_level */
 	/* The expert store (docs/store.md) */
 	uint64_t expert_cache_bytes;  /* --expert-cache-gb: 0 = auto (store_budget.h) */
@@ -34,7 +42,11 @@ struct k3_options {
 				       * 0 = off, -1 = auto (the default: every rank
 				       * whose measured precision passes the gate) */
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
-	bool no_packs;                /* --no-packs: read experts from the shards */
+	bool no_packs;                /* --no-packs: read experts (and the spine) from the shards */
+	/* --spine-resident: K3_OPTIONS_SPINE_MAPPED (not given: the spine is
+	 * the mmapped shards), K3_STORE_SPINE_AUTO / _ALL, or N >= 0 layers
+	 * resident and the rest streamed (docs/store.md, "Spine streaming") */
+	int32_t spine_resident;
 	bool fetch_experts;           /* --fetch-experts: a streaming install's missing
 				       * experts are fetched on demand (docs/setup.md) */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
@@ -45,6 +57,10 @@ struct k3_options {
  * reads a rank ahead only while its measured precision is >= 0.9: every
  * wrong guess costs a read (docs/store.md, "Prefetch", measured). */
 enum { K3_OPTIONS_PREFETCH_MAX = 64 };
+
+/* --spine-resident not given; given, it holds a layer count or
+ * K3_STORE_SPINE_AUTO / K3_STORE_SPINE_ALL (store_spine.h). */
+enum { K3_OPTIONS_SPINE_MAPPED = -1 };
 
 /*
  * Parses argv into opts (defaults first). Returns 0; 1 when --help or

@@ -41,6 +41,7 @@
 #include "setup/setup_remote.h"
 #include "store/store.h"
 #include "store/store_engine.h"
+#include "store/store_spine.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
 #include "text/text_tok.h"
@@ -155,6 +156,7 @@ struct sched_job {
 	uint32_t n_gen, n_reasoning, n_cached;
 	uint64_t positions;             /* positions the engine computed */
 	double prefill_s, decode_s, io_wait_s, compute_s;
+	double spine_io_wait_s;         /* the spine's part of io_wait_s */
 
 	struct event *publish_timer;    /* SCHED_PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 };
@@ -232,6 +234,8 @@ struct k3_sched {
 	struct k3_store_source *xsrc;
 	struct k3_store *store;
 	struct k3_store_engine_src xctx;
+	/* the spine loader (NULL: the spine is the mmapped shards) */
+	struct k3_store_spine *spine;
 	/* a streaming install's expert fetcher (--fetch-experts), or NULL */
 	struct k3_setup_remote *remote;
 	struct k3_setup_remote_reader remote_reader;
@@ -399,6 +403,7 @@ struct sched_seq {
 	struct timespec t_prefill, t_decode;
 	double queued_s, prefill_s, decode_s;
 	struct k3_store_stats xs0;      /* store counters when the job started */
+	struct k3_store_spine_stats ss0;   /* spine loader counters then */
 	struct k3_err err;
 };
 

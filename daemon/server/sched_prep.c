@@ -76,7 +76,8 @@ static int prep_chat(const struct k3_sched *s, const struct k3_msg_generate *g, 
 	if (!g->has_messages || g->has_prompt || g->has_prompt_ids)
 		return sched_prep_fail(j, K3_STATUS_BAD_REQUEST, "messages", -EINVAL,
 				       "a chat GENERATE needs messages and no prompt");
-	msgs = json_loadb(g->messages.p, g->messages.len, JSON_REJECT_DUPLICATES, &jerr);
+	/* U+0000 is text like any other: a history resends what K3 wrote */
+	msgs = json_loadb(g->messages.p, g->messages.len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 	if (!msgs || !json_is_array(msgs)) {
 		json_decref(msgs);
 		return sched_prep_fail(j, K3_STATUS_BAD_REQUEST, "messages", -EINVAL,

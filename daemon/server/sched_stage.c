@@ -43,7 +43,7 @@ int sched_stage_prepare(const struct k3_sched *s, const struct k3_msg_generate *
 }
 
 static void post_tool(struct sched_job *j, unsigned index, const char *id, const char *name,
-		      const char *args, size_t args_len)
+		      size_t name_len, const char *args, size_t args_len)
 {
 	struct k3_msg_tool_call t;
 
@@ -54,7 +54,7 @@ static void post_tool(struct sched_job *j, unsigned index, const char *id, const
 		t.has_id = true;
 	}
 	if (name) {
-		t.name = k3_proto_str_of(name);
+		t.name = (struct k3_proto_str){ name, (uint32_t)name_len };
 		t.has_name = true;
 	}
 	if (args) {
@@ -90,10 +90,10 @@ static int stage_parse_cb(void *ud, const struct k3_parse_event *ev)
 		break;
 	case K3_PARSE_TOOL_START:
 		st->any_tool = true;
-		post_tool(st->j, ev->tool_index, ev->id, ev->name, NULL, 0);
+		post_tool(st->j, ev->tool_index, ev->id, ev->name, ev->name_len, NULL, 0);
 		break;
 	case K3_PARSE_TOOL_ARGS:
-		post_tool(st->j, ev->tool_index, NULL, NULL, ev->text, ev->len);
+		post_tool(st->j, ev->tool_index, NULL, NULL, 0, ev->text, ev->len);
 		break;
 	case K3_PARSE_TOOL_END:
 		break;

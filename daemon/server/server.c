@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -28,9 +29,18 @@
 #include <systemd/sd-daemon.h>
 
 #include "base/log.h"
+#include "base/sockact.h"
 #include "k3_build_config.h"
 
-enum { MAX_LISTENERS = 8, HELLO_TIMEOUT_S = 10, DRAIN_GRACE_S = 5 };
+enum {
+	MAX_LISTENERS = 8,
+	DRAIN_GRACE_S = 5,
+	/* fds k3d keeps for itself beyond its connections: listeners, model
+	 * shards and packs, the router trace, libevent and thread wakeups */
+	OWN_FDS = 256,
+	/* an idle-closed peer that does not read its ERROR is cut off after */
+	IDLE_CLOSE_GRACE_S = 5,
+};
 
 struct k3_conn {
 	struct k3_server *srv;
@@ -44,9 +54,13 @@ struct k3_conn {
 	uint64_t caps;                 /* HELLO's capability bits */
 	bool hello_done;
 	bool may_shutdown;             /* own uid, root or --allow-uid */
+	bool gateway;                  /* a --gateway-uid peer: counted in srv->n_gateway */
+	bool idle_closed;              /* closing because of --idle-timeout */
 	bool closing;                  /* close once output is flushed */
 	bool read_paused;              /* backpressure */
 	struct event *hello_timer;     /* deadline for HELLO, from the accept */
+	struct event *idle_timer;      /* --idle-timeout, armed once HELLO is done */
+	double last_active_s;          /* monotonic: last byte read or frame queued */
 	struct event *large_timer;     /* deadline for the large frame in front */
 	uint32_t large_reserved;       /* share of srv->large_reserved for the frame in front */
 	struct {
@@ -64,6 +78,9 @@ struct k3_server {
 	char own_path[sizeof(((struct sockaddr_un *)0)->sun_path)];  /* "" unless we bound it */
 	struct k3_conn *conns;
 	unsigned n_conns;
+	unsigned n_gateway;            /* of n_conns, --gateway-uid peers */
+	double refusal_logged_s;       /* last "refusing connection" log line */
+	unsigned refusals_unlogged;    /* refusals since, not logged one by one */
 	uint64_t next_conn_id;
 	struct k3_proto_buf scratch;
 	struct k3_server_hooks hooks;
@@ -80,6 +97,21 @@ struct k3_server {
 
 static void conn_close(struct k3_conn *c);
 static void server_maybe_exit(struct k3_server *s);
+
+static double mono_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static struct timeval timeval_of(double s)
+{
+	struct timeval tv = { (time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6) };
+
+	return tv;
+}
 
 /* The frame in front of c is done with (or c is gone): its reservation
  * against K3_LIM_INBUF_LARGE_TOTAL ends. */
@@ -144,6 +176,10 @@ static void conn_close(struct k3_conn *c)
 		event_free(c->hello_timer);
 		c->hello_timer = NULL;
 	}
+	if (c->idle_timer) {
+		event_free(c->idle_timer);
+		c->idle_timer = NULL;
+	}
 	bufferevent_free(c->bev);
 	c->bev = NULL;
 	if (c->prev)
@@ -153,6 +189,8 @@ static void conn_close(struct k3_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_conns--;
+	if (c->gateway)
+		s->n_gateway--;
 	if (s->hooks.conn_closed)
 		s->hooks.conn_closed(s->hooks.ctx, c);
 	k3_log_debug("connection %llu closed", (unsigned long long)c->id);
@@ -198,6 +236,7 @@ int k3_conn_send_raw(struct k3_conn *c, const void *frame, size_t len)
 	out = bufferevent_get_output(c->bev);
 	if (evbuffer_add(out, frame, len) != 0)
 		return -ENOMEM;
+	c->last_active_s = mono_s();
 	if (!c->read_paused && evbuffer_get_length(out) > K3_LIM_CONN_OUTBUF) {
 		/* A peer that does not read its replies stops being read. */
 		c->read_paused = true;
@@ -291,6 +330,54 @@ static void handle_status(struct k3_conn *c, uint32_t rid)
 	k3_conn_send(c, K3_MSG_STATUS_REPLY, rid, &r);
 }
 
+/*
+ * --idle-timeout. Idle means: nothing read from the peer and no frame
+ * queued to it for the whole timeout, and nothing of its own queued or
+ * running, which is exactly "nobody else holds a reference": the scheduler
+ * holds one per queued or running request (server.h, k3_conn_ref). The
+ * timer is not re-armed on every byte; it checks the last activity when it
+ * fires and sleeps for the rest.
+ */
+static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct k3_conn *c = arg;
+	struct k3_server *s = c->srv;
+	double t = s->opts->idle_timeout_s, idle = mono_s() - c->last_active_s;
+	struct timeval tv;
+
+	(void)fd; (void)what;
+	if (!c->bev)
+		return;
+	if (c->closing) {
+		/* Our idle ERROR was not read within the grace period; any
+		 * other close (a drain, a bad frame) runs its own course. */
+		if (c->idle_closed)
+			conn_close(c);
+		return;
+	}
+	if (idle < t || c->refs > 1) {
+		tv = timeval_of(idle < t ? t - idle : t);
+		evtimer_add(c->idle_timer, &tv);
+		return;
+	}
+	k3_log_info("connection %llu (uid %u pid %d): idle for %g s (--idle-timeout), closing",
+		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, t);
+	if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) {
+		/* Replies queued for a whole timeout: the peer is not reading. */
+		conn_close(c);
+		return;
+	}
+	k3_conn_send_error(c, 0, K3_STATUS_IDLE_TIMEOUT, NULL,
+			   "k3d closed this connection: idle for %g s (k3d --idle-timeout); "
+			   "reconnect to go on", t);
+	c->idle_closed = true;
+	conn_close_after_write(c);
+	if (c->bev) {
+		tv = timeval_of(IDLE_CLOSE_GRACE_S);
+		evtimer_add(c->idle_timer, &tv);
+	}
+}
+
 static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_hello *m)
 {
 	struct k3_server *s = c->srv;
@@ -308,6 +395,13 @@ static void handle_hello(struct k3_conn *c, uint32_t rid, const struct k3_msg_he
 	if (c->hello_timer) {
 		event_free(c->hello_timer);
 		c->hello_timer = NULL;
+	}
+	if (s->opts->idle_timeout_s > 0 && !c->idle_timer) {
+		struct timeval tv = timeval_of(s->opts->idle_timeout_s);
+
+		c->idle_timer = evtimer_new(s->base, idle_timeout_cb, c);
+		if (c->idle_timer)
+			evtimer_add(c->idle_timer, &tv);
 	}
 	memset(&r, 0, sizeof(r));
 	r.server = k3_proto_str_of("k3d/" K3_VERSION); r.has_server = true;
@@ -429,6 +523,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 	struct evbuffer *in = bufferevent_get_input(bev);
 
 	k3_conn_ref(c);
+	c->last_active_s = mono_s();
 	while (c->bev && !c->closing) {
 		size_t len = evbuffer_get_length(in), n = len < K3_PROTO_HEADER_SIZE ? len : K3_PROTO_HEADER_SIZE;
 		struct k3_proto_header h;
@@ -475,8 +570,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 				/* --frame-timeout (default 60 s: 132 MiB at 2.2 MB/s, where a
 				 * local socket moves GB/s): a peer cannot hold its share of
 				 * the large-frame budget by sending half a frame. */
-				double t = c->srv->opts->frame_timeout_s;
-				struct timeval tv = { (time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6) };
+				struct timeval tv = timeval_of(c->srv->opts->frame_timeout_s);
 
 				evtimer_add(c->large_timer, &tv);
 			}
@@ -530,8 +624,8 @@ static void hello_timeout_cb(evutil_socket_t fd, short what, void *arg)
 	struct k3_conn *c = arg;
 
 	(void)fd; (void)what;
-	k3_log_info("connection %llu (uid %u pid %d): no HELLO within %d s, closing",
-		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, HELLO_TIMEOUT_S);
+	k3_log_info("connection %llu (uid %u pid %d): no HELLO within %u s, closing",
+		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, K3_LIM_HELLO_TIMEOUT_S);
 	conn_close(c);
 }
 
@@ -548,6 +642,14 @@ static void large_timeout_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- accepting ----------------------------------------------------------- */
 
+static bool is_gateway_uid(const struct k3_options *o, uid_t uid)
+{
+	for (unsigned i = 0; i < o->n_gateway_uid; i++)
+		if (o->gateway_uid[i] == uid)
+			return true;
+	return false;
+}
+
 static bool peer_allowed(const struct k3_server *s, uid_t uid, gid_t gid, bool *may_shutdown)
 {
 	const struct k3_options *o = s->opts;
@@ -556,12 +658,86 @@ static bool peer_allowed(const struct k3_server *s, uid_t uid, gid_t gid, bool *
 	for (unsigned i = 0; i < o->n_allow_uid; i++)
 		if (o->allow_uid[i] == uid)
 			*may_shutdown = true;
-	if (*may_shutdown)
+	if (*may_shutdown || is_gateway_uid(o, uid))
 		return true;
 	for (unsigned i = 0; i < o->n_allow_gid; i++)
 		if (o->allow_gid[i] == gid)
 			return true;
 	return false;
+}
+
+static unsigned conns_of_uid(const struct k3_server *s, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct k3_conn *c = s->conns; c; c = c->next)
+		n += c->uid == uid;
+	return n;
+}
+
+/*
+ * Whether a new connection from uid fits (docs/k3d.8, "CONNECTIONS").
+ * --max-connections is split three ways: --gateway-connections for the
+ * --gateway-uid peers (when any is given), which use nothing else; the
+ * rest for everyone else, of which only root may take the last
+ * K3_LIM_CONN_ROOT_RESERVED; and every uid but root and the gateway's holds
+ * at most --max-connections-per-uid. Returns 0, or -EBUSY with why (for
+ * the peer) filled.
+ */
+static int admit(const struct k3_server *s, uid_t uid, bool gateway, char *why, size_t n)
+{
+	const struct k3_options *o = s->opts;
+	unsigned gw_share = o->n_gateway_uid ? o->gateway_connections : 0;
+	unsigned others = s->n_conns - s->n_gateway, mine;
+
+	if (gateway) {
+		if (s->n_gateway < gw_share)
+			return 0;
+		snprintf(why, n, "too many connections: k3-gateway's %u (k3d --gateway-connections) "
+			 "are all in use", gw_share);
+		return -EBUSY;
+	}
+	if (uid == 0) {
+		if (others < o->max_connections - gw_share)
+			return 0;
+		snprintf(why, n, "too many connections: all %u are in use, root's %u included "
+			 "(k3d --max-connections)", o->max_connections - gw_share, K3_LIM_CONN_ROOT_RESERVED);
+		return -EBUSY;
+	}
+	if (others >= o->max_connections - gw_share - K3_LIM_CONN_ROOT_RESERVED) {
+		snprintf(why, n, "too many connections: all %u for local clients are in use "
+			 "(k3d --max-connections %u keeps %u for root%s)",
+			 o->max_connections - gw_share - K3_LIM_CONN_ROOT_RESERVED, o->max_connections,
+			 K3_LIM_CONN_ROOT_RESERVED, gw_share ? " and the rest for k3-gateway" : "");
+		return -EBUSY;
+	}
+	mine = conns_of_uid(s, uid);
+	if (mine >= o->max_connections_per_uid) {
+		snprintf(why, n, "too many connections: uid %u already holds %u (k3d "
+			 "--max-connections-per-uid); close some, or wait for idle ones to time out "
+			 "(--idle-timeout)", (unsigned)uid, mine);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+/* A refused connection is logged, but a peer retrying in a loop must not
+ * flood the journal: at most one line a second, with the count since. */
+static void log_refusal(struct k3_server *s, uid_t uid, pid_t pid, const char *why)
+{
+	double now = mono_s();
+
+	if (now - s->refusal_logged_s < 1.0) {
+		s->refusals_unlogged++;
+		return;
+	}
+	if (s->refusals_unlogged)
+		k3_log_warning("refusing connection from uid %u pid %d: %s (and %u more refusals "
+			       "since the last such line)", (unsigned)uid, (int)pid, why, s->refusals_unlogged);
+	else
+		k3_log_warning("refusing connection from uid %u pid %d: %s", (unsigned)uid, (int)pid, why);
+	s->refusal_logged_s = now;
+	s->refusals_unlogged = 0;
 }
 
 /* Writes one ERROR frame straight to a socket we are about to close. */
@@ -585,9 +761,10 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	struct k3_server *s = arg;
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
-	struct timeval hello_tv = { HELLO_TIMEOUT_S, 0 };
+	struct timeval hello_tv = { K3_LIM_HELLO_TIMEOUT_S, 0 };
 	struct k3_conn *c;
-	bool may_shutdown;
+	char why[256];
+	bool may_shutdown, gateway;
 
 	(void)l; (void)sa; (void)socklen;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
@@ -602,10 +779,10 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		refuse_fd(s, fd, K3_STATUS_UNAUTHORIZED, "peer uid is not allowed by this k3d");
 		return;
 	}
-	if (s->n_conns >= K3_LIM_CONNECTIONS) {
-		k3_log_warning("refusing connection from uid %u pid %d: %u connections open",
-			       (unsigned)cred.uid, (int)cred.pid, s->n_conns);
-		refuse_fd(s, fd, K3_STATUS_BUSY, "too many connections");
+	gateway = is_gateway_uid(s->opts, cred.uid);
+	if (admit(s, cred.uid, gateway, why, sizeof(why)) < 0) {
+		log_refusal(s, cred.uid, cred.pid, why);
+		refuse_fd(s, fd, K3_STATUS_BUSY, why);
 		return;
 	}
 	c = calloc(1, sizeof(*c));
@@ -629,11 +806,14 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	c->gid = cred.gid;
 	c->pid = cred.pid;
 	c->may_shutdown = may_shutdown;
+	c->gateway = gateway;
+	c->last_active_s = mono_s();
 	c->next = s->conns;
 	if (s->conns)
 		s->conns->prev = c;
 	s->conns = c;
 	s->n_conns++;
+	s->n_gateway += gateway;
 	bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
 	evtimer_add(c->hello_timer, &hello_tv);
@@ -757,22 +937,13 @@ static int bind_own(struct k3_server *s, struct k3_err *err)
 
 int k3_server_listen(struct k3_server *s, struct k3_err *err)
 {
-	int n = sd_listen_fds(1), r;
+	int n = k3_sockact_listen_fds(AF_UNIX, "k3d.socket", err), r;
 
 	if (n < 0)
-		return k3_err_set(err, n, "cannot read sockets passed by systemd: %s", strerror(-n));
-	for (int i = 0; i < n; i++) {
-		int fd = SD_LISTEN_FDS_START + i;
-
-		if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0)
-			return k3_err_set(err, -EINVAL, "passed fd %d is not a listening Unix stream socket; "
-					  "check ListenStream= in k3d.socket", fd);
-		if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
-		    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0)
-			return k3_err_set(err, -errno, "fd %d: %s", fd, strerror(errno));
-		if ((r = add_listener(s, fd, err)) < 0)
+		return n;
+	for (int i = 0; i < n; i++)
+		if ((r = add_listener(s, K3_SOCKACT_FIRST_FD + i, err)) < 0)
 			return r;
-	}
 	if (n > 0) {
 		k3_log_info("serving %d socket(s) passed by systemd", n);
 		return 0;
@@ -796,6 +967,28 @@ static void watchdog_cb(evutil_socket_t fd, short what, void *arg)
 	sd_notify(0, "WATCHDOG=1");
 }
 
+/* --max-connections needs that many fds and k3d's own: raise the soft
+ * open-file limit up to the hard one if it is short (systemd's
+ * LimitNOFILE= sets both), and say so when even that is not enough, since
+ * accept() would then fail with EMFILE before the connection limits
+ * apply. */
+static void raise_fd_limit(rlim_t want)
+{
+	struct rlimit rl;
+	rlim_t was;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+		return;
+	was = rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		rl.rlim_cur = was;
+	if (rl.rlim_cur < want)
+		k3_log_warning("open-file limit %llu is below --max-connections plus %d for k3d's own "
+			       "files; raise it (ulimit -n, LimitNOFILE=) or lower --max-connections",
+			       (unsigned long long)rl.rlim_cur, OWN_FDS);
+}
+
 struct k3_server *k3_server_new(struct event_base *base, const struct k3_options *opts,
 				struct k3_err *err)
 {
@@ -812,6 +1005,7 @@ struct k3_server *k3_server_new(struct event_base *base, const struct k3_options
 	s->info.status_text = "no model loaded";
 	k3_proto_buf_init(&s->scratch, K3_LIM_PAYLOAD_MAX + K3_PROTO_HEADER_SIZE);
 	clock_gettime(CLOCK_MONOTONIC, &s->started);
+	raise_fd_limit(opts->max_connections + OWN_FDS);
 	if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) {
 		struct timeval tv = { (time_t)(usec / 2 / 1000000), (suseconds_t)(usec / 2 % 1000000) };
 
@@ -917,7 +1111,7 @@ static void drain_timer_cb(evutil_socket_t fd, short what, void *arg)
 void k3_server_drain(struct k3_server *s)
 {
 	double t = s->opts->drain_timeout_s;
-	struct timeval tv = { (time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6) };
+	struct timeval tv = timeval_of(t);
 	unsigned running = 0;
 
 	if (s->draining) {

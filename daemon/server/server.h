@@ -3,6 +3,10 @@
  * systemd), peer authorization by SO_PEERCRED, connections that turn bytes
  * into frames and frames into replies, and the graceful drain.
  *
+ * Connections are admitted by the limits of docs/k3d.8 "CONNECTIONS"
+ * (a share per uid, room kept for root and for k3-gateway) and closed
+ * when idle past --idle-timeout.
+ *
  * Runs on the libevent loop thread only. Nothing here touches model state:
  * requests that need the engine go through the request hooks (set by the
  * scheduler), which own all engine-side state.
@@ -116,7 +120,10 @@ uint64_t k3_conn_caps(const struct k3_conn *c);
 bool k3_conn_is_admin(const struct k3_conn *c);
 /* Reference counting, so the scheduler can hold a connection across
  * events; the server drops its own reference when the peer goes away.
- * k3_conn_send on a gone connection returns -EPIPE. */
+ * k3_conn_send on a gone connection returns -EPIPE. A reference besides
+ * the server's own also marks the connection busy: it is never closed
+ * for --idle-timeout while one is held, so the holder of a queued or
+ * running request (the scheduler takes one per request) keeps it open. */
 struct k3_conn *k3_conn_ref(struct k3_conn *c);
 struct k3_conn *k3_conn_unref(struct k3_conn *c);
 bool k3_conn_is_open(const struct k3_conn *c);

@@ -240,7 +240,7 @@ static int norm_args(struct render *r, const json_t *a, const json_t **args, jso
 		json_t *p;
 		if (k3_tok_py_isblank(s, n))
 			return 0;
-		p = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+		p = json_loadb(s, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);   /* Python's json.loads takes \u0000 */
 		if (!p) {
 			*raw = s;
 			*raw_len = n;

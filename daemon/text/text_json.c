@@ -112,10 +112,19 @@ static void dump_string(const char *s, size_t n, struct k3_sbuf *b)
 	k3_sbuf_addc(b, '"');
 }
 
+/* An object key with its length: keys may hold NULs (json_object_setn). */
+struct key {
+	const char *p;
+	size_t n;
+};
+
 static int cmp_keys(const void *a, const void *b)
 {
-	/* UTF-8 byte order is code-point order */
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
+	const struct key *x = a, *y = b;
+	int c = memcmp(x->p, y->p, x->n < y->n ? x->n : y->n);
+
+	/* UTF-8 byte order is code-point order; a prefix sorts first */
+	return c ? c : (x->n > y->n) - (x->n < y->n);
 }
 
 static int dump(const json_t *v, unsigned flags, struct k3_sbuf *b, unsigned depth)
@@ -128,8 +137,8 @@ static int dump(const json_t *v, unsigned flags, struct k3_sbuf *b, unsigned dep
 		return -EINVAL;
 	switch (json_typeof(v)) {
 	case JSON_OBJECT: {
-		size_t n = json_object_size(v), i = 0;
-		const char **keys = n ? malloc(n * sizeof(*keys)) : NULL;
+		size_t n = json_object_size(v), i = 0, kl;
+		struct key *keys = n ? malloc(n * sizeof(*keys)) : NULL;
 		const char *k;
 		json_t *x;
 
@@ -137,17 +146,19 @@ static int dump(const json_t *v, unsigned flags, struct k3_sbuf *b, unsigned dep
 			b->oom = true;
 			return 0;
 		}
-		json_object_foreach((json_t *)v, k, x)
-			keys[i++] = k;
+		json_object_keylen_foreach((json_t *)v, k, kl, x) {
+			keys[i].p = k;
+			keys[i++].n = kl;
+		}
 		if (n && (flags & K3_PYJSON_SORT_KEYS))   /* qsort(NULL, 0) is undefined */
 			qsort(keys, n, sizeof(*keys), cmp_keys);
 		k3_sbuf_addc(b, '{');
 		for (i = 0; i < n && !rc; i++) {
 			if (i)
 				k3_sbuf_adds(b, item_sep);
-			dump_string(keys[i], strlen(keys[i]), b);
+			dump_string(keys[i].p, keys[i].n, b);
 			k3_sbuf_adds(b, kv_sep);
-			rc = dump(json_object_get(v, keys[i]), flags, b, depth + 1);
+			rc = dump(json_object_getn(v, keys[i].p, keys[i].n), flags, b, depth + 1);
 		}
 		k3_sbuf_addc(b, '}');
 		free(keys);

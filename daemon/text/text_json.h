@@ -7,8 +7,12 @@
  * Python repr (shortest round-trip digits; exponent form below 1e-4 and from
  * 1e16, e.g. 1e-05, 1e+16, 1.5).
  *
+ * Strings and object keys are written with their lengths, so a U+0000 in
+ * them comes out as \u0000 rather than ending the string.
+ *
  * Known divergence: jansson cannot hold NaN/Infinity or integers outside
- * int64, which Python's json accepts; such input fails to parse earlier.
+ * int64, which Python's json accepts, nor decode a key holding \u0000;
+ * such input fails to parse earlier.
  */
 #ifndef K3_TEXT_JSON_H
 #define K3_TEXT_JSON_H

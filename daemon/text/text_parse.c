@@ -359,7 +359,7 @@ static void handle_open(struct k3_parse *p)
 		p->dropped = !header_attr(h + tl, n - tl, "tool", &v) || v.n == 0;
 		if (!p->dropped) {
 			struct k3_parse_event ev = { .type = K3_PARSE_TOOL_START, .tool_index = p->n_calls++,
-						     .name = v.p, .id = id };
+						     .name = v.p, .name_len = v.n, .id = id };
 			call_id(p, id);
 			if (!p->rc)
 				p->rc = p->cb(p->ud, &ev);

@@ -56,6 +56,8 @@ struct k3_parse_event {
 	size_t len;
 	unsigned tool_index;    /* TOOL_*: 0-based position among emitted calls */
 	const char *name;       /* TOOL_START: function name (unescaped), NUL-terminated */
+	size_t name_len;        /* TOOL_START: its length in bytes (the model may write a
+				 * NUL into it: use this, not strlen) */
 	const char *id;         /* TOOL_START: generated call id "call_" + 24 hex digits */
 };
 

@@ -10,21 +10,26 @@
 #include "text/text_tok.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pcre2.h>
 
+#include "base/file.h"
 #include "base/parse.h"
 #include "k3_limits.h"
+#include "text/text_ucd.h"
 
 #define NO_RANK UINT32_MAX
+
+struct tok_re {
+	pcre2_code *code;
+	bool jit;                  /* JIT-compiled: call pcre2_jit_match */
+};
 
 struct trie_node {
 	uint32_t child;     /* first child index, 0 = none (root is 0) */
@@ -45,8 +50,11 @@ struct k3_tok {
 	struct trie_node *trie;
 	uint32_t n_trie;
 	uint8_t special_first[256];
-	pcre2_code *re;
-	bool jit;                  /* re is JIT-compiled: call pcre2_jit_match */
+	struct tok_re re;          /* the pre-tokenizer regex */
+	struct tok_re re_new;      /* for text with code points of k3_ucd_new[];
+				    * no code when re is exact for all text */
+	uint8_t new_block[0x1100 / 8]; /* bit b: k3_ucd_new[] has a code point in
+					* U+bb00..U+bbFF (b = c >> 8) */
 };
 
 /* ---- id arrays ---------------------------------------------------------- */
@@ -96,7 +104,11 @@ int k3_tok_ids_push(struct k3_tok_ids *ids, uint32_t id)
 
 /* ---- UTF-8 -------------------------------------------------------------- */
 
-size_t k3_tok_utf8_valid_prefix(const char *s, size_t len)
+/* k3_tok_utf8_valid_prefix, and, when blocks is not NULL, whether some
+ * code point falls in a 256-code-point block whose bit is set (*hit): the
+ * tokenizer's cheap first look for k3_ucd_new[] code points, in the pass
+ * that decodes every character anyway. */
+static size_t utf8_valid_prefix_blocks(const char *s, size_t len, const uint8_t *blocks, bool *hit)
 {
 	const uint8_t *p = (const uint8_t *)s;
 	size_t i = 0;
@@ -128,13 +140,20 @@ size_t k3_tok_utf8_valid_prefix(const char *s, size_t len)
 		}
 		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
 			return i;
+		if (blocks && (blocks[cp >> 11] >> (cp >> 8 & 7) & 1))
+			*hit = true;
 		i += n;
 	}
 	return len;
 }
 
+size_t k3_tok_utf8_valid_prefix(const char *s, size_t len)
+{
+	return utf8_valid_prefix_blocks(s, len, NULL, NULL);
+}
+
 /* Decodes the code point at p (valid UTF-8 assumed); returns its length. */
-static size_t utf8_next(const uint8_t *p, uint32_t *cp)
+static inline size_t utf8_next(const uint8_t *p, uint32_t *cp)
 {
 	if (p[0] < 0x80) {
 		*cp = p[0];
@@ -389,50 +408,144 @@ int k3_tok_bpe(const struct k3_tok *tok, const uint8_t *piece, size_t len, struc
 
 /* ---- the pre-tokenizer regex (§1.3) ------------------------------------- */
 
-/* Rust regex semantics, spelled for PCRE2 10.42:
- *  - \s is Unicode White_Space, written out (PCRE2's \s differs on U+0085);
+/* Rust regex semantics, spelled for PCRE2:
+ *  - the Unicode classes follow UCD 16.0.0, the tables of tiktoken's regex
+ *    engine (text_ucd.h, from gen_text_ucd.py), not the Unicode version of
+ *    the PCRE2 build (14.0.0 in 10.42), to which every letter and digit
+ *    assigned since is unassigned (docs/text.md, "Unicode version");
+ *  - \s is Unicode White_Space, written out (PCRE2's \s differs on U+0085;
+ *    White_Space has not changed since Unicode 6.0);
  *  - \p{Han} in Rust is Script=Han; PCRE2's bare \p{Han} is
- *    Script_Extensions (it would take U+3001 、), so \p{sc:Han};
- *  - class intersection [X&&[^\p{Han}]] has no PCRE2 10.42 syntax; a
- *    negative lookahead before the class is the same set, char by char. */
+ *    Script_Extensions (it would take U+3001), hence \p{sc:Han};
+ *  - the class intersections [X&&[^\p{Han}]] have no PCRE2 10.42 syntax: a
+ *    negative lookahead before the class is the same set, char by char
+ *    (the explicit-range classes have Han removed already). */
 #define WS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-#define HAN "\\p{sc:Han}"
-#define UCLS "(?:(?!" HAN ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
-#define WCLS "(?:(?!" HAN ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
 #define CONTR "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-static const char k3_tok_pattern[] =
-	HAN "+"
-	"|[^\\r\\n\\p{L}\\p{N}]?" UCLS "*" WCLS "+" CONTR
-	"|[^\\r\\n\\p{L}\\p{N}]?" UCLS "+" WCLS "*" CONTR
-	"|\\p{N}{1,3}"
-	"|\\x{20}?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
-	"|[" WS "]*[\\r\\n]+"
-	"|[" WS "]+(?![^" WS "])"
-	"|[" WS "]+";
+#define K3_TOK_PATTERN(HAN, UPPER, LOWER, N, NOT_LN)              \
+	HAN "+"                                                   \
+	"|" NOT_LN("\\r\\n") "?" UPPER "*" LOWER "+" CONTR         \
+	"|" NOT_LN("\\r\\n") "?" UPPER "+" LOWER "*" CONTR         \
+	"|" N "{1,3}"                                             \
+	"|\\x{20}?" NOT_LN(WS) "+[\\r\\n]*"                         \
+	"|[" WS "]*[\\r\\n]+"                                     \
+	"|[" WS "]+(?![^" WS "])"                                 \
+	"|[" WS "]+"
+/* The three spellings of text_ucd.h (text_tok.h, k3_tok_pattern). With
+ * PCRE2 tables of K3_UCD_PCRE2_BASE (Debian 12) the tokenizer matches with
+ * _PCRE2, the pattern as it was before the table and as fast, and switches
+ * to _PCRE2_NEW (about 25% slower on non-ASCII text: alternations tried per
+ * character) only for the segments that hold a code point of
+ * k3_ucd_new[], which its UTF-8 check already looks for. */
+static const char k3_tok_pattern_pcre2[] =
+	K3_TOK_PATTERN(K3_UCD_HAN_PCRE2, K3_UCD_UPPER_PCRE2, K3_UCD_LOWER_PCRE2, K3_UCD_N_PCRE2,
+		       K3_UCD_NOT_LN_PCRE2);
+static const char k3_tok_pattern_pcre2_new[] =
+	K3_TOK_PATTERN(K3_UCD_HAN_PCRE2_NEW, K3_UCD_UPPER_PCRE2_NEW, K3_UCD_LOWER_PCRE2_NEW,
+		       K3_UCD_N_PCRE2_NEW, K3_UCD_NOT_LN_PCRE2_NEW);
+static const char k3_tok_pattern_explicit[] =
+	K3_TOK_PATTERN(K3_UCD_HAN, K3_UCD_UPPER, K3_UCD_LOWER, K3_UCD_N, K3_UCD_NOT_LN);
 
-static int compile_regex(struct k3_tok *tok, struct k3_err *err)
+const char *k3_tok_pattern(enum k3_tok_regex which)
+{
+	switch (which) {
+	case K3_TOK_REGEX_PCRE2: return k3_tok_pattern_pcre2;
+	case K3_TOK_REGEX_PCRE2_NEW: return k3_tok_pattern_pcre2_new;
+	default: return k3_tok_pattern_explicit;
+	}
+}
+
+enum k3_tok_regex k3_tok_regex_for_pcre2(bool *needs_new)
+{
+	char v[32];
+
+	*needs_new = false;
+	if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, v) < 0)
+		return K3_TOK_REGEX_EXPLICIT;
+	if (strcmp(v, K3_UCD_VERSION) == 0)
+		return K3_TOK_REGEX_PCRE2;
+	if (strcmp(v, K3_UCD_PCRE2_BASE) == 0) {
+		*needs_new = true;
+		return K3_TOK_REGEX_PCRE2;
+	}
+	return K3_TOK_REGEX_EXPLICIT;
+}
+
+static int compile_one(struct tok_re *re, const char *pattern, struct k3_err *err)
 {
 	int ec;
 	PCRE2_SIZE eo;
 
-	tok->re = pcre2_compile((PCRE2_SPTR)k3_tok_pattern, PCRE2_ZERO_TERMINATED,
-				PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &ec, &eo, NULL);
-	if (!tok->re) {
+	re->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+				 PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &ec, &eo, NULL);
+	if (!re->code) {
 		PCRE2_UCHAR msg[256];
 		pcre2_get_error_message(ec, msg, sizeof(msg));
 		return k3_err_set(err, -EINVAL, "pre-tokenizer regex: %s at offset %zu", (char *)msg, (size_t)eo);
 	}
 	/* JIT is an optimisation: without it (unsupported CPU) the
 	 * interpreter gives the same matches. */
-	tok->jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
+	re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
 	return 0;
+}
+
+static int compile_regex(struct k3_tok *tok, struct k3_err *err)
+{
+	bool needs_new;
+	int rc = compile_one(&tok->re, k3_tok_pattern(k3_tok_regex_for_pcre2(&needs_new)), err);
+
+	if (rc == 0 && needs_new)
+		rc = compile_one(&tok->re_new, k3_tok_pattern(K3_TOK_REGEX_PCRE2_NEW), err);
+	for (size_t i = 0; i < sizeof(k3_ucd_new) / sizeof(k3_ucd_new[0]); i++)
+		for (uint32_t b = k3_ucd_new[i][0] >> 8; b <= k3_ucd_new[i][1] >> 8; b++)
+			tok->new_block[b / 8] |= (uint8_t)(1u << b % 8);
+	return rc;
+}
+
+/* True when s[0..len) (valid UTF-8) holds a code point of k3_ucd_new[]:
+ * then only tok->re_new classes it as the release does. Runs only on text
+ * where utf8_valid_prefix_blocks saw a code point in one of their blocks. */
+static bool has_new_code_point(const struct k3_tok *tok, const char *s, size_t len)
+{
+	const uint8_t *u = (const uint8_t *)s;
+	const size_t n_new = sizeof(k3_ucd_new) / sizeof(k3_ucd_new[0]);
+
+	for (size_t i = 0; i < len;) {
+		uint32_t c;
+		size_t lo = 0, hi = n_new;
+
+		i += utf8_next(u + i, &c);
+		if (!(tok->new_block[c >> 11] >> (c >> 8 & 7) & 1))
+			continue;
+		while (lo < hi) {   /* first range ending at or after c */
+			size_t mid = (lo + hi) / 2;
+			if (k3_ucd_new[mid][1] < c)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo < n_new && k3_ucd_new[lo][0] <= c)
+			return true;
+	}
+	return false;
 }
 
 struct matcher {
 	pcre2_match_data *md;
 	pcre2_match_context *mc;
 	pcre2_jit_stack *js;
+	const struct tok_re *re;   /* tok->re or tok->re_new, by matcher_pick */
+	bool maybe_new;            /* the text may hold k3_ucd_new[] code points */
 };
+
+/* Picks the regex for the text m will split next: pieces never cross a
+ * slice or a special token, so one choice per such segment is exact. */
+static void matcher_pick(struct matcher *m, const struct k3_tok *tok, const char *s, size_t len)
+{
+	bool new_re = m->maybe_new && tok->re_new.code && has_new_code_point(tok, s, len);
+
+	m->re = new_re ? &tok->re_new : &tok->re;
+}
 
 static void matcher_release(struct matcher *m)
 {
@@ -443,8 +556,8 @@ static void matcher_release(struct matcher *m)
 
 /* Finds the next piece at or after off. Returns 1 with [*a, *b), 0 when
  * none, or a negative errno. */
-static int next_piece(const struct k3_tok *tok, struct matcher *m, const char *s, size_t len,
-		      size_t off, size_t *a, size_t *b)
+static int next_piece(struct matcher *m, const char *s, size_t len, size_t off, size_t *a,
+		      size_t *b)
 {
 	int rc;
 
@@ -454,10 +567,10 @@ static int next_piece(const struct k3_tok *tok, struct matcher *m, const char *s
 			return -ENOMEM;
 	}
 	/* the JIT fast path skips pcre2_match's option checks */
-	if (tok->jit)
-		rc = pcre2_jit_match(tok->re, (PCRE2_SPTR)s, len, off, 0, m->md, m->mc);
+	if (m->re->jit)
+		rc = pcre2_jit_match(m->re->code, (PCRE2_SPTR)s, len, off, 0, m->md, m->mc);
 	else
-		rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
+		rc = pcre2_match(m->re->code, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
 	if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->js) {
 		/* Long word runs recurse per character in the lookahead
 		 * groups; slices are at most 25,000 characters. */
@@ -466,7 +579,7 @@ static int next_piece(const struct k3_tok *tok, struct matcher *m, const char *s
 		if (!m->mc || !m->js)
 			return -ENOMEM;
 		pcre2_jit_stack_assign(m->mc, NULL, m->js);
-		rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
+		rc = pcre2_match(m->re->code, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
 	}
 	if (rc == PCRE2_ERROR_NOMATCH)
 		return 0;
@@ -640,8 +753,8 @@ static size_t ascii_piece(const uint8_t *s, size_t n, size_t p, size_t e)
 
 /* Next piece at or after off; ASCII fast path, else PCRE2. *na caches the
  * first non-ASCII byte at or after off. */
-static int find_piece(const struct k3_tok *tok, struct matcher *m, const char *s, size_t len, size_t off,
-		      size_t *na, size_t *a, size_t *b)
+static int find_piece(struct matcher *m, const char *s, size_t len, size_t off, size_t *na, size_t *a,
+		      size_t *b)
 {
 	const uint8_t *u = (const uint8_t *)s;
 
@@ -659,22 +772,25 @@ static int find_piece(const struct k3_tok *tok, struct matcher *m, const char *s
 			return 1;
 		}
 	}
-	return next_piece(tok, m, s, len, off, a, b);
+	return next_piece(m, s, len, off, a, b);
 }
 
 static int split_pieces(const struct k3_tok *tok, const char *text, size_t len, bool fast,
 			k3_tok_piece_fn fn, void *ud, struct k3_err *err)
 {
 	struct matcher m = { 0 };
-	size_t off = 0, na = SIZE_MAX, bad = k3_tok_utf8_valid_prefix(text, len);
+	size_t off = 0, na = SIZE_MAX;
+	size_t bad = utf8_valid_prefix_blocks(text, len, tok->re_new.code ? tok->new_block : NULL,
+					      &m.maybe_new);
 	int rc = 0;
 
 	if (bad != len)
 		return k3_err_set(err, -EILSEQ, "invalid UTF-8 at byte %zu", bad);
+	matcher_pick(&m, tok, text, len);
 	while (off < len) {
 		size_t a, b;
-		rc = fast ? find_piece(tok, &m, text, len, off, &na, &a, &b)
-			  : next_piece(tok, &m, text, len, off, &a, &b);
+		rc = fast ? find_piece(&m, text, len, off, &na, &a, &b)
+			  : next_piece(&m, text, len, off, &a, &b);
 		if (rc <= 0)
 			break;
 		if ((rc = fn(ud, a, b - a)))
@@ -706,9 +822,10 @@ static int encode_ordinary(const struct k3_tok *tok, struct matcher *m, const ch
 {
 	size_t off = 0, na = SIZE_MAX;
 
+	matcher_pick(m, tok, s, len);
 	while (off < len) {
 		size_t a, b;
-		int rc = find_piece(tok, m, s, len, off, &na, &a, &b);
+		int rc = find_piece(m, s, len, off, &na, &a, &b);
 		if (rc < 0)
 			return rc;
 		if (rc == 0)
@@ -779,7 +896,8 @@ int k3_tok_encode(const struct k3_tok *tok, const char *text, size_t len, bool a
 
 	if (len > K3_LIM_TEXT_MAX)
 		return k3_err_set(err, -E2BIG, "text of %zu bytes exceeds the %u-byte limit", len, K3_LIM_TEXT_MAX);
-	bad = k3_tok_utf8_valid_prefix(text, len);
+	bad = utf8_valid_prefix_blocks(text, len, tok->re_new.code ? tok->new_block : NULL,
+				       &m.maybe_new);
 	if (bad != len)
 		return k3_err_set(err, -EILSEQ, "invalid UTF-8 at byte %zu", bad);
 
@@ -916,50 +1034,9 @@ void k3_tok_free(struct k3_tok *tok)
 	free(tok->ht);
 	free(tok->pair);
 	free(tok->trie);
-	pcre2_code_free(tok->re);
+	pcre2_code_free(tok->re.code);
+	pcre2_code_free(tok->re_new.code);
 	free(tok);
-}
-
-static int read_file(const char *path, size_t max, char **out, size_t *out_len, struct k3_err *err)
-{
-	struct stat st;
-	char *buf;
-	size_t got = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0)
-		return k3_err_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return k3_err_set(err, -EINVAL, "'%s' is not a regular file", path);
-	}
-	if ((uint64_t)st.st_size > max) {
-		close(fd);
-		return k3_err_set(err, -E2BIG, "'%s' is %lld bytes, more than the %zu-byte limit",
-				  path, (long long)st.st_size, max);
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
-		return k3_err_set(err, -ENOMEM, "out of memory reading '%s'", path);
-	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			int e = r < 0 ? errno : EIO;
-			free(buf);
-			close(fd);
-			return k3_err_set(err, -e, "cannot read '%s': %s", path, strerror(e));
-		}
-		got += (size_t)r;
-	}
-	close(fd);
-	buf[got] = 0;
-	*out = buf;
-	*out_len = got;
-	return 0;
 }
 
 static int b64_val(uint8_t c)
@@ -1325,9 +1402,9 @@ int k3_tok_load_files(const char *rank_path, const char *config_path, struct k3_
 	size_t rn = 0, cn = 0;
 	int rc;
 
-	if ((rc = read_file(rank_path, K3_TOK_FILE_MAX, &r, &rn, err)))
+	if ((rc = k3_file_read(rank_path, K3_TOK_FILE_MAX, 0, &r, &rn, err)))
 		return rc;
-	if (config_path && (rc = read_file(config_path, K3_TOK_FILE_MAX, &c, &cn, err))) {
+	if (config_path && (rc = k3_file_read(config_path, K3_TOK_FILE_MAX, 0, &c, &cn, err))) {
 		free(r);
 		return rc;
 	}

@@ -143,6 +143,27 @@ int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
 int k3_tok_split_pieces_ref(const struct k3_tok *tok, const char *text, size_t len,
 			    k3_tok_piece_fn fn, void *ud, struct k3_err *err);
 
+/*
+ * The pre-tokenizer pattern as PCRE2 source (UTF-8, NUL-terminated,
+ * static; compile with PCRE2_UTF | PCRE2_UCP), in the three spellings of
+ * text_ucd.h, all with the Unicode classes of UCD K3_UCD_VERSION (the
+ * version of the release's regex engine) where they are exact:
+ *   K3_TOK_REGEX_PCRE2      PCRE2's own \p{..} tables: exact over tables of
+ *                           K3_UCD_VERSION, and of K3_UCD_PCRE2_BASE for
+ *                           text without a code point of k3_ucd_new[];
+ *   K3_TOK_REGEX_PCRE2_NEW  plus k3_ucd_new[]: exact over either for any
+ *                           text, about 25% slower on non-ASCII text;
+ *   K3_TOK_REGEX_EXPLICIT   explicit ranges: exact with any PCRE2, ~3x
+ *                           slower.
+ */
+enum k3_tok_regex { K3_TOK_REGEX_PCRE2, K3_TOK_REGEX_PCRE2_NEW, K3_TOK_REGEX_EXPLICIT };
+const char *k3_tok_pattern(enum k3_tok_regex which);
+/* What the tokenizer compiles for the linked PCRE2 (by its Unicode
+ * version): _PCRE2 with *needs_new true when text holding k3_ucd_new[]
+ * code points must use _PCRE2_NEW instead (the tokenizer checks each
+ * segment), or _EXPLICIT for any other Unicode version. */
+enum k3_tok_regex k3_tok_regex_for_pcre2(bool *needs_new);
+
 /* Byte-pair merges one piece (no regex): appends the ranks of
  * piece[0..len) to *out. Every byte must have a rank (guaranteed by the
  * loader). Returns 0 or -ENOMEM. */

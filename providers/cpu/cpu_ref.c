@@ -12,6 +12,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "k3_kernels.h"
+
 void k3_cpu_ref_linear(const void *w, uint32_t dtype, uint32_t rows, uint32_t cols,
 		       const float *x, float *y)
 {
@@ -30,10 +32,7 @@ void k3_cpu_ref_linear(const void *w, uint32_t dtype, uint32_t rows, uint32_t co
 	}
 }
 
-static const float e2m1[16] = {
-	0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-	-0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
-};
+static const float e2m1[16] = K3_KERN_E2M1_VALUES;
 
 float k3_cpu_mxfp4_value(const uint8_t *packed_row, const uint8_t *scale_row, uint32_t c)
 {

@@ -38,5 +38,9 @@ s="--shape 1x32"
 check $s $s $s $s $s $s $s $s $s
 check --runs 0
 check --bogus
-[ $fail = 0 ] && echo "ok: 21 malformed invocations rejected"
+check --isa
+check --isa sse2
+check --batch 0
+check --batch 17
+[ $fail = 0 ] && echo "ok: 25 malformed invocations rejected"
 exit $fail

@@ -17,7 +17,19 @@
  * GEMV streams from DRAM rather than from the L3.
  *
  *   bench_gemv [--runs N] [--threads 1,2] [--tokens T] [--bw-mib M] [--set-mib M]
- *              [--shape RxC]... [--dtype bf16|mxfp4|both]
+ *              [--shape RxC]... [--dtype bf16|mxfp4|both] [--isa ref|avx2|avx512|neon]
+ *              [--batch N]
+ *
+ * --batch N (default 1, at most 16) hands N matrices to one
+ * k3_kern_matmul_many call, as the engine does with the gate and up
+ * products of a step's experts: one pool dispatch and join per N
+ * products instead of one per product (small products at 2 threads on a
+ * loaded host otherwise pay mostly for the join).
+ *
+ * --isa sets the K3_KERNELS ceiling for this run (the ISA is fixed at the
+ * first kernel call) and exits 1 if that ISA is not the one chosen (not
+ * built, or the CPU lacks it), so AVX2 and AVX-512 can be compared on one
+ * machine, each against its own same-run bandwidth.
  *
  * --shape RxC (repeatable, up to 8) replaces the four K3 shapes, e.g. the
  * mid comparison model's 1024x1024 projections or its 512x512 latent
@@ -43,6 +55,29 @@ static void fill_bf16(uint16_t *w, size_t n)
 		uint64_t r = k3_bench_rand();
 
 		w[i] = (uint16_t)(((r & 1) << 15) | ((119 + (r >> 1) % 8) << 7) | ((r >> 8) & 0x7F));
+	}
+}
+
+/* One pass over the weight set: `batch` matrices per call (each its own
+ * y rows), the last call taking what is left. */
+static void run_set(struct k3_kern_pool *pool, const struct k3_kern_mat *m,
+	size_t copies, size_t batch, size_t rows, size_t ntok, const float *x,
+	size_t cols, float *y)
+{
+	struct k3_kern_matmul_job jobs[16];
+
+	for (size_t k = 0; k < copies; k += batch) {
+		size_t n = copies - k < batch ? copies - k : batch;
+
+		if (n == 1) {
+			k3_kern_matmul(pool, &m[k], 0, rows, ntok, x, cols, y, rows);
+			continue;
+		}
+		for (size_t j = 0; j < n; j++)
+			jobs[j] = (struct k3_kern_matmul_job){ .w = &m[k + j], .row_begin = 0,
+				.row_end = rows, .T = ntok, .x = x, .ldx = cols,
+				.y = y + j * ntok * rows, .ldy = rows };
+		k3_kern_matmul_many(pool, n, jobs);
 	}
 }
 
@@ -85,7 +120,8 @@ int main(int argc, char **argv)
 	int n_shapes = 4, user_shapes = 0, dt_first = 0, dt_last = 1;
 	size_t max_dim = 12288;
 	long runs = 7, bw_mib = 1024, set_mib = 512;
-	size_t ntok = 1;
+	size_t ntok = 1, batch = 1;
+	const char *isa = NULL;
 	int threads[8] = { 1, 2 }, n_threads = 2;
 	struct k3_kern_pool *pools[8];
 	void *bwbuf;
@@ -134,6 +170,19 @@ int main(int argc, char **argv)
 					argv[i]);
 				return 2;
 			}
+		} else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc &&
+		    parse_uint(argv[i + 1], 1, 16, &v) == 0) {
+			batch = (size_t)v;
+			i++;
+		} else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
+			i++;
+			if (strcmp(argv[i], "ref") != 0 && strcmp(argv[i], "avx2") != 0 &&
+			    strcmp(argv[i], "avx512") != 0 && strcmp(argv[i], "neon") != 0) {
+				fprintf(stderr, "bench_gemv: bad isa '%s' (ref, avx2, avx512 or neon)\n",
+					argv[i]);
+				return 2;
+			}
+			isa = argv[i];
 		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
 			char *s = argv[++i], *tok, *save = NULL;
 
@@ -148,13 +197,23 @@ int main(int argc, char **argv)
 			}
 		} else {
 			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] [--tokens T] "
-				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|both]\n");
+				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|both] "
+				"[--isa NAME] [--batch N]\n");
 			return 2;
 		}
 	}
+	if (isa) {
+		/* before the first kernel call, which fixes the ISA */
+		setenv("K3_KERNELS", isa, 1);
+		if (strcmp(k3_kern_isa_name(k3_kern_active_isa()), isa) != 0) {
+			fprintf(stderr, "bench_gemv: isa '%s' is not available here (chose '%s')\n",
+				isa, k3_kern_isa_name(k3_kern_active_isa()));
+			return 1;
+		}
+	}
 	printf("isa %s, runs %ld (median), bandwidth buffer %ld MiB, weight set >= %ld MiB, "
-		"%zu token(s) per product\n",
-		k3_kern_isa_name(k3_kern_active_isa()), runs, bw_mib, set_mib, ntok);
+		"%zu token(s) per product, %zu product(s) per call\n",
+		k3_kern_isa_name(k3_kern_active_isa()), runs, bw_mib, set_mib, ntok, batch);
 	for (int i = 0; i < n_threads; i++) {
 		pools[i] = k3_kern_pool_new(threads[i], NULL);
 		if (!pools[i]) {
@@ -169,7 +228,7 @@ int main(int argc, char **argv)
 	bw_bytes = (size_t)bw_mib << 20;
 	bwbuf = aligned_alloc(64, bw_bytes);
 	x = malloc(ntok * max_dim * sizeof(float));
-	y = malloc(ntok * max_dim * sizeof(float));
+	y = malloc(batch * ntok * max_dim * sizeof(float));
 	if (!bwbuf || !x || !y)
 		return 1;
 	k3_bench_fill_random(bwbuf, bw_bytes);
@@ -216,15 +275,13 @@ int main(int argc, char **argv)
 				int nt = k3_kern_pool_threads(pools[ti]);
 
 				/* warm-up pass (page faults, pool wake-up) */
-				for (size_t k = 0; k < copies; k++)
-					k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
+				run_set(pools[ti], m, copies, batch, rows, ntok, x, cols, y);
 				/* GEMV and bandwidth runs alternate, so both see the same
 				 * load from the other tenants of this machine */
 				for (int r = 0; r < runs; r++) {
 					double t0 = k3_bench_now();
 
-					for (size_t k = 0; k < copies; k++)
-						k3_kern_matmul(pools[ti], &m[k], 0, rows, ntok, x, cols, y, rows);
+					run_set(pools[ti], m, copies, batch, rows, ntok, x, cols, y);
 					t[r] = (k3_bench_now() - t0) / (double)copies;
 					tb[r] = k3_bench_read_pass(bwbuf, bw_bytes, (unsigned)nt);
 				}

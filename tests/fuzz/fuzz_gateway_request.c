@@ -1,11 +1,12 @@
 /*
  * fuzz_gateway_request.c - any bytes as an OpenAI request body into the
- * gateway's field policy (client/gateway/gw_openai.c). The first byte picks
- * the endpoint (even: chat, odd: legacy completions); the rest is the body.
- * Properties: no crash or leak; a refusal is a 400 with a message; an
- * accepted request always encodes into a GENERATE frame that decodes again,
- * with canonical messages that are a JSON array of objects whose role is
- * system, user, assistant or tool.
+ * gateway's request side (client/gateway/gw_openai.c: JSON parse, depth
+ * bound, field policy). The first byte picks the endpoint (even: chat,
+ * odd: legacy completions); the rest is the body.
+ * Properties: no crash or leak; a refusal (malformed JSON included) is a
+ * 400 with a message; an accepted request always encodes into a GENERATE
+ * frame that decodes again, with canonical messages that are a JSON array
+ * of objects whose role is system, user, assistant or tool.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,17 +41,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct gw_openai_request r;
 	struct gw_openai_error e;
 	enum gw_endpoint ep;
-	json_t *body;
 
 	if (size < 1)
 		return 0;
 	ep = (data[0] & 1) ? GW_EP_COMPLETIONS : GW_EP_CHAT;
-	body = json_loadb((const char *)data + 1, size - 1, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
-	if (!body)
-		return 0;
 	memset(&r, 0, sizeof(r));
 	memset(&e, 0, sizeof(e));
-	if (gw_openai_parse(ep, body, &r, &e) < 0) {
+	if (gw_openai_parse_body(ep, (const char *)data + 1, size - 1, &r, &e) < 0) {
 		if (e.status != 400 || !e.message[0])
 			abort();
 	} else {
@@ -73,6 +70,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		k3_proto_buf_release(&buf);
 	}
 	gw_openai_request_release(&r);
-	json_decref(body);
 	return 0;
 }

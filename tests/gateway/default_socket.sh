@@ -41,20 +41,23 @@ check "$d/with/k3d.sock" XDG_RUNTIME_DIR="$d/with" K3D_SOCKET=
 check /elsewhere/k.sock XDG_RUNTIME_DIR="$d/with" K3D_SOCKET=/elsewhere/k.sock
 check /run/k3d/k3d.sock XDG_RUNTIME_DIR="$d/without"
 check /run/k3d/k3d.sock
-# A path longer than sun_path can hold (107 bytes and its NUL) is a start-up
-# usage error naming the path and the limit, not a 503 on every request.
+# A path longer than sun_path can hold (107 bytes and its NUL) is a k3d the
+# gateway cannot reach: exit 3 at start-up (k3ctl's exit for it), naming
+# the path and the limit, not a 503 on every request. From --socket and
+# from K3D_SOCKET alike (issue 16: K3D_SOCKET exited 2).
 long=/$(printf '%0106d' 0)
+want="k3-gateway: k3d socket path '${long}x' is 108 bytes; a Unix socket path may have at most 107"
 timeout 10 "$gw" --listen 127.0.0.1:0 --quiet --socket "${long}x" 2>"$d/err"
 rc=$?
-if [ $rc != 2 ] || ! grep -qF "k3d socket path '${long}x' is 108 bytes; a Unix socket path may have at most 107" "$d/err"; then
-	echo "FAIL: 108-byte --socket -> exit $rc (want 2 and the limit named)"
+if [ $rc != 3 ] || ! grep -qF "$want" "$d/err"; then
+	echo "FAIL: 108-byte --socket -> exit $rc (want 3 and the path and limit named)"
 	cat "$d/err"
 	fail=1
 fi
 timeout 10 env K3D_SOCKET="${long}x" "$gw" --listen 127.0.0.1:0 --quiet 2>"$d/err"
 rc=$?
-if [ $rc != 2 ] || ! grep -qF "at most 107" "$d/err"; then
-	echo "FAIL: 108-byte K3D_SOCKET -> exit $rc (want 2)"
+if [ $rc != 3 ] || ! grep -qF "$want" "$d/err"; then
+	echo "FAIL: 108-byte K3D_SOCKET -> exit $rc (want 3 and the path and limit named)"
 	cat "$d/err"
 	fail=1
 fi

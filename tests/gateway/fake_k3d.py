@@ -17,8 +17,11 @@ is a JSON object:
   tokens   list; each item is one token:
              "text"              answer-channel token (its UTF-8 bytes)
              {"r": "text"}       reasoning-channel token
-             {"hex": "f09f"}     answer token of raw bytes (may split UTF-8)
+             {"hex": "f09f"}     answer token of raw bytes (may split UTF-8;
+                                 invalid bytes become U+FFFD, as in k3d)
              {"rhex": "..."}     reasoning token of raw bytes
+             {"unchecked_hex": "80"}  a TOKEN whose text is these bytes as
+                                 they are, valid UTF-8 or not (a broken k3d)
              {"tool": {"index":0,"id":"call_1","name":"f","arguments":"{"}}
              {"sleep": 2.5}      silence (no token)
              {"error": "msg"}    ERROR{INTERNAL} mid-stream (terminal)
@@ -49,6 +52,7 @@ cancelled.
 """
 import argparse
 import asyncio
+import codecs
 import json
 import os
 import re
@@ -144,21 +148,16 @@ class Proto:
 
 
 class Utf8Joiner:
-    """Bytes in, complete UTF-8 text out (what k3d's detokenizer does)."""
+    """Bytes in, complete UTF-8 text out, as k3d's detokenizer does
+    (daemon/text/text_detok.c): a character split across tokens waits for
+    its last byte; bytes that can never form one (a lone continuation byte)
+    become U+FFFD, one per maximal invalid subpart."""
 
     def __init__(self):
-        self.buf = b""
+        self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, b):
-        self.buf += b
-        for cut in range(len(self.buf), max(len(self.buf) - 4, -1), -1):
-            try:
-                text = self.buf[:cut].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            self.buf = self.buf[cut:]
-            return text
-        return ""
+        return self.dec.decode(b)
 
 
 class StopFilter:
@@ -281,7 +280,8 @@ class Daemon:
             self.release(job)
             conn["jobs"].pop(rid, None)
             if job.cancelled and not conn["closed"]:
-                self.log(ev="done", conn=conn["id"], finish="cancelled", completion=job.completion)
+                self.log(ev="done", conn=conn["id"], job=job.job_id, finish="cancelled",
+                         completion=job.completion)
                 self.send(conn, "DONE", rid, finish=FINISH["cancelled"],
                           prompt_tokens=job.prompt_tokens, completion_tokens=job.completion)
             try:
@@ -319,7 +319,8 @@ class Daemon:
                 self.log(ev="error", conn=conn["id"], message=item["error"])
                 return
             if isinstance(item, dict) and "cancelled" in item:
-                self.log(ev="done", conn=conn["id"], finish="cancelled", completion=job.completion)
+                self.log(ev="done", conn=conn["id"], job=job.job_id, finish="cancelled",
+                         completion=job.completion)
                 self.send(conn, "DONE", rid, finish=FINISH["cancelled"], prompt_tokens=job.prompt_tokens,
                           completion_tokens=job.completion, cancel_reason=item["cancelled"])
                 return
@@ -334,6 +335,11 @@ class Daemon:
                 await asyncio.sleep(delay)
             if job.cancelled:
                 return
+            if isinstance(item, dict) and "unchecked_hex" in item:
+                self.send(conn, "TOKEN", rid, ids=[1000 + job.completion], channel=0,
+                          text=bytes.fromhex(item["unchecked_hex"]))
+                job.completion += 1
+                continue
             if isinstance(item, dict) and "tool" in item:
                 t = item["tool"]
                 self.send(conn, "TOOL_CALL", rid, index=t.get("index", 0), id=t.get("id"),
@@ -371,11 +377,11 @@ class Daemon:
         pt = job.prompt_tokens
         # Log first: a test may read the log as soon as its client sees DONE.
         self.totals["completion"] += job.completion
-        self.log(ev="done", conn=conn["id"], finish=finish, completion=job.completion)
+        self.log(ev="done", conn=conn["id"], job=job.job_id, finish=finish, completion=job.completion)
         self.send(conn, "DONE", rid, finish=FINISH[finish], prompt_tokens=pt,
                   completion_tokens=job.completion, reasoning_tokens=reasoning,
                   cached_tokens=sc.get("cached_tokens", 0), prefill_s=0.01, decode_s=0.02,
-                  stop_matched=matched)
+                  stop_matched=matched, expert_bytes_read=1000, spine_bytes_read=5000)
 
     def generate(self, conn, rid, gen):
         self.log(ev="generate", conn=conn["id"], rid=rid, fields={
@@ -474,7 +480,8 @@ class Daemon:
                               expert_misses=1, prefill_s_total=0.5, decode_s_total=1.5,
                               prefetch_issued=4, prefetch_issued_bytes=40960, prefetch_used=3,
                               prefetch_wasted_bytes=10240, expert_cache_bytes=1048576,
-                              io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64)
+                              io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64,
+                              spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152)
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)
                 elif name == "CANCEL":

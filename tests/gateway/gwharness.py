@@ -46,6 +46,8 @@ class Fake:
         out = []
         with open(self.log_path, encoding="utf-8") as f:
             for line in f:
+                if not line.endswith("\n"):
+                    break          # the fake is still writing it (a long GENERATE)
                 e = json.loads(line)
                 if ev is None or e["ev"] == ev:
                     out.append(e)
@@ -58,12 +60,13 @@ class Fake:
 class Stack:
     """fake k3d + k3-gateway; use as a context manager."""
 
-    def __init__(self, fake_args=(), gw_args=(), start_fake=True, sock=None):
+    def __init__(self, fake_args=(), gw_args=(), start_fake=True, sock=None, quiet=True):
         self.dir = tempfile.mkdtemp(prefix="k3gw-")
         self.sock = sock or os.path.join(self.dir, "k3d.sock")
         self.fake = Fake(self.sock, os.path.join(self.dir, "fake.jsonl"), *fake_args)
         self.gw_args = list(gw_args)
         self.start_fake = start_fake
+        self.quiet = quiet
         self.gw = None
 
     def __enter__(self):
@@ -72,8 +75,9 @@ class Stack:
         else:
             open(self.fake.log_path, "w").close()
         assert GW_BIN, "K3_GATEWAY_BIN is not set"
-        self.gw = subprocess.Popen([GW_BIN, "--listen", "127.0.0.1:0", "--socket", self.sock, "--quiet",
-                                    *self.gw_args], stderr=subprocess.PIPE, text=True)
+        self.gw = subprocess.Popen([GW_BIN, "--listen", "127.0.0.1:0", "--socket", self.sock,
+                                    *(["--quiet"] if self.quiet else []), *self.gw_args],
+                                   stderr=subprocess.PIPE, text=True)
         line = self.gw.stderr.readline()
         assert "listening on http://" in line, line
         self.port = int(line.split("listening on http://")[1].split(",")[0].rsplit(":", 1)[1])
@@ -92,6 +96,27 @@ class Stack:
         # Sanitizer reports (ASan build) make the exit status non-zero.
         if exc[0] is None:
             assert rc == 0, "k3-gateway exited %r: %s" % (rc, err[-4000:])
+
+    def log_line(self, pred, timeout=10):
+        """The next line of the gateway's stderr (its access log, with
+        quiet=False) for which pred(line) is true. Reads the pipe's fd
+        directly: a text-mode readline could hold lines select cannot see."""
+        fd = self.gw.stderr.fileno()
+        if not hasattr(self, "_errbuf"):
+            self._errbuf = b""
+        end = time.time() + timeout
+        while True:
+            while b"\n" in self._errbuf:
+                line, self._errbuf = self._errbuf.split(b"\n", 1)
+                if pred(line.decode()):
+                    return line.decode()
+            left = end - time.time()
+            assert left > 0, "no such log line within %s s" % timeout
+            r, _, _ = select.select([fd], [], [], min(left, 0.2))
+            if r:
+                chunk = os.read(fd, 65536)
+                assert chunk, "k3-gateway closed its stderr"
+                self._errbuf += chunk
 
     def client(self, **kw):
         import openai

@@ -142,6 +142,21 @@ def test_oversized_body(st):                                     # T14
     assert chat(st).choices[0].message.content == "Hello from fake k3d."
 
 
+@pytest.mark.xfail(strict=True, reason="libevent 2.1 answers a corrupt chunk size with its own HTML 413 "
+                                       "(docs/k3-gateway.md, Decisions: known limitation)")
+def test_malformed_chunked_body_is_400(st):                      # issue 16
+    """A chunked body whose chunk size is not hex is malformed (400), not
+    too large (413). Strict: it fails loudly once libevent gets this right."""
+    for bad in (b"zz\r\nabc\r\n0\r\n\r\n", b"1G\r\n{\r\n0\r\n\r\n"):
+        s = socket.create_connection(("127.0.0.1", st.port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + bad)
+        reply = read_until(s, b"\x00")
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:80]
+    assert chat(st).choices[0].finish_reason == "stop"
+
+
 def test_unknown_parameter(st):                                  # T22
     for key in ("foo", "top_k"):
         with pytest.raises(openai.BadRequestError) as ei:
@@ -389,6 +404,84 @@ def test_utf8_split_across_tokens(st):                           # T48
     assert joined == "\U0001F600\u9f9c\u9f9c\U0001FAE0"
     assert "\ufffd" not in joined
     assert chat(st, messages=msgs).choices[0].message.content == joined
+
+
+def test_model_output_is_bytes_nul_included(st):                 # T48, issue 16
+    """Model output reaches the client byte for byte: a U+0000 (as "\\u0000"),
+    a lone continuation byte (k3d's detokenizer sends U+FFFD for it) and a
+    4-byte character split across tokens, in chat and legacy completions,
+    streamed and not, in reasoning and in tool-call arguments. Every SSE
+    event parses on its own."""
+    emoji = "\U0001F600".encode()
+    toks = ["a\u0000b", {"hex": "80"}] + [{"hex": emoji[i:i + 1].hex()} for i in range(4)] + ["c\u0000"]
+    want = "a\u0000b\ufffd\U0001F600c\u0000"
+
+    def stream_pieces(path, body, field):
+        status, hd, raw = st.raw("POST", path, dict(body, stream=True))
+        assert status == 200 and b"\\u0000" in raw, raw
+        events = sse_events(raw)
+        assert events[-1] == "data: [DONE]", events
+        out = {}
+        for e in events[:-1]:
+            ch = json.loads(e[6:])["choices"][0]              # every event parses on its own
+            for k in field:
+                out[k] = out.get(k, "") + (ch.get("delta", ch).get(k) or "")
+        return out
+
+    msgs = fake_msg({"tokens": [{"r": "r\u0000"}, {"r": "s"}] + toks})
+    m = chat(st, messages=msgs).choices[0].message
+    assert (m.content, m.model_extra["reasoning_content"]) == (want, "r\u0000s")
+    got = stream_pieces("/v1/chat/completions", {"model": "m", "messages": msgs},
+                        ("content", "reasoning_content"))
+    assert got == {"content": want, "reasoning_content": "r\u0000s"}, got
+    prompt = "#fake " + json.dumps({"tokens": toks})
+    assert st.client().completions.create(model="m", prompt=prompt).choices[0].text == want
+    assert stream_pieces("/v1/completions", {"model": "m", "prompt": prompt}, ("text",)) == {"text": want}
+    # tool-call arguments, the NUL inside the first of two deltas
+    args = '{"q": "x\u0000y"}'
+    calls = fake_msg({"finish": "tool_calls", "tokens": [
+        {"tool": {"index": 0, "id": "call_n", "name": "get_weather", "arguments": args[:10]}},
+        {"tool": {"index": 0, "arguments": args[10:]}}]})
+    c = chat(st, messages=calls, tools=TOOLS)
+    assert c.choices[0].message.tool_calls[0].function.arguments == args
+    with st.client().chat.completions.stream(model="m", messages=calls, tools=TOOLS) as s:
+        assert s.get_final_completion().choices[0].message.tool_calls[0].function.arguments == args
+
+
+def test_invalid_utf8_from_k3d_is_an_error(st):
+    """A TOKEN whose text is not UTF-8 (a broken k3d; the protocol's STR
+    fields refuse it) never reaches the client as bytes: the stream ends
+    with a parseable error event, a plain request gets a 500 JSON error,
+    and the next request is served."""
+    msgs = fake_msg({"tokens": ["ok", {"unchecked_hex": "6180"}, "never"]})
+    status, hd, raw = st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True})
+    events = sse_events(raw)
+    assert "data: [DONE]" not in events and "never" not in raw.decode(), events
+    err = json.loads(events[-1][6:])["error"]
+    assert err["type"] == "server_error" and "bad frame from k3d" in err["message"], err
+    assert "".join(json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "ok"
+    e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs}), 500)
+    assert "bad frame from k3d" in e["message"], e
+    assert chat(st).choices[0].message.content == "Hello from fake k3d."
+
+
+def test_long_error_texts_stay_json(st):
+    """An error text cut to its buffer (k3d's message, a client's key or
+    role) never ends in half a UTF-8 character: the client gets the 400
+    with a valid message, not a 500 "out of memory" (the cut used to make
+    jansson refuse the whole body)."""
+    for n in range(1000, 1012):     # the cut falls on every byte of a 2-byte character
+        script = {"reject": {"status": "INVALID_ARGUMENT", "param": "stop", "message": "x" * n + "\u00e9" * 40}}
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": fake_msg(script)}),
+                               400)
+        assert e["message"].startswith("x" * n) and e["param"] == "stop", (n, e)
+    for role in ("\u00e9" * 300, "x" + "\u00e9" * 300):
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions",
+                                       {"model": "m", "messages": [{"role": role, "content": "x"}]}), 400)
+        assert e["param"] == "messages.[0].role" and e["code"] == "invalid_value", e
+    for key in ("\u00e9" * 100, "x" + "\u00e9" * 100):
+        e = assert_error_shape(*st.raw("POST", "/v1/chat/completions", {"model": "m", "messages": HI, key: 1}), 400)
+        assert e["code"] == "unknown_parameter" and key.startswith(e["param"]) and len(e["param"]) < len(key), e
 
 
 def test_stop_string_straddling_tokens(st):                      # T49 T40
@@ -650,8 +743,19 @@ def test_metrics(st):
         "k3_expert_io_wait_seconds_total": ("counter", "0.250000"),
         "k3_expert_compute_seconds_total": ("counter", "1.750000"),
         "k3_expert_cache_bytes": ("gauge", "1048576"),
+        # the streamed spine (issue 17): STATUS totals, per token = 640000 / 64
+        "k3_spine_bytes_read_total": ("counter", "640000"),
+        "k3_spine_bytes_read_per_token": ("gauge", "10000.0"),
+        "k3_spine_loads_total": ("counter", "40"),
+        "k3_spine_memory_bytes": ("gauge", "2097152"),
     }
     lines = text.splitlines()
+    # spine and expert bytes of this gateway's generations, from their DONEs
+    # (fake: 1000 expert and 5000 spine bytes per DONE)
+    exp = [ln for ln in lines if ln.startswith("k3_gateway_expert_bytes_read_total ")]
+    spn = [ln for ln in lines if ln.startswith("k3_gateway_spine_bytes_read_total ")]
+    assert len(exp) == 1 and len(spn) == 1, (exp, spn)
+    assert int(spn[0].split()[1]) == 5 * int(exp[0].split()[1]), (exp, spn)
     for name, (kind, value) in want.items():
         assert "# TYPE %s %s" % (name, kind) in lines, name
         assert any(ln.startswith("# HELP %s " % name) for ln in lines), name
@@ -695,6 +799,11 @@ def test_metrics_tokens_of_delivered_replies_only():
         assert 'k3_gateway_undelivered_tokens_total{kind="completion"} %d' % cancelled[0]["completion"] \
             in lines, text
         assert "# TYPE k3_gateway_undelivered_tokens_total counter" in lines
+        # the HELP line says what is counted, each kind included (issue 16)
+        assert ("# HELP k3_gateway_tokens_total Tokens in the usage of replies that reached their client "
+                "(generations that ended stop, length or tool_calls), by kind: prompt, completion, reasoning "
+                "(part of completion), cached_prompt (prompt tokens whose KV cache k3d reused instead of "
+                "prefilling; part of prompt).") in lines, [ln for ln in lines if "HELP k3_gateway_tokens" in ln]
 
 
 def test_metrics_status_timeout():
@@ -833,7 +942,9 @@ def test_health_peer_hangs_up():
 
 def test_queue_fifo_then_429():                                  # T62
     with Stack(fake_args=["--queue", "1"]) as s:
-        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.03})
+        # 2 s of tokens: the slot must still be busy when the third request
+        # comes, also on a loaded machine (0.3 s was not always enough)
+        slow = fake_msg({"tokens": ["x"] * 10, "delay": 0.2})
         c = s.client()
         it_a = iter(c.chat.completions.create(model="m", messages=slow, stream=True))
         next(it_a)                                       # admitted, running
@@ -860,6 +971,107 @@ def test_queue_fifo_then_429():                                  # T62
         while sum(1 for e in s.fake.events("cancel") if e["matched"]) < 2 and time.time() < end:
             time.sleep(0.05)
         assert sum(1 for e in s.fake.events("cancel") if e["matched"]) == 2
+
+
+def test_access_log_names_the_job():
+    """The gateway logs k3d's job id for each generation (issue 16): one
+    line when k3d admits it (so 'k3ctl cancel N' needs no guess while it
+    runs; with the queue position when queued), and the access line at its
+    end carries it too. Requests without a job (/health) have none."""
+    import re
+    with Stack(fake_args=["--queue", "1"], quiet=False) as s:
+        slow = fake_msg({"tokens": ["x"] * 5, "delay": 0.2})
+        sa = raw_stream_socket(s.port, {"model": "m", "messages": slow, "stream": True})
+        head_a = read_until(sa, b'"role":"assistant"')
+        rid_a = re.search(rb"x-request-id: (req_[0-9a-f]+)", head_a).group(1).decode()
+        line = s.log_line(lambda ln: rid_a in ln)
+        job_a = int(re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions job (\d+)" % rid_a, line).group(1))
+        sb = raw_stream_socket(s.port, {"model": "m", "messages": slow, "stream": True})
+        head_b = read_until(sb, b'"role":"assistant"')
+        rid_b = re.search(rb"x-request-id: (req_[0-9a-f]+)", head_b).group(1).decode()
+        line = s.log_line(lambda ln: rid_b in ln)
+        job_b = int(re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions job (\d+), queued at position 1"
+                                 % rid_b, line).group(1))
+        for sock in (sa, sb):
+            assert b"data: [DONE]\n\n" in read_until(sock, b"data: [DONE]\n\n", timeout=15)
+            sock.close()
+        done = {e["job"] for e in s.fake.events("done")}
+        assert done == {job_a, job_b} and job_a != job_b, (done, job_a, job_b)
+        for rid, job in ((rid_a, job_a), (rid_b, job_b)):
+            line = s.log_line(lambda ln, rid=rid: rid in ln)
+            assert re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions 200 \d+\.\d{3}s job %d" % (rid, job),
+                                line), line
+        rid = s.raw("GET", "/health")[1]["x-request-id"]
+        line = s.log_line(lambda ln: rid in ln)
+        assert re.fullmatch(r"k3-gateway: %s GET /health 200 \d+\.\d{3}s" % rid, line), line
+
+
+def test_sigterm_ends_streams_as_streams():
+    """SIGTERM to k3-gateway (issue 16): an open stream ends with an error
+    event (503 shutting_down) and "data: [DONE]" and a proper end of the
+    chunked body, not a cut connection (it was logged as 499); a
+    non-streaming request in flight gets a 503 JSON error; both jobs are
+    cancelled in k3d (their connections close); the gateway exits 0."""
+    import re
+    import signal
+    stopping = {"message": "k3-gateway is shutting down; it stopped this request before it finished.",
+                "type": "server_error", "param": None, "code": "shutting_down"}
+    with Stack(fake_args=["--slots", "2"], quiet=False) as s:
+        slow = fake_msg({"tokens": ["t%d " % i for i in range(200)], "delay": 0.05})
+        st = raw_stream_socket(s.port, {"model": "m", "messages": slow, "stream": True})
+        head = read_until(st, b"t1 ")
+        rid = re.search(rb"x-request-id: (req_[0-9a-f]+)", head).group(1).decode()
+        body = json.dumps({"model": "m", "messages": slow}).encode()
+        plain = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        plain.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.log_line(lambda ln: " job " in ln and rid not in ln)     # the second one runs too
+        s.gw.send_signal(signal.SIGTERM)
+        rest = read_until(st, b"\r\n0\r\n\r\n")
+        st.close()
+        assert rest.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), rest[-300:]
+        events = [ln for ln in (head + rest).decode().split("\n") if ln.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:]) == {"error": stopping}, events[-3:]
+        reply = read_until(plain, b"\x00")
+        plain.close()
+        status, _, rbody = reply.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in status, reply
+        assert json.loads(rbody) == {"error": stopping}, reply
+        assert s.gw.wait(10) == 0
+        line = s.log_line(lambda ln: rid in ln and "s job" in ln)
+        assert re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions 503 \d+\.\d{3}s job \d+" % rid, line), line
+        end = time.time() + 5
+        while len(s.fake.events("closed")) < 2 and time.time() < end:
+            time.sleep(0.05)
+        assert [e["jobs"] for e in s.fake.events("closed")] == [1, 1]   # each closed with its job running
+
+
+def test_sigterm_waits_for_a_client_that_does_not_read():
+    """After SIGTERM the gateway waits for the ended replies to be written,
+    at most GW_STOP_FLUSH_S (5 s) for a client that reads nothing; a request
+    that comes meanwhile gets 503 shutting_down with Connection: close."""
+    import signal
+    with Stack(fake_args=["--slots", "2"]) as s:
+        big = fake_msg({"tokens": ["x" * 65536] * 200})          # 13 MB of deltas
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", s.port))
+        data = json.dumps({"model": "m", "messages": big, "stream": True}).encode()
+        stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        end = time.time() + 20
+        while not s.fake.events("done") and time.time() < end:   # all of it sent to the gateway
+            time.sleep(0.1)
+        assert s.fake.events("done")
+        t0 = time.time()
+        s.gw.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        status, hd, body = s.raw("GET", "/v1/models")
+        assert status == 503 and hd["connection"] == "close", (status, hd)
+        assert json.loads(body)["error"]["code"] == "shutting_down"
+        assert s.gw.wait(20) == 0
+        assert time.time() - t0 >= 4, "it did not wait for the client"
+        stalled.close()
 
 
 def test_daemon_down_then_up():                                  # T66

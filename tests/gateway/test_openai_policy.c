@@ -179,11 +179,58 @@ static void test_legacy_mapping(void)
 	gw_openai_request_release(&r);
 }
 
+/* head, then n e-acutes (2 bytes each), then tail, into body. */
+static void with_e_acutes(char *body, size_t cap, const char *head, int n, const char *tail)
+{
+	size_t o = (size_t)snprintf(body, cap, "%s", head);
+
+	for (int k = 0; k < n; k++)
+		o += (size_t)snprintf(body + o, cap - o, "\xc3\xa9");
+	snprintf(body + o, cap - o, "%s", tail);
+}
+
+/* Error texts cut to their buffers never end in half a UTF-8 character,
+ * which jansson would refuse (the 400 became a 500 "out of memory"). */
+static void test_cut_texts_stay_utf8(void)
+{
+	static const char *const trims[][2] = {
+		{ "ab\xc3", "ab" }, { "ab\xf0\x9f\x98", "ab" }, { "ab\xe9\xbe", "ab" },
+		{ "ab\xc3\xa9", "ab\xc3\xa9" }, { "ab", "ab" }, { "", "" },
+	};
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+	char body[4096], s[16];
+
+	for (size_t i = 0; i < sizeof(trims) / sizeof(trims[0]); i++) {
+		snprintf(s, sizeof(s), "%s", trims[i][0]);
+		gw_openai_utf8_trim(s);
+		T_EQ_STR(s, trims[i][1]);
+	}
+	/* one of the two offsets puts each cut inside a character */
+	for (int odd = 0; odd < 2; odd++) {
+		/* a role of 300 e-acutes: the 512-byte message is cut */
+		with_e_acutes(body, sizeof(body), odd ? "{\"model\":\"m\",\"messages\":[{\"role\":\"x" :
+			      "{\"model\":\"m\",\"messages\":[{\"role\":\"", 300, "\",\"content\":\"x\"}]}");
+		T_EQ_INT(parse(GW_EP_CHAT, body, &r, &e), -1);
+		T_EQ_STR(e.param, "messages.[0].role");
+		T_OK(strlen(e.message) > 400 && k3_proto_utf8_valid(e.message, strlen(e.message)));
+		gw_openai_request_release(&r);
+		/* an unknown key of 100 e-acutes: param (128 bytes) is cut too */
+		with_e_acutes(body, sizeof(body), odd ? "{" M ",\"x" : "{" M ",\"", 100, "\":1}");
+		T_EQ_INT(parse(GW_EP_CHAT, body, &r, &e), -1);
+		T_EQ_STR(e.code, "unknown_parameter");
+		T_OK(strlen(e.param) > 120 && k3_proto_utf8_valid(e.param, strlen(e.param)));
+		T_OK(k3_proto_utf8_valid(e.message, strlen(e.message)));
+		gw_openai_request_release(&r);
+	}
+}
+
 int main(void)
 {
 	test_refusals();
 	test_image_message();
 	test_chat_mapping();
 	test_legacy_mapping();
+	test_cut_texts_stay_utf8();
 	return t_done();
 }

@@ -42,7 +42,7 @@ HI = [{"role": "user", "content": "Hello! Who are you?"}]
 
 
 @contextlib.contextmanager
-def real_k3d(prefix, k3d_args, gw_args=()):
+def real_k3d(prefix, k3d_args, gw_args=(), quiet=True):
     """A real k3d on a fresh nano demo model and a gateway in front of it,
     once /health says ready; yields (stack, k3d process, socket path) and
     removes the model and the socket directory afterwards."""
@@ -54,7 +54,7 @@ def real_k3d(prefix, k3d_args, gw_args=()):
     log = open(os.path.join(d, "k3d.log"), "w")
     k = subprocess.Popen([K3D, "--socket", sock, "--model", model, *k3d_args], stderr=log)
     try:
-        with Stack(start_fake=False, sock=sock, gw_args=list(gw_args)) as s:
+        with Stack(start_fake=False, sock=sock, gw_args=list(gw_args), quiet=quiet) as s:
             end = time.time() + 60
             while s.raw("GET", "/health")[0] != 200:
                 assert k.poll() is None and time.time() < end, open(log.name).read()
@@ -227,6 +227,28 @@ def test_real_metrics_expert_counters(real):
                vals["k3_expert_positions_total"]) < 1
     assert vals["k3_expert_demand_hits_total"] + vals["k3_expert_demand_misses_total"] > 0
     assert vals["k3_expert_compute_seconds_total"] > 0 and vals["k3_expert_io_wait_seconds_total"] >= 0
+
+
+def test_real_cancel_by_the_logged_job_id():
+    """The job id the gateway logs is the one k3d knows (issue 16): 'k3ctl
+    cancel N' with it stops the running stream, which ends with the
+    'cancelled' error event, and the next request is served."""
+    import re
+    with real_k3d("k3gw-cancel-", ["--queue", "0"], quiet=False) as (s, _, sock):
+        st = raw_stream_socket(s.port, {"model": "m", "messages": HI, "max_tokens": 100000, "stream": True})
+        head = read_until(st, b'"role":"assistant"')
+        rid = re.search(rb"x-request-id: (req_[0-9a-f]+)", head).group(1).decode()
+        line = s.log_line(lambda ln: rid in ln, timeout=30)
+        job = re.fullmatch(r"k3-gateway: %s POST /v1/chat/completions job (\d+)" % rid, line).group(1)
+        p = subprocess.run([K3CTL, "--socket", sock, "cancel", job], capture_output=True, text=True, timeout=30)
+        assert (p.returncode, p.stdout) == (0, "job %s cancelled\n" % job), (p.returncode, p.stdout, p.stderr)
+        rest = read_until(st, b"\r\n0\r\n\r\n", timeout=30)
+        st.close()
+        events = [ln for ln in (head + rest).decode().split("\n") if ln.startswith("data: ")]
+        err = json.loads(events[-1][6:])["error"]
+        assert err["code"] == "cancelled" and "k3ctl cancel" in err["message"], events[-3:]
+        assert "data: [DONE]" not in events
+        assert chat(s, max_tokens=1).choices[0].finish_reason == "length"
 
 
 def test_real_health_while_draining():

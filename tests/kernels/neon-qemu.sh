@@ -15,7 +15,7 @@ if ! command -v "$cc" >/dev/null 2>&1 || ! command -v "$qemu" >/dev/null 2>&1; t
 fi
 mkdir -p "$out"
 lib="kernels/kern_dispatch.c kernels/kern_elem.c kernels/kern_pool.c
-kernels/ref_kernels.c kernels/arm_neon.c daemon/base/err.c"
+kernels/ref_kernels.c kernels/arm_neon.c base/err.c"
 status=0
 for t in spec simd invariance pool; do
 	files=""
@@ -27,7 +27,7 @@ for t in spec simd invariance pool; do
 	# shellcheck disable=SC2086
 	"$cc" -O2 -static -std=c11 -D_GNU_SOURCE -pthread -DK3_KERN_HAVE_NEON \
 		-Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wvla \
-		-I"$src/kernels" -I"$src/daemon" -I"$src/tests/harness" \
+		-I"$src/kernels" -I"$src" -I"$src/tests/harness" \
 		$files -lm -o "$out/test_kern_$t"
 	echo "== test_kern_$t (aarch64, qemu-user)"
 	# the first line names the ISA under test; it must be neon

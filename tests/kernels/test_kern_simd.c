@@ -6,6 +6,8 @@
  * (each fixed) orders.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kern_ops.h"
 #include "kern_test_util.h"
@@ -179,6 +181,88 @@ static void check_kda(const struct k3_kern_ops *simd, size_t dk, size_t dv)
 	free(S0), free(S1), free(q), free(k), free(al), free(v), free(o0), free(o1), free(sc);
 }
 
+/*
+ * MXFP4 with E8M0 scales across the whole range (k3-model.md §9): s = 0
+ * must give the subnormal 2^-127, never 0 (no flush to zero), and large
+ * scales must not overflow (up to 252: above it 6 * 2^(s-127) itself is
+ * not a finite fp32 weight, and the reference dequantizes to fp32). One row per scale byte, every group of
+ * it at that scale; widths 128 (one full AVX-512 block) and 160 (a block
+ * plus a one-group tail). Checked against the exact sum in double,
+ * relative to sum |w x| (a flushed or wrong scale is off by ~100 %).
+ */
+static void check_mxfp4_scales(const struct k3_kern_ops *ops)
+{
+	static const uint8_t sv[] = { 0, 1, 2, 64, 126, 127, 128, 200, 251, 252 };
+	static const size_t widths[] = { 128, 160 };
+	static const double e2m1[16] = { 0, .5, 1, 1.5, 2, 3, 4, 6,
+		-0.0, -.5, -1, -1.5, -2, -3, -4, -6 };
+	int bad = 0;
+
+	for (size_t wi = 0; wi < 2; wi++) {
+		size_t C = widths[wi], R = sizeof(sv);
+		uint8_t *p = kt_alloc(R * C / 2), *sc = kt_alloc(R * C / 32);
+		float *x = kt_alloc(C * 4), *y = kt_alloc(R * 4);
+		struct k3_kern_mat m = { .dtype = K3_KERN_DT_MXFP4, .rows = R, .cols = C,
+			.data = p, .scales = sc };
+
+		kt_fill_bytes(p, R * C / 2);
+		for (size_t r = 0; r < R; r++)
+			memset(sc + r * C / 32, sv[r], C / 32);
+		for (size_t c = 0; c < C; c++)
+			x[c] = kt_unif();
+		ops->matmul_rows(&m, 0, R, 1, x, C, y, R);
+		/* rows with s >= 128 again with |x| < 2^-12, which keeps
+		 * 160 * 6 * 2^125 * |x| finite; y of the other rows stays */
+		for (size_t c = 0; c < C; c++)
+			x[c] *= 0x1p-12f;
+		ops->matmul_rows(&m, 6, R, 1, x, C, y + 6, R);
+		for (size_t c = 0; c < C; c++)
+			x[c] *= 0x1p12f;
+		for (size_t r = 0; r < R; r++) {
+			double xs = r >= 6 ? 0x1p-12 : 1.0;
+			double want = 0, mag = 0, sf = ldexp(1.0, (int)sv[r] - 127);
+
+			for (size_t c = 0; c < C; c++) {
+				uint8_t b = p[r * C / 2 + c / 2];
+				double t = e2m1[(c & 1) ? b >> 4 : b & 15] * sf * (x[c] * xs);
+
+				want += t;
+				mag += fabs(t);
+			}
+			if (!(fabs(y[r] - want) <= TOL_SUM * mag) && bad++ < 3)
+				printf("  %s mxfp4 scale %u cols %zu: got %.9g want %.9g\n",
+					k3_kern_isa_name(ops->isa), sv[r], C, y[r], want);
+		}
+		free(p), free(sc), free(x), free(y);
+	}
+	T_EQ_INT(bad, 0);
+}
+
+/* The process's ISA is the best one the CPU runs at or below the
+ * K3_KERNELS ceiling (unset / auto: no ceiling), so AVX-512 is chosen
+ * exactly when cpuid reports it (k3_kern_isa_available). */
+static void check_dispatch(void)
+{
+	static const enum k3_kern_isa order[] = { K3_KERN_ISA_AVX512,
+		K3_KERN_ISA_AVX2, K3_KERN_ISA_NEON, K3_KERN_ISA_REF };
+	const char *want = getenv("K3_KERNELS");
+	size_t start = 0;
+
+	if (want && *want && strcmp(want, "auto") != 0) {
+		start = 3;
+		for (size_t i = 0; i < 4; i++)
+			if (strcmp(want, k3_kern_isa_name(order[i])) == 0)
+				start = i;
+	}
+	while (!k3_kern_isa_available(order[start]))
+		start++;
+	printf("K3_KERNELS=%s: active %s (avx512 %s, avx2 %s)\n", want ? want : "(unset)",
+		k3_kern_isa_name(k3_kern_active_isa()),
+		k3_kern_isa_available(K3_KERN_ISA_AVX512) ? "yes" : "no",
+		k3_kern_isa_available(K3_KERN_ISA_AVX2) ? "yes" : "no");
+	T_EQ_INT(k3_kern_active_isa(), order[start]);
+}
+
 int main(void)
 {
 	static const size_t rows[] = { 1, 2, 3, 4, 5, 9, 17 };
@@ -186,6 +270,8 @@ int main(void)
 	static const size_t mcols[] = { 32, 64, 96, 160, 3584, 4160, 16416 };
 	static const size_t Ts[] = { 1, 2, 3, 4, 5, 7 };
 
+	check_dispatch();
+	check_mxfp4_scales(&k3_kern_ops_ref);
 	for (int isa = 1; isa < K3_KERN_ISA_COUNT; isa++) {
 		const struct k3_kern_ops *simd = k3_kern_ops_for((enum k3_kern_isa)isa);
 
@@ -208,6 +294,7 @@ int main(void)
 		check_vec(simd);
 		check_kda(simd, 128, 128);
 		check_kda(simd, 5, 13);
+		check_mxfp4_scales(simd);
 	}
 	if (n_isa_tested == 0)
 		return t_skip("no SIMD ISA available on this CPU/build");

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 #include "t.h"
-#include "model/demo.h"
+#include "demo/demo.h"
 #include "model/inspect.h"
 #include "model/model.h"
 

@@ -64,6 +64,13 @@ static void fill(uint32_t type, union k3_proto_body *b)
 		b->status_reply.io_wait_s_total = 12.25; b->status_reply.has_io_wait_s_total = true;
 		b->status_reply.compute_s_total = 3.5; b->status_reply.has_compute_s_total = true;
 		b->status_reply.positions_total = 1000; b->status_reply.has_positions_total = true;
+		b->status_reply.spine_bytes_read = 226000000000ull;
+		b->status_reply.has_spine_bytes_read = true;
+		b->status_reply.spine_loads = 184; b->status_reply.has_spine_loads = true;
+		b->status_reply.spine_memory_bytes = 3ull << 30;
+		b->status_reply.has_spine_memory_bytes = true;
+		b->status_reply.spine_io_wait_s_total = 2.5;
+		b->status_reply.has_spine_io_wait_s_total = true;
 		b->status_reply.job_ids.n = 2; b->status_reply.job_ids.v = job_ids2;
 		b->status_reply.has_job_ids = true;
 		b->status_reply.job_states.n = 2; b->status_reply.job_states.v = job_states2;
@@ -133,6 +140,10 @@ static void fill(uint32_t type, union k3_proto_body *b)
 		b->done.completion_tokens = 16; b->done.has_completion_tokens = true;
 		b->done.decode_tps = 3.25; b->done.has_decode_tps = true;
 		b->done.expert_bytes_read = 1ull << 40; b->done.has_expert_bytes_read = true;
+		b->done.spine_bytes_read = 113000000000ull; b->done.has_spine_bytes_read = true;
+		b->done.spine_loads = 92; b->done.has_spine_loads = true;
+		b->done.spine_rows_read = 17; b->done.has_spine_rows_read = true;
+		b->done.spine_io_wait_s = 0.125; b->done.has_spine_io_wait_s = true;
 		break;
 	case K3_MSG_CANCEL:
 		b->cancel.job_id = 99; b->cancel.has_job_id = true;
@@ -217,6 +228,13 @@ static void test_round_trips(void)
 		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
 		T_OK(out.done.decode_tps == 3.25);
 		T_EQ_U64(out.done.expert_bytes_read, 1ull << 40);
+		/* the spine's bytes apart from the experts' (issue 17) */
+		T_OK(out.done.has_spine_bytes_read && out.done.has_spine_loads &&
+		     out.done.has_spine_rows_read && out.done.has_spine_io_wait_s);
+		T_EQ_U64(out.done.spine_bytes_read, 113000000000ull);
+		T_EQ_U64(out.done.spine_loads, 92);
+		T_EQ_U64(out.done.spine_rows_read, 17);
+		T_OK(out.done.spine_io_wait_s == 0.125);
 		T_OK(!out.done.has_prefill_s);
 		k3_proto_buf_release(&buf);
 
@@ -226,6 +244,10 @@ static void test_round_trips(void)
 		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_STATUS_REPLY, 8, &in, &err), 0);
 		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
 		const struct k3_msg_status_reply *st = &out.status_reply;
+		T_EQ_U64(st->spine_bytes_read, 226000000000ull);
+		T_EQ_U64(st->spine_loads, 184);
+		T_EQ_U64(st->spine_memory_bytes, 3ull << 30);
+		T_OK(st->has_spine_io_wait_s_total && st->spine_io_wait_s_total == 2.5);
 		T_OK(st->has_job_ids && st->has_job_states && st->has_job_kinds && st->has_job_uids &&
 		     st->has_job_pids && st->has_job_ages_ms);
 		T_EQ_INT(st->job_ids.n, 2);
@@ -575,6 +597,62 @@ static int write_corpus(const char *dir)
 	return 0;
 }
 
+/* The generated setters store the value and mark the field present: a
+ * DONE built with them encodes to the same bytes as one built by hand, and
+ * a field never set stays absent (not sent as zero). */
+static void test_setters(void)
+{
+	struct k3_msg_done a, b;
+	struct k3_msg_generate g;
+	struct k3_proto_buf ba, bb;
+	struct k3_proto_err err;
+	union k3_proto_body out;
+	struct k3_proto_header h;
+	static const uint32_t stop_ids[] = { 7, 8 };
+
+	memset(&a, 0, sizeof(a));
+	memset(&b, 0, sizeof(b));
+	k3_msg_done_set_finish(&a, K3_FINISH_CANCELLED);
+	k3_msg_done_set_prompt_tokens(&a, 6);
+	k3_msg_done_set_completion_tokens(&a, 0);
+	k3_msg_done_set_cancel_reason(&a, K3_CANCEL_BY_ID);
+	k3_msg_done_set_stop_matched(&a, k3_proto_str_of("END"));
+	b.finish = K3_FINISH_CANCELLED; b.has_finish = true;
+	b.prompt_tokens = 6; b.has_prompt_tokens = true;
+	b.completion_tokens = 0; b.has_completion_tokens = true;
+	b.cancel_reason = K3_CANCEL_BY_ID; b.has_cancel_reason = true;
+	b.stop_matched = k3_proto_str_of("END"); b.has_stop_matched = true;
+	T_OK(a.has_finish && a.has_completion_tokens && a.has_cancel_reason && !a.has_queued_s);
+	k3_proto_buf_init(&ba, 4096);
+	k3_proto_buf_init(&bb, 4096);
+	T_EQ_INT(k3_proto_encode(&ba, K3_MSG_DONE, 3, &a, &err), 0);
+	T_EQ_INT(k3_proto_encode(&bb, K3_MSG_DONE, 3, &b, &err), 0);
+	T_EQ_U64(ba.len, bb.len);
+	T_EQ_MEM(ba.data, bb.data, ba.len);
+	T_EQ_INT(k3_proto_frame_decode(ba.data, ba.len, &h, &out, &err), 0);
+	T_OK(out.done.has_cancel_reason && out.done.cancel_reason == K3_CANCEL_BY_ID);
+	T_OK(out.done.has_completion_tokens && out.done.completion_tokens == 0);
+	T_OK(!out.done.has_queued_s && !out.done.has_reasoning_tokens);
+	T_OK(out.done.stop_matched.len == 3 && memcmp(out.done.stop_matched.p, "END", 3) == 0);
+
+	/* array kinds: ids and repeated strings are views set as a whole */
+	memset(&g, 0, sizeof(g));
+	k3_msg_generate_set_mode(&g, K3_MODE_RAW);
+	k3_msg_generate_set_prompt(&g, k3_proto_str_of("a\0b"));   /* 1 byte: a C string view */
+	k3_msg_generate_set_stop_ids(&g, (struct k3_proto_ids){ 2, stop_ids, NULL });
+	k3_msg_generate_set_stop(&g, (struct k3_proto_strv){ .n = 1, .v = { { "\n\n", 2 } } });
+	k3_proto_buf_reset(&ba);
+	T_EQ_INT(k3_proto_encode(&ba, K3_MSG_GENERATE, 4, &g, &err), 0);
+	T_EQ_INT(k3_proto_frame_decode(ba.data, ba.len, &h, &out, &err), 0);
+	T_OK(out.generate.has_prompt && out.generate.prompt.len == 1);
+	T_OK(out.generate.has_stop_ids && out.generate.stop_ids.n == 2 &&
+	     k3_proto_ids_at(&out.generate.stop_ids, 1) == 8);
+	T_OK(out.generate.has_stop && out.generate.stop.n == 1 && out.generate.stop.v[0].len == 2);
+	T_OK(!out.generate.has_max_new && !out.generate.has_messages);
+	k3_proto_buf_release(&ba);
+	k3_proto_buf_release(&bb);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0)
@@ -584,5 +662,6 @@ int main(int argc, char **argv)
 	test_malformed();
 	test_split();
 	test_encoder_refuses();
+	test_setters();
 	return t_done();
 }

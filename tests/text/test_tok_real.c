@@ -76,6 +76,22 @@ static void check_line(json_t *line, void *ud)
 	k3_tok_ids_release(&ids);
 }
 
+/* Issue 16, item 4: a space, then U+1D2C2 KAKTOVIK NUMERAL TWO (Nd since
+ * Unicode 15.0). The release (tiktoken, Unicode 16 tables) splits the space
+ * from the digit; a tokenizer with Unicode 14 tables sees an unassigned
+ * character and keeps the space with it: [18460, 233, 224]. */
+static void check_post_unicode14(void)
+{
+	static const uint32_t want[] = { 220, 11889, 233, 224 };
+	struct k3_tok_ids ids = { 0 };
+
+	T_EQ_INT(k3_tok_encode(g_tok, " \xf0\x9d\x8b\x82", 5, false, &ids, NULL), 0);
+	T_EQ_INT(ids.n, 4);
+	for (size_t i = 0; i < ids.n && i < 4; i++)
+		T_EQ_INT(ids.v[i], want[i]);
+	k3_tok_ids_release(&ids);
+}
+
 int main(void)
 {
 	const char *why = NULL;
@@ -87,6 +103,7 @@ int main(void)
 	tg_each_line("golden/text/tokenizer.jsonl", check_line, NULL);
 	T_EQ_INT(n_id_lines, 137);
 	T_EQ_INT(n_long, 4);
+	check_post_unicode14();
 	k3_tok_free(g_tok);
 	return t_done();
 }
