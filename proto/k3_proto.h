@@ -20,7 +20,9 @@
  *   1  2026-11-29  first version.
  *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
  *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
- *      only to peers whose HELLO has K3_PROTO_CAP_JOBS.)
+ *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; GENERATE's
+ *      draft_policy read, DONE's draft statistics 22-28 and STATUS_REPLY's
+ *      draft totals 35-39.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -160,6 +162,13 @@ enum k3_proto_cancel_reason {
 	K3_CANCEL_BY_ID = 2,      /* CANCEL by job id from another connection (k3ctl cancel) */
 	K3_CANCEL_SHUTDOWN = 3,   /* k3d stopping: drain timeout, or asked to stop again */
 };
+/* GENERATE.draft_policy and DONE.draft_policy (speculative decoding,
+ * docs/draft.md): UNSET = k3d's --draft default. The same values as enum
+ * k3_draft_policy (daemon/draft/draft.h). */
+enum k3_proto_draft_policy {
+	K3_PROTO_DRAFT_UNSET = 0, K3_PROTO_DRAFT_OFF = 1, K3_PROTO_DRAFT_AUTO = 2,
+	K3_PROTO_DRAFT_NGRAM = 3, K3_PROTO_DRAFT_DSPARK = 4,
+};
 /* STATUS_REPLY.job_kinds: what a job does */
 enum k3_proto_job_kind { K3_JOB_GENERATE = 0, K3_JOB_WARM_EXPERTS = 1 };
 /* STATUS_REPLY.job_states */
@@ -234,7 +243,12 @@ enum k3_proto_state {
 	F(m, 31, IDS, job_kinds, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 32, IDS, job_uids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 33, IDS, job_pids, K3_LIM_STATUS_JOBS, 0) \
-	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0)
+	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0) \
+	F(m, 35, U64, draft_proposed_total, 0, 0) \
+	F(m, 36, U64, draft_accepted_total, 0, 0) \
+	F(m, 37, U64, decode_passes_total, 0, 0) \
+	F(m, 38, F64, draft_s_total, 0, 0) \
+	F(m, 39, F64, verify_s_total, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -311,7 +325,14 @@ enum k3_proto_state {
 	F(m, 18, F64, compute_s, 0, 0) \
 	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
 	F(m, 20, U64, prefetch_issued_bytes, 0, 0) \
-	F(m, 21, U32, cancel_reason, 0, 0)
+	F(m, 21, U32, cancel_reason, 0, 0) \
+	F(m, 22, U32, draft_policy, 0, 0) \
+	F(m, 23, U64, draft_proposed, 0, 0) \
+	F(m, 24, U64, draft_accepted, 0, 0) \
+	F(m, 25, U64, decode_passes, 0, 0) \
+	F(m, 26, F64, tokens_per_pass, 0, 0) \
+	F(m, 27, F64, draft_s, 0, 0) \
+	F(m, 28, F64, verify_s, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

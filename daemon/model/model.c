@@ -168,7 +168,9 @@ static int check_scales(struct k3_model *m, struct k3_err *err)
 	return 0;
 }
 
-int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
+/* Opens dir; with_plan: a K3 checkpoint (config.json parsed, tensor plan
+ * built), else only the tensors (k3_model_open_tensors). */
+static int model_open(const char *dir, bool with_plan, struct k3_model **out, struct k3_err *err)
 {
 	struct k3_model *m;
 	struct k3_st_index ix = { 0 };
@@ -191,20 +193,22 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		goto fail;
 	}
 
-	if (!(p = k3_path_join(m->dir, "config.json"))) {
+	if (with_plan && !(p = k3_path_join(m->dir, "config.json"))) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	r = k3_file_read(p, K3_MODEL_CONFIG_MAX, 0, &text, &len, err);
-	if (r)
-		goto fail;
-	r = k3_model_config_parse(text, len, &m->cfg, err);
-	free(text);
-	text = NULL;
-	free(p);
-	p = NULL;
-	if (r)
-		goto fail;
+	if (with_plan) {
+		r = k3_file_read(p, K3_MODEL_CONFIG_MAX, 0, &text, &len, err);
+		if (r)
+			goto fail;
+		r = k3_model_config_parse(text, len, &m->cfg, err);
+		free(text);
+		text = NULL;
+		free(p);
+		p = NULL;
+		if (r)
+			goto fail;
+	}
 
 	if (!(p = k3_path_join(m->dir, "model.safetensors.index.json"))) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
@@ -252,7 +256,8 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 	if (r)
 		goto fail;
 	k3_st_index_release(&ix);
-	r = k3_model_plan_build(&m->cfg, m->tensors, m->n_tensors, &m->plan, &m->layers, &m->experts, err);
+	r = with_plan ? k3_model_plan_build(&m->cfg, m->tensors, m->n_tensors, &m->plan, &m->layers,
+					    &m->experts, err) : 0;
 	if (r)
 		goto fail;
 	r = check_scales(m, err);
@@ -266,6 +271,16 @@ fail:
 	k3_st_index_release(&ix);
 	k3_model_free(m);
 	return r;
+}
+
+int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
+{
+	return model_open(dir, true, out, err);
+}
+
+int k3_model_open_tensors(const char *dir, struct k3_model **out, struct k3_err *err)
+{
+	return model_open(dir, false, out, err);
 }
 
 void k3_model_free(struct k3_model *m)

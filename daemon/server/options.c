@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "base/parse.h"
+#include "draft/draft.h"
 #include "store/store.h"
 #include "store/store_budget.h"
 #include "k3_build_config.h"
@@ -41,6 +42,11 @@ static const char usage[] =
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --draft off|auto|ngram|dspark  speculative decoding for requests that do not\n"
+	"                       choose (default auto: DSpark with --draft-model, else\n"
+	"                       n-gram; the ids are the same either way)\n"
+	"  --draft-model DIR    a DSpark draft checkpoint matching the model\n"
+	"  --draft-max N        proposals per verification pass at most (default 7, 1-63)\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -159,7 +165,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_DRAFT, O_DRAFT_MODEL,
+	       O_DRAFT_MAX };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -181,6 +188,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "draft", required_argument, NULL, O_DRAFT },
+		{ "draft-model", required_argument, NULL, O_DRAFT_MODEL },
+		{ "draft-max", required_argument, NULL, O_DRAFT_MAX },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -196,6 +206,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->idle_timeout_s = K3_LIM_IDLE_TIMEOUT_DEFAULT_S;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
+	opts->draft = K3_DRAFT_POLICY_AUTO;
+	opts->draft_max = K3_OPTIONS_DRAFT_MAX_DEFAULT;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -304,6 +316,23 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_DRAFT: {
+			enum k3_draft_policy p;
+			if ((r = k3_draft_policy_parse(optarg, &p, err)) < 0)
+				return k3_err_prefix(err, "--draft");
+			opts->draft = (int)p;
+			break;
+		}
+		case O_DRAFT_MODEL:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--draft-model: empty path");
+			opts->draft_model = optarg;
+			break;
+		case O_DRAFT_MAX:
+			if ((r = parse_count("--draft-max", optarg, 1, K3_OPTIONS_DRAFT_MAX,
+					     &opts->draft_max, err)) < 0)
+				return r;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -318,6 +347,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	}
 	if (optind < argc)
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
+	if (opts->draft == K3_DRAFT_POLICY_DSPARK && !opts->draft_model)
+		return k3_err_set(err, -EINVAL, "--draft dspark needs --draft-model DIR (a DSpark "
+				  "draft checkpoint)");
 	return finish_connection_limits(opts, per_uid_set, gateway_set, err);
 }
 
@@ -383,4 +415,7 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
+	k3_log_info("config: draft=%s draft-model=%s draft-max=%u",
+		    k3_draft_policy_name((enum k3_draft_policy)opts->draft),
+		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max);
 }

@@ -44,7 +44,15 @@ struct k3_options {
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
 	bool no_packs;                /* --no-packs: read experts from the shards */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
+	/* Speculative decoding (docs/draft.md) */
+	int draft;                    /* --draft: enum k3_draft_policy, the default of
+				       * requests that do not choose (auto) */
+	const char *draft_model;      /* --draft-model DIR: a DSpark draft; NULL = none */
+	unsigned draft_max;           /* --draft-max N: proposals per pass at most (7) */
 };
+
+/* --draft-max bounds: a verification pass is at most one prefill chunk. */
+enum { K3_OPTIONS_DRAFT_MAX_DEFAULT = 7, K3_OPTIONS_DRAFT_MAX = 63 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,
  * offers every rank of the next MoE layer's predicted experts and the store
