@@ -751,7 +751,8 @@ static void describe_draft(struct dlist *l, const struct k3_demo_dims *t, const 
 		N("self_attn.kv_a_layernorm.weight", 1.0f, 0.05f, 1, g->kv_lora, 0, 0);
 		N("self_attn.kv_b_proj.weight", 0.0f, 1.0f / sqrtf((float)g->kv_lora), 2,
 		  H * ((uint64_t)g->nope + g->v_head), g->kv_lora, 0);
-		N("self_attn.o_proj.weight", 0.0f, 0.5f / sqrtf((float)(H * g->v_head)), 2, D,
+		/* strong enough that the context rows visibly steer a proposal */
+		N("self_attn.o_proj.weight", 0.0f, 2.0f / sqrtf((float)(H * g->v_head)), 2, D,
 		  H * g->v_head, 0);
 		N("mlp.gate_proj.weight", 0.0f, one_in, 2, g->inter, D, 0);
 		N("mlp.up_proj.weight", 0.0f, one_in, 2, g->inter, D, 0);

@@ -6,7 +6,11 @@
 #include <math.h>
 
 enum { COST_PRIOR_DIV = 10 };
-static const double cost_forget = 0.98, acc_decay = 0.95, draft_decay = 0.8;
+static const double cost_forget = 0.98, acc_decay = 0.98, draft_decay = 0.8;
+/* Drafting must beat a plain pass by this factor to be chosen: the
+ * estimates are noisy, and a draft that is nearly always wrong must go
+ * off even where a wider pass costs almost nothing extra. */
+static const double pay_margin = 1.03;
 
 void k3_draft_cost_init(struct k3_draft_cost *c)
 {
@@ -58,7 +62,7 @@ void k3_draft_ctl_init(struct k3_draft_ctl *c, uint32_t max_width)
 
 double k3_draft_ctl_acceptance(const struct k3_draft_ctl *c)
 {
-	return (c->hits + 1.0) / (c->tries + 2.0);
+	return (c->hits + 0.5) / (c->tries + 1.0);
 }
 
 /* The width with the best expected tokens per second, 0..max. */
@@ -67,7 +71,7 @@ static uint32_t best_width(const struct k3_draft_ctl *c, const struct k3_draft_c
 {
 	double p = k3_draft_ctl_acceptance(c);
 	double t1 = k3_draft_cost_predict(cost, 1);
-	double best = t1 > 0 ? 1.0 / t1 : 0.0, e = 1.0, pk = 1.0;
+	double best = t1 > 0 ? pay_margin / t1 : 0.0, e = 1.0, pk = 1.0;
 	uint32_t w = 0;
 
 	if (cost->n == 0)            /* nothing measured yet: try a probe's width */

@@ -9,7 +9,8 @@
  *     E(N) / (t(N + 1) + c_draft),   E(N) = 1 + p + p^2 + ... + p^N
  *
  * (a pass yields the accepted prefix plus the target's own next id), with
- * N = 0 meaning a plain decode pass at rate 1 / t(1). When N = 0 wins the
+ * N = 0 meaning a plain decode pass at rate 1 / t(1) (drafting must beat
+ * it by 3 %: the estimates are noisy). When N = 0 wins the
  * draft has stopped paying: it switches itself off for the request and
  * probes again (one pass at a small width) after a back-off of passes
  * that doubles each time the probe fails to pay (16 .. 256).
@@ -54,7 +55,8 @@ enum { K3_DRAFT_CTL_BACKOFF_MIN = 16, K3_DRAFT_CTL_BACKOFF_MAX = 256,
 
 /* A request's controller: on, acceptance prior 1/2, at most max_width. */
 void k3_draft_ctl_init(struct k3_draft_ctl *c, uint32_t max_width);
-/* The acceptance estimate (Laplace: (hits + 1) / (tries + 2)). */
+/* The acceptance estimate, (hits + 1/2) / (tries + 1) (the Jeffreys
+ * prior), over proposals whose weight halves every ~35 passes. */
 double k3_draft_ctl_acceptance(const struct k3_draft_ctl *c);
 /* Proposals to ask for in the next pass, at most limit (the ids the
  * request may still emit after the anchor): 0 = a plain decode pass. */

@@ -791,3 +791,10 @@ const char *k3_draft_dspark_describe(const struct k3_draft *base)
 {
 	return ((const struct dspark *)base)->desc;
 }
+
+void k3_draft_dspark_context(const struct k3_draft *base, uint32_t *first, uint32_t *n)
+{
+	const struct dspark *d = (const struct dspark *)base;
+	*first = d->first;
+	*n = d->n_ctx;
+}

@@ -62,4 +62,8 @@ int k3_draft_dspark_open(const char *dir, struct k3_engine *e, struct k3_draft *
  * YaRN x32"); the string lives as long as d. */
 const char *k3_draft_dspark_describe(const struct k3_draft *d);
 
+/* The positions whose target rows are the draft's context now: first
+ * and count (tests: only committed rows may be there). */
+void k3_draft_dspark_context(const struct k3_draft *d, uint32_t *first, uint32_t *n);
+
 #endif
