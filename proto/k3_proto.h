@@ -167,7 +167,7 @@ enum k3_proto_cancel_reason {
  * k3_draft_policy (daemon/draft/draft.h). */
 enum k3_proto_draft_policy {
 	K3_PROTO_DRAFT_UNSET = 0, K3_PROTO_DRAFT_OFF = 1, K3_PROTO_DRAFT_AUTO = 2,
-	K3_PROTO_DRAFT_NGRAM = 3, K3_PROTO_DRAFT_DSPARK = 4,
+	K3_PROTO_DRAFT_NGRAM = 3, K3_PROTO_DRAFT_DSPARK = 4, K3_PROTO_DRAFT_COUNT
 };
 /* STATUS_REPLY.job_kinds: what a job does */
 enum k3_proto_job_kind { K3_JOB_GENERATE = 0, K3_JOB_WARM_EXPERTS = 1 };
@@ -450,6 +450,11 @@ uint32_t k3_proto_type_payload_max(uint32_t type);
 /* Stable lower-case name of a status ("busy") and of an error code. */
 const char *k3_proto_status_name(uint32_t status);
 const char *k3_proto_error_name(int code);
+/* Draft policy names ("off", "auto", "ngram", "dspark"; "unset" for 0, "?"
+ * out of range), and the reverse for the four a client may ask for:
+ * 0, or -1 for any other string. */
+const char *k3_proto_draft_policy_name(uint32_t p);
+int k3_proto_draft_policy_parse(const char *s, uint32_t *out);
 
 /* ---- frames ---------------------------------------------------------- */
 

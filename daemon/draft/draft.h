@@ -24,8 +24,8 @@
 #include "engine/engine.h"
 
 /* The policy a request asks for (k3d --draft, GENERATE.draft_policy, the
- * gateway's "draft" field). Wire values of GENERATE.draft_policy: UNSET
- * = k3d's default. */
+ * gateway's "draft" field): the values of GENERATE.draft_policy (UNSET =
+ * k3d's default), whose names are proto's (k3_proto_draft_policy_name). */
 enum k3_draft_policy {
 	K3_DRAFT_POLICY_UNSET = 0,
 	K3_DRAFT_POLICY_OFF = 1,     /* plain decoding */
@@ -34,12 +34,6 @@ enum k3_draft_policy {
 	K3_DRAFT_POLICY_DSPARK = 4,  /* the DSpark draft model (--draft-model) */
 	K3_DRAFT_POLICY_COUNT
 };
-
-/* "off", "auto", "ngram", "dspark" -> policy; 0 or -EINVAL with err
- * listing the accepted names. */
-int k3_draft_policy_parse(const char *s, enum k3_draft_policy *out, struct k3_err *err);
-/* The name of a policy ("off", ...; "unset" for UNSET, "?" out of range). */
-const char *k3_draft_policy_name(enum k3_draft_policy p);
 
 struct k3_draft;
 

@@ -17,6 +17,7 @@
 #include "store/store_budget.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
+#include "k3_proto.h"
 
 static const char usage[] =
 	"usage: k3d [options]\n"
@@ -47,6 +48,10 @@ static const char usage[] =
 	"                       n-gram; the ids are the same either way)\n"
 	"  --draft-model DIR    a DSpark draft checkpoint matching the model\n"
 	"  --draft-max N        proposals per verification pass at most (default 7, 1-63)\n"
+	"  --draft-width N      always propose N per pass (measurements; default: the\n"
+	"                       width that maximises measured tokens per second)\n"
+	"  --draft-oracle FILE  tests only: ngram and auto propose the ids in FILE (the\n"
+	"                       reference run) instead of n-gram matches\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -166,7 +171,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_DRAFT, O_DRAFT_MODEL,
-	       O_DRAFT_MAX };
+	       O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -191,6 +196,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "draft", required_argument, NULL, O_DRAFT },
 		{ "draft-model", required_argument, NULL, O_DRAFT_MODEL },
 		{ "draft-max", required_argument, NULL, O_DRAFT_MAX },
+		{ "draft-oracle", required_argument, NULL, O_DRAFT_ORACLE },
+		{ "draft-width", required_argument, NULL, O_DRAFT_WIDTH },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -317,9 +324,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->no_packs = true;
 			break;
 		case O_DRAFT: {
-			enum k3_draft_policy p;
-			if ((r = k3_draft_policy_parse(optarg, &p, err)) < 0)
-				return k3_err_prefix(err, "--draft");
+			uint32_t p;
+			if (k3_proto_draft_policy_parse(optarg, &p) < 0)
+				return k3_err_set(err, -EINVAL, "--draft: '%s' is not one of off, auto, "
+						  "ngram, dspark", optarg);
 			opts->draft = (int)p;
 			break;
 		}
@@ -327,6 +335,16 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if (!optarg[0])
 				return k3_err_set(err, -EINVAL, "--draft-model: empty path");
 			opts->draft_model = optarg;
+			break;
+		case O_DRAFT_ORACLE:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--draft-oracle: empty path");
+			opts->draft_oracle = optarg;
+			break;
+		case O_DRAFT_WIDTH:
+			if ((r = parse_count("--draft-width", optarg, 0, K3_OPTIONS_DRAFT_MAX,
+					     &opts->draft_width, err)) < 0)
+				return r;
 			break;
 		case O_DRAFT_MAX:
 			if ((r = parse_count("--draft-max", optarg, 1, K3_OPTIONS_DRAFT_MAX,
@@ -415,7 +433,14 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
-	k3_log_info("config: draft=%s draft-model=%s draft-max=%u",
-		    k3_draft_policy_name((enum k3_draft_policy)opts->draft),
-		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max);
+	char width[16];
+	if (opts->draft_width)
+		snprintf(width, sizeof(width), "%u", opts->draft_width);
+	else
+		snprintf(width, sizeof(width), "measured");
+	k3_log_info("config: draft=%s draft-model=%s draft-max=%u draft-width=%s%s%s",
+		    k3_proto_draft_policy_name((uint32_t)opts->draft),
+		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max, width,
+		    opts->draft_oracle ? " draft-oracle=" : "",
+		    opts->draft_oracle ? opts->draft_oracle : "");
 }

@@ -49,6 +49,10 @@ struct k3_options {
 				       * requests that do not choose (auto) */
 	const char *draft_model;      /* --draft-model DIR: a DSpark draft; NULL = none */
 	unsigned draft_max;           /* --draft-max N: proposals per pass at most (7) */
+	unsigned draft_width;         /* --draft-width N: always N (measurements, tests);
+				       * 0 = chosen from the measured cost (default) */
+	const char *draft_oracle;     /* --draft-oracle FILE (tests): the n-gram draft's
+				       * place goes to the oracle over these ids */
 };
 
 /* --draft-max bounds: a verification pass is at most one prefill chunk. */

@@ -39,13 +39,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "base/log.h"
 #include "draft/draft_dspark.h"
 #include "draft/draft_ngram.h"
+#include "draft/draft_test.h"
+
+/* --draft-oracle FILE: the ids (decimal, any separators) of a reference
+ * run, which the oracle test draft proposes (tests only). */
+static int oracle_load(struct k3_sched *s, struct k3_err *err)
+{
+	char *text = NULL;
+	size_t len, n = 0;
+	int r = k3_file_read(s->opts->draft_oracle, 64u << 20, 0, &text, &len, err);
+	uint32_t *ids = r ? NULL : malloc((len / 2 + 1) * sizeof(uint32_t));
+
+	if (!r && !ids)
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; !r && i < len;) {
+		if (text[i] < '0' || text[i] > '9') {
+			i++;
+			continue;
+		}
+		uint64_t v = 0;
+		for (; i < len && text[i] >= '0' && text[i] <= '9' && v <= UINT32_MAX; i++)
+			v = v * 10 + (uint64_t)(text[i] - '0');
+		if (v >= k3_engine_vocab(s->engine))
+			r = k3_err_set(err, -EINVAL, "--draft-oracle: id %llu outside the vocabulary",
+				       (unsigned long long)v);
+		else
+			ids[n++] = (uint32_t)v;
+	}
+	if (!r)
+		r = k3_draft_oracle_new(ids, n, k3_engine_vocab(s->engine), 0.0, 1, &s->draft_ngram, err);
+	if (!r)
+		k3_log_warning("draft: --draft-oracle '%s' (%zu ids) replaces the n-gram draft: a test "
+			       "setup", s->opts->draft_oracle, n);
+	free(ids);
+	free(text);
+	return r;
+}
 
 int sched_draft_load(struct k3_sched *s, struct k3_err *err)
 {
-	int r = k3_draft_ngram_new(NULL, &s->draft_ngram, err);
+	int r = s->opts->draft_oracle ? oracle_load(s, err)
+				      : k3_draft_ngram_new(NULL, &s->draft_ngram, err);
 
 	k3_draft_cost_init(&s->draft_cost);
 	if (r < 0 || !s->opts->draft_model)
@@ -64,7 +102,8 @@ static int seq_draft_open(struct k3_sched *s, struct sched_seq *q)
 {
 	struct sched_job *j = q->job;
 	struct k3_draft *d = NULL;
-	struct k3_draft_run_opts o = { .cost = &s->draft_cost, .max_width = s->opts->draft_max };
+	struct k3_draft_run_opts o = { .cost = &s->draft_cost, .max_width = s->opts->draft_max,
+				       .fixed_width = s->opts->draft_width };
 
 	switch (j->draft_policy) {
 	case K3_DRAFT_POLICY_AUTO:

@@ -9,8 +9,7 @@
  *     at a/10 while only one width was seen;
  *   - the width policy: wide for a draft that is always right on a
  *     memory-bound target, off (then a probe after the back-off, which
- *     doubles) for one that is always wrong, and never wider than asked;
- *   - policy names.
+ *     doubles) for one that is always wrong, and never wider than asked.
  */
 #include <errno.h>
 
@@ -178,25 +177,11 @@ static void policy(void)
 	T_EQ_INT(k3_draft_ctl_width(&ctl, &cost, 0), 0);
 }
 
-static void names(void)
-{
-	enum k3_draft_policy p;
-	struct k3_err err = { 0 };
-	T_OK(k3_draft_policy_parse("ngram", &p, &err) == 0 && p == K3_DRAFT_POLICY_NGRAM);
-	T_OK(k3_draft_policy_parse("dspark", &p, &err) == 0 && p == K3_DRAFT_POLICY_DSPARK);
-	T_EQ_INT(k3_draft_policy_parse("unset", &p, &err), -EINVAL);
-	T_EQ_INT(k3_draft_policy_parse("eagle", &p, &err), -EINVAL);
-	T_OK(strstr(err.msg, "off, auto, ngram, dspark") != NULL);
-	T_EQ_STR(k3_draft_policy_name(K3_DRAFT_POLICY_AUTO), "auto");
-	T_EQ_STR(k3_draft_policy_name((enum k3_draft_policy)99), "?");
-}
-
 int main(void)
 {
 	ngram();
 	oracle();
 	cost_fit();
 	policy();
-	names();
 	return t_done();
 }
