@@ -105,6 +105,14 @@ uint32_t k3_draft_ctl_width(struct k3_draft_ctl *c, const struct k3_draft_cost *
 		c->last_width = max < K3_DRAFT_CTL_PROBE_WIDTH ? max : K3_DRAFT_CTL_PROBE_WIDTH;
 		return c->last_width;
 	}
+	if (!c->observed) {
+		/* a request starts with a probe: its own acceptance, not the
+		 * prior, decides (the prior alone never pays on a target whose
+		 * wider passes cost nearly as much as that many plain ones) */
+		c->probing = true;
+		c->last_width = max < K3_DRAFT_CTL_PROBE_WIDTH ? max : K3_DRAFT_CTL_PROBE_WIDTH;
+		return c->last_width;
+	}
 	c->last_width = best_width(c, cost, max);
 	if (c->last_width == 0) {
 		/* the draft stopped paying: off for this request, for a while */
@@ -125,6 +133,7 @@ void k3_draft_ctl_observe(struct k3_draft_ctl *c, uint32_t n, uint32_t m, double
 	}
 	if (n == 0)
 		return;
+	c->observed = true;
 	/* m successes, then one failure unless every proposal matched */
 	c->hits = c->hits * acc_decay + m;
 	c->tries = c->tries * acc_decay + m + (m < n);

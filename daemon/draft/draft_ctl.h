@@ -10,7 +10,8 @@
  *
  * (a pass yields the accepted prefix plus the target's own next id), with
  * N = 0 meaning a plain decode pass at rate 1 / t(1) (drafting must beat
- * it by 3 %: the estimates are noisy). When N = 0 wins the
+ * it by 3 %: the estimates are noisy). A request's first drafted pass is
+ * a probe at a small width, so its own acceptance decides. When N = 0 wins the
  * draft has stopped paying: it switches itself off for the request and
  * probes again (one pass at a small width) after a back-off of passes
  * that doubles each time the probe fails to pay (16 .. 256).
@@ -44,6 +45,7 @@ struct k3_draft_ctl {
 	double draft_s;              /* mean seconds per propose call (decayed) */
 	uint64_t draft_calls;
 	bool probing;                /* the pass being decided is a probe */
+	bool observed;               /* a verification of this request was seen */
 	uint32_t off_left;           /* passes left with the draft off; 0 = on */
 	uint32_t backoff;            /* length of the next off period */
 	uint32_t switched_off;       /* how often it switched itself off */

@@ -52,6 +52,7 @@ static const char usage[] =
 	"                       width that maximises measured tokens per second)\n"
 	"  --draft-oracle FILE  tests only: ngram and auto propose the ids in FILE (the\n"
 	"                       reference run) instead of n-gram matches\n"
+	"  --draft-oracle-spoil P  benchmarks: make a share P (0-1) of those wrong\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -171,7 +172,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_DRAFT, O_DRAFT_MODEL,
-	       O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH };
+	       O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -198,6 +199,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "draft-max", required_argument, NULL, O_DRAFT_MAX },
 		{ "draft-oracle", required_argument, NULL, O_DRAFT_ORACLE },
 		{ "draft-width", required_argument, NULL, O_DRAFT_WIDTH },
+		{ "draft-oracle-spoil", required_argument, NULL, O_DRAFT_SPOIL },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -341,6 +343,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				return k3_err_set(err, -EINVAL, "--draft-oracle: empty path");
 			opts->draft_oracle = optarg;
 			break;
+		case O_DRAFT_SPOIL:
+			if ((r = k3_parse_double(optarg, 0, 1, &opts->draft_oracle_spoil, err)) < 0)
+				return k3_err_prefix(err, "--draft-oracle-spoil");
+			break;
 		case O_DRAFT_WIDTH:
 			if ((r = parse_count("--draft-width", optarg, 0, K3_OPTIONS_DRAFT_MAX,
 					     &opts->draft_width, err)) < 0)
@@ -365,6 +371,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	}
 	if (optind < argc)
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
+	if (opts->draft_oracle_spoil > 0 && !opts->draft_oracle)
+		return k3_err_set(err, -EINVAL, "--draft-oracle-spoil needs --draft-oracle FILE");
 	if (opts->draft == K3_DRAFT_POLICY_DSPARK && !opts->draft_model)
 		return k3_err_set(err, -EINVAL, "--draft dspark needs --draft-model DIR (a DSpark "
 				  "draft checkpoint)");

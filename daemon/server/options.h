@@ -53,6 +53,8 @@ struct k3_options {
 				       * 0 = chosen from the measured cost (default) */
 	const char *draft_oracle;     /* --draft-oracle FILE (tests): the n-gram draft's
 				       * place goes to the oracle over these ids */
+	double draft_oracle_spoil;    /* --draft-oracle-spoil P: share of its proposals
+				       * made wrong (benchmarks: acceptance 1 - P) */
 };
 
 /* --draft-max bounds: a verification pass is at most one prefill chunk. */

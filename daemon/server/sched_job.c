@@ -71,10 +71,12 @@ static int oracle_load(struct k3_sched *s, struct k3_err *err)
 			ids[n++] = (uint32_t)v;
 	}
 	if (!r)
-		r = k3_draft_oracle_new(ids, n, k3_engine_vocab(s->engine), 0.0, 1, &s->draft_ngram, err);
+		r = k3_draft_oracle_new(ids, n, k3_engine_vocab(s->engine), s->opts->draft_oracle_spoil,
+					1, &s->draft_ngram, err);
 	if (!r)
-		k3_log_warning("draft: --draft-oracle '%s' (%zu ids) replaces the n-gram draft: a test "
-			       "setup", s->opts->draft_oracle, n);
+		k3_log_warning("draft: --draft-oracle '%s' (%zu ids, %.0f %% spoiled) replaces the n-gram "
+			       "draft: a test setup", s->opts->draft_oracle, n,
+			       100.0 * s->opts->draft_oracle_spoil);
 	free(ids);
 	free(text);
 	return r;

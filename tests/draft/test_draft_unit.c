@@ -169,7 +169,12 @@ static void policy(void)
 	k3_draft_ctl_init(&ctl, 7);
 	ctl.hits = 50;
 	ctl.tries = 100;
+	ctl.observed = true;
 	T_EQ_INT(k3_draft_ctl_width(&ctl, &cost, 100), 0);
+	/* a request's first call is a probe, whatever the prior says */
+	k3_draft_ctl_init(&ctl, 7);
+	T_EQ_INT(k3_draft_ctl_width(&ctl, &cost, 100), K3_DRAFT_CTL_PROBE_WIDTH);
+	T_OK(ctl.probing);
 	/* never wider than the limit */
 	k3_draft_ctl_init(&ctl, 7);
 	k3_draft_cost_init(&cost);
