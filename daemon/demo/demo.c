@@ -550,6 +550,18 @@ done:
 	return r;
 }
 
+/* Writes c (consumed) as out/config.json, keys sorted, 2-space indent. */
+static int dump_config(const char *out, json_t *c, struct k3_err *err)
+{
+	char *p = k3_path_join(out, "config.json");
+	int r = 0;
+	if (!p || json_dump_file(c, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+		r = k3_err_set(err, -EIO, "%s/config.json: write failed", out);
+	free(p);
+	json_decref(c);
+	return r;
+}
+
 static int write_config(const char *out, const struct k3_demo_dims *d, uint64_t seed, struct k3_err *err)
 {
 	uint32_t ranks = d->vocab - 256;
@@ -635,13 +647,7 @@ static int write_config(const char *out, const struct k3_demo_dims *d, uint64_t 
 	json_object_set_new(c, "k3_demo_model", json_pack("{s:s,s:I,s:s}", "generator", "k3ctl demo-model",
 							   "seed", (json_int_t)seed, "note",
 							   "synthetic weights; no vision tower weights are stored"));
-	char *p = k3_path_join(out, "config.json");
-	int r = 0;
-	if (!p || json_dump_file(c, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
-		r = k3_err_set(err, -EIO, "%s/config.json: write failed", out);
-	free(p);
-	json_decref(c);
-	return r;
+	return dump_config(out, c, err);
 }
 
 int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *err)
@@ -810,13 +816,7 @@ static int write_draft_config(const char *out, const struct k3_demo_dims *t,
 	json_object_set_new(c, "k3_demo_model", json_pack("{s:s,s:I,s:s}", "generator",
 							   "k3ctl demo-model --draft", "seed", (json_int_t)seed,
 							   "note", "synthetic DSpark-format draft; random weights"));
-	char *p = k3_path_join(out, "config.json");
-	int r = 0;
-	if (!p || json_dump_file(c, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
-		r = k3_err_set(err, -EIO, "%s/config.json: write failed", out);
-	free(p);
-	json_decref(c);
-	return r;
+	return dump_config(out, c, err);
 }
 
 void k3_demo_draft_dims(const struct k3_demo_opts *target, struct k3_demo_draft_dims *g)

@@ -29,13 +29,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from k3proto import T, connect, field, frame, read_frame  # noqa
+from k3proto import T, connect, field, frame, ids_field, read_frame, unpack_ids  # noqa
 
 NAMES = {v: k for k, v in T.items()}
-
-
-def ids_field(tag, ids):
-    return field(tag, b"".join(struct.pack("<I", i) for i in ids))
 
 
 def generate(sock, prompt, max_new, draft=None):
@@ -49,7 +45,7 @@ def generate(sock, prompt, max_new, draft=None):
         t, _, f = read_frame(c, 600)
         name = NAMES.get(t)
         if name == "TOKEN":
-            out += [struct.unpack_from("<I", f[1][0], i)[0] for i in range(0, len(f[1][0]), 4)]
+            out += unpack_ids(f[1][0])
         elif name == "DONE":
             c.close()
             return out, f
@@ -158,10 +154,7 @@ def main():
         print(f"{name:14} {m['tps']:7.2f} {m['tps'] / base['tps']:6.2f} {m['bytes']:11.0f} "
               f"{(base['bytes'] / m['bytes']) if m['bytes'] else 0:8.2f} {m['tpp']:8.2f} "
               f"{acc:7.2f} {m['io']:7.3f}")
-    if not a.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)     # a --keep model lives outside it
     return 0
 
 

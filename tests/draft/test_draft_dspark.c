@@ -56,19 +56,27 @@ static bool edit_file(const char *path, const char *from, const char *to)
 	return ok;
 }
 
+/* A fresh copy of the good draft in ROOT/bad; bad := its directory and
+ * path := its `file`. */
+static bool fresh_copy(const char *file, char *bad, size_t nb, char *path, size_t np)
+{
+	char good[128];
+	snprintf(good, sizeof(good), "%s/draft", root);
+	snprintf(bad, nb, "%s/bad", root);
+	snprintf(path, np, "%s/%s", bad, file);
+	return T_OK(sh("rm -rf '%s'%s", bad, "") && sh("cp -r '%s' '%s'", good, bad));
+}
+
 /* Copies the good draft to DIR/bad, applies one edit to `file`, opens it
  * and checks the error names `want`. */
 static void refused(struct k3_engine *e, const char *file, const char *from, const char *to,
 		    int code, const char *want)
 {
-	char good[128], bad[128], path[256];
+	char bad[128], path[256];
 	struct k3_err err = { 0 };
 	struct k3_draft *d = NULL;
 
-	snprintf(good, sizeof(good), "%s/draft", root);
-	snprintf(bad, sizeof(bad), "%s/bad", root);
-	snprintf(path, sizeof(path), "%s/%s", bad, file);
-	if (!T_OK(sh("rm -rf '%s'%s", bad, "") && sh("cp -r '%s' '%s'", good, bad)))
+	if (!fresh_copy(file, bad, sizeof(bad), path, sizeof(path)))
 		return;
 	if (!T_OK(edit_file(path, from, to)))
 		return;
@@ -113,14 +121,10 @@ static void corrupt_cases(struct k3_engine *e)
 		"\"layers.0.self_attn.kv_b_proj.weight\":{\"dtype\":\"F16\" ", -EINVAL,
 		"tensor 'layers.0.self_attn.kv_b_proj.weight' must be BF16 [128, 32]");
 	/* truncated shard: the safetensors reader says so */
-	char path[256];
-	snprintf(path, sizeof(path), "%s/bad/model.safetensors", root);
+	char path[256], bad[128];
 	struct k3_err err = { 0 };
 	struct k3_draft *d = NULL;
-	char good[128], bad[128];
-	snprintf(good, sizeof(good), "%s/draft", root);
-	snprintf(bad, sizeof(bad), "%s/bad", root);
-	if (T_OK(sh("rm -rf '%s'%s", bad, "") && sh("cp -r '%s' '%s'", good, bad)) &&
+	if (fresh_copy("model.safetensors", bad, sizeof(bad), path, sizeof(path)) &&
 	    T_OK(truncate(path, 4096) == 0)) {
 		T_EQ_INT(k3_draft_dspark_open(bad, e, &d, &err), -EINVAL);
 		T_OK(strstr(err.msg, "model.safetensors") != NULL);

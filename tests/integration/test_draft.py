@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import T, Daemon, connect, field, frame, read_frame, u32  # noqa
+from k3proto import T, Daemon, connect, field, frame, ids_field, read_frame, u32, unpack_ids  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 NAMES = {v: k for k, v in T.items()}
@@ -38,14 +38,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-def ids_field(tag, ids):
-    return field(tag, b"".join(struct.pack("<I", i) for i in ids))
-
-
-def unpack_ids(b):
-    return [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
 
 
 def generate(sock, ids=None, messages=None, max_new=None, stop=(), stop_ids=None, draft=None, rid=7):
