@@ -21,8 +21,8 @@
  *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
  *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
  *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; GENERATE's
- *      draft_policy read, DONE's draft statistics 22-28 and STATUS_REPLY's
- *      draft totals 35-39.)
+ *      spine counters DONE 22-25, STATUS_REPLY 35-38; draft_policy read,
+ *      DONE's draft statistics 26-32 and STATUS_REPLY's draft totals 39-43.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -244,11 +244,15 @@ enum k3_proto_state {
 	F(m, 32, IDS, job_uids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 33, IDS, job_pids, K3_LIM_STATUS_JOBS, 0) \
 	F(m, 34, U64S, job_ages_ms, K3_LIM_STATUS_JOBS, 0) \
-	F(m, 35, U64, draft_proposed_total, 0, 0) \
-	F(m, 36, U64, draft_accepted_total, 0, 0) \
-	F(m, 37, U64, decode_passes_total, 0, 0) \
-	F(m, 38, F64, draft_s_total, 0, 0) \
-	F(m, 39, F64, verify_s_total, 0, 0)
+	F(m, 35, U64, spine_bytes_read, 0, 0) \
+	F(m, 36, U64, spine_loads, 0, 0) \
+	F(m, 37, U64, spine_memory_bytes, 0, 0) \
+	F(m, 38, F64, spine_io_wait_s_total, 0, 0) \
+	F(m, 39, U64, draft_proposed_total, 0, 0) \
+	F(m, 40, U64, draft_accepted_total, 0, 0) \
+	F(m, 41, U64, decode_passes_total, 0, 0) \
+	F(m, 42, F64, draft_s_total, 0, 0) \
+	F(m, 43, F64, verify_s_total, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -326,13 +330,17 @@ enum k3_proto_state {
 	F(m, 19, STR, stop_matched, K3_LIM_STOP_BYTES, 0) \
 	F(m, 20, U64, prefetch_issued_bytes, 0, 0) \
 	F(m, 21, U32, cancel_reason, 0, 0) \
-	F(m, 22, U32, draft_policy, 0, 0) \
-	F(m, 23, U64, draft_proposed, 0, 0) \
-	F(m, 24, U64, draft_accepted, 0, 0) \
-	F(m, 25, U64, decode_passes, 0, 0) \
-	F(m, 26, F64, tokens_per_pass, 0, 0) \
-	F(m, 27, F64, draft_s, 0, 0) \
-	F(m, 28, F64, verify_s, 0, 0)
+	F(m, 22, U64, spine_bytes_read, 0, 0) \
+	F(m, 23, U64, spine_loads, 0, 0) \
+	F(m, 24, U64, spine_rows_read, 0, 0) \
+	F(m, 25, F64, spine_io_wait_s, 0, 0) \
+	F(m, 26, U32, draft_policy, 0, 0) \
+	F(m, 27, U64, draft_proposed, 0, 0) \
+	F(m, 28, U64, draft_accepted, 0, 0) \
+	F(m, 29, U64, decode_passes, 0, 0) \
+	F(m, 30, F64, tokens_per_pass, 0, 0) \
+	F(m, 31, F64, draft_s, 0, 0) \
+	F(m, 32, F64, verify_s, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

@@ -24,7 +24,10 @@
  *    output element's reduction order.
  *  - Weights are borrowed: tensors handed to open() must outlive the model
  *    handle (they are normally mmapped checkpoint bytes). Expert spans
- *    handed to routed_experts() need only live for that call.
+ *    handed to routed_experts() need only live for that call. A streamed
+ *    spine (bind_layer, bind_head, embed_rows below) hands open() a
+ *    layer's, the head's or the embedding's tensors without data; their
+ *    bytes are then borrowed only between a bind and the next one.
  */
 #ifndef K3_PROVIDER_H
 #define K3_PROVIDER_H
@@ -280,6 +283,41 @@ struct k3_provider {
 			      struct k3_prov_status *st);
 
 	/*
+	 * Optional (all three or none; present when struct_size covers them):
+	 * the streamed spine (docs/engine.md, "Spine streaming"). open()
+	 * accepts a layer whose every tensor has data == NULL (shapes and
+	 * dtypes as always: they are validated then), the head (lm_head,
+	 * norm, out_res_norm, out_res_proj all without data) and the
+	 * embedding without data. Such a layer's (the head's) ops fail with
+	 * -EINVAL until it is bound.
+	 *
+	 * bind_layer: every later op of layer `layer` reads w's tensors until
+	 * the next bind_layer of that layer; w must carry the shapes and
+	 * dtypes open() validated, with data (borrowed until that next bind).
+	 * w == NULL unbinds: the provider forgets the bytes, so their memory
+	 * may be reused. The engine binds a streamed layer right before its
+	 * ops and unbinds it after them. Never inside that layer's
+	 * routed_begin..routed_end. Binding allocates nothing (vectors the
+	 * provider keeps in its own form are converted into buffers made at
+	 * open). Errors: -EINVAL (shape, dtype or a missing tensor; the layer
+	 * is then unbound), message naming the tensor.
+	 *
+	 * bind_head: the same for w->lm_head, norm, out_res_norm and
+	 * out_res_proj (the other fields of w are ignored).
+	 *
+	 * embed_rows: out[T][D] := rows[T][D] converted to fp32, rows being
+	 * the embedding rows of the positions' tokens already gathered (by
+	 * the engine's spine source), in the embedding's dtype: the same
+	 * values embed() gives for those ids (spec §4.1).
+	 */
+	int (*bind_layer)(k3_prov_model *m, uint32_t layer, const struct k3_prov_layer_weights *w,
+			  struct k3_prov_status *st);
+	int (*bind_head)(k3_prov_model *m, const struct k3_prov_weights *w,
+			 struct k3_prov_status *st);
+	int (*embed_rows)(k3_prov_model *m, const void *rows, uint32_t T, float *out,
+			  struct k3_prov_status *st);
+
+	/*
 	 * Optional (all four or none; present when struct_size covers them):
 	 * KDA verification without a state copy per position, for
 	 * speculative decoding (docs/text-and-draft.md §4.8, "Replay";
@@ -298,7 +336,10 @@ struct k3_provider {
 	 * kda_replay(m, layer, s, rec, n): advances s over the first n
 	 * (0..T of the last kda_verify into rec) recorded positions with the
 	 * same per-token routine kda uses, so s ends bit-identical to a kda
-	 * call over those n positions. n > T: -EINVAL, s unchanged.
+	 * call over those n positions. n > T: -EINVAL, s unchanged. Neither
+	 * kda_record_new nor kda_replay needs the layer bound (a streamed
+	 * spine): replay reads only the small vectors the provider keeps of
+	 * the layer (conv taps, decay parameters), not its matrices.
 	 * Providers without these ops get a state snapshot from the engine
 	 * (kda_state_copy): correct, with more memory traffic.
 	 */

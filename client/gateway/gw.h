@@ -45,6 +45,8 @@ struct gw_metrics {
 	/* DONEs whose reply did not: the client left, or cancelled/error */
 	uint64_t undelivered_prompt_tokens, undelivered_completion_tokens;
 	uint64_t expert_bytes_read, expert_hits, expert_misses;
+	/* bytes read for every DONE seen, delivered or not (the reads happened) */
+	uint64_t done_expert_bytes, done_spine_bytes;
 	uint64_t cancels_sent;
 	unsigned in_flight;          /* API requests holding a daemon connection (not /health, /metrics) */
 };

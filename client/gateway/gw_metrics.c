@@ -160,6 +160,12 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		   "Prefill time of generations whose reply reached the client.", 6, m->prefill_s);
 	metric_f64(out, "k3_gateway_decode_seconds_total", "counter",
 		   "Decode time of generations whose reply reached the client.", 6, m->decode_s);
+	metric_u64(out, "k3_gateway_expert_bytes_read_total", "counter",
+		   "Expert bytes k3d read for the generations of this gateway (DONE, every reply).",
+		   m->done_expert_bytes);
+	metric_u64(out, "k3_gateway_spine_bytes_read_total", "counter",
+		   "Spine bytes k3d read for the generations of this gateway (DONE; 0 while k3d maps"
+		   " the spine).", m->done_spine_bytes);
 	metric_u64(out, "k3_gateway_cancels_total", "counter",
 		   "CANCELs sent to k3d because a client went away.", m->cancels_sent);
 	metric_u64(out, "k3_gateway_in_flight", "gauge",
@@ -186,6 +192,21 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		   st->decode_s_total);
 	if (st->has_expert_bytes_read)
 		render_expert(st, out);
+	/* the streamed spine (issue 17; absent while k3d maps it) */
+	counter_u64(out, "k3_spine_bytes_read_total",
+		    "Spine bytes read from storage since k3d became ready (streamed layers, head,"
+		    " embedding rows).", st->has_spine_bytes_read, st->spine_bytes_read);
+	if (st->has_spine_bytes_read && st->has_positions_total)
+		metric_f64(out, "k3_spine_bytes_read_per_token", "gauge",
+			   "Spine bytes read / positions computed, since k3d started.", 1,
+			   st->positions_total ? (double)st->spine_bytes_read / (double)st->positions_total
+					       : 0.0);
+	counter_u64(out, "k3_spine_loads_total", "Spine layers (and heads) read whole.",
+		    st->has_spine_loads, st->spine_loads);
+	if (st->has_spine_memory_bytes)
+		metric_u64(out, "k3_spine_memory_bytes", "gauge",
+			   "k3d's spine memory: resident prefix, ring of layer arenas, row scratch.",
+			   st->spine_memory_bytes);
 	if (st->has_decode_passes_total)
 		render_draft(st, out);
 }

@@ -31,6 +31,8 @@ static void on_done(struct gw_req *r, const struct k3_msg_done *d)
 	json_t *usage;
 
 	r->done = true;
+	m->done_expert_bytes += d->expert_bytes_read;
+	m->done_spine_bytes += d->spine_bytes_read;
 	/* The token and time totals describe replies clients received (what
 	 * their usage objects add up to); work whose reply never reached its
 	 * client (it left, or k3d cancelled or failed the job) is counted

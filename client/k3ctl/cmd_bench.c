@@ -2,13 +2,16 @@
  * cmd_bench.c - `k3ctl bench --model DIR [--max-new N] [--prompt-len N]
  * [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]
  * [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]
- * [--disk-mib M] [--disk-samples N] [--seed N]`: offline (no daemon) greedy
- * generation through the expert store, measured against the disk it reads
- * from (issue 7, "Benchmarks"; docs/store.md).
+ * [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]`:
+ * offline (no daemon) greedy generation through the expert store (and with
+ * --spine-resident the spine loader, store_spine.h), measured against the
+ * disk it reads from (issue 7, "Benchmarks"; docs/store.md).
  *
- * Prints tokens/s, expert bytes read per token (and the wasted part), demand
- * hit rate, prefetch figures, the lookahead's precision by rank, and two
- * ratios against the disk measured in the same run.
+ * Prints tokens/s, expert bytes read per token (and the wasted part) and,
+ * when the spine streams, spine bytes per token apart, demand hit rate,
+ * prefetch figures, the lookahead's precision by rank, and two ratios
+ * against the disk measured in the same run (the floor counts the spine's
+ * bytes with the experts').
  *
  * The disk is noisy when shared, so it is sampled several times interleaved
  * with the work: before the prompt, after it, at evenly spaced points of the
@@ -59,6 +62,7 @@
 #include "store/store_budget.h"
 #include "store/store_engine.h"
 #include "store/store_model.h"
+#include "store/store_spine.h"
 
 enum { BENCH_MAX_NEW = 4096, BENCH_MAX_PROMPT = 4096, BENCH_MAX_SAMPLES = 64, SHOW_RANKS = 8 };
 
@@ -68,7 +72,7 @@ static void usage(void)
 		"usage: k3ctl bench --model DIR [--max-new N] [--prompt-len N]\n"
 		"       [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]\n"
 		"       [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]\n"
-		"       [--disk-mib M] [--disk-samples N] [--seed N]\n");
+		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]\n");
 }
 
 static double now_s(void)
@@ -317,7 +321,21 @@ static double disk_bandwidth(const struct probe *p, const struct k3_store_source
 struct phase {
 	double wall_s;
 	struct k3_store_stats st;
+	struct k3_store_spine_stats sp;   /* zero when the spine is mapped */
 };
+
+/* Counters of the store and the spine loader (NULL: mapped) after their
+ * reads in flight landed. */
+static void snapshot(struct k3_store *store, struct k3_store_spine *spine,
+		     struct k3_store_stats *st, struct k3_store_spine_stats *sp)
+{
+	memset(sp, 0, sizeof(*sp));
+	k3_store_stats_get(store, st);
+	if (spine) {
+		k3_store_spine_drain(spine);
+		k3_store_spine_stats_get(spine, sp);
+	}
+}
 
 static void phase_print(const char *name, const struct phase *p, uint32_t tokens)
 {
@@ -330,7 +348,14 @@ static void phase_print(const char *name, const struct phase *p, uint32_t tokens
 	       tokens ? (double)s->bytes_read / tokens / 1e6 : 0,
 	       tokens ? (double)s->prefetch_wasted_bytes / tokens / 1e6 : 0,
 	       acc ? 100.0 * (double)s->demand_hits / (double)acc : 0, (unsigned long long)acc,
-	       (double)s->io_wait_ns * 1e-9, p->wall_s - (double)s->io_wait_ns * 1e-9);
+	       (double)(s->io_wait_ns + p->sp.io_wait_ns) * 1e-9,
+	       p->wall_s - (double)(s->io_wait_ns + p->sp.io_wait_ns) * 1e-9);
+	if (p->sp.bytes_read)
+		printf("         spine: %.0f bytes/token (%.2f MB; %llu layers read, %llu embedding"
+		       " rows), %.3f s of the io wait\n", tokens ? (double)p->sp.bytes_read / tokens : 0,
+		       tokens ? (double)p->sp.bytes_read / tokens / 1e6 : 0,
+		       (unsigned long long)p->sp.loads, (unsigned long long)p->sp.rows_read,
+		       (double)p->sp.io_wait_ns * 1e-9);
 	printf("         prefetch: %llu issued (%.2f MB), %llu used later (%.1f%% of issued), "
 	       "%llu late (same step, counted as misses), %llu cancelled unread, %llu stopped "
 	       "part-way, %llu not read (gate), %.2f MB wasted\n",
@@ -363,6 +388,11 @@ static json_t *phase_json(const struct phase *p, uint32_t tokens)
 	json_object_set_new(o, "prefetch_skipped", json_integer((json_int_t)s->prefetch_skipped));
 	json_object_set_new(o, "guesses_scored", json_integer((json_int_t)s->guesses_scored));
 	json_object_set_new(o, "guesses_right", json_integer((json_int_t)s->guesses_right));
+	json_object_set_new(o, "spine_bytes_per_token",
+			    json_real(tokens ? (double)p->sp.bytes_read / tokens : 0.0));
+	json_object_set_new(o, "spine_bytes_read", json_integer((json_int_t)p->sp.bytes_read));
+	json_object_set_new(o, "spine_loads", json_integer((json_int_t)p->sp.loads));
+	json_object_set_new(o, "spine_io_wait_s", json_real((double)p->sp.io_wait_ns * 1e-9));
 	return o;
 }
 
@@ -425,6 +455,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	double gate = 0;
 	enum k3_store_direct direct = K3_STORE_DIRECT_AUTO;
 	bool no_packs = false;
+	int32_t spine_resident = -1;   /* not given: the spine is mapped */
 	struct k3_err err = { 0 };
 
 	for (int i = 1; i < argc; i++) {
@@ -464,6 +495,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 			rc = k3_store_budget_parse_gb(val, &cache_bytes, &err);
 		else if (!strcmp(a, "--direct"))
 			rc = k3_store_direct_parse(val, &direct, &err);
+		else if (!strcmp(a, "--spine-resident"))
+			rc = k3_store_spine_parse_resident(val, &spine_resident, &err);
 		else if (!strcmp(a, "--prefetch-gate"))
 			rc = k3_parse_double(val, 0.001, 1, &gate, &err);
 		else if (!strcmp(a, "--prefetch")) {
@@ -488,6 +521,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	struct k3_engine_seq *seq = NULL;
 	struct k3_store_source *src = NULL, *dsrc = NULL;
 	struct k3_store *store = NULL;
+	struct k3_store_spine *spine = NULL;
 	struct probe probe = { 0 };
 	bool probe_init = false;
 	struct k3_store_engine_src ectx;
@@ -571,6 +605,31 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		d_buffered += !k3_store_source_file_direct(dsrc, f);
 
 	struct k3_engine_opts eo = { .threads = (uint32_t)threads };
+	struct k3_spine_source ss;
+	struct k3_store_spine_info sinfo = { 0 };
+	struct k3_store_spine_report srep = { 0 };
+	if (spine_resident != -1) {
+		/* auto is all here: bench has no memory limit to plan against */
+		uint32_t L = k3_model_plan(model)->n_layers;
+		struct k3_store_spine_config scfg = {
+			.resident_layers = spine_resident < 0 ? L : (uint32_t)spine_resident,
+			.head_resident = spine_resident != 0, .direct = direct,
+			.io = k3_store_reader_pool(store),
+		};
+		char spath[4200];
+		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
+		if (scfg.resident_layers > L) {
+			rc = k3_err_set(&err, -EINVAL, "--spine-resident %d: the model has %u layers",
+					(int)spine_resident, L);
+			goto fail;
+		}
+		if ((rc = k3_store_spine_new(model, have_packs ? spath : NULL, &scfg, &spine, &srep,
+					     &err)))
+			goto fail;
+		k3_store_spine_source(spine, &ss);
+		k3_store_spine_info_get(spine, &sinfo);
+		eo.spine = &ss;
+	}
 	if ((rc = k3_engine_open(model, &eo, &e, &err)))
 		goto fail;
 	struct k3_expert_source es;
@@ -617,6 +676,14 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if (rep.packs_rejected)
 		fprintf(hdr, "note: %u packs rejected, those layers read from the shards; first: %s\n",
 			rep.packs_rejected, rep.first_rejection);
+	if (spine)
+		fprintf(hdr, "spine: %u layers resident, %u streamed%s from %s (%.3f GB per pass)"
+			" through %u arenas of %.3f GB%s%s\n", sinfo.resident_layers,
+			sinfo.n_layers - sinfo.resident_layers, sinfo.head_resident ? "" : " and the head",
+			srep.from_pack ? "the spine pack" : "the shards",
+			(double)sinfo.streamed_bytes_per_pass / 1e9, sinfo.ring_arenas,
+			(double)sinfo.arena_bytes / 1e9, srep.pack_rejected ? "; pack rejected: " : "",
+			srep.pack_rejected ? srep.rejection : "");
 	if (info.files_buffered)
 		fprintf(hdr, "note: buffered store reads may be served from the page cache; bytes "
 			"counted are bytes asked of the kernel\n");
@@ -645,19 +712,22 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		goto fail;
 
 	struct k3_store_stats s0, s1, s2;
+	struct k3_store_spine_stats p0, p1, p2;
 	struct phase pre, dec;
 	if ((rc = k3_engine_seq_new(e, (uint32_t)(prompt_len + max_new + 1), &seq, &err)))
 		goto fail;
-	k3_store_stats_get(store, &s0);
+	snapshot(store, spine, &s0, &p0);
 	double t0 = now_s();
 	struct k3_engine_out out = { K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
 	if ((rc = k3_engine_forward(e, seq, ids, (uint32_t)prompt_len, &out, &err)))
 		goto fail;
 	k3_store_prefetch_cancel(store, UINT32_MAX);
 	k3_store_drain(store);
+	if (spine)
+		k3_store_spine_drain(spine);
 	pre.wall_s = now_s() - t0;
 	k3_store_idle(store);
-	k3_store_stats_get(store, &s1);
+	snapshot(store, spine, &s1, &p1);
 	if (n_samples > 2 &&
 	    (rc = take_sample(sm, "after the prompt", dsrc, info.io_threads, dbufs, &probe, dmax, &dseed, &err)))
 		goto fail;
@@ -683,22 +753,27 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	double tt = now_s();
 	k3_store_prefetch_cancel(store, UINT32_MAX);
 	k3_store_drain(store);
+	if (spine)
+		k3_store_spine_drain(spine);
 	dec.wall_s += now_s() - tt;
-	k3_store_stats_get(store, &s2);
+	snapshot(store, spine, &s2, &p2);
 	k3_store_stats_sub(&s1, &s0, &pre.st);
 	k3_store_stats_sub(&s2, &s1, &dec.st);
+	k3_store_spine_stats_sub(&p1, &p0, &pre.sp);
+	k3_store_spine_stats_sub(&p2, &p1, &dec.sp);
 	if ((rc = take_sample(sm, "after", dsrc, info.io_threads, dbufs, &probe, dmax, &dseed, &err)))
 		goto fail;
 
 	struct spread disk = spread_of(sm->disk, sm->n), cold = spread_of(sm->cold, sm->n);
 	struct spread ratio = spread_of(sm->ratio, sm->n);
 	double bw = disk.median;
-	double dec_wait = (double)dec.st.io_wait_ns * 1e-9;
+	double dec_wait = (double)(dec.st.io_wait_ns + dec.sp.io_wait_ns) * 1e-9;
 	double per_tok = dec.wall_s / (double)max_new;
 	double compute_tok = (dec.wall_s - dec_wait) / (double)max_new;
 	if (compute_tok < 0)
 		compute_tok = 0;
-	double bytes_tok = (double)dec.st.bytes_read / (double)max_new;
+	/* the floor reads the streamed spine's bytes too */
+	double bytes_tok = (double)(dec.st.bytes_read + dec.sp.bytes_read) / (double)max_new;
 	double read_tok = bw > 0 ? bytes_tok / (bw * 1e9) : 0;
 	double floor_tok = read_tok > compute_tok ? read_tok : compute_tok;
 	/* The same floor against the slowest and the fastest disk sample. */
@@ -786,12 +861,13 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		printf("  -> median %.3f, min %.3f, max %.3f\n", cold.median, cold.min, cold.max);
 		printf("cold expert reads / disk (per sample pair): median %.2f x (%.2f .. %.2f) "
 		       "(target >= 0.90)\n", ratio.median, ratio.min, ratio.max);
-		printf("decode: %.2f tokens/s, %.2f MB read/token (%.2f MB of it wasted prefetch), hit "
+		printf("decode: %.2f tokens/s, %.2f MB read/token (%.2f MB of it wasted prefetch%s), hit "
 		       "rate %.1f%% (%.1f%% of accesses served by an earlier step's prefetch); prefetch "
 		       "precision %.1f%% (used later / issued, whole run), %.2f MB wasted in all (+ %.2f MB "
 		       "read ahead, unused and still resident at the end)\n",
 		       dec.wall_s > 0 ? max_new / dec.wall_s : 0, bytes_tok / 1e6,
 		       (double)dec.st.prefetch_wasted_bytes / (double)max_new / 1e6,
+		       dec.sp.bytes_read ? ", spine included" : "",
 		       dacc ? 100.0 * (double)dec.st.demand_hits / (double)dacc : 0,
 		       dacc ? 100.0 * (double)dec.st.prefetch_used / (double)dacc : 0,
 		       all.prefetch_issued ? 100.0 * (double)all.prefetch_used /
@@ -830,6 +906,7 @@ fail:
 		k3_store_engine_src_release(&ectx);
 	if (probe_init)
 		probe_close(&probe);
+	k3_store_spine_free(spine);   /* before the pool it borrows */
 	k3_store_free(store);
 	k3_store_source_free(src);
 	k3_store_source_free(dsrc);

@@ -3,7 +3,9 @@
  * [--seed N] [overrides] [--draft DIR]`: writes a synthetic K3 checkpoint
  * in the exact Hugging Face layout (see daemon/demo/demo.h and
  * docs/formats.md), and with --draft a matching DSpark-format draft
- * (docs/draft.md).
+ * (docs/draft.md). `--preset trained` instead installs the trained demo
+ * checkpoint embedded in k3ctl (demo_trained.h, tools/train_demo/): fixed
+ * bytes, no options but --draft.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 #include <time.h>
 
 #include "base/parse.h"
+#include "demo_trained.h"
 #include "k3ctl.h"
 #include "demo/demo.h"
 #include "draft/draft_dspark.h"
@@ -34,14 +37,14 @@ static const struct {
 
 /* --draft DIR: the matching DSpark-format draft, then the proof that
  * k3d's loader accepts it for this model. */
-static int write_draft(const char *dir, const struct k3_demo_opts *o, const struct k3_model *m)
+static int write_draft(const char *dir, const struct k3_model *m, uint64_t seed)
 {
 	struct k3_err err = { 0, "" };
 	struct k3_engine_opts eo = { .threads = 1, .max_chunk = 8 };
 	struct k3_engine *e = NULL;
 	struct k3_draft *d = NULL;
 
-	if (k3_demo_write_draft(dir, o, &err))
+	if (k3_demo_write_draft(dir, m, seed, &err))
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model --draft: %s", err.msg);
 	if (k3_engine_open(m, &eo, &e, &err) || k3_draft_dspark_open(dir, e, &d, &err)) {
 		k3_engine_free(e);
@@ -61,12 +64,14 @@ static int write_draft(const char *dir, const struct k3_demo_opts *o, const stru
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench] [--seed N]\n"
+		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench|trained] [--seed N]\n"
 		"       [--layers N] [--hidden N] [--vocab N] [--intermediate N] [--experts N]\n"
 		"       [--top-k N] [--moe-intermediate N] [--latent N] [--shared-experts N]\n"
 		"       [--kda-heads N] [--kda-head-dim N] [--mla-heads N] [--q-lora N]\n"
 		"       [--kv-lora N] [--nope N] [--rope N] [--v-head N] [--attn-res-block N]\n"
 		"       [--shards N] [--draft DIR]\n"
+		"       (--preset trained installs the shipped trained checkpoint; it takes no other option\n"
+		"       but --draft)\n"
 		"  --draft DIR  also write a synthetic DSpark-format draft for this model\n");
 }
 
@@ -76,6 +81,7 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 	const char *out = NULL, *draft = NULL;
 	struct k3_err err = { 0, "" };
 	uint64_t v;
+	bool trained = false, other = false;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -91,9 +97,12 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		} else if (strcmp(a, "--draft") == 0) {
 			draft = val;
 		} else if (strcmp(a, "--preset") == 0) {
-			if (k3_demo_preset_parse(val, &o.preset))
-				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small or bench", val);
+			trained = strcmp(val, "trained") == 0;
+			if (!trained && k3_demo_preset_parse(val, &o.preset))
+				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small, bench or trained",
+						   val);
 		} else if (strcmp(a, "--seed") == 0) {
+			other = true;
 			if (k3_parse_u64(val, 0, UINT64_MAX, &o.seed, &err))
 				return k3ctl_usage("demo-model", "--seed: %s", err.msg);
 		} else {
@@ -106,23 +115,28 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 			if (k3_parse_u64(val, 1, 1u << 24, &v, &err))
 				return k3ctl_usage("demo-model", "%s: %s", a, err.msg);
 			*(uint32_t *)((char *)&o + dims[k].off) = (uint32_t)v;
+			other = true;
 		}
 	}
 	if (!out)
 		return k3ctl_usage("demo-model", "--out DIR is required");
+	if (trained && other)
+		return k3ctl_usage("demo-model", "--preset trained is a fixed checkpoint: it takes no --seed or dimension option");
 
 	struct k3_demo_dims d;
-	if (k3_demo_resolve(&o, &d, &err))
+	if (!trained && k3_demo_resolve(&o, &d, &err))
 		return k3ctl_usage("demo-model", "%s", err.msg);
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (k3_demo_write(out, &o, &err))
+	unsigned long long written;
+	if (trained ? k3ctl_trained_install(out, &written, &err) : k3_demo_write(out, &o, &err))
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model: %s", err.msg);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* prove the result loads exactly as a real checkpoint would */
 	struct k3_model *m;
 	if (k3_model_open(out, &m, &err))
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model: the written checkpoint does not load: %s", err.msg);
+	const struct k3_model_config *c = k3_model_config(m);
 	size_t n;
 	const struct k3_tensor *t = k3_model_tensors(m, &n);
 	uint64_t bytes = 0;
@@ -130,13 +144,15 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		bytes += t[i].nbytes;
 	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (k3ctl_g.json)
-		printf("{\"out\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,\"seconds\":%.3f}\n",
-		       out, n, (unsigned long long)bytes, k3_model_shard_count(m), d.layers, s);
+		printf("{\"out\":\"%s\",\"trained\":%s,\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,"
+		       "\"seconds\":%.3f}\n", out, trained ? "true" : "false", n, (unsigned long long)bytes,
+		       k3_model_shard_count(m), c->num_hidden_layers, s);
 	else
-		printf("wrote %s: %u layers, hidden %u, %u experts/layer (top-%u), vocab %u, %zu tensors, %.1f MB in %u shards (%.2f s)\n",
-		       out, d.layers, d.hidden, d.experts, d.top_k, d.vocab, n, (double)bytes / 1e6,
-		       k3_model_shard_count(m), s);
-	int rc = draft ? write_draft(draft, &o, m) : K3CTL_EXIT_OK;
+		printf("wrote %s%s: %u layers, hidden %u, %u experts/layer (top-%u), vocab %u, %zu tensors, %.1f MB in %u shards (%.2f s)\n",
+		       out, trained ? " (the trained demo model, every file SHA-256 checked)" : "",
+		       c->num_hidden_layers, c->hidden_size, c->num_experts, c->num_experts_per_token,
+		       c->vocab_size, n, (double)bytes / 1e6, k3_model_shard_count(m), s);
+	int rc = draft ? write_draft(draft, m, o.seed) : K3CTL_EXIT_OK;
 	k3_model_free(m);
 	return rc;
 }

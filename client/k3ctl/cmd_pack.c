@@ -1,7 +1,8 @@
 /* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify]`: writes one
- * expert pack per MoE layer (store_pack.h), keeps packs that are already up
- * to date, compares a pack whose shards changed (and with --verify every
- * pack) span by span with the shards, and rewrites the stale ones. */
+ * expert pack per MoE layer and the spine pack (store_pack.h), keeps packs
+ * that are already up to date, compares a pack whose shards changed (and
+ * with --verify every pack) span by span with the shards, and rewrites the
+ * stale ones. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,6 +14,28 @@
 #include "model/model.h"
 #include "store/store_model.h"
 
+static void count(const struct k3_store_pack_result *res, uint32_t *written, uint32_t *kept,
+		  uint32_t *reverified, uint64_t *bytes, uint64_t *verified)
+{
+	*written += res->written;
+	*kept += !res->written;
+	*reverified += res->reverified;
+	*bytes += res->payload_bytes;
+	*verified += res->verified_bytes;
+}
+
+/* One pack's line after its name: what happened, its size and why. */
+static void report(const struct k3_store_pack_result *res, const char *what)
+{
+	printf("%s %zu %s, %" PRIu64 " bytes%s%s%s%s\n",
+	       res->written ? (res->replaced ? "rewrote" : "wrote") : "kept",
+	       res->n_spans, what, res->file_bytes,
+	       res->verified_bytes ? (res->written ? ", every span verified"
+				      : ", every span compared with the shards") : "",
+	       res->why[0] ? (res->written ? " (replaced: " : " (re-verified: ") : "",
+	       res->why, res->why[0] ? ")" : "");
+}
+
 int k3ctl_cmd_pack(int argc, char **argv)
 {
 	const char *model_dir = NULL, *out_dir = NULL;
@@ -22,7 +45,7 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	struct k3_err err = { 0, "" };
 	char packdir[4096], path[4096];
 	uint32_t written = 0, kept = 0, reverified = 0;
-	uint64_t bytes = 0, verified = 0;
+	uint64_t bytes = 0, verified = 0, spine_bytes = 0;
 	size_t n_id = 0;
 	int rc, code = K3CTL_EXIT_ERROR;
 
@@ -87,29 +110,38 @@ int k3ctl_cmd_pack(int argc, char **argv)
 			k3ctl_fail(K3CTL_EXIT_ERROR, "layer %" PRIu32 ": %s", l, err.msg);
 			goto out;
 		}
-		written += res.written;
-		kept += !res.written;
-		reverified += res.reverified;
-		bytes += res.payload_bytes;
-		verified += res.verified_bytes;
-		if (!k3ctl_g.json)
-			printf("layer %3" PRIu32 ": %s %zu experts, %" PRIu64 " bytes%s%s%s%s\n", l,
-			       res.written ? (res.replaced ? "rewrote" : "wrote") : "kept",
-			       res.n_experts, res.file_bytes,
-			       res.verified_bytes ? (res.written ? ", every span verified"
-						    : ", every span compared with the shards") : "",
-			       res.why[0] ? (res.written ? " (replaced: " : " (re-verified: ") : "",
-			       res.why, res.why[0] ? ")" : "");
+		count(&res, &written, &kept, &reverified, &bytes, &verified);
+		if (!k3ctl_g.json) {
+			printf("layer %3" PRIu32 ": ", l);
+			report(&res, "experts");
+		}
+	}
+	/* The spine: one span per layer, the embedding, the head. */
+	{
+		struct k3_store_pack_result res;
+		rc = k3_store_spine_pack_path(path, sizeof(path), packdir);
+		if (rc == 0)
+			rc = k3_store_spine_pack_write(m, path, id, n_id, flags, &res, &err);
+		if (rc) {
+			k3ctl_fail(K3CTL_EXIT_ERROR, "spine: %s", err.msg);
+			goto out;
+		}
+		count(&res, &written, &kept, &reverified, &bytes, &verified);
+		spine_bytes = res.payload_bytes;
+		if (!k3ctl_g.json) {
+			printf("spine    : ");
+			report(&res, "spans (layers, embedding, head)");
+		}
 	}
 	if (k3ctl_g.json)
 		printf("{\"ok\":true,\"dir\":\"%s\",\"written\":%" PRIu32 ",\"kept\":%" PRIu32
 		       ",\"reverified\":%" PRIu32 ",\"payload_bytes\":%" PRIu64
-		       ",\"verified_bytes\":%" PRIu64 "}\n",
-		       packdir, written, kept, reverified, bytes, verified);
+		       ",\"spine_bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64 "}\n",
+		       packdir, written, kept, reverified, bytes, spine_bytes, verified);
 	else
 		printf("%s: %" PRIu32 " packs written, %" PRIu32 " kept, %" PRIu64
-		       " expert bytes, %" PRIu64 " bytes verified\n", packdir, written, kept, bytes,
-		       verified);
+		       " expert bytes, %" PRIu64 " spine bytes, %" PRIu64 " bytes verified\n",
+		       packdir, written, kept, bytes - spine_bytes, spine_bytes, verified);
 	if (!k3ctl_g.json && reverified)
 		printf("%" PRIu32 " kept packs were re-verified against changed shards (their"
 		       " source records now name the files as they are)\n", reverified);

@@ -154,6 +154,16 @@ int k3ctl_cmd_status(int argc, char **argv)
 			json_object_set_new(o, "io_wait_s_total", json_real(s->io_wait_s_total));
 		if (s->has_compute_s_total)
 			json_object_set_new(o, "compute_s_total", json_real(s->compute_s_total));
+		/* the streamed spine, apart from the experts (absent: mapped) */
+		if (s->has_spine_bytes_read) {
+			json_object_set_new(o, "spine_bytes_read",
+					    json_integer((json_int_t)s->spine_bytes_read));
+			json_object_set_new(o, "spine_loads", json_integer((json_int_t)s->spine_loads));
+			json_object_set_new(o, "spine_memory_bytes",
+					    json_integer((json_int_t)s->spine_memory_bytes));
+			json_object_set_new(o, "spine_io_wait_s_total",
+					    json_real(s->spine_io_wait_s_total));
+		}
 		if (s->has_decode_passes_total)
 			json_object_set_new(o, "draft", json_pack("{s:I,s:I,s:I,s:f,s:f,s:f}",
 					    "proposed", (json_int_t)s->draft_proposed_total,
@@ -199,11 +209,22 @@ int k3ctl_cmd_status(int argc, char **argv)
 			       (unsigned long long)s->prefetch_wasted_bytes);
 		if (s->has_expert_cache_bytes)
 			printf("expert cache: %.3f GB\n", (double)s->expert_cache_bytes / 1e9);
+		if (s->has_spine_bytes_read)
+			printf("spine:       %llu bytes read (%llu layers loaded), %.3f GB of memory\n", (unsigned long long)s->spine_bytes_read,
+			       (unsigned long long)s->spine_loads, (double)s->spine_memory_bytes / 1e9);
 		if (s->has_expert_bytes_read && s->has_positions_total && s->positions_total)
 			printf("per token:   %.0f expert bytes read over %llu positions computed\n",
 			       (double)s->expert_bytes_read / (double)s->positions_total,
 			       (unsigned long long)s->positions_total);
-		if (s->has_io_wait_s_total && s->has_compute_s_total)
+		if (s->has_spine_bytes_read && s->has_positions_total && s->positions_total)
+			printf("per token:   %.0f spine bytes read over %llu positions computed\n",
+			       (double)s->spine_bytes_read / (double)s->positions_total,
+			       (unsigned long long)s->positions_total);
+		if (s->has_io_wait_s_total && s->has_compute_s_total && s->has_spine_io_wait_s_total)
+			printf("engine time: %.3f s waiting for reads (%.3f s of it for the spine),"
+			       " %.3f s computing\n", s->io_wait_s_total, s->spine_io_wait_s_total,
+			       s->compute_s_total);
+		else if (s->has_io_wait_s_total && s->has_compute_s_total)
 			printf("engine time: %.3f s waiting for expert reads, %.3f s computing\n",
 			       s->io_wait_s_total, s->compute_s_total);
 		if (s->has_decode_passes_total)

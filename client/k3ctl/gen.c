@@ -233,11 +233,19 @@ static void print_stats(const struct k3ctl_gen_result *r)
 	/* Absent counters are unknown, not zero. */
 	if (d->has_expert_bytes_read)
 		fprintf(stderr, "experts: %llu bytes read, %llu hits, %llu misses, prefetch %llu issued / "
-			"%llu used\n", (unsigned long long)d->expert_bytes_read,
+			"%llu used", (unsigned long long)d->expert_bytes_read,
 			(unsigned long long)d->expert_hits, (unsigned long long)d->expert_misses,
 			(unsigned long long)d->prefetch_issued, (unsigned long long)d->prefetch_used);
 	else
-		fputs("experts: not reported\n", stderr);
+		fputs("experts: not reported", stderr);
+	/* The streamed spine's bytes, apart (absent: the spine is mapped). */
+	if (d->has_spine_bytes_read)
+		fprintf(stderr, "; spine: %llu bytes read (%llu layers, %llu embedding rows), %.3f s"
+			" waited\n", (unsigned long long)d->spine_bytes_read,
+			(unsigned long long)d->spine_loads, (unsigned long long)d->spine_rows_read,
+			d->spine_io_wait_s);
+	else
+		fputs("\n", stderr);
 	if (d->has_decode_passes)
 		fprintf(stderr, "[draft %s] %llu proposed, %llu accepted; %llu passes, %.2f tokens/pass; "
 			"draft %.3f s, verify %.3f s\n", k3_proto_draft_policy_name(d->draft_policy),
@@ -270,6 +278,12 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 
 	if (j && !d->has_expert_bytes_read)
 		json_object_set_new(j, "experts", json_null());   /* unknown, not zero */
+	if (j)
+		json_object_set_new(j, "spine", d->has_spine_bytes_read
+			? json_pack("{s:I,s:I,s:I,s:f}", "bytes_read", (json_int_t)d->spine_bytes_read,
+				    "loads", (json_int_t)d->spine_loads, "rows_read",
+				    (json_int_t)d->spine_rows_read, "io_wait_s", d->spine_io_wait_s)
+			: json_null());
 	if (j && d->has_decode_passes)
 		json_object_set_new(j, "draft", json_pack("{s:s,s:I,s:I,s:I,s:f,s:f,s:f}", "policy",
 				    k3_proto_draft_policy_name(d->draft_policy), "proposed",

@@ -80,7 +80,7 @@ static const struct {
 		  "           [--hide-reasoning] [--draft off|auto|ngram|dspark] [--stats] [--ids] [--json]\n"
 		  "  One message per line on stdin; Ctrl-C cancels a reply; Ctrl-D or /exit quits." },
 	{ "cancel", "k3ctl cancel JOB_ID" },
-	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench] [--seed N] [--layers N]\n"
+	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench|trained] [--seed N] [--layers N]\n"
 			"  [--hidden N] [--vocab N] [--intermediate N] [--experts N] [--top-k N]\n"
 			"  [--moe-intermediate N] [--latent N] [--shared-experts N] [--kda-heads N]\n"
 			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"

@@ -157,11 +157,12 @@ enum gen {
 	G_CONV,       /* taps N(0, std), + 0.5 on the current-token tap */
 	G_MX_PACKED,  /* MXFP4 packed (scale written from the same draw) */
 	G_MX_SCALE,
+	G_COPY,       /* bytes of another tensor (the draft's copy of the embedding) */
 };
 
 struct tdesc {
 	char name[192];
-	const char *rng_name;  /* draw as this tensor (a copy of it); NULL: as name */
+	const void *copy_from; /* G_COPY: these bytes (nbytes of them) */
 	enum k3_dtype dtype;
 	uint32_t ndim;
 	uint64_t shape[3];
@@ -360,7 +361,7 @@ static int cmp_layout(const void *a, const void *b)
 static int draw(const struct k3_demo_dims *d, uint64_t seed, struct tdesc *t, struct tdesc *scale,
 		uint8_t *buf)
 {
-	struct rng r = rng_for(seed, t->rng_name ? t->rng_name : t->name);
+	struct rng r = rng_for(seed, t->name);
 	uint64_t n = t->nbytes / k3_dtype_size(t->dtype);
 
 	switch (t->gen) {
@@ -433,6 +434,9 @@ static int draw(const struct k3_demo_dims *d, uint64_t seed, struct tdesc *t, st
 			free(sc);
 		return 0;
 	}
+	case G_COPY:
+		memcpy(buf, t->copy_from, t->nbytes);
+		return 0;
 	case G_MX_SCALE:
 		if (!t->pending)
 			return -EINVAL;   /* written before its packed twin: layout bug */
@@ -727,21 +731,24 @@ static uint32_t draft_taps(uint32_t L, uint32_t *taps)
 	return n;
 }
 
-static void describe_draft(struct dlist *l, const struct k3_demo_dims *t, const struct k3_demo_draft_dims *g,
-			   uint32_t n_taps)
+static void describe_draft(struct dlist *l, const struct k3_model *target,
+			   const struct k3_demo_draft_dims *g, uint32_t n_taps)
 {
-	uint64_t D = t->hidden, H = g->heads;
+	const struct k3_model_config *t = k3_model_config(target);
+	const struct k3_tensor *emb = k3_model_plan(target)->embed_tokens;
+	uint64_t D = t->hidden_size, H = g->heads, V = t->vocab_size;
 	float one_in = 1.0f / sqrtf((float)D);
 
-	struct tdesc *e = add(l, 0, BF, G_NORMAL, 0.0f, 1.0f, 2, t->vocab, D, 0, "embed_tokens.weight");
+	/* the release ships a byte copy of K3's embedding (never read) */
+	struct tdesc *e = add(l, 0, emb->dtype, G_COPY, 0.0f, 0.0f, 2, V, D, 0, "embed_tokens.weight");
 	if (e)
-		e->rng_name = "language_model.model.embed_tokens.weight";   /* K3's own rows */
+		e->copy_from = emb->data;
 	add(l, 0, BF, G_NORMAL, 0.0f, 1.0f / sqrtf((float)(D * n_taps)), 2, D, D * n_taps, 0,
 	    "context_proj.weight");
 	add(l, 0, BF, G_NORMAL, 1.0f, 0.05f, 1, D, 0, 0, "context_norm.weight");
 	add(l, 0, BF, G_NORMAL, 1.0f, 0.05f, 1, D, 0, 0, "final_norm.weight");
-	add(l, 0, BF, G_NORMAL, 0.0f, 1.0f, 2, t->vocab, g->markov_rank, 0, "markov_head.markov_w1.weight");
-	add(l, 0, BF, G_NORMAL, 0.0f, 0.1f / sqrtf((float)g->markov_rank), 2, t->vocab, g->markov_rank, 0,
+	add(l, 0, BF, G_NORMAL, 0.0f, 1.0f, 2, V, g->markov_rank, 0, "markov_head.markov_w1.weight");
+	add(l, 0, BF, G_NORMAL, 0.0f, 0.1f / sqrtf((float)g->markov_rank), 2, V, g->markov_rank, 0,
 	    "markov_head.markov_w2.weight");
 	add(l, 0, BF, G_NORMAL, 0.0f, one_in, 2, 1, D + g->markov_rank, 0, "confidence_head.proj.weight");
 	add(l, 0, BF, G_NORMAL, 0.0f, 0.02f, 1, 1, 0, 0, "confidence_head.proj.bias");
@@ -767,18 +774,18 @@ static void describe_draft(struct dlist *l, const struct k3_demo_dims *t, const 
 	}
 }
 
-static int write_draft_config(const char *out, const struct k3_demo_dims *t,
+static int write_draft_config(const char *out, const struct k3_model_config *t,
 			      const struct k3_demo_draft_dims *g, const uint32_t *taps, uint32_t n_taps,
 			      uint64_t seed, struct k3_err *err)
 {
-	uint32_t ranks = t->vocab - 256;
+	uint32_t ranks = t->vocab_size - 256;
 	json_t *ids = json_array();
 	for (uint32_t i = 0; i < n_taps; i++)
 		json_array_append_new(ids, json_integer(taps[i]));
 	json_t *c = json_object();
 	json_object_set_new(c, "architectures", json_pack("[s]", "K3DSparkModel"));
 	json_object_set_new(c, "model_type", json_string("k3_dspark"));
-	json_object_set_new(c, "hidden_size", json_integer(t->hidden));
+	json_object_set_new(c, "hidden_size", json_integer(t->hidden_size));
 	json_object_set_new(c, "intermediate_size", json_integer(g->inter));
 	json_object_set_new(c, "num_hidden_layers", json_integer(g->layers));
 	json_object_set_new(c, "num_attention_heads", json_integer(g->heads));
@@ -790,8 +797,8 @@ static int write_draft_config(const char *out, const struct k3_demo_dims *t,
 	json_object_set_new(c, "v_head_dim", json_integer(g->v_head));
 	json_object_set_new(c, "mla_use_nope", json_false());
 	json_object_set_new(c, "mla_use_output_gate", json_false());
-	json_object_set_new(c, "vocab_size", json_integer(t->vocab));
-	json_object_set_new(c, "draft_vocab_size", json_integer(t->vocab));
+	json_object_set_new(c, "vocab_size", json_integer(t->vocab_size));
+	json_object_set_new(c, "draft_vocab_size", json_integer(t->vocab_size));
 	json_object_set_new(c, "rms_norm_eps", json_real(1e-5));
 	json_object_set_new(c, "max_position_embeddings", json_integer(1048576));
 	json_object_set_new(c, "rope_theta", json_real(50000.0));
@@ -800,8 +807,8 @@ static int write_draft_config(const char *out, const struct k3_demo_dims *t,
 				      "original_max_position_embeddings", 32768, "beta_fast", 32.0,
 				      "beta_slow", 1.0, "mscale", 1.0, "mscale_all_dim", 1.0));
 	json_object_set_new(c, "num_target_layers", json_integer(n_taps));
-	json_object_set_new(c, "target_hidden_size", json_integer(t->hidden));
-	json_object_set_new(c, "target_num_hidden_layers", json_integer(t->layers));
+	json_object_set_new(c, "target_hidden_size", json_integer(t->hidden_size));
+	json_object_set_new(c, "target_num_hidden_layers", json_integer(t->num_hidden_layers));
 	json_object_set_new(c, "target_layer_ids", ids);
 	json_object_set_new(c, "mask_token_id", json_integer(ranks + 253));
 	json_object_set_new(c, "bos_token_id", json_integer(ranks + 0));
@@ -819,35 +826,38 @@ static int write_draft_config(const char *out, const struct k3_demo_dims *t,
 	return dump_config(out, c, err);
 }
 
-void k3_demo_draft_dims(const struct k3_demo_opts *target, struct k3_demo_draft_dims *g)
+void k3_demo_draft_dims(const struct k3_model *target, struct k3_demo_draft_dims *g)
 {
 	(void)target;
 	*g = (struct k3_demo_draft_dims){ .layers = 2, .heads = 4, .q_lora = 64, .kv_lora = 32,
 		.nope = 16, .rope = 16, .v_head = 16, .inter = 256, .markov_rank = 16 };
 }
 
-int k3_demo_write_draft(const char *out, const struct k3_demo_opts *o, struct k3_err *err)
+int k3_demo_write_draft(const char *out, const struct k3_model *target, uint64_t seed,
+			struct k3_err *err)
 {
-	struct k3_demo_dims t;
+	const struct k3_model_config *t = k3_model_config(target);
+	const struct k3_tensor *emb = k3_model_plan(target)->embed_tokens;
+	struct k3_demo_dims none = { 0 };
 	struct k3_demo_draft_dims g;
 	struct dlist l = { .prefix = "" };
 	uint32_t taps[K3_DEMO_DRAFT_TAPS];
-	int r = k3_demo_resolve(o, &t, err);
+	int r = 0;
 
-	if (r)
-		return r;
-	k3_demo_draft_dims(o, &g);
-	uint32_t n_taps = draft_taps(t.layers, taps);
+	if (!emb || emb->ndim != 2 || t->vocab_size < 512)
+		return k3_err_set(err, -EINVAL, "the target has no [vocab, hidden] embedding of >= 512 rows");
+	k3_demo_draft_dims(target, &g);
+	uint32_t n_taps = draft_taps(t->num_hidden_layers, taps);
 	if (mkdir(out, 0755) != 0 && errno != EEXIST)
 		return k3_err_set(err, -errno, "%s: %s", out, strerror(errno));
-	describe_draft(&l, &t, &g, n_taps);
+	describe_draft(&l, target, &g, n_taps);
 	if (l.err)
 		r = k3_err_set(err, l.err, "out of memory");
 	json_t *wmap = json_object();
 	if (!r)
-		r = write_shard(out, &t, o->seed, &l, 0, 1, wmap, "model.safetensors", err);
+		r = write_shard(out, &none, seed, &l, 0, 1, wmap, "model.safetensors", err);
 	if (!r)
-		r = write_draft_config(out, &t, &g, taps, n_taps, o->seed, err);
+		r = write_draft_config(out, t, &g, taps, n_taps, seed, err);
 	json_decref(wmap);
 	free(l.v);
 	return r;

@@ -80,16 +80,20 @@ struct k3_demo_draft_dims {
 	uint32_t layers, heads, q_lora, kv_lora, nope, rope, v_head, inter, markov_rank;
 };
 
-/* The draft's own dimensions for a target (today the same for every one). */
-void k3_demo_draft_dims(const struct k3_demo_opts *target, struct k3_demo_draft_dims *out);
+struct k3_model;
 
-/* Writes config.json and model.safetensors of a DSpark-format draft
- * matching the target that k3_demo_write(…, target) writes (same seed:
- * its embed_tokens is a byte copy of the target's, as in the release)
- * into directory out. Weights are random: the draft loads, runs and
- * proposes, and the target rejects nearly everything. Returns 0 or a
- * negative errno with the path in err. */
-int k3_demo_write_draft(const char *out, const struct k3_demo_opts *target, struct k3_err *err);
+/* The draft's own dimensions for a target (today the same for every one). */
+void k3_demo_draft_dims(const struct k3_model *target, struct k3_demo_draft_dims *out);
+
+/* Writes config.json and model.safetensors of a DSpark-format draft for
+ * the open checkpoint target (any demo preset, trained included: its
+ * hidden size, vocabulary and layer count; its embed_tokens copied byte
+ * for byte, as the release ships K3's) into directory out, weights drawn
+ * from seed. Weights are random: the draft loads, runs and proposes, and
+ * the target rejects nearly everything. Returns 0 or a negative errno
+ * with the path in err. */
+int k3_demo_write_draft(const char *out, const struct k3_model *target, uint64_t seed,
+			struct k3_err *err);
 
 /* Writes tiktoken.model and tokenizer_config.json for vocab_size ids
  * (vocab_size - 256 BPE ranks, then the 256 specials) into dir. Also used

@@ -29,6 +29,15 @@ struct k3_engine {
 	struct k3_prov_weights weights;
 	struct k3_prov_layer_weights *lw;
 	struct k3_expert_source src;
+	/* the spine source (has_spine), what open acquired of it, and the
+	 * streamed layer (UINT32_MAX: none) and head bound right now */
+	struct k3_spine_source spine;
+	bool has_spine, prov_bind;
+	uint32_t spine_opened;       /* resident layers acquired at open */
+	bool head_opened;            /* resident head acquired at open */
+	uint32_t bound;
+	bool head_bound;
+	void *rows;                  /* [chunk][D] embedding rows, up to 4 bytes each */
 	const atomic_bool *cancel;   /* polled between layers; may be NULL */
 	uint32_t chunk, n_blocks, n_moe, K, D, V;
 	uint32_t moe_layers[K3_PROV_MAX_LAYERS];
@@ -81,9 +90,15 @@ static int prov_err(const struct k3_engine *e, struct k3_err *err, int rc,
 			  st->msg[0] ? st->msg : "failed");
 }
 
+/* Layer l's weights stream from the spine source (bound per pass). */
+static bool streamed(const struct k3_engine *e, uint32_t l)
+{
+	return e->has_spine && l < e->cfg.n_layers && l >= e->spine.resident_layers;
+}
+
 /* ---------------------------------------------------------------- model -> ABI */
 
-static struct k3_prov_tensor tensor(const struct k3_tensor *t)
+struct k3_prov_tensor k3_engine_prov_tensor(const struct k3_tensor *t, const void *data)
 {
 	struct k3_prov_tensor o = { 0 };
 	if (!t)
@@ -98,11 +113,16 @@ static struct k3_prov_tensor tensor(const struct k3_tensor *t)
 		o.dtype = K3_PROV_DTYPE_NONE;
 		return o;
 	}
-	o.data = t->data;
+	o.data = data;
 	o.ndim = t->ndim;
 	for (uint32_t i = 0; i < 3; i++)
 		o.shape[i] = i < t->ndim ? t->shape[i] : 1;
 	return o;
+}
+
+static struct k3_prov_tensor tensor(const struct k3_tensor *t)
+{
+	return k3_engine_prov_tensor(t, t ? t->data : NULL);
 }
 
 static int build_config(const struct k3_model_config *mc, struct k3_prov_config *c,
@@ -163,53 +183,97 @@ static int build_config(const struct k3_model_config *mc, struct k3_prov_config 
 	return 0;
 }
 
-static void build_layer(const struct k3_layer_plan *p, struct k3_prov_layer_weights *w)
+_Static_assert(sizeof(struct k3_prov_layer_weights) ==
+	       K3_ENGINE_LAYER_FIELDS * sizeof(struct k3_prov_tensor),
+	       "struct k3_prov_layer_weights holds only struct k3_prov_tensor fields");
+
+/* Index of field `name` of struct k3_prov_layer_weights. */
+#define LAYER_FIELD(name) \
+	(offsetof(struct k3_prov_layer_weights, name) / sizeof(struct k3_prov_tensor))
+
+struct k3_prov_tensor *k3_engine_layer_field(struct k3_prov_layer_weights *w, unsigned i)
 {
-	memset(w, 0, sizeof(*w));
-	w->input_norm = tensor(p->input_layernorm);
-	w->post_attn_norm = tensor(p->post_attention_layernorm);
-	w->attn_res_norm = tensor(p->self_attention_res_norm);
-	w->attn_res_proj = tensor(p->self_attention_res_proj);
-	w->mlp_res_norm = tensor(p->mlp_res_norm);
-	w->mlp_res_proj = tensor(p->mlp_res_proj);
+	return (struct k3_prov_tensor *)((char *)w + (size_t)i * sizeof(struct k3_prov_tensor));
+}
+
+struct k3_prov_tensor *k3_engine_head_field(struct k3_prov_weights *w, unsigned i)
+{
+	struct k3_prov_tensor *f[K3_ENGINE_HEAD_FIELDS] = { &w->lm_head, &w->norm,
+							    &w->out_res_norm, &w->out_res_proj };
+	return i < K3_ENGINE_HEAD_FIELDS ? f[i] : NULL;
+}
+
+void k3_engine_head_tensors(const struct k3_model_plan *p,
+			    const struct k3_tensor *f[K3_ENGINE_HEAD_FIELDS])
+{
+	f[0] = p->lm_head;
+	f[1] = p->norm;
+	f[2] = p->output_attn_res_norm;
+	f[3] = p->output_attn_res_proj;
+}
+
+void k3_engine_layer_tensors(const struct k3_layer_plan *p,
+			     const struct k3_tensor *f[K3_ENGINE_LAYER_FIELDS])
+{
+	for (unsigned i = 0; i < K3_ENGINE_LAYER_FIELDS; i++)
+		f[i] = NULL;
+	f[LAYER_FIELD(input_norm)] = p->input_layernorm;
+	f[LAYER_FIELD(post_attn_norm)] = p->post_attention_layernorm;
+	f[LAYER_FIELD(attn_res_norm)] = p->self_attention_res_norm;
+	f[LAYER_FIELD(attn_res_proj)] = p->self_attention_res_proj;
+	f[LAYER_FIELD(mlp_res_norm)] = p->mlp_res_norm;
+	f[LAYER_FIELD(mlp_res_proj)] = p->mlp_res_proj;
 	if (p->is_kda) {
 		const struct k3_kda_plan *k = &p->kda;
-		w->q_proj = tensor(k->q_proj);
-		w->k_proj = tensor(k->k_proj);
-		w->v_proj = tensor(k->v_proj);
-		w->q_conv = tensor(k->q_conv1d);
-		w->k_conv = tensor(k->k_conv1d);
-		w->v_conv = tensor(k->v_conv1d);
-		w->f_a_proj = tensor(k->f_a_proj);
-		w->f_b_proj = tensor(k->f_b_proj);
-		w->a_log = tensor(k->a_log);
-		w->dt_bias = tensor(k->dt_bias);
-		w->b_proj = tensor(k->b_proj);
-		w->g_proj = tensor(k->g_proj);
-		w->o_norm = tensor(k->o_norm);
-		w->o_proj = tensor(k->o_proj);
+		f[LAYER_FIELD(q_proj)] = k->q_proj;
+		f[LAYER_FIELD(k_proj)] = k->k_proj;
+		f[LAYER_FIELD(v_proj)] = k->v_proj;
+		f[LAYER_FIELD(q_conv)] = k->q_conv1d;
+		f[LAYER_FIELD(k_conv)] = k->k_conv1d;
+		f[LAYER_FIELD(v_conv)] = k->v_conv1d;
+		f[LAYER_FIELD(f_a_proj)] = k->f_a_proj;
+		f[LAYER_FIELD(f_b_proj)] = k->f_b_proj;
+		f[LAYER_FIELD(a_log)] = k->a_log;
+		f[LAYER_FIELD(dt_bias)] = k->dt_bias;
+		f[LAYER_FIELD(b_proj)] = k->b_proj;
+		f[LAYER_FIELD(g_proj)] = k->g_proj;
+		f[LAYER_FIELD(o_norm)] = k->o_norm;
+		f[LAYER_FIELD(o_proj)] = k->o_proj;
 	} else {
 		const struct k3_mla_plan *a = &p->mla;
-		w->q_a_proj = tensor(a->q_a_proj);
-		w->q_a_norm = tensor(a->q_a_layernorm);
-		w->q_b_proj = tensor(a->q_b_proj);
-		w->kv_a_proj = tensor(a->kv_a_proj_with_mqa);
-		w->kv_a_norm = tensor(a->kv_a_layernorm);
-		w->kv_b_proj = tensor(a->kv_b_proj);
-		w->g_proj = tensor(a->g_proj);
-		w->o_proj = tensor(a->o_proj);
+		f[LAYER_FIELD(q_a_proj)] = a->q_a_proj;
+		f[LAYER_FIELD(q_a_norm)] = a->q_a_layernorm;
+		f[LAYER_FIELD(q_b_proj)] = a->q_b_proj;
+		f[LAYER_FIELD(kv_a_proj)] = a->kv_a_proj_with_mqa;
+		f[LAYER_FIELD(kv_a_norm)] = a->kv_a_layernorm;
+		f[LAYER_FIELD(kv_b_proj)] = a->kv_b_proj;
+		f[LAYER_FIELD(g_proj)] = a->g_proj;
+		f[LAYER_FIELD(o_proj)] = a->o_proj;
 	}
 	const struct k3_mlp_plan *mlp = p->is_moe ? &p->moe.shared_experts : &p->mlp;
-	w->mlp_gate = tensor(mlp->gate_proj);
-	w->mlp_up = tensor(mlp->up_proj);
-	w->mlp_down = tensor(mlp->down_proj);
+	f[LAYER_FIELD(mlp_gate)] = mlp->gate_proj;
+	f[LAYER_FIELD(mlp_up)] = mlp->up_proj;
+	f[LAYER_FIELD(mlp_down)] = mlp->down_proj;
 	if (p->is_moe) {
-		w->router = tensor(p->moe.gate);
-		w->router_bias = tensor(p->moe.e_score_correction_bias);
-		w->lat_down = tensor(p->moe.routed_expert_down_proj);
-		w->lat_norm = tensor(p->moe.routed_expert_norm);
-		w->lat_up = tensor(p->moe.routed_expert_up_proj);
+		f[LAYER_FIELD(router)] = p->moe.gate;
+		f[LAYER_FIELD(router_bias)] = p->moe.e_score_correction_bias;
+		f[LAYER_FIELD(lat_down)] = p->moe.routed_expert_down_proj;
+		f[LAYER_FIELD(lat_norm)] = p->moe.routed_expert_norm;
+		f[LAYER_FIELD(lat_up)] = p->moe.routed_expert_up_proj;
 	}
+}
+
+/* Layer p's provider weights: the mmapped tensors, or (streamed) their
+ * shapes without data. */
+static void build_layer(const struct k3_layer_plan *p, bool with_data,
+			struct k3_prov_layer_weights *w)
+{
+	const struct k3_tensor *f[K3_ENGINE_LAYER_FIELDS];
+
+	k3_engine_layer_tensors(p, f);
+	for (unsigned i = 0; i < K3_ENGINE_LAYER_FIELDS; i++)
+		*k3_engine_layer_field(w, i) =
+			k3_engine_prov_tensor(f[i], f[i] && with_data ? f[i]->data : NULL);
 }
 
 /* The default expert source: the model's mmapped MXFP4 tensors. */
@@ -291,9 +355,56 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->pw);
 	free(e->guess);
 	free(e->guess_rank);
+	free(e->rows);
 	verify_free(e);
+	/* what open acquired of the spine source, after the provider let go */
+	for (uint32_t l = 0; l < e->spine_opened; l++)
+		e->spine.release_layer(e->spine.ctx, l);
+	if (e->head_opened)
+		e->spine.release_head(e->spine.ctx);
 	free(e->lw);
 	free(e);
+}
+
+/* The provider's weights with a spine source: the resident layers and
+ * head acquired from it (once, for the engine's life), the streamed ones
+ * and the embedding as shapes without data. */
+static int spine_weights(struct k3_engine *e, const struct k3_model_plan *plan,
+			 struct k3_err *err)
+{
+	const struct k3_spine_source *sp = &e->spine;
+	const struct k3_tensor *hf[K3_ENGINE_HEAD_FIELDS];
+
+	if (!e->prov_bind)
+		return k3_err_set(err, -EINVAL, "provider '%s' cannot bind streamed layers"
+				  " (no bind_layer, bind_head, embed_rows)", e->prov->name);
+	if (sp->resident_layers > plan->n_layers || !sp->acquire_layer || !sp->release_layer ||
+	    !sp->embed_rows || !sp->acquire_head || !sp->release_head || !sp->prefetch_layer ||
+	    !sp->begin_pass)
+		return k3_err_set(err, -EINVAL, "spine source: %u resident layers of %u, or an"
+				  " operation missing", sp->resident_layers, plan->n_layers);
+	for (uint32_t l = 0; l < plan->n_layers; l++) {
+		if (l >= sp->resident_layers) {
+			build_layer(&plan->layers[l], false, &e->lw[l]);
+			continue;
+		}
+		int rc = sp->acquire_layer(sp->ctx, l, &e->lw[l], err);
+		if (rc)
+			return rc;
+		e->spine_opened = l + 1;
+	}
+	e->weights.embed = k3_engine_prov_tensor(plan->embed_tokens, NULL);
+	if (sp->head_resident) {
+		int rc = sp->acquire_head(sp->ctx, &e->weights, err);
+		if (rc)
+			return rc;
+		e->head_opened = true;
+		return 0;
+	}
+	k3_engine_head_tensors(plan, hf);
+	for (unsigned i = 0; i < K3_ENGINE_HEAD_FIELDS; i++)
+		*k3_engine_head_field(&e->weights, i) = k3_engine_prov_tensor(hf[i], NULL);
+	return 0;
 }
 
 int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *opts,
@@ -320,11 +431,19 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 			  prov->struct_size >= offsetof(struct k3_provider, routed_partial) +
 						sizeof(prov->routed_partial) &&
 			  prov->routed_partial;
+	e->prov_bind = prov->struct_size >= offsetof(struct k3_provider, embed_rows) +
+					     sizeof(prov->embed_rows) &&
+		       prov->bind_layer && prov->bind_head && prov->embed_rows;
 	e->prov_verify = PROV_HAS(prov, kda_record_new) && PROV_HAS(prov, kda_record_free) &&
 			 PROV_HAS(prov, kda_verify) && PROV_HAS(prov, kda_replay) && !opts->kda_snapshot;
 	e->prov_export = PROV_HAS(prov, kda_state_export) && PROV_HAS(prov, mla_cache_export);
 	for (uint32_t l = 0; l < K3_PROV_MAX_LAYERS; l++)
 		e->tap_index[l] = -1;
+	e->bound = UINT32_MAX;
+	if (opts->spine) {
+		e->spine = *opts->spine;
+		e->has_spine = true;
+	}
 	const struct k3_model_config *mc = k3_model_config(model);
 	const struct k3_model_plan *plan = k3_model_plan(model);
 	int rc = build_config(mc, &e->cfg, err);
@@ -348,8 +467,6 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	for (uint32_t l = 0; l < plan->n_layers; l++)
-		build_layer(&plan->layers[l], &e->lw[l]);
 	e->weights = (struct k3_prov_weights){
 		.struct_size = sizeof(e->weights),
 		.n_layers = plan->n_layers,
@@ -360,6 +477,14 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 		.out_res_proj = tensor(plan->output_attn_res_proj),
 		.layers = e->lw,
 	};
+	if (e->has_spine) {
+		rc = spine_weights(e, plan, err);
+		if (rc)
+			goto fail;
+	} else {
+		for (uint32_t l = 0; l < plan->n_layers; l++)
+			build_layer(&plan->layers[l], true, &e->lw[l]);
+	}
 	struct k3_prov_open_args args = {
 		.struct_size = sizeof(args),
 		.threads = opts->threads,
@@ -393,8 +518,11 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->pw = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pw));
 	e->guess = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess));
 	e->guess_rank = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess_rank));
+	if (e->has_spine)
+		e->rows = malloc(rowb);
 	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->part && e->ids && e->w &&
-	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank) ? 0 : -ENOMEM;
+	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank &&
+	      (e->rows || !e->has_spine)) ? 0 : -ENOMEM;
 	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
 		if (!(e->pool[i] = malloc(rowb)))
 			rc = -ENOMEM;
@@ -659,7 +787,7 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 		uint32_t id, taken = 0;
 		struct k3_prov_expert sp;
 		bool partial = e->prov_partial && e->src.would_block && e->src.prefetch &&
-			       e->next_moe != UINT32_MAX;
+			       e->next_moe != UINT32_MAX && !streamed(e, e->next_moe);
 		rc = p->routed_begin(e->pm, l, e->x, n, e->ids, &st);
 		while (rc == 0) {
 			if (partial && 2 * taken >= distinct && e->src.would_block(e->src.ctx, l)) {
@@ -743,6 +871,101 @@ routes:
 	return 0;
 }
 
+/* ---- the streamed spine (engine.h, struct k3_spine_source) ---- */
+
+static bool head_streamed(const struct k3_engine *e)
+{
+	return e->has_spine && !e->spine.head_resident;
+}
+
+/* Unbinds and releases the streamed layer bound now, if any. */
+static void spine_unbind(struct k3_engine *e)
+{
+	struct k3_prov_status st = { 0 };
+
+	if (e->bound == UINT32_MAX)
+		return;
+	(void)e->prov->bind_layer(e->pm, e->bound, NULL, &st);   /* unbinding cannot fail */
+	e->spine.release_layer(e->spine.ctx, e->bound);
+	e->bound = UINT32_MAX;
+}
+
+/* Makes layer l readable for the provider: acquires and binds it when it
+ * streams (one streamed layer is bound at a time), nothing otherwise. */
+static int spine_bind(struct k3_engine *e, uint32_t l, struct k3_err *err)
+{
+	struct k3_prov_status st = { 0 };
+	struct k3_prov_layer_weights w;
+	int rc;
+
+	if (!streamed(e, l) || e->bound == l)
+		return 0;
+	spine_unbind(e);
+	memset(&w, 0, sizeof(w));
+	rc = e->spine.acquire_layer(e->spine.ctx, l, &w, err);
+	if (rc)
+		return rc;
+	rc = e->prov->bind_layer(e->pm, l, &w, &st);
+	if (rc) {
+		e->spine.release_layer(e->spine.ctx, l);
+		return prov_err(e, err, rc, &st);
+	}
+	e->bound = l;
+	return 0;
+}
+
+static void spine_unbind_head(struct k3_engine *e)
+{
+	struct k3_prov_status st = { 0 };
+
+	if (!e->head_bound)
+		return;
+	(void)e->prov->bind_head(e->pm, NULL, &st);
+	e->spine.release_head(e->spine.ctx);
+	e->head_bound = false;
+}
+
+static int spine_bind_head(struct k3_engine *e, struct k3_err *err)
+{
+	struct k3_prov_status st = { 0 };
+	struct k3_prov_weights w;
+	int rc;
+
+	if (!head_streamed(e) || e->head_bound)
+		return 0;
+	memset(&w, 0, sizeof(w));
+	w.struct_size = sizeof(w);
+	w.n_layers = e->cfg.n_layers;
+	w.layers = e->lw;
+	rc = e->spine.acquire_head(e->spine.ctx, &w, err);
+	if (rc)
+		return rc;
+	rc = e->prov->bind_head(e->pm, &w, &st);
+	if (rc) {
+		e->spine.release_head(e->spine.ctx);
+		return prov_err(e, err, rc, &st);
+	}
+	e->head_bound = true;
+	return 0;
+}
+
+/* pool[0] := the embedding of the chunk's tokens: from the mmapped table,
+ * or (spine source) from its rows gathered by the source. */
+static int embed_chunk(struct k3_engine *e, const int32_t *ids, uint32_t n, struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	int rc;
+
+	if (!e->has_spine)
+		PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
+	else if ((rc = e->spine.embed_rows(e->spine.ctx, ids, n, e->rows, err)) != 0)
+		return rc;
+	else
+		PCALL(p->embed_rows(e->pm, e->rows, n, e->pool[0], &st));
+	return 0;
+}
+
 /* The verification pass's KDA layer l without the provider's verify op:
  * the state before the pass is kept (kda_state_copy) with the layer's
  * inputs, then the real state advances over all n positions; commit puts
@@ -783,26 +1006,45 @@ static int capture_tap(struct k3_engine *e, uint32_t l, uint32_t nB, uint32_t n,
 
 /* One chunk of n positions; pos0 = index of its first position in the
  * caller's output arrays; last = the call's final chunk; verify = a
- * verification pass (KDA states are not advanced, see k3_engine_verify). */
-static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
-		     uint32_t n, uint32_t pos0, bool last, bool verify,
-		     const struct k3_engine_out *out, struct k3_err *err)
+ * verification pass (KDA states are not advanced, see k3_engine_verify).
+ * With a spine
+ * source, each streamed layer is bound right before its ops and released
+ * right after them (the next one, when the router lookahead needs its
+ * weights, right after that), the next one's read having been started
+ * when this one started (run_chunk releases what is still bound when a
+ * layer fails). */
+static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
+			    uint32_t n, uint32_t pos0, bool last, bool verify,
+			    const struct k3_engine_out *out, struct k3_err *err)
 {
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
-	uint32_t D = e->D, S = e->cfg.attn_res_block, nB = 0;
+	uint32_t D = e->D, S = e->cfg.attn_res_block, nB = 0, L = e->cfg.n_layers;
 	size_t nd = (size_t)n * D;
+	bool logits = out && out->logits && (out->logits_mode == K3_ENGINE_LOGITS_ALL ||
+					     (out->logits_mode == K3_ENGINE_LOGITS_LAST && last));
 	int rc;
 
-	PCALL(p->embed(e->pm, ids, n, e->pool[0], &st));
-	if (e->src.prefetch && e->n_moe)
+	if (e->has_spine)
+		e->spine.begin_pass(e->spine.ctx, logits);
+	rc = embed_chunk(e, ids, n, err);
+	if (rc)
+		return rc;
+	/* A streamed first MoE layer is not readable yet: no guess for it. */
+	if (e->src.prefetch && e->n_moe && !streamed(e, e->moe_layers[0]))
 		lookahead(e, e->moe_layers[0], 0, n, NULL, e->K);
-	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+	for (uint32_t l = 0; l < L; l++) {
 		const float *hin = e->pool[0];
 		/* Cancellation is honoured between layers: a K3 layer step is the
 		 * longest the caller waits (the sequence is poisoned after this). */
 		if (e->cancel && atomic_load(e->cancel))
 			return k3_err_set(err, -ECANCELED, "cancelled before layer %u", l);
+		if (streamed(e, l + 1))
+			e->spine.prefetch_layer(e->spine.ctx, l + 1);
+		else if (l + 1 == L && logits && head_streamed(e))
+			e->spine.prefetch_layer(e->spine.ctx, L);
+		if ((rc = spine_bind(e, l, err)) != 0)
+			return rc;
 		/* 1) attention input: AR over B and P, or the embedding at l = 0 */
 		if (nB > 0) {
 			for (uint32_t j = 0; j <= nB; j++)
@@ -846,25 +1088,47 @@ static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 		PCALL(p->add(e->pm, P, e->mb, nd, &st));
 		if (e->tap_index[l] >= 0 && e->tap_out)
 			PCALL(capture_tap(e, l, nB, n, pos0, e->tap_out, &st));
+		if (streamed(e, l))
+			spine_unbind(e);
 		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE &&
-		    e->next_moe != UINT32_MAX)
-			lookahead(e, e->next_moe, nB, n, NULL, e->K);
+		    e->next_moe != UINT32_MAX) {
+			/* The lookahead reads the next MoE layer's weights: bound
+			 * now when it is the next layer anyway, skipped when a
+			 * streamed one lies further ahead. */
+			if (e->next_moe == l + 1 && (rc = spine_bind(e, l + 1, err)) != 0)
+				return rc;
+			if (!streamed(e, e->next_moe) || e->bound == e->next_moe)
+				lookahead(e, e->next_moe, nB, n, NULL, e->K);
+		}
 	}
 	/* 5) output AttnRes, final norm, lm_head (spec §10) */
-	if (!out || !out->logits)
+	if (!logits)
 		return 0;
+	if ((rc = spine_bind_head(e, err)) != 0)
+		return rc;
 	if (out->logits_mode == K3_ENGINE_LOGITS_ALL) {
 		for (uint32_t j = 0; j <= nB; j++)
 			e->cands[j] = e->pool[j];
 		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, n, e->z, &st));
 		PCALL(p->logits(e->pm, e->z, n, out->logits + (size_t)pos0 * e->V, &st));
-	} else if (out->logits_mode == K3_ENGINE_LOGITS_LAST && last) {
+	} else {
 		for (uint32_t j = 0; j <= nB; j++)
 			e->cands[j] = e->pool[j] + (size_t)(n - 1) * D;
 		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, 1, e->z, &st));
 		PCALL(p->logits(e->pm, e->z, 1, out->logits, &st));
 	}
 	return 0;
+}
+
+static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
+		     uint32_t n, uint32_t pos0, bool last, bool verify,
+		     const struct k3_engine_out *out, struct k3_err *err)
+{
+	int rc = run_chunk_layers(e, s, ids, n, pos0, last, verify, out, err);
+
+	spine_unbind(e);
+	spine_unbind_head(e);
+	return rc;
 }
 
 /* What forward and verify check before they touch s. */
@@ -1028,12 +1292,20 @@ int k3_engine_commit(struct k3_engine *e, struct k3_engine_seq *s, uint32_t m,
 			rc = p->kda_replay(e->pm, l, s->kda[l], e->vrec[l], m, &st);
 		} else if (m < e->pending_T) {
 			/* Snapshot path: back to the state before the pass, then
-			 * the accepted prefix again through the same op. */
+			 * the accepted prefix again through the same op (a
+			 * streamed layer's weights are read again for it). */
 			rc = p->kda_state_copy(s->kda[l], e->vsnap[l], &st);
-			if (!rc && m)
+			if (!rc && m) {
+				int brc = spine_bind(e, l, err);
+				if (brc) {
+					s->poisoned = true;
+					return brc;
+				}
 				rc = p->kda(e->pm, l, e->vh[l], m, s->kda[l], e->z, 0, &st);
+			}
 		}
 	}
+	spine_unbind(e);
 	if (rc) {
 		s->poisoned = true;
 		return prov_err(e, err, rc, &st);

@@ -28,8 +28,60 @@
 #include "k3_provider.h"
 
 struct k3_model;
+struct k3_model_plan;
+struct k3_layer_plan;
+struct k3_tensor;
 struct k3_engine;
 struct k3_engine_seq;
+
+/*
+ * Where the spine's bytes come from when they are not the model's mmapped
+ * tensors (docs/engine.md, "Spine streaming"). Layers 0..resident_layers-1
+ * (an immutable prefix) and, when head_resident, the head are resident:
+ * the engine acquires them once when it opens (they return at once) and
+ * releases them when it is freed. Every later layer, and a streamed head,
+ * is acquired in each pass (one chunk of positions) that uses it right
+ * before its ops, bound to the provider, and unbound and released right
+ * after them, so the source may reuse its memory: a layer streams once per
+ * pass, whatever the number of positions in it. The embedding is always
+ * gathered row by row for the tokens of the pass. Without a source
+ * (engine opts spine == NULL) everything is the model's mmapped tensors,
+ * as before spine streaming existed.
+ */
+struct k3_spine_source {
+	void *ctx;
+	uint32_t resident_layers;    /* R <= n_layers */
+	bool head_resident;
+	/* A pass starts (before its embed_rows): the layers come next, in
+	 * order, then the head when `logits` (a pass that computes no logits
+	 * never acquires the head). Lets a source read the pass's first
+	 * streamed layers now and know whether the head belongs to this pass
+	 * before it reads past the last layer into the next pass. */
+	void (*begin_pass)(void *ctx, bool logits);
+	/*
+	 * Starts loading `layer` (n_layers: the head) without waiting: the
+	 * engine calls it for layer l + 1 when layer l starts, and for the
+	 * head when the last layer of a pass that computes logits starts, so
+	 * reads overlap compute. A hint: a source may read further ahead on
+	 * its own.
+	 */
+	void (*prefetch_layer)(void *ctx, uint32_t layer);
+	/* Waits until `layer` is in memory; *w := its tensors (every field
+	 * k3_engine_layer_tensors names, with data), valid until
+	 * release_layer. Resident layers return at once. Returns 0 or a
+	 * negative errno (a failed read; the message names the layer). */
+	int (*acquire_layer)(void *ctx, uint32_t layer, struct k3_prov_layer_weights *w,
+			     struct k3_err *err);
+	void (*release_layer)(void *ctx, uint32_t layer);
+	/* rows[T][D] := the embedding rows of ids[0..T) (each < vocab; T <=
+	 * the engine's max_chunk), in the embedding tensor's dtype. */
+	int (*embed_rows)(void *ctx, const int32_t *ids, uint32_t T, void *rows,
+			  struct k3_err *err);
+	/* The head as a layer: fills w's lm_head, norm, out_res_norm and
+	 * out_res_proj (k3_engine_head_tensors), valid until release_head. */
+	int (*acquire_head)(void *ctx, struct k3_prov_weights *w, struct k3_err *err);
+	void (*release_head)(void *ctx);
+};
 
 struct k3_engine_opts {
 	const char *provider;        /* "cpu" when NULL */
@@ -39,7 +91,38 @@ struct k3_engine_opts {
 	bool split_all;              /* split even tiny ops across threads (tests) */
 	bool kda_snapshot;           /* verification snapshots KDA states even when the
 				      * provider has kda_verify (tests of the fallback) */
+	/* The spine source (copied; its ctx must outlive the engine), or NULL
+	 * for the model's mmapped tensors. An open-time choice: the provider
+	 * converts a resident layer's small vectors when it opens, and a
+	 * streamed tensor's mmapped pages must never be read (they would
+	 * count in the process's resident memory). */
+	const struct k3_spine_source *spine;
 };
+
+/* Fields of struct k3_prov_layer_weights, all struct k3_prov_tensor, in
+ * declaration order; k3_engine_layer_field(w, i) is field i. */
+enum { K3_ENGINE_LAYER_FIELDS =
+	(int)(sizeof(struct k3_prov_layer_weights) / sizeof(struct k3_prov_tensor)) };
+/* The head's fields of struct k3_prov_weights: lm_head, norm,
+ * out_res_norm, out_res_proj (k3_engine_head_field). */
+enum { K3_ENGINE_HEAD_FIELDS = 4 };
+
+/* f[i] := the model tensor behind field i of layer p's provider weights,
+ * NULL for fields the layer's kinds do not use: exactly the tensors the
+ * engine hands the provider for the layer, i.e. the layer's spine (every
+ * tensor it needs but its routed experts). Spine packs and the spine
+ * loader (daemon/store/store_spine.h) enumerate layers with it. */
+void k3_engine_layer_tensors(const struct k3_layer_plan *p,
+			     const struct k3_tensor *f[K3_ENGINE_LAYER_FIELDS]);
+/* The same for the head, in K3_ENGINE_HEAD_FIELDS order. */
+void k3_engine_head_tensors(const struct k3_model_plan *p,
+			    const struct k3_tensor *f[K3_ENGINE_HEAD_FIELDS]);
+struct k3_prov_tensor *k3_engine_layer_field(struct k3_prov_layer_weights *w, unsigned i);
+struct k3_prov_tensor *k3_engine_head_field(struct k3_prov_weights *w, unsigned i);
+/* t as the provider ABI sees it (dtype, ndim, shape) with its bytes at
+ * data (NULL: a tensor bound later). A dtype or rank the ABI cannot carry
+ * gives K3_PROV_DTYPE_NONE, which the provider refuses. */
+struct k3_prov_tensor k3_engine_prov_tensor(const struct k3_tensor *t, const void *data);
 
 /*
  * Where routed-expert bytes come from. The engine decides which experts
@@ -129,8 +212,12 @@ struct k3_expert_source {
 };
 
 /* Opens a provider over model (which must outlive the engine) and sizes
- * its scratch. Returns 0, -ENOENT (unknown provider), -EINVAL (the model
- * uses a feature the provider lacks, message says which), -ENOMEM. */
+ * its scratch; with opts->spine, acquires the source's resident layers
+ * (and head) and opens the provider with the streamed ones without data.
+ * Returns 0, -ENOENT (unknown provider), -EINVAL (the model uses a
+ * feature the provider lacks, or a spine source with a provider that
+ * cannot bind layers; message says which), -ENOMEM, or the source's
+ * error. */
 int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *opts,
 		   struct k3_engine **out, struct k3_err *err);
 void k3_engine_free(struct k3_engine *e);

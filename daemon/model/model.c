@@ -143,29 +143,67 @@ static int build_table(struct k3_model *m, const struct k3_st_index *ix, struct 
 }
 
 /* Scans every MXFP4 scale tensor for the forbidden byte 255 (§9) when the
- * total is small enough to read at open. */
+ * total is small enough to read at open. Read with pread, not through the
+ * mapping: a scan through the mapping would leave every scanned page, and
+ * the neighbours the kernel maps around each fault (up to 64 KiB: other
+ * experts' and spine tensors' bytes), in the process's resident memory,
+ * which the spine streaming of issue 17 must keep to what it reads. */
 static int check_scales(struct k3_model *m, struct k3_err *err)
 {
-	uint64_t total = 0;
+	uint64_t total = 0, widest = 0;
+	uint8_t *buf = NULL;
+	uint32_t open_shard = UINT32_MAX;
+	int fd = -1, r = 0;
 
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const char *n = m->tensors[i].name;
 		size_t l = strlen(n);
-		if (l > 13 && strcmp(n + l - 13, ".weight_scale") == 0)
+		if (l > 13 && strcmp(n + l - 13, ".weight_scale") == 0) {
 			total += m->tensors[i].nbytes;
-	}
-	if (total > K3_MODEL_SCALE_SCAN_MAX)
-		return 0;   /* the store checks each span it reads */
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct k3_tensor *t = &m->tensors[i];
-		size_t l = strlen(t->name);
-		if (l > 13 && strcmp(t->name + l - 13, ".weight_scale") == 0) {
-			int r = k3_mxfp4_check_scales(t->data, (size_t)t->nbytes, t->name, err);
-			if (r)
-				return r;
+			if (m->tensors[i].nbytes > widest)
+				widest = m->tensors[i].nbytes;
 		}
 	}
-	return 0;
+	if (total > K3_MODEL_SCALE_SCAN_MAX || total == 0)
+		return 0;   /* the store checks each span it reads */
+	buf = malloc((size_t)widest);
+	if (!buf)
+		return k3_err_set(err, -ENOMEM, "out of memory for the MXFP4 scale scan");
+	for (size_t i = 0; r == 0 && i < m->n_tensors; i++) {
+		const struct k3_tensor *t = &m->tensors[i];
+		size_t l = strlen(t->name), got = 0;
+		if (l <= 13 || strcmp(t->name + l - 13, ".weight_scale") != 0)
+			continue;
+		if (t->shard != open_shard) {
+			if (fd >= 0)
+				close(fd);
+			open_shard = t->shard;
+			fd = open(m->shards[t->shard].path, O_RDONLY | O_CLOEXEC);
+			if (fd < 0) {
+				r = k3_err_set(err, -errno, "shard '%s': %s", m->shards[t->shard].path,
+					       strerror(errno));
+				break;
+			}
+		}
+		while (got < t->nbytes) {
+			ssize_t n = pread(fd, buf + got, (size_t)t->nbytes - got,
+					  (off_t)(t->file_offset + got));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				r = k3_err_set(err, n < 0 ? -errno : -EIO, "shard '%s': cannot read '%s'",
+					       m->shards[t->shard].path, t->name);
+				break;
+			}
+			got += (size_t)n;
+		}
+		if (r == 0)
+			r = k3_mxfp4_check_scales(buf, (size_t)t->nbytes, t->name, err);
+	}
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return r;
 }
 
 /* Opens dir; with_plan: a K3 checkpoint (config.json parsed, tensor plan

@@ -15,6 +15,7 @@
 #include "draft/draft.h"
 #include "store/store.h"
 #include "store/store_budget.h"
+#include "store/store_spine.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 #include "k3_proto.h"
@@ -42,7 +43,13 @@ static const char usage[] =
 	"                       file system allows it; on = required (refuse to start\n"
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
-	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --no-packs           read experts (and the spine) from the shards even when\n"
+	"                       packs are valid\n"
+	"  --spine-resident auto|all|none|N  stream the spine (every non-expert weight):\n"
+	"                       layers 0..N-1 stay resident, every later layer is read\n"
+	"                       per pass into a ring of layer arenas; all = every layer\n"
+	"                       resident (read once), auto = as many as the memory\n"
+	"                       budget allows; not given: the spine stays mapped\n"
 	"  --draft off|auto|ngram|dspark  speculative decoding for requests that do not\n"
 	"                       choose (default auto: DSpark with --draft-model, else\n"
 	"                       n-gram; the ids are the same either way)\n"
@@ -171,8 +178,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_DRAFT, O_DRAFT_MODEL,
-	       O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE, O_DRAFT,
+	       O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -194,6 +201,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "spine-resident", required_argument, NULL, O_SPINE },
 		{ "draft", required_argument, NULL, O_DRAFT },
 		{ "draft-model", required_argument, NULL, O_DRAFT_MODEL },
 		{ "draft-max", required_argument, NULL, O_DRAFT_MAX },
@@ -215,6 +223,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->idle_timeout_s = K3_LIM_IDLE_TIMEOUT_DEFAULT_S;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
+	opts->spine_resident = K3_OPTIONS_SPINE_MAPPED;
 	opts->draft = K3_DRAFT_POLICY_AUTO;
 	opts->draft_max = K3_OPTIONS_DRAFT_MAX_DEFAULT;
 	opterr = 0;
@@ -324,6 +333,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			break;
 		case O_NOPACKS:
 			opts->no_packs = true;
+			break;
+		case O_SPINE:
+			if ((r = k3_store_spine_parse_resident(optarg, &opts->spine_resident, err)) < 0)
+				return k3_err_prefix(err, "--spine-resident");
 			break;
 		case O_DRAFT: {
 			uint32_t p;
@@ -436,11 +449,21 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s packs=%s",
+	char sp[32];
+	if (opts->spine_resident == K3_OPTIONS_SPINE_MAPPED)
+		snprintf(sp, sizeof(sp), "mapped");
+	else if (opts->spine_resident == K3_STORE_SPINE_AUTO)
+		snprintf(sp, sizeof(sp), "auto");
+	else if (opts->spine_resident == K3_STORE_SPINE_ALL)
+		snprintf(sp, sizeof(sp), "all");
+	else
+		snprintf(sp, sizeof(sp), "%d", (int)opts->spine_resident);
+	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
+		    " packs=%s spine-resident=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
-		    opts->no_packs ? "no" : "when valid");
+		    opts->no_packs ? "no" : "when valid", sp);
 	char width[16];
 	if (opts->draft_width)
 		snprintf(width, sizeof(width), "%u", opts->draft_width);

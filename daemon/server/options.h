@@ -42,7 +42,11 @@ struct k3_options {
 				       * 0 = off, -1 = auto (the default: every rank
 				       * whose measured precision passes the gate) */
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
-	bool no_packs;                /* --no-packs: read experts from the shards */
+	bool no_packs;                /* --no-packs: read experts (and the spine) from the shards */
+	/* --spine-resident: K3_OPTIONS_SPINE_MAPPED (not given: the spine is
+	 * the mmapped shards), K3_STORE_SPINE_AUTO / _ALL, or N >= 0 layers
+	 * resident and the rest streamed (docs/store.md, "Spine streaming") */
+	int32_t spine_resident;
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 	/* Speculative decoding (docs/draft.md) */
 	int draft;                    /* --draft: enum k3_draft_policy, the default of
@@ -65,6 +69,10 @@ enum { K3_OPTIONS_DRAFT_MAX_DEFAULT = 7, K3_OPTIONS_DRAFT_MAX = 63 };
  * reads a rank ahead only while its measured precision is >= 0.9: every
  * wrong guess costs a read (docs/store.md, "Prefetch", measured). */
 enum { K3_OPTIONS_PREFETCH_MAX = 64 };
+
+/* --spine-resident not given; given, it holds a layer count or
+ * K3_STORE_SPINE_AUTO / K3_STORE_SPINE_ALL (store_spine.h). */
+enum { K3_OPTIONS_SPINE_MAPPED = -1 };
 
 /*
  * Parses argv into opts (defaults first). Returns 0; 1 when --help or

@@ -239,6 +239,7 @@ static void job_finished(struct k3_sched *s, struct sched_job *j)
 	s->totals.decode_s_total += j->decode_s;
 	s->totals.io_wait_s_total += j->io_wait_s;
 	s->totals.compute_s_total += j->compute_s;
+	s->totals.spine_io_wait_s_total += j->spine_io_wait_s;
 	s->totals.draft_proposed_total += j->draft.proposed;
 	s->totals.draft_accepted_total += j->draft.accepted;
 	s->totals.decode_passes_total += j->decode_passes;
@@ -568,6 +569,18 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;
 		r->has_expert_cache_bytes = true;
 	}
+	/* s->spine likewise; its counters are under the reader pool's lock. */
+	if (s->ready && s->spine) {
+		struct k3_store_spine_stats st;
+		struct k3_store_spine_info in;
+		k3_store_spine_stats_get(s->spine, &st);
+		k3_store_spine_info_get(s->spine, &in);
+		r->spine_bytes_read = st.bytes_read; r->has_spine_bytes_read = true;
+		r->spine_loads = st.loads; r->has_spine_loads = true;
+		r->spine_memory_bytes = in.memory_bytes; r->has_spine_memory_bytes = true;
+		r->spine_io_wait_s_total = s->totals.spine_io_wait_s_total;
+		r->has_spine_io_wait_s_total = true;
+	}
 }
 
 static unsigned hook_drain(void *ctx)
@@ -689,6 +702,7 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 	k3_engine_free(s->engine);
 	if (s->store)
 		k3_store_engine_src_release(&s->xctx);
+	k3_store_spine_free(s->spine);   /* before the pool it borrows */
 	k3_store_free(s->store);
 	k3_store_source_free(s->xsrc);
 	k3_store_trace_close(s->trace, NULL);

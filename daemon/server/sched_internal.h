@@ -43,6 +43,7 @@
 #include "engine/engine.h"
 #include "store/store.h"
 #include "store/store_engine.h"
+#include "store/store_spine.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
 #include "text/text_tok.h"
@@ -160,6 +161,7 @@ struct sched_job {
 					 * proposals it rejected are draft.proposed -
 					 * draft.accepted) */
 	double prefill_s, decode_s, io_wait_s, compute_s;
+	double spine_io_wait_s;         /* the spine's part of io_wait_s */
 	struct k3_draft_stats draft;    /* drafting (all zero with the policy off) */
 	uint64_t decode_passes;         /* passes that produced ids: the last prefill
 					 * chunk, then every decode or verification pass */
@@ -240,6 +242,8 @@ struct k3_sched {
 	struct k3_store_source *xsrc;
 	struct k3_store *store;
 	struct k3_store_engine_src xctx;
+	/* the spine loader (NULL: the spine is the mmapped shards) */
+	struct k3_store_spine *spine;
 	/* speculative decoding (docs/draft.md), engine thread only: the
 	 * drafts k3d offers and the measured cost of a pass of T positions */
 	struct k3_draft *draft_ngram;
@@ -410,6 +414,7 @@ struct sched_seq {
 	struct timespec t_prefill, t_decode;
 	double queued_s, prefill_s, decode_s;
 	struct k3_store_stats xs0;      /* store counters when the job started */
+	struct k3_store_spine_stats ss0;   /* spine loader counters then */
 	struct k3_err err;
 };
 

@@ -141,6 +141,8 @@ static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq
 	q->queued_s = sched_since(&j->t_submit);
 	if (s->store)
 		k3_store_stats_get(s->store, &q->xs0);
+	if (s->spine)
+		k3_store_spine_stats_get(s->spine, &q->ss0);
 	clock_gettime(CLOCK_MONOTONIC, &q->t_prefill);
 	q->t_decode = q->t_prefill;
 	q->logits = malloc((size_t)V * sizeof(float));
@@ -360,12 +362,22 @@ static int seq_decode(struct k3_sched *s, struct sched_seq *q)
 	return r;
 }
 
-/* Lets the expert store settle and returns in d what this job cost it. */
-static void seq_store_settle(struct k3_sched *s, const struct sched_seq *q, struct k3_store_stats *d)
+/* Lets the expert store and the spine loader settle and returns in d and
+ * sd what this job cost them. */
+static void seq_store_settle(struct k3_sched *s, const struct sched_seq *q, struct k3_store_stats *d,
+			     struct k3_store_spine_stats *sd)
 {
 	struct k3_store_stats now;
 
 	memset(d, 0, sizeof(*d));
+	memset(sd, 0, sizeof(*sd));
+	if (s->spine) {
+		/* The read-ahead into the next pass lands and is charged here. */
+		struct k3_store_spine_stats snow;
+		k3_store_spine_drain(s->spine);
+		k3_store_spine_stats_get(s->spine, &snow);
+		k3_store_spine_stats_sub(&snow, &q->ss0, sd);
+	}
 	if (!s->store)
 		return;
 	/* Guesses still queued are for layers this request has passed: drop
@@ -380,7 +392,8 @@ static void seq_store_settle(struct k3_sched *s, const struct sched_seq *q, stru
 
 /* The DONE frame of a generation that ended without an engine error. */
 static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_seq *q,
-					const struct k3_store_stats *xd)
+					const struct k3_store_stats *xd,
+					const struct k3_store_spine_stats *sd)
 {
 	struct sched_job *j = q->job;
 	const double prefill_s = q->prefill_s, decode_s = q->decode_s;
@@ -403,9 +416,9 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 	done.has_prefill_tps = true;
 	done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
 	done.has_decode_tps = true;
-	/* Honest split of the engine's time: waiting for expert reads vs
-	 * everything else (compute_s + io_wait_s = prefill + decode). */
-	done.io_wait_s = (double)xd->io_wait_ns * 1e-9; done.has_io_wait_s = true;
+	/* Honest split of the engine's time: waiting for expert and spine
+	 * reads vs everything else (compute_s + io_wait_s = prefill + decode). */
+	done.io_wait_s = (double)(xd->io_wait_ns + sd->io_wait_ns) * 1e-9; done.has_io_wait_s = true;
 	done.compute_s = prefill_s + decode_s - done.io_wait_s;
 	if (done.compute_s < 0)
 		done.compute_s = 0;
@@ -432,6 +445,12 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 		done.prefetch_wasted_bytes = xd->prefetch_wasted_bytes;
 		done.has_prefetch_wasted_bytes = true;
 	}
+	if (s->spine) {
+		done.spine_bytes_read = sd->bytes_read; done.has_spine_bytes_read = true;
+		done.spine_loads = sd->loads; done.has_spine_loads = true;
+		done.spine_rows_read = sd->rows_read; done.has_spine_rows_read = true;
+		done.spine_io_wait_s = (double)sd->io_wait_ns * 1e-9; done.has_spine_io_wait_s = true;
+	}
 	return sched_encode_frame(j, K3_MSG_DONE, &done);
 }
 
@@ -443,6 +462,7 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 {
 	struct sched_job *j = q->job;
 	struct k3_store_stats xd;
+	struct k3_store_spine_stats sd;
 
 	sched_stage_release(&q->stage);
 	free(q->logits);
@@ -453,7 +473,7 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 	q->run = NULL;
 	k3_engine_set_cancel(s->engine, NULL);
 	sched_trace_flush(s);
-	seq_store_settle(s, q, &xd);
+	seq_store_settle(s, q, &xd, &sd);
 	if (r == -ECANCELED) {
 		/* Stopped between layers: the branch is half-advanced, drop it. */
 		r = 0;
@@ -467,7 +487,8 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 	}
 	j->prefill_s = q->prefill_s;
 	j->decode_s = q->decode_s;
-	j->io_wait_s = (double)xd.io_wait_ns * 1e-9;
+	j->io_wait_s = (double)(xd.io_wait_ns + sd.io_wait_ns) * 1e-9;
+	j->spine_io_wait_s = (double)sd.io_wait_ns * 1e-9;
 	j->compute_s = q->prefill_s + q->decode_s > j->io_wait_s ?
 		       q->prefill_s + q->decode_s - j->io_wait_s : 0;
 	if (r < 0) {
@@ -483,7 +504,7 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 		q->seq = NULL;
 		j->finish = K3_FINISH_ERROR;
 	} else {
-		j->final = seq_done_frame(s, q, &xd);
+		j->final = seq_done_frame(s, q, &xd, &sd);
 		j->done_sent = j->final != NULL;
 	}
 	/* Only a complete answer becomes publishable state. */

@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "store/store_budget.h"
 #include "store/store_model.h"
+#include "store/store_spine.h"
 #include "store/store_trace.h"
 
 /* Per-request state the budget reserves besides the cache: MLA caches and
@@ -122,27 +123,17 @@ static uint32_t first_buffered(const struct k3_store_source *src)
 	return 0;
 }
 
-/* Opens the expert store behind the engine (docs/store.md, "For the
- * engine"): packs when valid (else shards, logged with the reason), the
- * RAM budget (refused below one token's floor), the reader threads and the
- * lookahead. A model whose experts the store cannot
- * stream (not MXFP4) keeps the mmapped tensors, with a warning. */
-static int open_store(struct k3_sched *s, struct k3_err *err)
+/* The expert source (packs when valid, else shards; logged with the
+ * reason), or none when the model's experts cannot be streamed (not
+ * MXFP4: they stay mmapped, with a warning). */
+static int open_expert_source(struct k3_sched *s, const char *packdir, bool have_packs,
+			      struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
-	const struct k3_model_config *mc = k3_model_config(s->model);
 	struct k3_store_open_report rep;
-	struct k3_store_budget_out b;
-	char packdir[4096];
 	int r;
 
-	if (!mc->n_moe)
-		return 0;
-	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
-	    (int)sizeof(packdir))
-		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
 	memset(&rep, 0, sizeof(rep));
-	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
 	r = k3_store_source_open_model(s->model, have_packs ? packdir : NULL,
 				       (enum k3_store_direct)o->direct, &s->xsrc, &rep, err);
 	if (r == -ENOTSUP) {
@@ -167,21 +158,130 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		       rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
 	else
 		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
+	return 0;
+}
 
-	size_t n_t = 0;
-	const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
-	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
+/* Guesses per position: auto offers every rank (the store's precision
+ * gate decides), N offers N, off none. */
+static int prefetch_of(const struct k3_options *o, const struct k3_model_config *mc)
+{
+	return o->prefetch < 0 ? (int)mc->num_experts_per_token : o->prefetch;
+}
+
+/* The budget's input for a spine that takes spine_bytes of memory. */
+static struct k3_store_budget_in budget_in(const struct k3_sched *s, uint64_t spine_bytes)
+{
+	const struct k3_model_config *mc = k3_model_config(s->model);
+
+	return (struct k3_store_budget_in){
+		.spine_bytes = spine_bytes,
+		.state_bytes = SCHED_STATE_RESERVE,
+		.slot_bytes = s->xsrc ? k3_store_source_slot_bytes(s->xsrc) : 0,
+		.floor_slots = mc->num_experts_per_token,
+		.requested_bytes = s->opts->expert_cache_bytes,
+	};
+}
+
+/* The spine loader's configuration from --spine-resident (docs/store.md,
+ * "Spine streaming"), until the memory planner (issue 17, plan-io) takes
+ * this over: N, none and all as given (the head resident unless none; the
+ * embedding is never resident: its rows are read per token); auto keeps
+ * every layer resident when that, the expert cache's floor, the state
+ * reserve and the headroom fit the memory limit (store_budget.h), else the
+ * longest prefix that fits beside the ring (the head resident while it
+ * fits: it is read every pass), refusing with every number when not even
+ * a streamed head fits. */
+static int spine_config(struct k3_sched *s, const struct k3_store_spine_sizes *z,
+			struct k3_store_spine_config *cfg, struct k3_err *err)
+{
+	int32_t want = s->opts->spine_resident;
+	uint32_t n = z->n_layers;
+
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->direct = (enum k3_store_direct)s->opts->direct;
+	cfg->io_threads = s->opts->io_threads;
+	cfg->max_rows = SCHED_PREFILL_CHUNK;
+	if (want >= 0) {
+		if ((uint32_t)want > n)
+			return k3_err_set(err, -EINVAL, "--spine-resident %d: the model has %" PRIu32
+					  " layers", (int)want, n);
+		cfg->resident_layers = (uint32_t)want;
+		cfg->head_resident = want > 0;
+		return 0;
+	}
+	cfg->resident_layers = n;
+	cfg->head_resident = true;
+	if (want == K3_STORE_SPINE_ALL || !s->xsrc)
+		return 0;
+	/* auto: the longest prefix whose memory leaves the expert cache its floor */
+	for (int head = 1; head >= 0; head--) {
+		for (int64_t R = n; R >= 0; R--) {
+			struct k3_store_budget_out b;
+			struct k3_store_budget_in bi;
+			cfg->resident_layers = (uint32_t)R;
+			cfg->head_resident = head;
+			bi = budget_in(s, k3_store_spine_memory(z, cfg));
+			if (k3_store_budget(&bi, &b, err) == 0)
+				return 0;
+		}
+	}
+	return k3_err_prefix(err, "--spine-resident auto: not even a streamed spine fits");
+}
+
+/* The spine loader (--spine-resident): the spine pack when valid (else
+ * the shards, logged with the reason), reading through the expert store's
+ * pool when there is one. */
+static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cfg0,
+		      const char *packdir, bool have_packs, struct k3_err *err)
+{
+	struct k3_store_spine_config cfg = *cfg0;
+	struct k3_store_spine_report rep;
+	struct k3_store_spine_info in;
+	char path[4096];
+	int r;
+
+	cfg.io = s->store ? k3_store_reader_pool(s->store) : NULL;
+	if (have_packs && k3_store_spine_pack_path(path, sizeof(path), packdir) != 0)
+		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
+	r = k3_store_spine_new(s->model, have_packs ? path : NULL, &cfg, &s->spine, &rep, err);
+	if (r == -EMEDIUMTYPE)
+		return k3_err_prefix(err, "--direct on");
+	if (r < 0)
+		return k3_err_prefix(err, "spine loader");
+	k3_store_spine_info_get(s->spine, &in);
+	if (rep.pack_rejected)
+		k3_log_warning("spine: from the shards (the spine pack was rejected: %s)", rep.rejection);
+	char res[64];
+	if (in.resident_layers)
+		snprintf(res, sizeof(res), "layers 0..%" PRIu32, in.resident_layers - 1);
+	else
+		snprintf(res, sizeof(res), "no layer");
+	k3_log_info("spine: %s resident (%.3f GB with%s the head), %" PRIu32
+		    " layers%s streamed per pass (%.3f GB per pass) through %" PRIu32 " arenas of %.3f"
+		    " GB; embedding rows per token; from %s; %.3f GB of memory; %u files with"
+		    " O_DIRECT, %u buffered",
+		    res, (double)in.resident_bytes / 1e9,
+		    in.head_resident ? "" : "out", in.n_layers - in.resident_layers,
+		    in.head_resident ? "" : " and the head", (double)in.streamed_bytes_per_pass / 1e9,
+		    in.ring_arenas, (double)in.arena_bytes / 1e9,
+		    rep.from_pack ? "the spine pack" : s->opts->no_packs ? "the shards (--no-packs)"
+		    : "the shards", (double)in.memory_bytes / 1e9, rep.files_direct, rep.files_buffered);
+	return 0;
+}
+
+/* Creates the expert store over s->xsrc (docs/store.md, "For the engine"):
+ * the RAM budget (limit - spine_bytes - state - headroom, refused below
+ * one token's floor) and the reader threads. */
+static int open_store(struct k3_sched *s, uint64_t spine_bytes, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_store_budget_out b;
+	int r;
+
 	uint64_t slot = k3_store_source_slot_bytes(s->xsrc);
 	uint64_t pool = (uint64_t)k3_store_source_count(s->xsrc) * slot;
-	for (size_t i = 0; i < n_t; i++)
-		weights += t[i].nbytes;
-	struct k3_store_budget_in bi = {
-		.spine_bytes = weights > xbytes ? weights - xbytes : 0,
-		.state_bytes = SCHED_STATE_RESERVE,
-		.slot_bytes = slot,
-		.floor_slots = mc->num_experts_per_token,
-		.requested_bytes = o->expert_cache_bytes,
-	};
+	struct k3_store_budget_in bi = budget_in(s, spine_bytes);
 	r = k3_store_budget(&bi, &b, err);
 	if (r < 0)
 		return k3_err_prefix(err, "--expert-cache-gb");
@@ -189,9 +289,8 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
 	if (cache < b.floor_bytes)
 		cache = b.floor_bytes;
-	/* auto: every rank is offered, the store's precision gate decides. */
 	bool pf_auto = o->prefetch < 0;
-	int prefetch = pf_auto ? (int)mc->num_experts_per_token : o->prefetch;
+	int prefetch = prefetch_of(o, mc);
 	struct k3_store_config cfg = {
 		.cache_bytes = cache,
 		.io_threads = o->io_threads,
@@ -204,11 +303,7 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");
 	struct k3_store_info info;
-	struct k3_expert_source es;
 	k3_store_info_get(s->store, &info);
-	k3_store_engine_src_init(&s->xctx, s->store, &es);
-	k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch, &es);
-	k3_engine_set_expert_source(s->engine, &es);
 	char pfs[96];
 	if (pf_auto)
 		snprintf(pfs, sizeof(pfs), "auto (a rank is read ahead while its precision >= %.2f)",
@@ -232,6 +327,64 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		k3_log_info("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
 			    " (--direct %s)", info.files_direct, info.files_buffered,
 			    k3_store_direct_name((enum k3_store_direct)o->direct));
+	return 0;
+}
+
+/* Everything between the model and the engine's first job (docs/store.md):
+ * the expert source, the spine's configuration (its memory counts in the
+ * expert cache's budget), the expert store, the spine loader sharing its
+ * readers, the engine over the spine source, the expert source behind the
+ * engine. */
+static int open_engine(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_engine_opts eo = { .threads = o->threads };
+	struct k3_store_spine_config scfg;
+	struct k3_store_spine_sizes z;
+	struct k3_spine_source ss;
+	char packdir[4096];
+	bool spine = o->spine_resident != K3_OPTIONS_SPINE_MAPPED;
+	int r;
+
+	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
+	    (int)sizeof(packdir))
+		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
+	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
+	if (mc->n_moe && (r = open_expert_source(s, packdir, have_packs, err)) < 0)
+		return r;
+	size_t n_t = 0;
+	const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
+	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
+	for (size_t i = 0; i < n_t; i++)
+		weights += t[i].nbytes;
+	uint64_t spine_bytes = weights > xbytes ? weights - xbytes : 0;
+	if (spine) {
+		r = k3_store_spine_sizes(s->model, &z, err);
+		if (r == 0)
+			r = spine_config(s, &z, &scfg, err);
+		if (r < 0)
+			return r;
+		spine_bytes = k3_store_spine_memory(&z, &scfg);
+	}
+	if (s->xsrc && (r = open_store(s, spine_bytes, err)) < 0)
+		return r;
+	if (spine) {
+		r = open_spine(s, &scfg, packdir, have_packs, err);
+		if (r < 0)
+			return r;
+		k3_store_spine_source(s->spine, &ss);
+		eo.spine = &ss;
+	}
+	r = k3_engine_open(s->model, &eo, &s->engine, err);
+	if (r < 0)
+		return r;
+	if (s->store) {
+		struct k3_expert_source es;
+		k3_store_engine_src_init(&s->xctx, s->store, &es);
+		k3_store_engine_src_set_prefetch(&s->xctx, (uint32_t)prefetch_of(o, mc), &es);
+		k3_engine_set_expert_source(s->engine, &es);
+	}
 	return 0;
 }
 
@@ -266,7 +419,6 @@ static void log_model(const struct k3_sched *s)
 void sched_load(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
-	struct k3_engine_opts eo = { .threads = s->opts->threads };
 	const char *dir = s->opts->model_dir;
 	const char *base;
 	char msg[K3_ERR_MSG_MAX + 64];
@@ -279,7 +431,7 @@ void sched_load(struct k3_sched *s)
 	else if (r == 0)
 		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
-		r = k3_engine_open(s->model, &eo, &s->engine, &err);
+		r = open_engine(s, &err);
 	if (r == 0)
 		r = sched_draft_load(s, &err);
 	if (r == 0 && (r = open_trace(s, &err)) < 0) {
@@ -287,8 +439,6 @@ void sched_load(struct k3_sched *s)
 		sched_post_kind(s, MSG_LOADED, NULL, false, msg);
 		return;
 	}
-	if (r == 0)
-		r = open_store(s, &err);
 	if (r < 0) {
 		snprintf(msg, sizeof(msg), "cannot load model '%s': %s", dir, err.msg);
 		sched_post_kind(s, MSG_LOADED, NULL, false, msg);

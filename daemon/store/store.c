@@ -200,6 +200,11 @@ void k3_store_drain(struct k3_store *s)
 	k3_store_io_unlock(s->io);
 }
 
+struct k3_store_io *k3_store_reader_pool(struct k3_store *s)
+{
+	return s->io;
+}
+
 void k3_store_stats_get(struct k3_store *s, struct k3_store_stats *st)
 {
 	k3_store_io_lock(s->io);

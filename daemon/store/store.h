@@ -34,6 +34,8 @@
 #include "base/err.h"
 #include "store/store_source.h"
 
+struct k3_store_io;
+
 enum {
 	K3_STORE_MAX_IO_THREADS = 16,
 	/* >= 2 reads in flight (issue 7); prefetch reads may occupy all
@@ -287,6 +289,11 @@ void k3_store_drain(struct k3_store *s);
 
 /* True when (layer, expert) is resident and ready (tests, warm-up). */
 bool k3_store_resident(struct k3_store *s, uint32_t layer, uint32_t expert);
+
+/* The store's reader pool, for other clients that should share its
+ * readers and its priorities (the spine loader, store_spine.h): valid
+ * until k3_store_free. */
+struct k3_store_io *k3_store_reader_pool(struct k3_store *s);
 
 void k3_store_stats_get(struct k3_store *s, struct k3_store_stats *st);
 void k3_store_info_get(struct k3_store *s, struct k3_store_info *info);

@@ -68,9 +68,15 @@ static struct k3_store_io_job *pick(const struct k3_store_io *io)
 {
 	if (io->hold_all)
 		return NULL;
-	for (int c = 0; c < K3_STORE_IO_CLASSES; c++)
-		if (io->q[c].len && !io->held[c] && io->running[c] < io->cap[c])
+	uint32_t busy = 0;   /* running jobs of the classes SPINE..c */
+
+	for (int c = 0; c < K3_STORE_IO_CLASSES; c++) {
+		busy = c == K3_STORE_IO_DEMAND ? io->running[c] : busy + io->running[c];
+		if (io->q[c].len && !io->held[c] && busy < io->cap[c])
 			return io->q[c].head;
+		if (c == K3_STORE_IO_DEMAND)
+			busy = 0;
+	}
 	return NULL;
 }
 
@@ -167,9 +173,13 @@ static void *reader_main(void *arg)
 			pthread_mutex_lock(&io->mu);
 		io->in_flight--;
 		io->running[cls]--;
-		/* A capped class freed a reader: one may take its next job. */
-		if (io->cap[cls] < io->n_threads && io->q[cls].len)
-			pthread_cond_signal(&io->work_cv);
+		/* A capped class (or, through the shared caps, a later one) may
+		 * start its next job now. */
+		for (int c = cls; c < K3_STORE_IO_CLASSES; c++)
+			if (io->cap[c] < io->n_threads && io->q[c].len) {
+				pthread_cond_signal(&io->work_cv);
+				break;
+			}
 		io->st.jobs[cls]++;
 		io->st.bytes[cls] += bytes;
 		io->st.stopped[cls] += stopped;

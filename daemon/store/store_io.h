@@ -30,17 +30,19 @@
  * themselves run without it.
  *
  * Scheduling: a reader takes the head of the first class (in enum order)
- * that has a queued job, is not held and has fewer jobs running than its
- * reader cap. Demand reads always go first; prefetch reads may occupy all
- * readers but one (a demand read never waits behind a guess).
+ * that has a queued job, is not held and is under its reader cap. Demand
+ * reads always go first, then the next spine layer's reads (the spine
+ * loader, store_spine.h, reads a layer as many jobs of a few MiB, so a
+ * demand read waits at most for one of them), then guesses. The cap of a
+ * class past DEMAND counts the running jobs of every class from SPINE to
+ * it, so with the expert store's prefetch cap of threads - 1 a guess never
+ * takes the last reader not busy with demand or spine reads: a demand read
+ * never waits behind a guess.
  *
- * How the next issues plug in (nothing of it is built yet):
- *   - spine streaming (issue 17): a class K3_STORE_IO_SPINE between DEMAND
- *     and PREFETCH (the enum is ordered by priority, so the current layer's
- *     experts, then the next spine layer, then guesses); the spine loader
- *     is one more client of the store's pool, its layer buffers the
- *     destinations. A guess never delays a demand read: the caps keep a
- *     reader free of prefetch jobs, and a class can be held.
+ * How the next issues plug in:
+ *   - spine streaming (issue 17, built): the class K3_STORE_IO_SPINE; the
+ *     spine loader is one more client of the store's pool, its layer
+ *     arenas the destinations.
  *   - an emulated drive (--io-rate GBPS, a per-request latency): a token
  *     bucket in the reader loop around each piece's read (read_job in
  *     store_io.c), in the pool config; page-cached files then read at a
@@ -67,8 +69,9 @@
 /* Job classes, most urgent first. Grow only between the two or at the end,
  * ordered by priority (the scheduler scans them in this order). */
 enum k3_store_io_class {
-	K3_STORE_IO_DEMAND = 0,     /* the engine waits for it */
-	K3_STORE_IO_PREFETCH = 1,   /* a guess: read only when no demand job waits */
+	K3_STORE_IO_DEMAND = 0,     /* the engine waits for it (experts, embedding rows) */
+	K3_STORE_IO_SPINE = 1,      /* the next spine layer: read when no demand job waits */
+	K3_STORE_IO_PREFETCH = 2,   /* a guess: read only when no demand or spine job waits */
 	K3_STORE_IO_CLASSES
 };
 
@@ -119,7 +122,9 @@ struct k3_store_io_job {
 	struct k3_store_io_job *prev, *next;
 };
 
-/* Reader caps: most jobs of each class running at once (0 = no cap). */
+/* Reader caps (0 = no cap): for DEMAND, most demand jobs running at once;
+ * for a later class c, most jobs of the classes SPINE..c running at once
+ * while a job of c starts. */
 struct k3_store_io_config {
 	unsigned threads;                                  /* 0 .. K3_STORE_IO_MAX_THREADS */
 	unsigned class_readers[K3_STORE_IO_CLASSES];

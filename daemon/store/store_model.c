@@ -69,8 +69,8 @@ static int add_layer(struct k3_store_source *src, const struct k3_layer_plan *lp
 	return 0;
 }
 
-static int add_shards(struct k3_store_source *src, const struct k3_model *m,
-		      struct k3_err *err)
+int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
+			       struct k3_err *err)
 {
 	for (uint32_t i = 0; i < k3_model_shard_count(m); i++) {
 		uint32_t f;
@@ -89,7 +89,7 @@ int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model
 
 	if (k3_store_source_file_count(src) != 0)
 		return k3_err_set(err, -EINVAL, "the expert source must be empty");
-	rc = add_shards(src, m, err);
+	rc = k3_store_source_add_shards(src, m, err);
 	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++)
 		if (plan->layers[l].is_moe && (layer == UINT32_MAX || layer == l))
 			rc = add_layer(src, &plan->layers[l], 0, err);
@@ -150,7 +150,7 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 	src = k3_store_source_new(direct);
 	if (!src)
 		return k3_err_set(err, -ENOMEM, "out of memory");
-	rc = add_shards(src, m, err);
+	rc = k3_store_source_add_shards(src, m, err);
 	if (rc == 0 && pack_dir)
 		rc = k3_store_model_idents(m, &id, &n_id, err);
 	/* The packs must match the files the shards are read through: if a
@@ -202,4 +202,129 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 	}
 	*out = src;
 	return 0;
+}
+
+/* ---- the spine as a pack input ---- */
+
+int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir)
+{
+	int n = snprintf(buf, size, "%s/spine.k3pack", pack_dir);
+	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+void k3_store_spine_input_release(struct k3_store_spine_input *in)
+{
+	free(in->spans);
+	free(in->extents);
+	free(in->tensors);
+	free(in->field);
+	free(in->tensor);
+	memset(in, 0, sizeof(*in));
+}
+
+/* Appends tensor t (provider field `field`) as the next array. */
+static int spine_add(struct k3_store_spine_input *o, const struct k3_tensor *t, unsigned field,
+		     struct k3_err *err)
+{
+	size_t j = o->in.n_arrays;
+	struct k3_prov_tensor pt = k3_engine_prov_tensor(t, NULL);
+	struct k3_store_pack_tensor *pk = &o->tensors[j];
+
+	if (pt.dtype == K3_PROV_DTYPE_NONE)
+		return k3_err_set(err, -EINVAL, "tensor '%s' has a dtype or rank the provider ABI"
+				  " cannot carry", t->name);
+	if (strlen(t->name) > K3_STORE_PACK_TENSOR_NAME_MAX)
+		return k3_err_set(err, -EINVAL, "tensor name '%s' is longer than %d bytes", t->name,
+				  K3_STORE_PACK_TENSOR_NAME_MAX);
+	strcpy(pk->name, t->name);
+	pk->dtype = pt.dtype;
+	pk->ndim = pt.ndim;
+	memcpy(pk->shape, pt.shape, sizeof(pk->shape));
+	o->extents[j] = (struct k3_store_extent){ .file = t->shard, .offset = t->file_offset,
+						  .length = t->nbytes };
+	o->field[j] = (uint8_t)field;
+	o->tensor[j] = t;
+	o->in.n_arrays++;
+	return 0;
+}
+
+/* Closes span `kind`/`layer` over the arrays added since `first`. */
+static void spine_span(struct k3_store_spine_input *o, uint32_t kind, uint32_t layer, size_t first)
+{
+	o->spans[o->in.n_spans++] = (struct k3_store_pack_span){
+		.kind = kind, .layer = layer, .first = (uint32_t)first,
+		.count = (uint32_t)(o->in.n_arrays - first) };
+}
+
+int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_spine_input *o,
+			     struct k3_err *err)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	size_t cap = (size_t)plan->n_layers * K3_ENGINE_LAYER_FIELDS + 1 + K3_ENGINE_HEAD_FIELDS;
+	const struct k3_tensor *f[K3_ENGINE_LAYER_FIELDS];
+	int rc = 0;
+
+	memset(o, 0, sizeof(*o));
+	o->spans = calloc(plan->n_layers + 2, sizeof(*o->spans));
+	o->extents = calloc(cap, sizeof(*o->extents));
+	o->tensors = calloc(cap, sizeof(*o->tensors));
+	o->field = calloc(cap, sizeof(*o->field));
+	o->tensor = calloc(cap, sizeof(*o->tensor));
+	if (!o->spans || !o->extents || !o->tensors || !o->field || !o->tensor) {
+		k3_store_spine_input_release(o);
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	}
+	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++) {
+		size_t first = o->in.n_arrays;
+		k3_engine_layer_tensors(&plan->layers[l], f);
+		for (unsigned i = 0; rc == 0 && i < K3_ENGINE_LAYER_FIELDS; i++)
+			if (f[i])
+				rc = spine_add(o, f[i], i, err);
+		spine_span(o, K3_STORE_SPAN_LAYER, l, first);
+	}
+	if (rc == 0) {
+		size_t first = o->in.n_arrays;
+		rc = spine_add(o, plan->embed_tokens, 0, err);
+		spine_span(o, K3_STORE_SPAN_EMBED, 0, first);
+	}
+	if (rc == 0) {
+		size_t first = o->in.n_arrays;
+		k3_engine_head_tensors(plan, f);
+		for (unsigned i = 0; rc == 0 && i < K3_ENGINE_HEAD_FIELDS; i++)
+			if (f[i])
+				rc = spine_add(o, f[i], i, err);
+		spine_span(o, K3_STORE_SPAN_HEAD, 0, first);
+	}
+	if (rc) {
+		k3_store_spine_input_release(o);
+		return rc;
+	}
+	o->in.kind = K3_STORE_PACK_SPINE;
+	o->in.spans = o->spans;
+	o->in.extents = o->extents;
+	o->in.tensors = o->tensors;
+	return 0;
+}
+
+int k3_store_spine_pack_write(const struct k3_model *m, const char *path,
+			      const struct k3_store_pack_ident *idents, size_t n_idents,
+			      unsigned flags, struct k3_store_pack_result *res,
+			      struct k3_err *err)
+{
+	struct k3_store_source *src = k3_store_source_new(K3_STORE_DIRECT_AUTO);
+	struct k3_store_spine_input in;
+	int rc;
+
+	if (!src)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	rc = k3_store_spine_input_new(m, &in, err);
+	if (rc == 0 && (rc = k3_store_source_add_shards(src, m, err)) != 0)
+		k3_store_spine_input_release(&in);
+	if (rc == 0) {
+		in.in.src = src;
+		rc = k3_store_pack_write_input(path, &in.in, idents, n_idents, flags, res, err);
+		k3_store_spine_input_release(&in);
+	}
+	k3_store_source_free(src);
+	return rc;
 }

@@ -2,9 +2,11 @@
  * store_model.h - the store's bridge to an opened checkpoint (model.h):
  * build an expert source from the shards, write per-layer packs, and open
  * the source the engine reads from (valid packs where present, shards
- * elsewhere). Packs live in one directory, one file per MoE layer:
- * <pack_dir>/experts-L<layer, 3 digits>.k3pack, each naming every shard of
- * the checkpoint as its source.
+ * elsewhere); the model's spine as the input of a spine pack (and of the
+ * spine loader, store_spine.h). Packs live in one directory, one file per
+ * MoE layer, <pack_dir>/experts-L<layer, 3 digits>.k3pack, and one spine
+ * pack, <pack_dir>/spine.k3pack, each naming every shard of the
+ * checkpoint as its source.
  */
 #ifndef K3_STORE_MODEL_H
 #define K3_STORE_MODEL_H
@@ -14,6 +16,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "store/store_pack.h"
 #include "store/store_source.h"
@@ -34,8 +37,49 @@ int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident *
 int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
 			      uint32_t layer, struct k3_err *err);
 
+/* Adds every shard of m to src as files first..first + shards - 1 (first =
+ * src's file count before the call). Returns what the source calls return. */
+int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
+			       struct k3_err *err);
+
 /* Writes <pack_dir>/experts-Lnnn.k3pack for the experts of `layer` of m. */
 int k3_store_pack_path(char *buf, size_t size, const char *pack_dir, uint32_t layer);
+
+/* <pack_dir>/spine.k3pack. */
+int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir);
+
+/*
+ * The model's spine as a pack input (store_pack.h): span i < n_layers is
+ * layer i (every tensor k3_engine_layer_tensors names for it, in field
+ * order), then the embedding, then the head (k3_engine_head_tensors
+ * order); each array's extent is its tensor in the shards, file i being
+ * shard i (in.src is left NULL: set it to a source whose files 0..shards-1
+ * are the shards, k3_store_source_add_shards). field[j] is the provider
+ * field array j fills (layer fields, or head fields for the head; 0 for
+ * the embedding); tensor[j] the model's tensor. No file is read. The
+ * arrays are owned by the struct.
+ */
+struct k3_store_spine_input {
+	struct k3_store_pack_input in;
+	struct k3_store_pack_span *spans;
+	struct k3_store_extent *extents;
+	struct k3_store_pack_tensor *tensors;
+	uint8_t *field;
+	const struct k3_tensor **tensor;
+};
+
+/* Fills *out for m. Returns 0, -EINVAL (a tensor the provider ABI cannot
+ * carry or whose name is too long), -ENOMEM. */
+int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_spine_input *out,
+			     struct k3_err *err);
+void k3_store_spine_input_release(struct k3_store_spine_input *in);
+
+/* Writes the spine pack `path` of m (k3ctl pack), reading the shards with
+ * O_DIRECT where it works. idents as k3_store_model_idents gives them. */
+int k3_store_spine_pack_write(const struct k3_model *m, const char *path,
+			      const struct k3_store_pack_ident *idents, size_t n_idents,
+			      unsigned flags, struct k3_store_pack_result *res,
+			      struct k3_err *err);
 
 struct k3_store_open_report {
 	uint32_t layers_packed;     /* MoE layers read from a valid pack */

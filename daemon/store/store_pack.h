@@ -1,29 +1,38 @@
 /*
- * store_pack.h - expert packs: each expert's six arrays copied, byte for
- * byte, into one contiguous span aligned to 4 KiB, so a cold expert costs one
- * O_DIRECT pread instead of six scattered ones (architecture.md, "Model
- * store"). docs/formats.md ("Expert packs") describes the file format; in
+ * store_pack.h - packs: weight bytes copied, byte for byte, into contiguous
+ * spans aligned to 4 KiB, so what the engine needs at once costs one
+ * O_DIRECT pread instead of many scattered ones (architecture.md, "Model
+ * store"). Two kinds share one format, one reader and one writer:
+ *
+ *   expert packs ("K3XPACK\n", k3ctl pack, one file per MoE layer): a span
+ *   per routed expert holding its six arrays;
+ *   spine packs ("K3SPACK\n", one file per model): a span per layer with
+ *   every tensor the layer needs besides its routed experts, one for the
+ *   embedding and one for the head (final norm, output AttnRes norm and
+ *   projection, lm_head), and a tensor table naming each tensor with its
+ *   dtype and shape.
+ *
+ * docs/formats.md ("Expert packs", "Spine packs") describes the bytes; in
  * short (little endian):
  *
- *   [0, 4096)            header: magic "K3XPACK\n", version, counts, the
- *                        offsets below, SHA-256 of the metadata, SHA-256
- *                        of the header itself
+ *   [0, 4096)            header: magic, version, counts, the offsets below,
+ *                        SHA-256 of the metadata, SHA-256 of the header
  *   [4096, data_offset)  metadata: source records (name, size, header
  *                        bytes, SHA-256 of the header, the file's device,
  *                        inode, mtime and ctime, a SHA-256 of the whole
- *                        file when known) then the directory (layer,
- *                        expert, span offset, span length, six (offset,
- *                        length) pairs relative to the span, SHA-256 of
- *                        the span)
+ *                        file when known), then the directory (one entry
+ *                        per span: kind, ids, offset, length, its arrays'
+ *                        offsets and lengths relative to the span, SHA-256
+ *                        of the span), then (spine packs) the tensor table
  *   [data_offset, end)   spans, each starting on a 4 KiB boundary; inside a
- *                        span the arrays follow enum k3_store_array, each
- *                        on a 64-byte boundary, gaps zero
+ *                        span the arrays follow in directory order, each on
+ *                        a 64-byte boundary, gaps zero
  *
  * A pack must never outlive the bytes it was made from. It records the
  * identity of every source file it was built from; a reader refuses a pack
  * whose sources are other files (name, size, header) or whose files were
  * written or replaced since (device, inode, mtime, ctime): checking that
- * costs a stat and a header hash per source, never a read of the experts.
+ * costs a stat and a header hash per source, never a read of the spans.
  * The writer (k3ctl pack) compares a pack whose sources changed, and with
  * K3_STORE_PACK_VERIFY any pack, span by span with the source bytes, and
  * rewrites a stale one. Packs are published atomically (temp file, fsync,
@@ -103,6 +112,66 @@ enum k3_store_pack_flags {
 	K3_STORE_PACK_VERIFY = 1 << 0,
 };
 
+/* What a pack holds; its magic says which. */
+enum k3_store_pack_kind {
+	K3_STORE_PACK_EXPERTS = 0,   /* "K3XPACK\n": one span per routed expert of a layer */
+	K3_STORE_PACK_SPINE = 1,     /* "K3SPACK\n": the spine, one span per layer + embed + head */
+};
+
+/* What one span holds. The directory is sorted by (kind, layer, expert). */
+enum k3_store_span_kind {
+	K3_STORE_SPAN_EXPERT = 0,    /* a routed expert's six arrays, enum k3_store_array order */
+	K3_STORE_SPAN_LAYER = 1,     /* every tensor of `layer` but its routed experts */
+	K3_STORE_SPAN_EMBED = 2,     /* model.embed_tokens (layer 0) */
+	K3_STORE_SPAN_HEAD = 3,      /* model.norm, output AttnRes norm and proj, lm_head (layer 0) */
+};
+
+enum {
+	K3_STORE_PACK_TENSOR_NAME_MAX = 159,   /* bytes of a tensor name, without NUL */
+	K3_STORE_PACK_MAX_TENSORS = 1 << 16,   /* tensors of one spine pack */
+	K3_STORE_PACK_MAX_SPINE_SPANS = K3_STORE_MAX_LAYERS + 2,
+};
+/* One spine tensor may not exceed 1 TiB (K3's embedding is 2.35 GB). */
+#define K3_STORE_PACK_MAX_TENSOR_BYTES ((uint64_t)1 << 40)
+
+/* One array of a span: its bytes, relative to the span's first byte. */
+struct k3_store_pack_array {
+	uint64_t offset, length;
+};
+
+/* What a spine pack records about each of its arrays (a tensor). The
+ * dtype is the provider's (providers/k3_provider.h, enum k3_prov_dtype:
+ * F32 1, BF16 2, U8 3, I8 4 = row-wise int8 followed by one fp32 scale
+ * per row), never assumed: length need not be numel x element size. */
+struct k3_store_pack_tensor {
+	char name[K3_STORE_PACK_TENSOR_NAME_MAX + 1];   /* the checkpoint's name */
+	uint32_t dtype;
+	uint32_t ndim;                                  /* 1..3 */
+	uint64_t shape[3];                              /* unused dims 1 */
+};
+
+/* One directory entry. */
+struct k3_store_pack_span {
+	uint32_t kind;               /* enum k3_store_span_kind */
+	uint32_t layer, expert;      /* expert: the routed expert's id; 0 for spine spans */
+	uint64_t offset, length;     /* bytes in the file; offset a multiple of K3_STORE_ALIGN */
+	uint32_t first, count;       /* its arrays: [first, first + count) of the layout's */
+	uint8_t sha256[32];          /* of the span's length bytes, gaps included */
+};
+
+/* Where everything of a pack lies (the reader's view, and what the writer
+ * plans): spans sorted by (kind, layer, expert), their arrays consecutive
+ * in span order (span i's first = the sum of the counts before it). */
+struct k3_store_pack_layout {
+	enum k3_store_pack_kind kind;
+	struct k3_store_pack_span *spans;
+	size_t n_spans;
+	struct k3_store_pack_array *arrays;     /* [n_arrays] */
+	struct k3_store_pack_tensor *tensors;   /* [n_arrays] for spine packs, NULL for expert packs */
+	size_t n_arrays;
+	uint64_t file_bytes;
+};
+
 struct k3_store_pack_result {
 	bool written;          /* true: a new pack was published; false: existing one kept */
 	bool replaced;         /* an existing pack (stale, malformed, older format) was replaced */
@@ -110,9 +179,9 @@ struct k3_store_pack_result {
 	 * identity (CHANGED), every span still equals its bytes, and the
 	 * pack's source records were rewritten in place to the files now. */
 	bool reverified;
-	size_t n_experts;
+	size_t n_spans;        /* experts (expert pack) or layers + embed + head (spine pack) */
 	uint64_t file_bytes;
-	uint64_t payload_bytes;   /* sum of array bytes (what the experts weigh) */
+	uint64_t payload_bytes;   /* sum of array bytes (what the weights weigh) */
 	/* Span bytes checked: compared with the sources (an existing pack) or
 	 * rehashed after the write (a new one). */
 	uint64_t verified_bytes;
@@ -120,28 +189,51 @@ struct k3_store_pack_result {
 	char why[K3_ERR_MSG_MAX];
 };
 
-/* Writes the pack `path` holding every expert of `src`, sorted by (layer,
- * expert). src's file i must be the source described by idents[i]
- * (n_idents == its file count), identified before src opened it: a file
- * whose descriptor's stat differs from its ident, before or after the
- * copy, was changed meanwhile and fails the write (-EAGAIN, nothing
- * published). An existing pack at `path` for the same experts is
+/* What the writer copies: spans (kind, layer, expert, first, count; the
+ * rest is planned) sorted by (kind, layer, expert), and for each array the
+ * extent of its bytes in src's files (file i of src is the source that
+ * identity i describes) and, for a spine pack, the tensor it is. */
+struct k3_store_pack_input {
+	enum k3_store_pack_kind kind;
+	const struct k3_store_source *src;
+	const struct k3_store_pack_span *spans;
+	size_t n_spans;
+	const struct k3_store_extent *extents;        /* [n_arrays] */
+	const struct k3_store_pack_tensor *tensors;   /* [n_arrays] (spine) or NULL (experts) */
+	size_t n_arrays;
+};
+
+/* Writes the pack `path` holding in's spans. src's files must be the
+ * sources described by idents[0..n_idents) (n_idents == its file count),
+ * identified before src opened them: a file whose descriptor's stat
+ * differs from its ident, before or after the copy, was changed meanwhile
+ * and fails the write (-EAGAIN, nothing published). An existing pack at
+ * `path` with the same layout is
  *
  *   - kept as it is when every source is SAME (and VERIFY is not set);
  *   - compared span by span with its source bytes when a source is
  *     CHANGED, or with VERIFY: if every span is equal it is kept (after a
  *     CHANGED source, with its source records updated in place to the
  *     files now: res->reverified); if a span differs it is stale and
- *     rewritten (res->why names the expert and the file); if a span also
+ *     rewritten (res->why names the span and the file); if a span also
  *     fails its own SHA-256 the pack is damaged: -EBADMSG naming the
- *     expert, and the file is left for the user to inspect or delete;
+ *     span, and the file is left for the user to inspect or delete;
  *   - rewritten when a source is OTHER, or the pack is malformed or of
- *     another format version.
- * A new pack is written to a temp file beside it, fsynced, every span read
- * back and its hash checked, then renamed over `path` and the directory
- * fsynced.
- * Returns 0; -EBADMSG (damaged, above); -EAGAIN (a source changed while it
- * was read); other negative errno for I/O failures. */
+ *     another layout or format version.
+ * A new pack is written to a temp file beside it (span by span in bounded
+ * chunks: a span may be gigabytes), fsynced, every span read back and its
+ * hash checked, then renamed over `path` and the directory fsynced.
+ * Returns 0; -EINVAL (in is inconsistent: unsorted spans, arrays that do
+ * not partition, a tensor name too long); -EBADMSG (damaged, above);
+ * -EAGAIN (a source changed while it was read); other negative errno for
+ * I/O failures. */
+int k3_store_pack_write_input(const char *path, const struct k3_store_pack_input *in,
+			      const struct k3_store_pack_ident *idents, size_t n_idents,
+			      unsigned flags, struct k3_store_pack_result *res,
+			      struct k3_err *err);
+
+/* k3_store_pack_write_input of an expert pack holding every expert of
+ * `src` (its six arrays each), sorted by (layer, expert). */
 int k3_store_pack_write(const char *path, const struct k3_store_source *src,
 			const struct k3_store_pack_ident *idents, size_t n_idents,
 			unsigned flags, struct k3_store_pack_result *res,
@@ -150,12 +242,13 @@ int k3_store_pack_write(const char *path, const struct k3_store_source *src,
 /* An opened, validated pack. */
 struct k3_store_pack;
 
-/* Opens and validates `path`: header and metadata hashes, every bound, spans
- * aligned, inside the file and not overlapping. When expect != NULL the
- * pack's sources must be SAME as expect[0..n_expect) (same order): this
- * is the check at k3d's start, a stat and a header hash per source and no
- * expert byte read. With K3_STORE_PACK_VERIFY every span hash is rechecked
- * too.
+/* Opens and validates `path` (either kind): header and metadata hashes,
+ * every bound, spans aligned, inside the file and not overlapping, arrays
+ * inside their spans (spine packs: ascending, 64-byte aligned, tensors
+ * named). When expect != NULL the pack's sources must be SAME as
+ * expect[0..n_expect) (same order): this is the check at k3d's start, a
+ * stat and a header hash per source and no span byte read. With
+ * K3_STORE_PACK_VERIFY every span hash is rechecked too.
  * Returns 0, -ENOENT (no pack), -EBADMSG (malformed, damaged or of another
  * format version: the message says what, and what to run), -ESTALE (built
  * from other sources, or a source was written or replaced since: the
@@ -166,53 +259,56 @@ int k3_store_pack_open(const char *path, const struct k3_store_pack_ident *expec
 		       struct k3_err *err);
 void k3_store_pack_free(struct k3_store_pack *pack);
 
+enum k3_store_pack_kind k3_store_pack_kind(const struct k3_store_pack *pack);
+/* The pack's spans, arrays and tensors (owned by the pack). */
+const struct k3_store_pack_layout *k3_store_pack_layout(const struct k3_store_pack *pack);
+/* Number of spans (for an expert pack: of experts). */
 size_t k3_store_pack_expert_count(const struct k3_store_pack *pack);
 size_t k3_store_pack_source_count(const struct k3_store_pack *pack);
 const struct k3_store_pack_ident *k3_store_pack_source(const struct k3_store_pack *pack,
 						       size_t i);
 
-/* One directory entry: an expert's span in the pack file. */
-struct k3_store_pack_span {
-	uint32_t layer, expert;
-	uint64_t offset, length;     /* bytes in the file; offset a multiple of K3_STORE_ALIGN */
-	uint64_t arr_off[K3_STORE_ARRAYS], arr_len[K3_STORE_ARRAYS];   /* relative to the span */
-	uint8_t sha256[32];          /* of the span's length bytes, gaps included */
-};
-
-/* Span i (< expert count, sorted by (layer, expert)), or NULL. Owned by
- * the pack. */
+/* Span i (< span count, sorted by (kind, layer, expert)), or NULL. Owned
+ * by the pack. */
 const struct k3_store_pack_span *k3_store_pack_span(const struct k3_store_pack *pack, size_t i);
+/* Array j (< the layout's n_arrays) relative to its span, or NULL. */
+const struct k3_store_pack_array *k3_store_pack_array(const struct k3_store_pack *pack, size_t j);
 /* Checks the SHA-256 `digest` of span's bytes (read from the pack at path)
  * against the one recorded for it. Returns 0, or -EBADMSG with a message
- * naming the expert and its offset: the pack is damaged. */
+ * naming the span and its offset: the pack is damaged. */
 int k3_store_pack_span_check(const char *path, const struct k3_store_pack_span *span,
 			     const uint8_t digest[32], struct k3_err *err);
+/* "expert (L, E)", "layer L", "the embedding" or "the head", for messages. */
+void k3_store_pack_span_name(const struct k3_store_pack_span *span, char *buf, size_t size);
 /* The pack file's size in bytes. */
 uint64_t k3_store_pack_file_bytes(const struct k3_store_pack *pack);
 
-/* Entry i (< expert count, sorted by (layer, expert)): its ids and the byte
- * length of each array. Returns 0 or -ERANGE. */
+/* Expert pack entry i (< expert count, sorted by (layer, expert)): its ids
+ * and the byte length of each array. Returns 0, or -ERANGE (no entry i, or
+ * a spine pack). */
 int k3_store_pack_entry(const struct k3_store_pack *pack, size_t i, uint32_t *layer,
 			uint32_t *expert, uint64_t length[K3_STORE_ARRAYS]);
 
-/* Adds the pack file to src and registers every expert of the pack with
- * extents pointing into its spans. Returns what the source calls return. */
+/* Adds the pack file to src and registers every expert of an expert pack
+ * with extents pointing into its spans. Returns what the source calls
+ * return, or -EINVAL for a spine pack. */
 int k3_store_pack_add_to_source(const struct k3_store_pack *pack, const char *path,
 				struct k3_store_source *src, struct k3_err *err);
 
 /* ---- the format, for the writer (store_pack_write.c) ---- */
 
-/* Byte offset of the first span in a pack of n_idents sources and n_spans
- * experts: the header and metadata rounded up to K3_STORE_ALIGN. */
-uint64_t k3_store_pack_data_offset(size_t n_idents, size_t n_spans);
+/* Byte offset of the first span of a pack of the layout's kind and counts
+ * with n_idents sources: the header and metadata rounded up to
+ * K3_STORE_ALIGN. */
+uint64_t k3_store_pack_data_offset(const struct k3_store_pack_layout *lo, size_t n_idents);
 
 /* Encodes the pack's header and metadata, the bytes [0, 4096 + metadata)
- * of the file, with both SHA-256s: the sources, then spans[0..n_spans)
- * (sorted by (layer, expert), placed from k3_store_pack_data_offset on,
- * hashes set). *out is malloc'd (free it), *out_bytes its length.
- * Returns 0 or -ENOMEM / -EIO. */
+ * of the file, with both SHA-256s: the sources, then the layout's spans
+ * (placed from k3_store_pack_data_offset on, hashes set), arrays and
+ * tensors. *out is malloc'd (free it), *out_bytes its length. Returns 0 or
+ * -ENOMEM / -EIO. */
 int k3_store_pack_encode_head(const struct k3_store_pack_ident *idents, size_t n_idents,
-			      const struct k3_store_pack_span *spans, size_t n_spans,
-			      uint64_t file_bytes, uint8_t **out, size_t *out_bytes);
+			      const struct k3_store_pack_layout *lo, uint8_t **out,
+			      size_t *out_bytes);
 
 #endif

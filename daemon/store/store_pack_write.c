@@ -1,8 +1,9 @@
 /*
  * store_pack_write.c - the pack writer behind k3ctl pack (see store_pack.h,
- * k3_store_pack_write): lays out a layer's experts, decides what an
- * existing pack needs (kept, compared with its sources, re-signed to the
- * files now, rewritten), copies the spans into a temp file, reads them
+ * k3_store_pack_write_input), for expert and spine packs alike: lays out
+ * the spans, decides what an existing pack needs (kept, compared with its
+ * sources, re-signed to the files now, rewritten), copies the spans into a
+ * temp file in bounded chunks (a spine span may be gigabytes), reads them
  * back and publishes it atomically. The byte format itself is in
  * store_pack.c (k3_store_pack_encode_head); this file only places spans.
  */
@@ -21,15 +22,12 @@
 
 #include <openssl/evp.h>
 
+/* Bytes per read or write while copying, comparing or hashing a span. */
+enum { CHUNK = 8 << 20 };
+
 static uint64_t align_to(uint64_t v, uint64_t a)
 {
 	return (v + a - 1) / a * a;
-}
-
-static int sha256(const void *data, size_t n, uint8_t out[32])
-{
-	unsigned len = 32;
-	return EVP_Digest(data, n, out, &len, EVP_sha256(), NULL) == 1 ? 0 : -EIO;
 }
 
 static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
@@ -47,70 +45,112 @@ static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
 	return 0;
 }
 
-/* The pack for src: spans sorted by (layer, expert) and placed, hashes
- * unset; order[i] is the source index of span i. */
-struct layout {
-	struct k3_store_pack_span *span;
-	size_t *order;
-	size_t n;
-	uint64_t file_bytes;
-};
-
-static void layout_free(struct layout *lo)
+static void layout_release(struct k3_store_pack_layout *lo)
 {
-	free(lo->span);
-	free(lo->order);
+	free(lo->spans);
+	free(lo->arrays);
+	free(lo->tensors);
+	memset(lo, 0, sizeof(*lo));
 }
 
-static int plan_layout(const struct k3_store_source *src, size_t n_idents, struct layout *lo)
+/* The pack for `in`: spans and arrays placed (each span on a 4 KiB
+ * boundary from the data offset on, each array on a 64-byte boundary
+ * inside it, in input order), hashes unset. Checks that `in` is what
+ * store_pack.h says it must be. */
+static int plan_layout(const struct k3_store_pack_input *in, size_t n_idents,
+		       struct k3_store_pack_layout *lo, struct k3_err *err)
 {
-	size_t n = k3_store_source_count(src);
+	bool spine = in->kind == K3_STORE_PACK_SPINE;
+	uint32_t next = 0;
 	uint64_t cursor;
 
-	lo->n = n;
-	lo->order = malloc((n ? n : 1) * sizeof(*lo->order));
-	lo->span = calloc(n ? n : 1, sizeof(*lo->span));
-	if (!lo->order || !lo->span)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++)
-		lo->order[i] = i;
-	qsort_r(lo->order, n, sizeof(*lo->order), k3_store_source_cmp_index, (void *)src);
-	cursor = k3_store_pack_data_offset(n_idents, n);
-	for (size_t i = 0; i < n; i++) {
-		const struct k3_store_expert *e = k3_store_source_expert(src, lo->order[i]);
-		struct k3_store_pack_span *sp = &lo->span[i];
+	memset(lo, 0, sizeof(*lo));
+	lo->kind = in->kind;
+	lo->n_spans = in->n_spans;
+	lo->n_arrays = in->n_arrays;
+	if ((in->kind != K3_STORE_PACK_EXPERTS && !spine) || (spine && !in->tensors) ||
+	    (spine && (in->n_spans == 0 || in->n_spans > K3_STORE_PACK_MAX_SPINE_SPANS ||
+		       in->n_arrays > K3_STORE_PACK_MAX_TENSORS)))
+		return k3_err_set(err, -EINVAL, "pack input: %zu spans, %zu arrays of kind %d",
+				  in->n_spans, in->n_arrays, (int)in->kind);
+	lo->spans = calloc(in->n_spans ? in->n_spans : 1, sizeof(*lo->spans));
+	lo->arrays = calloc(in->n_arrays ? in->n_arrays : 1, sizeof(*lo->arrays));
+	lo->tensors = spine ? calloc(in->n_arrays ? in->n_arrays : 1, sizeof(*lo->tensors)) : NULL;
+	if (!lo->spans || !lo->arrays || (spine && !lo->tensors))
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	cursor = k3_store_pack_data_offset(lo, n_idents);
+	for (size_t i = 0; i < in->n_spans; i++) {
+		const struct k3_store_pack_span *q = &in->spans[i];
+		struct k3_store_pack_span *sp = &lo->spans[i];
 		uint64_t off = 0;
-		sp->layer = e->layer;
-		sp->expert = e->expert;
-		sp->offset = cursor;
-		for (int a = 0; a < K3_STORE_ARRAYS; a++) {
+		bool kind_ok = spine ? q->kind >= K3_STORE_SPAN_LAYER && q->kind <= K3_STORE_SPAN_HEAD
+				     : q->kind == K3_STORE_SPAN_EXPERT && q->count == K3_STORE_ARRAYS;
+		if (!kind_ok || q->first != next || q->count == 0 || q->count > in->n_arrays - next ||
+		    (i > 0 && (q->kind < in->spans[i - 1].kind ||
+			       (q->kind == in->spans[i - 1].kind &&
+				(q->layer < in->spans[i - 1].layer ||
+				 (q->layer == in->spans[i - 1].layer &&
+				  q->expert <= in->spans[i - 1].expert))))))
+			return k3_err_set(err, -EINVAL, "pack input: span %zu is out of order or its"
+					  " arrays do not follow the previous span's", i);
+		*sp = (struct k3_store_pack_span){ .kind = q->kind, .layer = q->layer,
+						   .expert = q->expert, .offset = cursor,
+						   .first = q->first, .count = q->count };
+		for (uint32_t a = q->first; a < q->first + q->count; a++) {
+			const struct k3_store_extent *x = &in->extents[a];
+			if (x->length == 0 || x->length > K3_STORE_PACK_MAX_TENSOR_BYTES ||
+			    x->file >= k3_store_source_file_count(in->src))
+				return k3_err_set(err, -EINVAL, "pack input: array %" PRIu32 " has %"
+						  PRIu64 " bytes in file %" PRIu32, a, x->length, x->file);
+			if (spine) {
+				lo->tensors[a] = in->tensors[a];
+				if (!memchr(lo->tensors[a].name, 0, sizeof(lo->tensors[a].name)))
+					return k3_err_set(err, -EINVAL, "pack input: tensor %" PRIu32
+							  " has a name longer than %d bytes", a,
+							  K3_STORE_PACK_TENSOR_NAME_MAX);
+			}
 			off = align_to(off, K3_STORE_PACK_ARRAY_ALIGN);
-			sp->arr_off[a] = off;
-			sp->arr_len[a] = e->ext[a].length;
-			off += e->ext[a].length;   /* <= 6 GiB: no overflow */
+			lo->arrays[a].offset = off;
+			lo->arrays[a].length = x->length;
+			off += x->length;   /* <= 2^40 per array, 2^16 arrays: no overflow */
 		}
+		next += q->count;
 		sp->length = off;
 		cursor = align_to(cursor + off, K3_STORE_ALIGN);
 	}
+	if (next != in->n_arrays)
+		return k3_err_set(err, -EINVAL, "pack input: %zu arrays, the spans name %" PRIu32,
+				  in->n_arrays, next);
 	lo->file_bytes = cursor;
 	return 0;
 }
 
-/* True when the pack holds exactly the planned spans, where they are
- * planned (so its span hashes can be kept when only its source records
- * change). */
-static bool layout_matches(const struct k3_store_pack *p, const struct layout *lo)
+/* True when the pack holds exactly the planned spans, arrays and tensors,
+ * where they are planned (so its span hashes can be kept when only its
+ * source records change). */
+static bool layout_matches(const struct k3_store_pack_layout *a,
+			   const struct k3_store_pack_layout *b)
 {
-	if (k3_store_pack_expert_count(p) != lo->n || k3_store_pack_file_bytes(p) != lo->file_bytes)
+	if (a->kind != b->kind || a->n_spans != b->n_spans || a->n_arrays != b->n_arrays ||
+	    a->file_bytes != b->file_bytes)
 		return false;
-	for (size_t i = 0; i < lo->n; i++) {
-		const struct k3_store_pack_span *a = k3_store_pack_span(p, i), *b = &lo->span[i];
-		if (a->layer != b->layer || a->expert != b->expert || a->offset != b->offset ||
-		    a->length != b->length)
+	for (size_t i = 0; i < a->n_spans; i++) {
+		const struct k3_store_pack_span *x = &a->spans[i], *y = &b->spans[i];
+		if (x->kind != y->kind || x->layer != y->layer || x->expert != y->expert ||
+		    x->offset != y->offset || x->length != y->length || x->first != y->first ||
+		    x->count != y->count)
 			return false;
-		for (int k = 0; k < K3_STORE_ARRAYS; k++)
-			if (a->arr_off[k] != b->arr_off[k] || a->arr_len[k] != b->arr_len[k])
+	}
+	for (size_t j = 0; j < a->n_arrays; j++) {
+		if (a->arrays[j].offset != b->arrays[j].offset ||
+		    a->arrays[j].length != b->arrays[j].length)
+			return false;
+		if (a->tensors) {
+			const struct k3_store_pack_tensor *x = &a->tensors[j], *y = &b->tensors[j];
+			if (strcmp(x->name, y->name) || x->dtype != y->dtype || x->ndim != y->ndim ||
+			    memcmp(x->shape, y->shape, sizeof(x->shape)))
 				return false;
+		}
 	}
 	return true;
 }
@@ -140,136 +180,228 @@ static int check_files(const struct k3_store_source *src, const struct k3_store_
 	return 0;
 }
 
-/* Buffers for one expert: its six arrays read from a source (slot, as the
- * store reads them) and its span as the pack lays it out. */
-struct span_buf {
-	uint8_t *slot, *span;
+/* Two K3_STORE_ALIGN-aligned chunk buffers: what a source or the pack
+ * reads land in (with O_DIRECT, the aligned superset of CHUNK bytes). */
+struct bufs {
+	uint8_t *a, *b;
 };
 
-static int span_buf_init(struct span_buf *b, const struct k3_store_source *src,
-			 const struct layout *lo, struct k3_err *err)
+static int bufs_init(struct bufs *bf, struct k3_err *err)
 {
-	uint64_t slot_bytes = k3_store_source_slot_bytes(src), span_max = 0;
-	void *slot = NULL;
+	void *a = NULL, *b = NULL;
 
-	for (size_t i = 0; i < lo->n; i++)
-		if (lo->span[i].length > span_max)
-			span_max = lo->span[i].length;
-	b->span = malloc(span_max ? span_max : 1);
-	if (posix_memalign(&slot, K3_STORE_ALIGN, slot_bytes ? slot_bytes : K3_STORE_ALIGN))
-		slot = NULL;
-	b->slot = slot;
-	if (!b->slot || !b->span)
-		return k3_err_set(err, -ENOMEM, "out of memory for a %" PRIu64 "-byte span", span_max);
+	if (posix_memalign(&a, K3_STORE_ALIGN, CHUNK + K3_STORE_ALIGN) ||
+	    posix_memalign(&b, K3_STORE_ALIGN, CHUNK + K3_STORE_ALIGN)) {
+		free(a);
+		return k3_err_set(err, -ENOMEM, "out of memory for the copy buffers");
+	}
+	bf->a = a;
+	bf->b = b;
 	return 0;
 }
 
-static void span_buf_release(struct span_buf *b)
+static void bufs_release(struct bufs *bf)
 {
-	free(b->slot);
-	free(b->span);
+	free(bf->a);
+	free(bf->b);
 }
 
-/* Builds span i of the layout from the bytes of its expert in src: the
- * arrays at their span offsets, gaps zero. */
-static int build_span(const struct k3_store_source *src, const struct layout *lo, size_t i,
-		      struct span_buf *b, struct k3_err *err)
+/* n <= CHUNK bytes of `file` of src at `off` into buf; *out points at them. */
+static int read_at(const struct k3_store_source *src, uint32_t file, uint64_t off, uint64_t n,
+		   uint8_t *buf, const uint8_t **out)
 {
-	const struct k3_store_pack_span *sp = &lo->span[i];
-	struct k3_store_plan plan;
+	struct k3_store_read rd = { .file = file, .offset = off, .length = n,
+				    .slot_offset = off % K3_STORE_ALIGN };
+	int64_t got = k3_store_source_pread(src, &rd, buf);
 
-	k3_store_source_plan(src, lo->order[i], &plan);
-	for (unsigned r = 0; r < plan.n_reads; r++) {
-		int64_t got = k3_store_source_pread(src, &plan.read[r], b->slot);
-		if (got < 0)
-			return k3_err_set(err, (int)got, "cannot read expert (%" PRIu32 ", %" PRIu32
-					  ") from '%s': %s", sp->layer, sp->expert,
-					  k3_store_source_file_path(src, plan.read[r].file),
-					  strerror((int)-got));
-	}
-	memset(b->span, 0, sp->length);
-	for (int a = 0; a < K3_STORE_ARRAYS; a++)
-		memcpy(b->span + sp->arr_off[a], b->slot + plan.array_offset[a], sp->arr_len[a]);
+	if (got < 0)
+		return (int)got;
+	*out = buf + rd.slot_offset;
 	return 0;
 }
 
-/* Copies every expert into the temp file fd; fills the spans' hashes. */
-static int write_spans(int fd, const struct k3_store_source *src, struct layout *lo,
-		       struct k3_err *err)
-{
-	struct span_buf b;
-	int rc = span_buf_init(&b, src, lo, err);
+/* One piece of a span, in span order: `len` bytes at span offset `pos`,
+ * which are zero (a gap before a 64-byte aligned array) or, from the
+ * source, the bytes of array `array` (data). */
+typedef int piece_fn(void *ctx, uint64_t pos, uint64_t len, const uint8_t *data, uint32_t array);
 
-	for (size_t i = 0; rc == 0 && i < lo->n; i++) {
-		struct k3_store_pack_span *sp = &lo->span[i];
-		rc = build_span(src, lo, i, &b, err);
-		if (rc == 0 && ((rc = sha256(b.span, sp->length, sp->sha256)) != 0 ||
-				(rc = pwrite_full(fd, b.span, sp->length, sp->offset)) != 0))
-			k3_err_set(err, rc, "cannot write the pack: %s", strerror(-rc));
+static const uint8_t zeros[K3_STORE_PACK_ARRAY_ALIGN];
+
+/* Walks span i of lo in pieces of at most CHUNK bytes, reading each
+ * array's bytes from in's source into buf, and calls fn for each. */
+static int walk_span(const struct k3_store_pack_input *in, const struct k3_store_pack_layout *lo,
+		     size_t i, uint8_t *buf, piece_fn *fn, void *ctx, struct k3_err *err)
+{
+	const struct k3_store_pack_span *sp = &lo->spans[i];
+	uint64_t pos = 0;
+	char name[64];
+	int rc;
+
+	for (uint32_t a = sp->first; a < sp->first + sp->count; a++) {
+		const struct k3_store_pack_array *x = &lo->arrays[a];
+		const struct k3_store_extent *ext = &in->extents[a];
+		if (x->offset > pos && (rc = fn(ctx, pos, x->offset - pos, zeros, a)) != 0)
+			return rc;
+		for (uint64_t done = 0; done < x->length;) {
+			uint64_t n = x->length - done < CHUNK ? x->length - done : CHUNK;
+			const uint8_t *data = NULL;
+			rc = read_at(in->src, ext->file, ext->offset + done, n, buf, &data);
+			if (rc) {
+				k3_store_pack_span_name(sp, name, sizeof(name));
+				return k3_err_set(err, rc, "cannot read %s from '%s': %s", name,
+						  k3_store_source_file_path(in->src, ext->file),
+						  strerror(-rc));
+			}
+			if ((rc = fn(ctx, x->offset + done, n, data, a)) != 0)
+				return rc;
+			done += n;
+		}
+		pos = x->offset + x->length;
 	}
-	span_buf_release(&b);
+	return 0;
+}
+
+/* Writing: each piece into the temp file and into the span's hash. */
+struct write_ctx {
+	int fd;
+	uint64_t span_offset;
+	EVP_MD_CTX *md;
+	struct k3_err *err;
+};
+
+static int write_piece(void *vctx, uint64_t pos, uint64_t len, const uint8_t *data, uint32_t array)
+{
+	struct write_ctx *w = vctx;
+	int rc;
+
+	(void)array;
+	if (EVP_DigestUpdate(w->md, data, len) != 1)
+		return k3_err_set(w->err, -EIO, "SHA-256 failed");
+	if (data == zeros)
+		return 0;   /* the file was sized with zeros */
+	rc = pwrite_full(w->fd, data, len, w->span_offset + pos);
+	return rc ? k3_err_set(w->err, rc, "cannot write the pack: %s", strerror(-rc)) : 0;
+}
+
+/* Copies every span into the temp file fd; fills the spans' hashes. */
+static int write_spans(int fd, const struct k3_store_pack_input *in,
+		       struct k3_store_pack_layout *lo, struct k3_err *err)
+{
+	struct write_ctx w = { .fd = fd, .md = EVP_MD_CTX_new(), .err = err };
+	struct bufs bf = { 0 };
+	int rc = w.md ? bufs_init(&bf, err) : k3_err_set(err, -ENOMEM, "out of memory");
+
+	for (size_t i = 0; rc == 0 && i < lo->n_spans; i++) {
+		unsigned len = 32;
+		w.span_offset = lo->spans[i].offset;
+		if (EVP_DigestInit_ex(w.md, EVP_sha256(), NULL) != 1) {
+			rc = k3_err_set(err, -EIO, "SHA-256 failed");
+			break;
+		}
+		rc = walk_span(in, lo, i, bf.a, write_piece, &w, err);
+		if (rc == 0 && EVP_DigestFinal_ex(w.md, lo->spans[i].sha256, &len) != 1)
+			rc = k3_err_set(err, -EIO, "SHA-256 failed");
+	}
+	EVP_MD_CTX_free(w.md);
+	bufs_release(&bf);
+	return rc;
+}
+
+/* Comparing: each piece against the same bytes of the existing pack, read
+ * through psrc (file 0); the first difference stops the walk (1). */
+struct cmp_ctx {
+	const struct k3_store_source *psrc;
+	uint64_t span_offset;
+	uint8_t *buf;
+	uint32_t differs;            /* the array whose piece differed */
+	struct k3_err *err;
+};
+
+static int cmp_piece(void *vctx, uint64_t pos, uint64_t len, const uint8_t *data, uint32_t array)
+{
+	struct cmp_ctx *c = vctx;
+	const uint8_t *have = NULL;
+	int rc = read_at(c->psrc, 0, c->span_offset + pos, len, c->buf, &have);
+
+	if (rc)
+		return k3_err_set(c->err, rc, "cannot read the pack '%s': %s",
+				  k3_store_source_file_path(c->psrc, 0), strerror(-rc));
+	if (memcmp(have, data, len) == 0)
+		return 0;
+	c->differs = array;
+	return 1;
+}
+
+/* SHA-256 of span sp of the pack read through psrc (file 0). */
+static int hash_pack_span(const struct k3_store_source *psrc, const struct k3_store_pack_span *sp,
+			  uint8_t *buf, uint8_t out[32])
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	unsigned len = 32;
+	int rc = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 ? 0 : -ENOMEM;
+
+	for (uint64_t done = 0; rc == 0 && done < sp->length;) {
+		uint64_t n = sp->length - done < CHUNK ? sp->length - done : CHUNK;
+		const uint8_t *data = NULL;
+		rc = read_at(psrc, 0, sp->offset + done, n, buf, &data);
+		if (rc == 0 && EVP_DigestUpdate(md, data, n) != 1)
+			rc = -EIO;
+		done += n;
+	}
+	if (rc == 0 && EVP_DigestFinal_ex(md, out, &len) != 1)
+		rc = -EIO;
+	EVP_MD_CTX_free(md);
 	return rc;
 }
 
 /* Compares every span of the existing pack `old` at path with the bytes it
- * was copied from (src, the layout being the pack's: layout_matches).
- * Both sides are read (the pack through a source of its own, with
- * O_DIRECT where it works, so 1.5 TB does not churn the page cache).
- * Returns 0 when every span equals its source bytes; 1 when one differs
- * from them but matches its own SHA-256 (the sources changed: stale, why
- * names the expert and the file); -EBADMSG when it also fails its own
- * SHA-256 (the pack is damaged); or an I/O errno. */
+ * was copied from (in; old's layout is the planned one: layout_matches).
+ * Both sides are read (the pack through a source of its own, with O_DIRECT
+ * where it works, so 1.5 TB does not churn the page cache). Returns 0 when
+ * every span equals its source bytes; 1 when one differs from them but
+ * matches its own SHA-256 (the sources changed: stale, why names the span
+ * and the file); -EBADMSG when it also fails its own SHA-256 (the pack is
+ * damaged); or an I/O errno. */
 static int compare_spans(const char *path, const struct k3_store_pack *old,
-			 const struct k3_store_source *src, const struct layout *lo,
-			 uint64_t *compared, char *why, size_t why_size, struct k3_err *err)
+			 const struct k3_store_pack_input *in, uint64_t *compared, char *why,
+			 size_t why_size, struct k3_err *err)
 {
+	const struct k3_store_pack_layout *lo = k3_store_pack_layout(old);
 	struct k3_store_source *psrc = k3_store_source_new(K3_STORE_DIRECT_AUTO);
-	struct span_buf b = { 0 };
-	struct k3_store_plan pplan;
-	void *pslot = NULL;
+	struct bufs bf = { 0 };
+	uint32_t file;
 	int rc;
 
 	if (!psrc)
 		return k3_err_set(err, -ENOMEM, "out of memory");
-	rc = k3_store_pack_add_to_source(old, path, psrc, err);
+	rc = k3_store_source_add_file(psrc, path, &file, err);
 	if (rc == 0)
-		rc = span_buf_init(&b, src, lo, err);
-	if (rc == 0 && posix_memalign(&pslot, K3_STORE_ALIGN, k3_store_source_slot_bytes(psrc)))
-		rc = k3_err_set(err, -ENOMEM, "out of memory");
-	for (size_t i = 0; rc == 0 && i < lo->n; i++) {
-		const struct k3_store_pack_span *sp = k3_store_pack_span(old, i);
-		int64_t got;
-		int differs = -1;
+		rc = bufs_init(&bf, err);
+	for (size_t i = 0; rc == 0 && i < lo->n_spans; i++) {
+		const struct k3_store_pack_span *sp = &lo->spans[i];
+		struct cmp_ctx c = { .psrc = psrc, .span_offset = sp->offset, .buf = bf.b, .err = err };
 		uint8_t sha[32];
-		rc = build_span(src, lo, i, &b, err);
-		if (rc)
+		char name[64];
+		rc = walk_span(in, lo, i, bf.a, cmp_piece, &c, err);
+		if (rc < 0)
 			break;
-		/* span i of the pack is expert i of psrc, one read */
-		k3_store_source_plan(psrc, i, &pplan);
-		got = k3_store_source_pread(psrc, &pplan.read[0], pslot);
-		if (got < 0) {
-			rc = k3_err_set(err, (int)got, "'%s': cannot read expert (%" PRIu32 ", %" PRIu32
-					"): %s", path, sp->layer, sp->expert, strerror((int)-got));
+		*compared += sp->length;
+		if (rc == 0)
+			continue;
+		/* differs: damaged (fails its own hash) or stale */
+		rc = hash_pack_span(psrc, sp, bf.b, sha);
+		if (rc) {
+			k3_err_set(err, rc, "cannot read the pack '%s': %s", path, strerror(-rc));
 			break;
 		}
-		*compared += sp->length;
-		const uint8_t *span = (const uint8_t *)pslot + pplan.read[0].slot_offset;
-		if (memcmp(span, b.span, sp->length) == 0)
-			continue;
-		for (int a = 0; a < K3_STORE_ARRAYS && differs < 0; a++)
-			if (memcmp(span + sp->arr_off[a], b.span + sp->arr_off[a], sp->arr_len[a]))
-				differs = a;
-		if ((rc = sha256(span, sp->length, sha)) != 0 ||
-		    (rc = k3_store_pack_span_check(path, sp, sha, err)) != 0)
+		if ((rc = k3_store_pack_span_check(path, sp, sha, err)) != 0)
 			break;
-		const struct k3_store_expert *e = k3_store_source_expert(src, lo->order[i]);
-		snprintf(why, why_size, "expert (%" PRIu32 ", %" PRIu32 ") differs from its bytes in"
-			 " '%s'", sp->layer, sp->expert,
-			 k3_store_source_file_path(src, e->ext[differs < 0 ? 0 : differs].file));
+		k3_store_pack_span_name(sp, name, sizeof(name));
+		snprintf(why, why_size, "%s differs from its bytes in '%s'", name,
+			 k3_store_source_file_path(in->src, in->extents[c.differs].file));
 		rc = 1;
 	}
-	free(pslot);
-	span_buf_release(&b);
+	bufs_release(&bf);
 	k3_store_source_free(psrc);
 	return rc;
 }
@@ -282,21 +414,14 @@ static int compare_spans(const char *path, const struct k3_store_pack *old,
 static int resign(const char *path, const struct k3_store_pack *old,
 		  const struct k3_store_pack_ident *idents, size_t n_idents, struct k3_err *err)
 {
-	size_t n = k3_store_pack_expert_count(old), head_bytes = 0;
-	struct k3_store_pack_span *spans = malloc((n ? n : 1) * sizeof(*spans));
+	size_t head_bytes = 0;
 	uint8_t *head = NULL;
 	int fd = -1, rc;
 
-	if (!spans)
-		return k3_err_set(err, -ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++)
-		spans[i] = *k3_store_pack_span(old, i);
-	rc = k3_store_pack_encode_head(idents, n_idents, spans, n, k3_store_pack_file_bytes(old),
-				       &head, &head_bytes);
-	if (rc) {
-		k3_err_set(err, rc, "out of memory");
-		goto out;
-	}
+	rc = k3_store_pack_encode_head(idents, n_idents, k3_store_pack_layout(old), &head,
+				       &head_bytes);
+	if (rc)
+		return k3_err_set(err, rc, "out of memory");
 	fd = open(path, O_WRONLY | O_CLOEXEC);
 	if (fd < 0) {
 		rc = k3_err_set(err, -errno, "cannot open '%s' to update its source records: %s",
@@ -313,7 +438,6 @@ out:
 	if (fd >= 0)
 		close(fd);
 	free(head);
-	free(spans);
 	return rc;
 }
 
@@ -336,9 +460,10 @@ static int fsync_dir_of(const char *path)
 
 /* Writes the layout into a temp file beside path, reads it back, renames
  * it over path. */
-static int publish(const char *path, const struct k3_store_source *src,
-		   const struct k3_store_pack_ident *idents, size_t n_idents, struct layout *lo,
-		   struct k3_store_pack_result *res, struct k3_err *err)
+static int publish(const char *path, const struct k3_store_pack_input *in,
+		   const struct k3_store_pack_ident *idents, size_t n_idents,
+		   struct k3_store_pack_layout *lo, struct k3_store_pack_result *res,
+		   struct k3_err *err)
 {
 	struct k3_store_pack *back = NULL;
 	uint8_t *head = NULL;
@@ -356,14 +481,13 @@ static int publish(const char *path, const struct k3_store_source *src,
 				lo->file_bytes, strerror(errno));
 		goto out_unlink;
 	}
-	rc = write_spans(fd, src, lo, err);
+	rc = write_spans(fd, in, lo, err);
 	/* the bytes copied came from the files the idents describe */
 	if (rc == 0)
-		rc = check_files(src, idents, n_idents, "while", err);
+		rc = check_files(in->src, idents, n_idents, "while", err);
 	if (rc)
 		goto out_unlink;
-	rc = k3_store_pack_encode_head(idents, n_idents, lo->span, lo->n, lo->file_bytes, &head,
-				       &head_bytes);
+	rc = k3_store_pack_encode_head(idents, n_idents, lo, &head, &head_bytes);
 	if (rc) {
 		k3_err_set(err, rc, "out of memory");
 		goto out_unlink;
@@ -383,8 +507,8 @@ static int publish(const char *path, const struct k3_store_source *src,
 	rc = k3_store_pack_open(tmp, idents, n_idents, K3_STORE_PACK_VERIFY, &back, err);
 	if (rc)
 		goto out_unlink;
-	for (size_t i = 0; i < lo->n; i++)
-		res->verified_bytes += lo->span[i].length;
+	for (size_t i = 0; i < lo->n_spans; i++)
+		res->verified_bytes += lo->spans[i].length;
 	if (rename(tmp, path) != 0) {
 		rc = k3_err_set(err, -errno, "cannot rename '%s' to '%s': %s", tmp, path,
 				strerror(errno));
@@ -409,10 +533,9 @@ out:
  * returns 0 when it is kept (compared and re-signed as needed), 1 when it
  * must be rewritten (res->why says why), or a negative errno. */
 static int check_existing(const char *path, const struct k3_store_pack *old,
-			  const struct k3_store_source *src,
+			  const struct k3_store_pack_input *in,
 			  const struct k3_store_pack_ident *idents, size_t n_idents,
-			  const struct layout *lo, unsigned flags,
-			  struct k3_store_pack_result *res, struct k3_err *err)
+			  unsigned flags, struct k3_store_pack_result *res, struct k3_err *err)
 {
 	enum k3_store_pack_match m = K3_STORE_PACK_SAME;
 	char what[128] = "";
@@ -443,13 +566,12 @@ static int check_existing(const char *path, const struct k3_store_pack *old,
 	}
 	if (m == K3_STORE_PACK_SAME && !(flags & K3_STORE_PACK_VERIFY))
 		return 0;
-	rc = compare_spans(path, old, src, lo, &res->verified_bytes, res->why, sizeof(res->why),
-			   err);
+	rc = compare_spans(path, old, in, &res->verified_bytes, res->why, sizeof(res->why), err);
 	if (rc)
 		return rc;   /* 1: stale (why set), or an error */
 	if (m == K3_STORE_PACK_CHANGED) {
 		/* the bytes compared came from the files the idents describe */
-		rc = check_files(src, idents, n_idents, "while", err);
+		rc = check_files(in->src, idents, n_idents, "while", err);
 		if (rc == 0)
 			rc = resign(path, old, idents, n_idents, err);
 		if (rc)
@@ -462,54 +584,88 @@ static int check_existing(const char *path, const struct k3_store_pack *old,
 	return 0;
 }
 
-int k3_store_pack_write(const char *path, const struct k3_store_source *src,
-			const struct k3_store_pack_ident *idents, size_t n_idents,
-			unsigned flags, struct k3_store_pack_result *res,
-			struct k3_err *err)
+int k3_store_pack_write_input(const char *path, const struct k3_store_pack_input *in,
+			      const struct k3_store_pack_ident *idents, size_t n_idents,
+			      unsigned flags, struct k3_store_pack_result *res,
+			      struct k3_err *err)
 {
 	struct k3_store_pack_result r0 = { 0 };
 	struct k3_store_pack *old = NULL;
-	struct layout lo = { 0 };
+	struct k3_store_pack_layout lo = { 0 };
 	struct k3_err oerr = { 0 };
 	int rc;
 
 	if (!res)
 		res = &r0;
 	memset(res, 0, sizeof(*res));
-	if (n_idents != k3_store_source_file_count(src) || n_idents == 0)
+	if (n_idents != k3_store_source_file_count(in->src) || n_idents == 0)
 		return k3_err_set(err, -EINVAL, "%zu source identities for %zu source files",
-				  n_idents, k3_store_source_file_count(src));
-	rc = check_files(src, idents, n_idents, "before", err);
+				  n_idents, k3_store_source_file_count(in->src));
+	rc = check_files(in->src, idents, n_idents, "before", err);
 	if (rc)
 		return rc;
-	rc = plan_layout(src, n_idents, &lo);
-	if (rc) {
-		layout_free(&lo);
-		return k3_err_set(err, rc, "out of memory");
-	}
-	res->n_experts = lo.n;
+	rc = plan_layout(in, n_idents, &lo, err);
+	if (rc)
+		goto out;
+	res->n_spans = lo.n_spans;
 	res->file_bytes = lo.file_bytes;
-	for (size_t i = 0; i < lo.n; i++)
-		for (int a = 0; a < K3_STORE_ARRAYS; a++)
-			res->payload_bytes += lo.span[i].arr_len[a];
+	for (size_t j = 0; j < lo.n_arrays; j++)
+		res->payload_bytes += lo.arrays[j].length;
 
 	/* An existing pack is checked, not rewritten, when its layout is the
 	 * one planned: re-running k3ctl pack is cheap and safe. */
 	rc = k3_store_pack_open(path, NULL, 0, 0, &old, &oerr);
-	if (rc == 0 && layout_matches(old, &lo)) {
-		rc = check_existing(path, old, src, idents, n_idents, &lo, flags, res, err);
+	if (rc == 0 && layout_matches(k3_store_pack_layout(old), &lo)) {
+		rc = check_existing(path, old, in, idents, n_idents, flags, res, err);
 		if (rc <= 0)
 			goto out;
 	} else if (rc == 0) {
-		snprintf(res->why, sizeof(res->why), "it holds other experts or another layout");
+		snprintf(res->why, sizeof(res->why), "it holds other %s or another layout",
+			 lo.kind == K3_STORE_PACK_SPINE ? "tensors" : "experts");
 	} else if (rc != -ENOENT) {
 		snprintf(res->why, sizeof(res->why), "%s", oerr.msg);
 	}
 	res->replaced = rc != -ENOENT;
 	res->verified_bytes = 0;
-	rc = publish(path, src, idents, n_idents, &lo, res, err);
+	rc = publish(path, in, idents, n_idents, &lo, res, err);
 out:
 	k3_store_pack_free(old);
-	layout_free(&lo);
+	layout_release(&lo);
+	return rc;
+}
+
+int k3_store_pack_write(const char *path, const struct k3_store_source *src,
+			const struct k3_store_pack_ident *idents, size_t n_idents,
+			unsigned flags, struct k3_store_pack_result *res,
+			struct k3_err *err)
+{
+	size_t n = k3_store_source_count(src);
+	size_t *order = malloc((n ? n : 1) * sizeof(*order));
+	struct k3_store_pack_span *spans = calloc(n ? n : 1, sizeof(*spans));
+	struct k3_store_extent *ext = calloc(n ? n * K3_STORE_ARRAYS : 1, sizeof(*ext));
+	int rc;
+
+	if (!order || !spans || !ext) {
+		rc = k3_err_set(err, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		order[i] = i;
+	qsort_r(order, n, sizeof(*order), k3_store_source_cmp_index, (void *)src);
+	for (size_t i = 0; i < n; i++) {
+		const struct k3_store_expert *e = k3_store_source_expert(src, order[i]);
+		spans[i] = (struct k3_store_pack_span){ .kind = K3_STORE_SPAN_EXPERT,
+			.layer = e->layer, .expert = e->expert,
+			.first = (uint32_t)(i * K3_STORE_ARRAYS), .count = K3_STORE_ARRAYS };
+		memcpy(&ext[i * K3_STORE_ARRAYS], e->ext, sizeof(e->ext));
+	}
+	struct k3_store_pack_input in = { .kind = K3_STORE_PACK_EXPERTS, .src = src,
+					  .spans = spans, .n_spans = n, .extents = ext,
+					  .n_arrays = n * K3_STORE_ARRAYS };
+	rc = k3_store_pack_write_input(path, &in, idents, n_idents, flags, res, err);
+out:
+	free(order);
+	free(spans);
+	free(ext);
 	return rc;
 }

@@ -306,20 +306,18 @@ static uint64_t align_up(uint64_t v)
 	return (v + K3_STORE_ALIGN - 1) & ~(uint64_t)(K3_STORE_ALIGN - 1);
 }
 
-void k3_store_source_plan(const struct k3_store_source *src, size_t i,
-			  struct k3_store_plan *plan)
+uint64_t k3_store_plan_extents(const struct k3_store_extent *x, unsigned n, unsigned *order,
+			       struct k3_store_read *rd, unsigned *n_rd, uint64_t *offset)
 {
-	const struct k3_store_expert *e = &src->experts[i];
-	int order[K3_STORE_ARRAYS];
-	int run_of[K3_STORE_ARRAYS];
 	uint64_t cursor = 0;
+	unsigned nr = 0;
 
-	memset(plan, 0, sizeof(*plan));
-	/* Sort arrays by (file, offset): insertion sort of six. */
-	for (int a = 0; a < K3_STORE_ARRAYS; a++) {
-		int j = a;
+	/* Sort by (file, offset): insertion sort, n is small (6 for an
+	 * expert, a few dozen tensors for a spine layer). */
+	for (unsigned a = 0; a < n; a++) {
+		unsigned j = a;
 		while (j > 0) {
-			const struct k3_store_extent *p = &e->ext[order[j - 1]], *q = &e->ext[a];
+			const struct k3_store_extent *p = &x[order[j - 1]], *q = &x[a];
 			if (p->file < q->file || (p->file == q->file && p->offset <= q->offset))
 				break;
 			order[j] = order[j - 1];
@@ -328,35 +326,50 @@ void k3_store_source_plan(const struct k3_store_source *src, size_t i,
 		order[j] = a;
 	}
 	/* Merge neighbours of one file closer than one alignment unit: one read
-	 * of a small gap costs less than a second request. */
-	for (int k = 0; k < K3_STORE_ARRAYS; k++) {
-		const struct k3_store_extent *x = &e->ext[order[k]];
-		struct k3_store_read *r = plan->n_reads ? &plan->read[plan->n_reads - 1] : NULL;
-		uint64_t end = x->offset + x->length;
+	 * of a small gap costs less than a second request. The run of each
+	 * extent goes into offset[] for now. */
+	for (unsigned k = 0; k < n; k++) {
+		const struct k3_store_extent *e = &x[order[k]];
+		struct k3_store_read *r = nr ? &rd[nr - 1] : NULL;
+		uint64_t end = e->offset + e->length;
 
-		if (r && r->file == x->file && x->offset <= r->offset + r->length + K3_STORE_ALIGN) {
+		if (r && r->file == e->file && e->offset <= r->offset + r->length + K3_STORE_ALIGN) {
 			if (end > r->offset + r->length)
 				r->length = end - r->offset;
 		} else {
-			r = &plan->read[plan->n_reads++];
-			r->file = x->file;
-			r->offset = x->offset;
-			r->length = x->length;
+			r = &rd[nr++];
+			r->file = e->file;
+			r->offset = e->offset;
+			r->length = e->length;
 		}
-		run_of[order[k]] = (int)plan->n_reads - 1;
+		offset[order[k]] = nr - 1;
 	}
-	for (unsigned k = 0; k < plan->n_reads; k++) {
-		struct k3_store_read *r = &plan->read[k];
+	for (unsigned k = 0; k < nr; k++) {
+		struct k3_store_read *r = &rd[k];
 		r->slot_offset = cursor + r->offset % K3_STORE_ALIGN;
 		cursor = align_up(r->slot_offset + r->length);
 	}
+	for (unsigned a = 0; a < n; a++) {
+		const struct k3_store_read *r = &rd[offset[a]];
+		offset[a] = r->slot_offset + (x[a].offset - r->offset);
+	}
+	*n_rd = nr;
+	return cursor;
+}
+
+void k3_store_source_plan(const struct k3_store_source *src, size_t i,
+			  struct k3_store_plan *plan)
+{
+	const struct k3_store_expert *e = &src->experts[i];
+	unsigned order[K3_STORE_ARRAYS];
+
+	memset(plan, 0, sizeof(*plan));
+	plan->slot_bytes = k3_store_plan_extents(e->ext, K3_STORE_ARRAYS, order, plan->read,
+						 &plan->n_reads, plan->array_offset);
 	for (int a = 0; a < K3_STORE_ARRAYS; a++) {
-		const struct k3_store_read *r = &plan->read[run_of[a]];
-		plan->array_offset[a] = r->slot_offset + (e->ext[a].offset - r->offset);
 		plan->array_length[a] = e->ext[a].length;
 		plan->useful_bytes += e->ext[a].length;
 	}
-	plan->slot_bytes = cursor;
 }
 
 uint64_t k3_store_source_slot_bytes(const struct k3_store_source *src)

@@ -153,6 +153,17 @@ struct k3_store_plan {
 void k3_store_source_plan(const struct k3_store_source *src, size_t i,
 			  struct k3_store_plan *plan);
 
+/* The planning of k3_store_source_plan for any n extents (the spine
+ * loader plans a layer's tensors with it): sorts them by (file, offset)
+ * (order[n] is scratch), merges neighbours of one file closer than
+ * K3_STORE_ALIGN into one read, and places each read at a slot offset
+ * congruent to its file offset modulo K3_STORE_ALIGN, each on its own
+ * aligned range. Fills rd[0..*n_rd) (at most n reads) and offset[i] :=
+ * where extent i lands in the slot; returns the slot bytes the reads need
+ * (a multiple of K3_STORE_ALIGN). Pure. */
+uint64_t k3_store_plan_extents(const struct k3_store_extent *x, unsigned n, unsigned *order,
+			       struct k3_store_read *rd, unsigned *n_rd, uint64_t *offset);
+
 /* Largest slot_bytes over all experts (what one cache slot must hold);
  * 0 for an empty source. */
 uint64_t k3_store_source_slot_bytes(const struct k3_store_source *src);

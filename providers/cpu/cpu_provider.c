@@ -28,6 +28,11 @@
 
 struct cpu_layer {
 	uint32_t attn, ffn;
+	/* The weights are readable: always, unless open() got the layer
+	 * without data (a streamed layer); then between bind_layer calls.
+	 * The fp32 vectors below are allocated at open either way and
+	 * refilled by each bind, so binding allocates nothing. */
+	bool bound;
 	float *input_norm, *post_norm, *attn_u, *mlp_u;
 	/* KDA */
 	struct k3_cpu_mat q, k, v, fa, fb, b, g, o;
@@ -52,6 +57,7 @@ struct k3_prov_model {
 	struct k3_cpu_ctx ctx;
 	struct k3_cpu_mat embed, lm_head;
 	float *norm, *out_u;
+	bool head_bound;         /* lm_head, norm, out_u readable (see cpu_layer.bound) */
 	struct cpu_layer *layers;
 	uint32_t P;              /* KDA width */
 	uint32_t qhd;            /* MLA q head dim (nope + rope) */
@@ -112,20 +118,33 @@ static int fail(struct k3_prov_status *st, int code, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- open */
 
+/* How open_layer / open_head treat the tensors they are given. */
+enum load_mode {
+	LOAD_OPEN,       /* open(): data present, or NULL for a layer bound later */
+	LOAD_DEFERRED,   /* open() of a layer bound later: shapes only, every data NULL */
+	LOAD_BIND,       /* bind_layer / bind_head: data present, dtypes as at open */
+};
+
 static int get_mat(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
 		   struct k3_cpu_mat *out, const char *name, uint32_t layer,
-		   struct k3_prov_status *st)
+		   enum load_mode mode, struct k3_prov_status *st)
 {
 	if (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32)
 		return fail(st, -EINVAL, "layer %u tensor '%s': dtype %u is not bf16 or f32",
 			    layer, name, t->dtype);
-	if (!t->data || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-		return fail(st, -EINVAL, "layer %u tensor '%s': shape [%llu, %llu] (ndim %u), want [%u, %u]",
-			    layer, name, (unsigned long long)t->shape[0],
-			    (unsigned long long)t->shape[1], t->ndim, rows, cols);
+	if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
+	    (mode == LOAD_DEFERRED) != !t->data)
+		return fail(st, -EINVAL, "layer %u tensor '%s': shape [%llu, %llu] (ndim %u)%s, want"
+			    " [%u, %u]%s", layer, name, (unsigned long long)t->shape[0],
+			    (unsigned long long)t->shape[1], t->ndim, t->data ? "" : " without data",
+			    rows, cols, mode == LOAD_DEFERRED ? " without data (the layer is bound later)"
+							      : " with data");
 	if ((uintptr_t)t->data % (t->dtype == K3_PROV_DTYPE_BF16 ? 2 : 4))
 		return fail(st, -EINVAL, "layer %u tensor '%s': payload not aligned to its element size",
 			    layer, name);
+	if (mode == LOAD_BIND && t->dtype != out->dtype)
+		return fail(st, -EINVAL, "layer %u tensor '%s': bound with dtype %u, opened with %u",
+			    layer, name, t->dtype, out->dtype);
 	out->data = t->data;
 	out->dtype = t->dtype;
 	out->rows = rows;
@@ -141,53 +160,61 @@ static uint64_t numel(const struct k3_prov_tensor *t)
 	return n;
 }
 
+/* Value i of a small bf16 or f32 tensor (memcpy: small tensors carry no
+ * alignment promise). */
+static float vec_at(const struct k3_prov_tensor *t, uint64_t i)
+{
+	if (t->dtype == K3_PROV_DTYPE_BF16) {
+		uint16_t b;
+		memcpy(&b, (const char *)t->data + 2 * i, 2);
+		return k3_cpu_bf16(b);
+	}
+	float f;
+	memcpy(&f, (const char *)t->data + 4 * i, 4);
+	return f;
+}
+
 /* fp32 copy of the first n values of a small tensor (bf16 or f32); the
- * tensor must hold exactly n values, or at least n when at_least. */
+ * tensor must hold exactly n values, or at least n when at_least. *out is
+ * allocated when NULL (open), else refilled (bind); LOAD_DEFERRED only
+ * allocates. */
 static int get_vec(const struct k3_prov_tensor *t, uint32_t n, int at_least,
-		   float **out, const char *name, uint32_t layer, struct k3_prov_status *st)
+		   float **out, const char *name, uint32_t layer, enum load_mode mode,
+		   struct k3_prov_status *st)
 {
 	uint64_t have = numel(t);
-	if (!t->data || t->ndim < 1 || t->ndim > 3 ||
+	if ((mode == LOAD_DEFERRED) != !t->data || t->ndim < 1 || t->ndim > 3 ||
 	    (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32) ||
 	    (at_least ? have < n : have != n))
-		return fail(st, -EINVAL, "layer %u tensor '%s': want %s%u bf16/f32 values, have %llu (dtype %u)",
-			    layer, name, at_least ? ">= " : "", n,
-			    (unsigned long long)have, t->dtype);
-	float *v = malloc((size_t)n * sizeof(float));
-	if (!v)
+		return fail(st, -EINVAL, "layer %u tensor '%s': want %s%u bf16/f32 values%s, have %llu"
+			    " (dtype %u%s)", layer, name, at_least ? ">= " : "", n,
+			    mode == LOAD_DEFERRED ? " without data (the layer is bound later)" : "",
+			    (unsigned long long)have, t->dtype, t->data ? "" : ", no data");
+	if (!*out && !(*out = calloc(n, sizeof(float))))
 		return fail(st, -ENOMEM, "out of memory for '%s'", name);
-	/* memcpy: small tensors carry no alignment promise */
-	for (uint32_t i = 0; i < n; i++) {
-		if (t->dtype == K3_PROV_DTYPE_BF16) {
-			uint16_t b;
-			memcpy(&b, (const char *)t->data + 2 * (size_t)i, 2);
-			v[i] = k3_cpu_bf16(b);
-		} else {
-			memcpy(&v[i], (const char *)t->data + 4 * (size_t)i, 4);
-		}
-	}
-	*out = v;
+	if (mode != LOAD_DEFERRED)
+		for (uint32_t i = 0; i < n; i++)
+			(*out)[i] = vec_at(t, i);
 	return 0;
 }
 
 /* u = nw * pw, the folded AttnRes score vector (spec §4.2). */
 static int get_mix(const struct k3_prov_tensor *nw, const struct k3_prov_tensor *pw,
 		   uint32_t D, float **out, const char *name, uint32_t layer,
-		   struct k3_prov_status *st)
+		   enum load_mode mode, struct k3_prov_status *st)
 {
-	float *a = NULL, *b = NULL;
-	int rc = get_vec(nw, D, 0, &a, name, layer, st);
-	if (!rc)
-		rc = get_vec(pw, D, 0, &b, name, layer, st);
-	if (!rc)
-		for (uint32_t d = 0; d < D; d++)
-			a[d] *= b[d];
-	free(b);
-	if (rc) {
-		free(a);
+	int rc = get_vec(nw, D, 0, out, name, layer, mode, st);
+	if (rc)
 		return rc;
-	}
-	*out = a;
+	if ((mode == LOAD_DEFERRED) != !pw->data || numel(pw) != D ||
+	    (pw->dtype != K3_PROV_DTYPE_BF16 && pw->dtype != K3_PROV_DTYPE_F32) ||
+	    pw->ndim < 1 || pw->ndim > 3)
+		return fail(st, -EINVAL, "layer %u tensor '%s': the projection wants %u bf16/f32"
+			    " values, has %llu (dtype %u)", layer, name, D,
+			    (unsigned long long)numel(pw), pw->dtype);
+	if (mode != LOAD_DEFERRED)
+		for (uint32_t d = 0; d < D; d++)
+			(*out)[d] *= vec_at(pw, d);
 	return 0;
 }
 
@@ -273,70 +300,99 @@ static uint32_t umax(uint32_t a, uint32_t b)
 	return a > b ? a : b;
 }
 
+/* Layer l's view of w: its matrices borrowed, its vectors converted into
+ * the layer's fp32 buffers (allocated the first time). mode LOAD_OPEN
+ * decides between a readable layer and one bound later (input_layernorm
+ * without data: then every tensor must come without data). */
 static int open_layer(k3_prov_model *m, uint32_t l, const struct k3_prov_layer_weights *w,
-		      struct k3_prov_status *st)
+		      enum load_mode mode, struct k3_prov_status *st)
 {
 	const struct k3_prov_config *c = &m->cfg;
 	struct cpu_layer *L = &m->layers[l];
 	uint32_t D = c->hidden, P = m->P;
 	int rc;
 
+	if (mode == LOAD_OPEN)
+		mode = w->input_norm.data ? LOAD_OPEN : LOAD_DEFERRED;
 	L->attn = c->attn_kind[l];
 	L->ffn = c->ffn_kind[l];
+	L->bound = false;
 #define TRY(x) do { if ((rc = (x)) != 0) return rc; } while (0)
-	TRY(get_vec(&w->input_norm, D, 0, &L->input_norm, "input_layernorm", l, st));
-	TRY(get_vec(&w->post_attn_norm, D, 0, &L->post_norm, "post_attention_layernorm", l, st));
+	TRY(get_vec(&w->input_norm, D, 0, &L->input_norm, "input_layernorm", l, mode, st));
+	TRY(get_vec(&w->post_attn_norm, D, 0, &L->post_norm, "post_attention_layernorm", l, mode, st));
 	if (l > 0)
 		TRY(get_mix(&w->attn_res_norm, &w->attn_res_proj, D, &L->attn_u,
-			    "self_attention_res_{norm,proj}", l, st));
-	TRY(get_mix(&w->mlp_res_norm, &w->mlp_res_proj, D, &L->mlp_u, "mlp_res_{norm,proj}", l, st));
+			    "self_attention_res_{norm,proj}", l, mode, st));
+	TRY(get_mix(&w->mlp_res_norm, &w->mlp_res_proj, D, &L->mlp_u, "mlp_res_{norm,proj}", l, mode, st));
 
 	if (L->attn == K3_PROV_ATTN_KDA) {
 		uint32_t H = c->kda_heads, dk = c->kda_head_dim, K = c->conv_kernel;
-		TRY(get_mat(&w->q_proj, P, D, &L->q, "q_proj", l, st));
-		TRY(get_mat(&w->k_proj, P, D, &L->k, "k_proj", l, st));
-		TRY(get_mat(&w->v_proj, P, D, &L->v, "v_proj", l, st));
-		TRY(get_mat(&w->f_a_proj, dk, D, &L->fa, "f_a_proj", l, st));
-		TRY(get_mat(&w->f_b_proj, P, dk, &L->fb, "f_b_proj", l, st));
-		TRY(get_mat(&w->b_proj, H, D, &L->b, "b_proj", l, st));
-		TRY(get_mat(&w->g_proj, P, D, &L->g, "g_proj", l, st));
-		TRY(get_mat(&w->o_proj, D, P, &L->o, "o_proj", l, st));
-		TRY(get_vec(&w->q_conv, P * K, 0, &L->conv[0], "q_conv1d", l, st));
-		TRY(get_vec(&w->k_conv, P * K, 0, &L->conv[1], "k_conv1d", l, st));
-		TRY(get_vec(&w->v_conv, P * K, 0, &L->conv[2], "v_conv1d", l, st));
+		TRY(get_mat(&w->q_proj, P, D, &L->q, "q_proj", l, mode, st));
+		TRY(get_mat(&w->k_proj, P, D, &L->k, "k_proj", l, mode, st));
+		TRY(get_mat(&w->v_proj, P, D, &L->v, "v_proj", l, mode, st));
+		TRY(get_mat(&w->f_a_proj, dk, D, &L->fa, "f_a_proj", l, mode, st));
+		TRY(get_mat(&w->f_b_proj, P, dk, &L->fb, "f_b_proj", l, mode, st));
+		TRY(get_mat(&w->b_proj, H, D, &L->b, "b_proj", l, mode, st));
+		TRY(get_mat(&w->g_proj, P, D, &L->g, "g_proj", l, mode, st));
+		TRY(get_mat(&w->o_proj, D, P, &L->o, "o_proj", l, mode, st));
+		TRY(get_vec(&w->q_conv, P * K, 0, &L->conv[0], "q_conv1d", l, mode, st));
+		TRY(get_vec(&w->k_conv, P * K, 0, &L->conv[1], "k_conv1d", l, mode, st));
+		TRY(get_vec(&w->v_conv, P * K, 0, &L->conv[2], "v_conv1d", l, mode, st));
 		/* A_log: stored padded (K3: [128] for 96 heads); first H are per head. */
-		TRY(get_vec(&w->a_log, H, 1, &L->a_exp, "A_log", l, st));
-		for (uint32_t h = 0; h < H; h++)
+		TRY(get_vec(&w->a_log, H, 1, &L->a_exp, "A_log", l, mode, st));
+		for (uint32_t h = 0; h < H && mode != LOAD_DEFERRED; h++)
 			L->a_exp[h] = expf(L->a_exp[h]);
-		TRY(get_vec(&w->dt_bias, P, 0, &L->dt_bias, "dt_bias", l, st));
-		TRY(get_vec(&w->o_norm, dk, 0, &L->o_norm, "o_norm", l, st));
+		TRY(get_vec(&w->dt_bias, P, 0, &L->dt_bias, "dt_bias", l, mode, st));
+		TRY(get_vec(&w->o_norm, dk, 0, &L->o_norm, "o_norm", l, mode, st));
 	} else {
 		uint32_t H = c->mla_heads;
-		TRY(get_mat(&w->q_a_proj, c->q_lora, D, &L->qa, "q_a_proj", l, st));
-		TRY(get_vec(&w->q_a_norm, c->q_lora, 0, &L->qa_norm, "q_a_layernorm", l, st));
-		TRY(get_mat(&w->q_b_proj, H * m->qhd, c->q_lora, &L->qb, "q_b_proj", l, st));
+		TRY(get_mat(&w->q_a_proj, c->q_lora, D, &L->qa, "q_a_proj", l, mode, st));
+		TRY(get_vec(&w->q_a_norm, c->q_lora, 0, &L->qa_norm, "q_a_layernorm", l, mode, st));
+		TRY(get_mat(&w->q_b_proj, H * m->qhd, c->q_lora, &L->qb, "q_b_proj", l, mode, st));
 		TRY(get_mat(&w->kv_a_proj, c->kv_lora + c->qk_rope, D, &L->kva,
-			    "kv_a_proj_with_mqa", l, st));
-		TRY(get_vec(&w->kv_a_norm, c->kv_lora, 0, &L->kva_norm, "kv_a_layernorm", l, st));
+			    "kv_a_proj_with_mqa", l, mode, st));
+		TRY(get_vec(&w->kv_a_norm, c->kv_lora, 0, &L->kva_norm, "kv_a_layernorm", l, mode, st));
 		TRY(get_mat(&w->kv_b_proj, H * (c->qk_nope + c->v_head), c->kv_lora, &L->kvb,
-			    "kv_b_proj", l, st));
-		TRY(get_mat(&w->g_proj, H * c->v_head, D, &L->g, "g_proj", l, st));
-		TRY(get_mat(&w->o_proj, D, H * c->v_head, &L->o, "o_proj", l, st));
+			    "kv_b_proj", l, mode, st));
+		TRY(get_mat(&w->g_proj, H * c->v_head, D, &L->g, "g_proj", l, mode, st));
+		TRY(get_mat(&w->o_proj, D, H * c->v_head, &L->o, "o_proj", l, mode, st));
 	}
 
 	uint32_t inter = L->ffn == K3_PROV_FFN_DENSE ? c->dense_inter : c->shared_inter;
-	TRY(get_mat(&w->mlp_gate, inter, D, &L->mg, "gate_proj", l, st));
-	TRY(get_mat(&w->mlp_up, inter, D, &L->mu, "up_proj", l, st));
-	TRY(get_mat(&w->mlp_down, D, inter, &L->md, "down_proj", l, st));
+	TRY(get_mat(&w->mlp_gate, inter, D, &L->mg, "gate_proj", l, mode, st));
+	TRY(get_mat(&w->mlp_up, inter, D, &L->mu, "up_proj", l, mode, st));
+	TRY(get_mat(&w->mlp_down, D, inter, &L->md, "down_proj", l, mode, st));
 	if (L->ffn == K3_PROV_FFN_MOE) {
-		TRY(get_mat(&w->router, c->n_experts, D, &L->router, "gate", l, st));
-		TRY(get_vec(&w->router_bias, c->n_experts, 0, &L->rbias, "e_score_correction_bias", l, st));
-		TRY(get_mat(&w->lat_down, c->latent, D, &L->ldown, "routed_expert_down_proj", l, st));
-		TRY(get_vec(&w->lat_norm, c->latent, 0, &L->lnorm, "routed_expert_norm", l, st));
-		TRY(get_mat(&w->lat_up, D, c->latent, &L->lup, "routed_expert_up_proj", l, st));
+		TRY(get_mat(&w->router, c->n_experts, D, &L->router, "gate", l, mode, st));
+		TRY(get_vec(&w->router_bias, c->n_experts, 0, &L->rbias, "e_score_correction_bias", l, mode, st));
+		TRY(get_mat(&w->lat_down, c->latent, D, &L->ldown, "routed_expert_down_proj", l, mode, st));
+		TRY(get_vec(&w->lat_norm, c->latent, 0, &L->lnorm, "routed_expert_norm", l, mode, st));
+		TRY(get_mat(&w->lat_up, D, c->latent, &L->lup, "routed_expert_up_proj", l, mode, st));
 	}
 #undef TRY
+	L->bound = mode != LOAD_DEFERRED;
 	return 0;
+}
+
+/* The head's view of w (lm_head, model.norm, the output AttnRes pair), as
+ * open_layer does for a layer. */
+static int open_head(k3_prov_model *m, const struct k3_prov_weights *w, enum load_mode mode,
+		     struct k3_prov_status *st)
+{
+	uint32_t D = m->cfg.hidden;
+	int rc;
+
+	if (mode == LOAD_OPEN)
+		mode = w->lm_head.data ? LOAD_OPEN : LOAD_DEFERRED;
+	m->head_bound = false;
+	rc = get_mat(&w->lm_head, m->cfg.vocab, D, &m->lm_head, "lm_head", 0, mode, st);
+	if (!rc)
+		rc = get_vec(&w->norm, D, 0, &m->norm, "model.norm", 0, mode, st);
+	if (!rc)
+		rc = get_mix(&w->out_res_norm, &w->out_res_proj, D, &m->out_u,
+			     "output_attn_res_{norm,proj}", 0, mode, st);
+	m->head_bound = rc == 0 && mode != LOAD_DEFERRED;
+	return rc;
 }
 
 static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
@@ -378,16 +434,13 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 		rc = fail(st, -ENOMEM, "out of memory");
 		goto err;
 	}
-	rc = get_mat(&w->embed, c->vocab, D, &m->embed, "embed_tokens", 0, st);
+	/* The embedding without data is streamed: only embed_rows reads it. */
+	rc = get_mat(&w->embed, c->vocab, D, &m->embed, "embed_tokens", 0,
+		     w->embed.data ? LOAD_OPEN : LOAD_DEFERRED, st);
 	if (!rc)
-		rc = get_mat(&w->lm_head, c->vocab, D, &m->lm_head, "lm_head", 0, st);
-	if (!rc)
-		rc = get_vec(&w->norm, D, 0, &m->norm, "model.norm", 0, st);
-	if (!rc)
-		rc = get_mix(&w->out_res_norm, &w->out_res_proj, D, &m->out_u,
-			     "output_attn_res_{norm,proj}", 0, st);
+		rc = open_head(m, w, LOAD_OPEN, st);
 	for (uint32_t l = 0; !rc && l < c->n_layers; l++)
-		rc = open_layer(m, l, &w->layers[l], st);
+		rc = open_layer(m, l, &w->layers[l], LOAD_OPEN, st);
 	if (rc)
 		goto err;
 
@@ -587,8 +640,10 @@ static int check_T(k3_prov_model *m, uint32_t T, struct k3_prov_status *st)
 	return 0;
 }
 
-static int check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
-		       struct k3_prov_status *st)
+/* Layer in range and of the given kinds (0: any); its weights need not
+ * be bound (KDA records and replay read only the provider's own vectors). */
+static int check_kind(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
+		      struct k3_prov_status *st)
 {
 	if (layer >= m->cfg.n_layers)
 		return fail(st, -EINVAL, "layer %u out of range (%u layers)", layer, m->cfg.n_layers);
@@ -598,6 +653,18 @@ static int check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t
 	if (ffn && m->layers[layer].ffn != ffn)
 		return fail(st, -EINVAL, "layer %u has ffn kind %u, not %u",
 			    layer, m->layers[layer].ffn, ffn);
+	return 0;
+}
+
+static int check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
+		       struct k3_prov_status *st)
+{
+	int rc = check_kind(m, layer, attn, ffn, st);
+	if (rc)
+		return rc;
+	if (!m->layers[layer].bound)
+		return fail(st, -EINVAL, "layer %u is not bound (its weights stream: bind_layer"
+			    " before its ops)", layer);
 	return 0;
 }
 
@@ -626,6 +693,9 @@ static int cpu_embed(k3_prov_model *m, const int32_t *ids, uint32_t T, float *ou
 		     struct k3_prov_status *st)
 {
 	uint32_t D = m->cfg.hidden;
+	if (!m->embed.data)
+		return fail(st, -EINVAL, "the embedding was opened without data (streamed): use"
+			    " embed_rows");
 	for (uint32_t t = 0; t < T; t++) {
 		if (ids[t] < 0 || (uint32_t)ids[t] >= m->cfg.vocab)
 			return fail(st, -EINVAL, "token id %d not in 0..%u", ids[t], m->cfg.vocab - 1);
@@ -649,6 +719,8 @@ static int cpu_attnres_mix(k3_prov_model *m, uint32_t site, uint32_t layer,
 		return fail(st, -EINVAL, "AttnRes mix of %u candidates not in 1..%d",
 			    n, K3_KERN_ATTNRES_MAX_CAND);
 	if (site == K3_PROV_MIX_OUTPUT) {
+		if (!m->head_bound)
+			return fail(st, -EINVAL, "the head is not bound (it streams: bind_head first)");
 		u = m->out_u;
 	} else {
 		int rc = check_layer(m, layer, 0, 0, st);
@@ -878,7 +950,7 @@ struct k3_prov_kda_record {
 static int cpu_kda_record_new(k3_prov_model *m, uint32_t layer, uint32_t max_T,
 			      k3_prov_kda_record **out, struct k3_prov_status *st)
 {
-	int rc = check_layer(m, layer, K3_PROV_ATTN_KDA, 0, st);
+	int rc = check_kind(m, layer, K3_PROV_ATTN_KDA, 0, st);
 	if (rc)
 		return rc;
 	if (max_T == 0 || max_T > m->max_batch)
@@ -944,7 +1016,10 @@ static int cpu_kda_verify(k3_prov_model *m, uint32_t layer, const float *h, uint
 static int cpu_kda_replay(k3_prov_model *m, uint32_t layer, k3_prov_kda_state *s,
 			  const k3_prov_kda_record *rec, uint32_t n, struct k3_prov_status *st)
 {
-	int rc = check_layer(m, layer, K3_PROV_ATTN_KDA, 0, st);
+	/* Unbound is fine: the per-token step reads only the conv taps and
+	 * decay vectors the provider converted when the layer was last bound
+	 * (for the kda_verify that filled rec), never a borrowed matrix. */
+	int rc = check_kind(m, layer, K3_PROV_ATTN_KDA, 0, st);
 	if (rc)
 		return rc;
 	if (s->m != m || s->layer != layer || rec->m != m || rec->layer != layer)
@@ -1428,6 +1503,8 @@ static int cpu_routed_end(k3_prov_model *m, uint32_t layer, const float *weights
 	if (!m->r_open || layer != m->r_layer)
 		return fail(st, -EINVAL, "layer %u: routed_end without routed_begin", layer);
 	m->r_open = false;
+	if (!m->layers[layer].bound)
+		return fail(st, -EINVAL, "layer %u was unbound inside its routed call", layer);
 	size_t TK = (size_t)m->r_T * m->cfg.top_k;
 	for (size_t j = 0; j < TK; j++)
 		if (!m->edone[j])
@@ -1485,9 +1562,75 @@ static int cpu_logits(k3_prov_model *m, const float *z, uint32_t T, float *out,
 	int rc = check_T(m, T, st);
 	if (rc)
 		return rc;
+	if (!m->head_bound)
+		return fail(st, -EINVAL, "the head is not bound (it streams: bind_head first)");
 	uint32_t D = m->cfg.hidden;
 	norm_rows(m, z, m->norm, T, D, m->cfg.rms_eps, m->sx, D, D);
 	linear(m, &m->lm_head, m->sx, T, out);
+	return 0;
+}
+
+/* Every borrowed matrix of a layer forgets its bytes (unbind). */
+static void unbind_layer(struct cpu_layer *L)
+{
+	struct k3_cpu_mat *mats[] = { &L->q, &L->k, &L->v, &L->fa, &L->fb, &L->b, &L->g, &L->o,
+				      &L->qa, &L->qb, &L->kva, &L->kvb, &L->mg, &L->mu, &L->md,
+				      &L->router, &L->ldown, &L->lup };
+	for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
+		mats[i]->data = NULL;
+	L->bound = false;
+}
+
+static int cpu_bind_layer(k3_prov_model *m, uint32_t layer, const struct k3_prov_layer_weights *w,
+			  struct k3_prov_status *st)
+{
+	if (layer >= m->cfg.n_layers)
+		return fail(st, -EINVAL, "layer %u out of range (%u layers)", layer, m->cfg.n_layers);
+	if (m->r_open && m->r_layer == layer)
+		return fail(st, -EINVAL, "layer %u rebound inside its routed call", layer);
+	struct cpu_layer *L = &m->layers[layer];
+	if (!w) {
+		unbind_layer(L);
+		return 0;
+	}
+	int rc = open_layer(m, layer, w, LOAD_BIND, st);
+	if (rc)
+		unbind_layer(L);
+	return rc;
+}
+
+static int cpu_bind_head(k3_prov_model *m, const struct k3_prov_weights *w,
+			 struct k3_prov_status *st)
+{
+	if (!w) {
+		m->lm_head.data = NULL;
+		m->head_bound = false;
+		return 0;
+	}
+	int rc = open_head(m, w, LOAD_BIND, st);
+	if (rc) {
+		m->lm_head.data = NULL;
+		m->head_bound = false;
+	}
+	return rc;
+}
+
+static int cpu_embed_rows(k3_prov_model *m, const void *rows, uint32_t T, float *out,
+			  struct k3_prov_status *st)
+{
+	size_t n = (size_t)T * m->cfg.hidden;
+	if (m->embed.dtype == K3_PROV_DTYPE_BF16) {
+		const uint8_t *b = rows;
+		for (size_t i = 0; i < n; i++) {
+			uint16_t v;
+			memcpy(&v, b + 2 * i, 2);
+			out[i] = k3_cpu_bf16(v);
+		}
+	} else if (m->embed.dtype == K3_PROV_DTYPE_F32) {
+		memcpy(out, rows, n * sizeof(float));
+	} else {
+		return fail(st, -EINVAL, "embedding dtype %u", m->embed.dtype);
+	}
 	return 0;
 }
 
@@ -1531,6 +1674,9 @@ const struct k3_provider k3_provider_cpu = {
 	.add = cpu_add,
 	.logits = cpu_logits,
 	.set_threads = cpu_set_threads,
+	.bind_layer = cpu_bind_layer,
+	.bind_head = cpu_bind_head,
+	.embed_rows = cpu_embed_rows,
 	.kda_record_new = cpu_kda_record_new,
 	.kda_record_free = cpu_kda_record_free,
 	.kda_verify = cpu_kda_verify,

@@ -7,11 +7,14 @@ so load drifts hit them alike); medians over the rounds. Prints, never
 asserts.
 
     bench_draft.py K3D K3CTL [--rounds N] [--max-new N] [--experts N]
-                   [--cache-gb G] [--threads N] [--io-rate GBPS] [--keep DIR]
+                   [--cache-gb G] [--threads N] [--spine-resident none|N|mapped]
+                   [--io-rate GBPS] [--keep DIR]
 
 The model is the `bench` demo preset (K3's real expert shapes) with
 --experts routed experts per MoE layer; the expert cache (--cache-gb) is
-smaller than the pool, so experts are read every pass. Configurations:
+smaller than the pool, so experts are read every pass, and the spine
+streams (--spine-resident none: every layer read once per pass, whatever
+its width). Configurations:
 off; the oracle at 100 % acceptance at width 5 (4 proposals) and under the
 width policy; at ~50 % and 0 % under the policy (which is expected to
 switch the 0 % one off). --io-rate is passed to k3d when given (the
@@ -29,7 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from k3proto import T, connect, field, frame, ids_field, read_frame, unpack_ids  # noqa
+from k3proto import T, connect, f64, field, frame, ids_field, read_frame, u32, u64, unpack_ids  # noqa
 
 NAMES = {v: k for k, v in T.items()}
 
@@ -51,18 +54,6 @@ def generate(sock, prompt, max_new, draft=None):
             return out, f
         elif name == "ERROR":
             raise RuntimeError(f[2][0].decode())
-
-
-def u64(f, tag, default=0):
-    return struct.unpack("<Q", f[tag][0])[0] if tag in f else default
-
-
-def f64(f, tag):
-    return struct.unpack("<d", f[tag][0])[0] if tag in f else 0.0
-
-
-def u32(f, tag):
-    return struct.unpack("<I", f[tag][0])[0] if tag in f else 0
 
 
 class K3d:
@@ -93,6 +84,8 @@ def main():
     ap.add_argument("--cache-gb", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--io-rate", type=float, default=0)
+    ap.add_argument("--spine-resident", default="none",
+                    help="k3d --spine-resident (none: every layer streams; 'mapped': the spine stays mapped)")
     ap.add_argument("--keep", default=None, help="reuse/keep the model in this directory")
     a = ap.parse_args()
 
@@ -103,6 +96,8 @@ def main():
                         str(a.experts)], check=True)
     prompt = [17, 301, 45, 1200, 9, 877, 33, 501]
     common = ["--threads", str(a.threads), "--expert-cache-gb", str(a.cache_gb), "--prefetch", "off"]
+    if a.spine_resident != "mapped":
+        common += ["--spine-resident", a.spine_resident]
     if a.io_rate:
         common += ["--io-rate", str(a.io_rate)]
     ref = K3d(a.k3d, tmp, "ref", model, common + ["--draft", "off"])
@@ -131,11 +126,12 @@ def main():
                     print(f"!! {name}: ids differ from drafting off")
                 if r == 0:
                     continue
-                n = u32(f, 3)
-                res[name].append(dict(tps=f64(f, 10), decode_s=f64(f, 8),
-                                      bytes=u64(f, 11) / max(n, 1), passes=u64(f, 25),
-                                      proposed=u64(f, 23), accepted=u64(f, 24),
-                                      tpp=f64(f, 26), io=f64(f, 17)))
+                n = max(u32(f, 3), 1)
+                xb, sb = u64(f, 11) or 0, u64(f, 22) or 0     # expert and spine bytes
+                res[name].append(dict(tps=f64(f, 10) or 0, xbytes=xb / n, sbytes=sb / n,
+                                      bytes=(xb + sb) / n, passes=u64(f, 29) or 0,
+                                      proposed=u64(f, 27) or 0, accepted=u64(f, 28) or 0,
+                                      tpp=f64(f, 30) or 0, io=f64(f, 17) or 0))
     finally:
         for d in ds:
             d.stop()
@@ -146,14 +142,16 @@ def main():
           f"{'--io-rate %g GB/s' % a.io_rate if a.io_rate else 'real disk (O_DIRECT where possible)'}")
     med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in res.items()}
     base = med["off"]
-    print(f"{'config':14} {'tok/s':>7} {'x off':>6} {'bytes/tok':>11} {'off/this':>8} "
-          f"{'ids/pass':>8} {'accept':>7} {'io wait':>7}")
+    print(f"# spine: --spine-resident {a.spine_resident}; bytes per generated token = (expert + spine"
+          f" bytes read) / completion tokens, prefill included")
+    print(f"{'config':14} {'tok/s':>7} {'x off':>6} {'bytes/tok':>11} {'off/this':>8} {'spine/tok':>10} "
+          f"{'expert/tok':>10} {'ids/pass':>8} {'accept':>7} {'io wait':>7}")
     for name, _ in configs:
         m = med[name]
         acc = m["accepted"] / m["proposed"] if m["proposed"] else 0.0
         print(f"{name:14} {m['tps']:7.2f} {m['tps'] / base['tps']:6.2f} {m['bytes']:11.0f} "
-              f"{(base['bytes'] / m['bytes']) if m['bytes'] else 0:8.2f} {m['tpp']:8.2f} "
-              f"{acc:7.2f} {m['io']:7.3f}")
+              f"{(base['bytes'] / m['bytes']) if m['bytes'] else 0:8.2f} {m['sbytes']:10.0f} "
+              f"{m['xbytes']:10.0f} {m['tpp']:8.2f} {acc:7.2f} {m['io']:7.3f}")
     shutil.rmtree(tmp, ignore_errors=True)     # a --keep model lives outside it
     return 0
 

@@ -148,8 +148,8 @@ int main(void)
 		return t_skip("no temporary directory");
 	snprintf(tdir, sizeof(tdir), "%s/target", root);
 	snprintf(ddir, sizeof(ddir), "%s/draft", root);
-	if (!T_OK(k3_demo_write(tdir, &o, &err) == 0) || !T_OK(k3_demo_write_draft(ddir, &o, &err) == 0) ||
-	    !T_OK(k3_model_open(tdir, &model, &err) == 0)) {
+	if (!T_OK(k3_demo_write(tdir, &o, &err) == 0) || !T_OK(k3_model_open(tdir, &model, &err) == 0) ||
+	    !T_OK(k3_demo_write_draft(ddir, model, o.seed, &err) == 0)) {
 		printf("     %s\n", err.msg);
 		return t_done();
 	}

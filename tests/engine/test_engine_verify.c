@@ -11,7 +11,10 @@
  *     byte, the state of a sequence that decoded exactly those m ids, for
  *     m from 1 to T over the run;
  *   - a failed verification (a bad id past the checks, cancel) keeps the
- *     sequence as it was, and the API refuses misuse (-EBUSY, -EINVAL).
+ *     sequence as it was, and the API refuses misuse (-EBUSY, -EINVAL);
+ *   - all of it with a streamed spine too (the spine loader, no layer or
+ *     one layer resident, the head streamed): replay needs no bind, the
+ *     snapshot fallback binds the layer it reruns.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -22,6 +25,7 @@
 #include "demo/demo.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "store/store_spine.h"
 
 enum { NPROMPT = 9, NCONT = 13, TMAX = 5, NTAPS = 2 };
 
@@ -97,13 +101,28 @@ static bool state_equals(struct k3_engine *e, struct k3_engine_seq *s, const str
 	return ok;
 }
 
+/* spine: -1 = the mapped spine; else a spine loader with that many
+ * resident layers (the head and the embedding streamed), in *sp. */
 static int open_engine(const struct k3_model *model, uint32_t threads, bool reference,
-		       bool snapshot, struct k3_engine **e)
+		       bool snapshot, int spine, struct k3_store_spine **sp, struct k3_engine **e)
 {
 	struct k3_err err = { 0 };
+	struct k3_spine_source ss;
 	struct k3_engine_opts o = { .threads = threads, .max_chunk = 8, .reference = reference,
 				    .split_all = threads > 1, .kda_snapshot = snapshot };
-	int rc = k3_engine_open(model, &o, e, &err);
+	int rc = 0;
+	*sp = NULL;
+	if (spine >= 0) {
+		struct k3_store_spine_config cfg = { .resident_layers = (uint32_t)spine,
+						     .io_threads = 1, .max_rows = 4 };
+		rc = k3_store_spine_new(model, NULL, &cfg, sp, NULL, &err);
+		if (!rc) {
+			k3_store_spine_source(*sp, &ss);
+			o.spine = &ss;
+		}
+	}
+	if (!rc)
+		rc = k3_engine_open(model, &o, e, &err);
 	if (rc)
 		printf("     %s\n", err.msg);
 	return rc;
@@ -123,8 +142,9 @@ static bool baseline(const struct k3_model *model, bool reference, struct base *
 {
 	struct k3_err err = { 0 };
 	struct k3_engine *e;
+	struct k3_store_spine *sp;
 	struct k3_engine_seq *s = NULL;
-	if (open_engine(model, 1, reference, false, &e))
+	if (open_engine(model, 1, reference, false, -1, &sp, &e))
 		return false;
 	set_taps(e);
 	b->V = k3_engine_vocab(e);
@@ -178,15 +198,17 @@ static uint32_t keep_for(uint32_t pass, uint32_t T)
 }
 
 static void verify_run(const struct k3_model *model, const struct base *b, uint32_t threads,
-		       bool reference, bool snapshot, const char *name)
+		       bool reference, bool snapshot, int spine, const char *name)
 {
 	struct k3_err err = { 0 };
 	struct k3_engine *e;
+	struct k3_store_spine *sp;
 	struct k3_engine_seq *s = NULL;
 	char what[128];
-	snprintf(what, sizeof(what), "%s threads %u%s%s", name, threads, reference ? " ref" : "",
-		 snapshot ? " snapshot" : " replay");
-	if (!T_OK(open_engine(model, threads, reference, snapshot, &e) == 0))
+	snprintf(what, sizeof(what), "%s threads %u%s%s%s", name, threads, reference ? " ref" : "",
+		 snapshot ? " snapshot" : " replay", spine >= 0 ? (spine ? " spine 1 resident" :
+		 " spine streamed") : "");
+	if (!T_OK(open_engine(model, threads, reference, snapshot, spine, &sp, &e) == 0))
 		return;
 	set_taps(e);
 	float *logits = calloc((size_t)TMAX * b->V, sizeof(float));
@@ -258,6 +280,7 @@ static void verify_run(const struct k3_model *model, const struct base *b, uint3
 	printf("%s: %u passes checked\n", what, passes);
 	k3_engine_seq_free(s);
 	k3_engine_free(e);
+	k3_store_spine_free(sp);
 	free(logits);
 	free(ids);
 	free(w);
@@ -274,15 +297,20 @@ static void check(const char *dir, const char *name, bool with_ref)
 		return;
 	}
 	make_ids(k3_model_config(model)->vocab_size);
-	if (T_OK(baseline(model, false, &b)))
+	if (T_OK(baseline(model, false, &b))) {
 		for (int snap = 0; snap < 2; snap++)
 			for (uint32_t th = 1; th <= 2; th++)
-				verify_run(model, &b, th, false, snap, name);
+				verify_run(model, &b, th, false, snap, -1, name);
+		/* streamed spine: the baseline is the mapped one (bit-identical) */
+		for (int snap = 0; snap < 2; snap++)
+			for (int res = 0; res <= 1; res++)
+				verify_run(model, &b, 1, false, snap, res, name);
+	}
 	base_free(&b);
 	/* the scalar reference path: its own baseline (other rounding) */
 	memset(&b, 0, sizeof(b));
 	if (with_ref && T_OK(baseline(model, true, &b)))
-		verify_run(model, &b, 1, true, false, name);
+		verify_run(model, &b, 1, true, false, -1, name);
 	base_free(&b);
 	k3_model_free(model);
 }

@@ -1,10 +1,11 @@
 /*
- * fuzz_store_pack.c - any bytes as an expert pack file (store_pack.h).
- * The harness re-signs the metadata and header SHA-256 fields before
- * opening, so mutations reach the structural checks instead of stopping at
- * the hashes. Properties: no crash, no read outside the file; an accepted
- * pack yields a source whose every expert plans and reads back inside the
- * file.
+ * fuzz_store_pack.c - any bytes as an expert or spine pack file
+ * (store_pack.h). The harness re-signs the metadata and header SHA-256
+ * fields before opening, so mutations reach the structural checks instead
+ * of stopping at the hashes. Properties: no crash, no read outside the
+ * file; an accepted expert pack yields a source whose every expert plans
+ * and reads back inside the file; an accepted spine pack's every span reads
+ * back inside the file and every tensor lies inside its span.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -52,7 +53,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (k3_store_pack_open(path, NULL, 0, K3_STORE_PACK_VERIFY, &pack, NULL) != 0)
 		goto out;
 	src = k3_store_source_new(K3_STORE_DIRECT_OFF);
-	if (src && k3_store_pack_add_to_source(pack, path, src, NULL) == 0) {
+	if (src && k3_store_pack_kind(pack) == K3_STORE_PACK_SPINE) {
+		const struct k3_store_pack_layout *lo = k3_store_pack_layout(pack);
+		uint32_t file;
+		void *slot = NULL;
+		if (k3_store_source_add_file(src, path, &file, NULL) == 0 &&
+		    posix_memalign(&slot, 4096, size + 8192) == 0) {
+			for (size_t i = 0; i < lo->n_spans; i++) {
+				const struct k3_store_pack_span *sp = &lo->spans[i];
+				struct k3_store_read rd = { .file = file, .offset = sp->offset,
+							    .length = sp->length };
+				if (k3_store_source_pread(src, &rd, slot) < 0)
+					abort();   /* the pack said it fits */
+				for (uint32_t j = sp->first; j < sp->first + sp->count; j++)
+					if (lo->arrays[j].offset + lo->arrays[j].length > sp->length)
+						abort();
+			}
+		}
+		free(slot);
+	} else if (src && k3_store_pack_add_to_source(pack, path, src, NULL) == 0) {
 		uint64_t slot_bytes = k3_store_source_slot_bytes(src);
 		void *slot = NULL;
 		struct k3_store_plan plan;

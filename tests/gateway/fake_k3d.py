@@ -381,7 +381,7 @@ class Daemon:
         self.send(conn, "DONE", rid, finish=FINISH[finish], prompt_tokens=pt,
                   completion_tokens=job.completion, reasoning_tokens=reasoning,
                   cached_tokens=sc.get("cached_tokens", 0), prefill_s=0.01, decode_s=0.02,
-                  stop_matched=matched)
+                  stop_matched=matched, expert_bytes_read=1000, spine_bytes_read=5000)
 
     def generate(self, conn, rid, gen):
         self.log(ev="generate", conn=conn["id"], rid=rid, fields={
@@ -480,7 +480,8 @@ class Daemon:
                               expert_misses=1, prefill_s_total=0.5, decode_s_total=1.5,
                               prefetch_issued=4, prefetch_issued_bytes=40960, prefetch_used=3,
                               prefetch_wasted_bytes=10240, expert_cache_bytes=1048576,
-                              io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64)
+                              io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64,
+                              spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152)
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)
                 elif name == "CANCEL":

@@ -743,8 +743,19 @@ def test_metrics(st):
         "k3_expert_io_wait_seconds_total": ("counter", "0.250000"),
         "k3_expert_compute_seconds_total": ("counter", "1.750000"),
         "k3_expert_cache_bytes": ("gauge", "1048576"),
+        # the streamed spine (issue 17): STATUS totals, per token = 640000 / 64
+        "k3_spine_bytes_read_total": ("counter", "640000"),
+        "k3_spine_bytes_read_per_token": ("gauge", "10000.0"),
+        "k3_spine_loads_total": ("counter", "40"),
+        "k3_spine_memory_bytes": ("gauge", "2097152"),
     }
     lines = text.splitlines()
+    # spine and expert bytes of this gateway's generations, from their DONEs
+    # (fake: 1000 expert and 5000 spine bytes per DONE)
+    exp = [ln for ln in lines if ln.startswith("k3_gateway_expert_bytes_read_total ")]
+    spn = [ln for ln in lines if ln.startswith("k3_gateway_spine_bytes_read_total ")]
+    assert len(exp) == 1 and len(spn) == 1, (exp, spn)
+    assert int(spn[0].split()[1]) == 5 * int(exp[0].split()[1]), (exp, spn)
     for name, (kind, value) in want.items():
         assert "# TYPE %s %s" % (name, kind) in lines, name
         assert any(ln.startswith("# HELP %s " % name) for ln in lines), name

@@ -3,6 +3,8 @@
 Deliberately independent of libk3proto: the integration tests check the
 daemon against the normative byte layout, not against our own encoder.
 """
+import json
+import mmap
 import os
 import shutil
 import socket
@@ -82,6 +84,43 @@ def read_frame(sock, timeout=5.0):
 
 def u32(fields, tag):
     return struct.unpack("<I", fields[tag][0])[0]
+
+
+def u64(fields, tag):
+    """A U64 field's value, None when absent."""
+    return struct.unpack("<Q", fields[tag][0])[0] if tag in fields else None
+
+
+def f64(fields, tag):
+    """An F64 field's value, None when absent."""
+    return struct.unpack("<d", fields[tag][0])[0] if tag in fields else None
+
+
+def trace_routes(path):
+    """--router-trace records in order, without the request id (it differs
+    per run): (position, layer, ids, weight bits)."""
+    recs = []
+    with open(path) as fh:
+        for line in fh:
+            r = json.loads(line)
+            recs.append((r["position"], r["layer"], tuple(r["ids"]), tuple(r["weights"])))
+    return recs
+
+
+def direct_ok(path):
+    """True when the file system holding path serves an aligned O_DIRECT read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    try:
+        buf = mmap.mmap(-1, 4096)
+        os.preadv(fd, [buf], 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def connect(path, do_hello=True):

@@ -88,12 +88,12 @@ OFF, AUTO, NGRAM, DSPARK = 1, 2, 3, 4
 
 
 def stats_ok(f, policy, n_gen, what):
-    check(d_u32(f, 22) == policy, f"{what}: DONE draft_policy {d_u32(f, 22)} == {policy}")
-    passes, prop, acc = d_u64(f, 25), d_u64(f, 23), d_u64(f, 24)
+    check(d_u32(f, 26) == policy, f"{what}: DONE draft_policy {d_u32(f, 26)} == {policy}")
+    passes, prop, acc = d_u64(f, 29), d_u64(f, 27), d_u64(f, 28)
     check(acc <= prop, f"{what}: accepted {acc} <= proposed {prop}")
     check(1 <= passes <= n_gen, f"{what}: passes {passes} in 1..{n_gen}")
-    check(abs(d_f64(f, 26) - n_gen / passes) < 1e-9, f"{what}: tokens_per_pass = ids / passes")
-    check(d_f64(f, 27) >= 0 and d_f64(f, 28) >= 0, f"{what}: draft and verify times")
+    check(abs(d_f64(f, 30) - n_gen / passes) < 1e-9, f"{what}: tokens_per_pass = ids / passes")
+    check(d_f64(f, 31) >= 0 and d_f64(f, 32) >= 0, f"{what}: draft and verify times")
     if policy == OFF:
         check(passes == n_gen and prop == 0, f"{what}: off: one pass per id, nothing proposed")
     return passes, prop, acc
@@ -152,10 +152,10 @@ def main():
             check(got[1] == ref["raw"][1], f"policy {name}: text equal drafting off")
             _, prop, acc = stats_ok(got[2], pol or AUTO, 40, f"policy {name}")
             print(f"  policy {name}: {prop} proposed, {acc} accepted, "
-                  f"{d_f64(got[2], 26):.2f} ids/pass")
+                  f"{d_f64(got[2], 30):.2f} ids/pass")
         got = generate(d.sock, messages=msgs, max_new=32, draft=DSPARK)
         check(got[0] == ref["chat"][0] and got[1] == ref["chat"][1], "dspark chat equals off")
-        check(d_u64(got[2], 23) > 0, "the DSpark draft proposed in chat")
+        check(d_u64(got[2], 27) > 0, "the DSpark draft proposed in chat")
         bad = generate(d.sock, ids=prompt, max_new=4, draft=9)
         check(bad[0] == "error" and bad[1] == 12 and bad[3] == "draft_policy",
               f"draft_policy 9 refused with invalid_argument naming it: {bad}")
@@ -203,7 +203,7 @@ def main():
         passes, prop, acc = stats_ok(got[2], NGRAM, 40, "oracle")
         check(acc == prop and acc > 0, f"oracle: every proposal accepted ({acc}/{prop})")
         check(passes == 8, f"oracle at width 5: 1 + ceil(39 / 6) = 8 passes, got {passes}")
-        print(f"  oracle: {passes} passes for 40 ids ({d_f64(got[2], 26):.2f} ids/pass)")
+        print(f"  oracle: {passes} passes for 40 ids ({d_f64(got[2], 30):.2f} ids/pass)")
         for key, kw in (("len13", dict(max_new=13)), ("stopid", dict(max_new=40, stop_ids=[ref["raw"][0][17]])),
                         ("stopstr", dict(max_new=40, stop=[ref.get("stopstr_s", b"")]))):
             if ref.get(key) is None:
@@ -212,7 +212,7 @@ def main():
             committed += count(got[2])
             check(got[0] == ref[key][0] and got[1] == ref[key][1], f"oracle {key}: ids and text equal off")
             check(d_u32(got[2], 1) == d_u32(ref[key][2], 1), f"oracle {key}: same finish")
-            check(d_u64(got[2], 24) > 0, f"oracle {key}: the cut fell after accepted proposals")
+            check(d_u64(got[2], 28) > 0, f"oracle {key}: the cut fell after accepted proposals")
         # a cut inside an accepted run commits exactly the ids emitted
         r = subprocess.run([K3CTL, "--socket", d.sock, "--json", "status"], capture_output=True, text=True)
         pos = json.loads(r.stdout).get("positions_total")
@@ -233,7 +233,7 @@ def main():
         try:
             t1 = generate(d.sock, messages=msgs, max_new=9)
             check(t1[0] == ref["t1"][0], "oracle chat turn 1 equals off")
-            check(d_u64(t1[2], 24) > 0, "oracle chat turn 1 accepted proposals")
+            check(d_u64(t1[2], 28) > 0, "oracle chat turn 1 accepted proposals")
             t2 = generate(d.sock, messages=ref["follow"], max_new=12)
             check(d_u32(t2[2], 5) > 0, "the follow-up reused the published state")
             check(t2[0] == ref["t2"][0] and t2[1] == ref["t2"][1],

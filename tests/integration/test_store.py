@@ -13,7 +13,6 @@ usage: test_store.py K3D K3CTL SHARED_DIR
 """
 import glob
 import json
-import mmap
 import os
 import re
 import shutil
@@ -24,7 +23,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import Daemon, generate_ids as generate  # noqa
+from k3proto import Daemon, direct_ok, f64, generate_ids as generate, u64  # noqa
+from k3proto import trace_routes as routes  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 failures = []
@@ -36,22 +36,7 @@ def check(cond, what):
         print("FAIL:", what)
 
 
-def u64(f, tag):
-    return struct.unpack("<Q", f[tag][0])[0] if tag in f else None
 
-
-def f64(f, tag):
-    return struct.unpack("<d", f[tag][0])[0] if tag in f else None
-
-
-def routes(path):
-    """Trace records in order, without the request id (differs per run)."""
-    recs = []
-    with open(path) as fh:
-        for line in fh:
-            r = json.loads(line)
-            recs.append((r["position"], r["layer"], tuple(r["ids"]), tuple(r["weights"])))
-    return recs
 
 
 def floor_numbers(k3d, model):
@@ -77,21 +62,6 @@ def floor_numbers(k3d, model):
 def gb(nbytes):
     return "%.9f" % (nbytes / 1e9)
 
-
-def direct_ok(path):
-    """True when the file system holding path serves an aligned O_DIRECT read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        return False
-    try:
-        buf = mmap.mmap(-1, 4096)
-        os.preadv(fd, [buf], 0)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def run_case(case):

@@ -64,6 +64,13 @@ static void fill(uint32_t type, union k3_proto_body *b)
 		b->status_reply.io_wait_s_total = 12.25; b->status_reply.has_io_wait_s_total = true;
 		b->status_reply.compute_s_total = 3.5; b->status_reply.has_compute_s_total = true;
 		b->status_reply.positions_total = 1000; b->status_reply.has_positions_total = true;
+		b->status_reply.spine_bytes_read = 226000000000ull;
+		b->status_reply.has_spine_bytes_read = true;
+		b->status_reply.spine_loads = 184; b->status_reply.has_spine_loads = true;
+		b->status_reply.spine_memory_bytes = 3ull << 30;
+		b->status_reply.has_spine_memory_bytes = true;
+		b->status_reply.spine_io_wait_s_total = 2.5;
+		b->status_reply.has_spine_io_wait_s_total = true;
 		b->status_reply.job_ids.n = 2; b->status_reply.job_ids.v = job_ids2;
 		b->status_reply.has_job_ids = true;
 		b->status_reply.job_states.n = 2; b->status_reply.job_states.v = job_states2;
@@ -133,6 +140,10 @@ static void fill(uint32_t type, union k3_proto_body *b)
 		b->done.completion_tokens = 16; b->done.has_completion_tokens = true;
 		b->done.decode_tps = 3.25; b->done.has_decode_tps = true;
 		b->done.expert_bytes_read = 1ull << 40; b->done.has_expert_bytes_read = true;
+		b->done.spine_bytes_read = 113000000000ull; b->done.has_spine_bytes_read = true;
+		b->done.spine_loads = 92; b->done.has_spine_loads = true;
+		b->done.spine_rows_read = 17; b->done.has_spine_rows_read = true;
+		b->done.spine_io_wait_s = 0.125; b->done.has_spine_io_wait_s = true;
 		break;
 	case K3_MSG_CANCEL:
 		b->cancel.job_id = 99; b->cancel.has_job_id = true;
@@ -217,6 +228,13 @@ static void test_round_trips(void)
 		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
 		T_OK(out.done.decode_tps == 3.25);
 		T_EQ_U64(out.done.expert_bytes_read, 1ull << 40);
+		/* the spine's bytes apart from the experts' (issue 17) */
+		T_OK(out.done.has_spine_bytes_read && out.done.has_spine_loads &&
+		     out.done.has_spine_rows_read && out.done.has_spine_io_wait_s);
+		T_EQ_U64(out.done.spine_bytes_read, 113000000000ull);
+		T_EQ_U64(out.done.spine_loads, 92);
+		T_EQ_U64(out.done.spine_rows_read, 17);
+		T_OK(out.done.spine_io_wait_s == 0.125);
 		T_OK(!out.done.has_prefill_s);
 		k3_proto_buf_release(&buf);
 
@@ -226,6 +244,10 @@ static void test_round_trips(void)
 		T_EQ_INT(k3_proto_encode(&buf, K3_MSG_STATUS_REPLY, 8, &in, &err), 0);
 		T_EQ_INT(k3_proto_frame_decode(buf.data, buf.len, &h, &out, &err), 0);
 		const struct k3_msg_status_reply *st = &out.status_reply;
+		T_EQ_U64(st->spine_bytes_read, 226000000000ull);
+		T_EQ_U64(st->spine_loads, 184);
+		T_EQ_U64(st->spine_memory_bytes, 3ull << 30);
+		T_OK(st->has_spine_io_wait_s_total && st->spine_io_wait_s_total == 2.5);
 		T_OK(st->has_job_ids && st->has_job_states && st->has_job_kinds && st->has_job_uids &&
 		     st->has_job_pids && st->has_job_ages_ms);
 		T_EQ_INT(st->job_ids.n, 2);

@@ -10,13 +10,26 @@ trap 'rm -rf "$t"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 out=$("$k3ctl" pack --model "$model" --out "$t/packs")
-echo "$out" | grep -q "12 packs written, 0 kept" || fail "first run: $out"
+# 12 expert packs (one per MoE layer) and the spine pack
+echo "$out" | grep -q "13 packs written, 0 kept" || fail "first run: $out"
+echo "$out" | grep -q "spine    : wrote 15 spans" || fail "spine pack: $out"
 out=$("$k3ctl" pack --model "$model" --out "$t/packs")
-echo "$out" | grep -q "0 packs written, 12 kept" || fail "re-run: $out"
+echo "$out" | grep -q "0 packs written, 13 kept" || fail "re-run: $out"
 out=$("$k3ctl" --json pack --model "$model" --out "$t/packs" --verify)
-echo "$out" | grep -q '"written":0,"kept":12' || fail "verify: $out"
+echo "$out" | grep -q '"written":0,"kept":13' || fail "verify: $out"
 echo "$out" | grep -q '"verified_bytes":0' && fail "verify rehashed nothing: $out"
-[ "$(ls "$t/packs" | wc -l)" = 12 ] || fail "temp files left: $(ls "$t/packs")"
+[ "$(ls "$t/packs" | wc -l)" = 13 ] || fail "temp files left: $(ls "$t/packs")"
+# One damaged byte in the spine pack's first span (layer 0, at the data
+# offset the header records at bytes 40..48): --verify fails and names it.
+cp "$t/packs/spine.k3pack" "$t/spine.good"
+data=$(od -An -t u8 -j 40 -N 8 "$t/packs/spine.k3pack" | tr -d ' ')
+printf '\377' | dd of="$t/packs/spine.k3pack" bs=1 seek=$((data + 100)) conv=notrunc 2>/dev/null
+if out=$("$k3ctl" pack --model "$model" --out "$t/packs" --verify 2>&1); then
+	fail "spine damage not detected: $out"
+fi
+echo "$out" | grep -q "spine: .*spine.k3pack': layer 0 at byte $data fails its SHA-256 check" ||
+	fail "spine damage message: $out"
+cp "$t/spine.good" "$t/packs/spine.k3pack"
 # One damaged byte in a span: --verify fails and names the expert.
 printf '\377' | dd of="$t/packs/experts-L005.k3pack" bs=1 seek=20000 conv=notrunc 2>/dev/null
 if out=$("$k3ctl" pack --model "$model" --out "$t/packs" --verify 2>&1); then
@@ -64,6 +77,14 @@ gc=$(echo "$c" | grep -o '"greedy":\[[0-9,]*\]')
 [ "$ga" = "$gc" ] || fail "bench greedy with auto prefetch, --direct off differs: $ga vs $gc"
 echo "$c" | grep -q '"direct":"off"' || fail "bench --direct off: $c"
 echo "$c" | grep -Eq '"disk_gbps_samples":\[[0-9.e+-]+(,[0-9.e+-]+){2}\]' || fail "3 disk samples: $c"
+# --spine-resident none: the spine streams, the ids stay, spine bytes are apart
+d=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch off --disk-mib 1 \
+	--spine-resident none 2>/dev/null)
+gd=$(echo "$d" | grep -o '"greedy":\[[0-9,]*\]')
+[ "$ga" = "$gd" ] || fail "bench greedy with a streamed spine differs: $ga vs $gd"
+[ "$(json_field "$d" spine_bytes_read)" -gt 0 ] || fail "bench streamed no spine: $d"
+[ "$(json_field "$a" spine_bytes_read)" = 0 ] || fail "bench read spine bytes when mapped: $a"
+"$k3ctl" bench --model "$model" --spine-resident 99 2>/dev/null && fail "more resident layers than the model"
 "$k3ctl" bench --model "$model" --prefetch 3 --prefetch-gate 0.5 2>/dev/null && fail "gate without auto"
 "$k3ctl" bench --model "$model" --direct maybe 2>/dev/null && fail "bad --direct"
 [ "$(echo "$a" | head -c 1)" = "{" ] || fail "bench --json prints only JSON: $a"

@@ -8,7 +8,8 @@ rotated: header and size unchanged); k3ctl pack; the original shard bytes
 written back (as a re-download or repair would). Then k3d must not serve
 the packs' stale weights: it ignores the packs, with a warning naming the
 shard, and its greedy ids equal the --no-packs ids; k3ctl pack --verify
-rewrites the stale layer-2 pack, re-verifies the other seven, and k3d then
+rewrites the stale layer-2 pack, re-verifies the other seven and the spine
+pack, and k3d then
 serves every layer from packs with the same ids. A shard replaced by a
 copy (another inode, the same bytes) is a changed identity too: k3d ignores
 the packs until k3ctl pack (no --verify) has compared them with the shard
@@ -102,7 +103,7 @@ def main():
         # The stale packs: made from the rotated layer-2 bytes.
         check(rotate_layer_experts(shard, 2) == 16, "layer 2 has 16 experts")
         rc, out = pack(model)
-        check(rc == 0 and "8 packs written, 0 kept" in out, f"pack of the rotated shard: {out}")
+        check(rc == 0 and "9 packs written, 0 kept" in out, f"pack of the rotated shard: {out}")
         bad, line = serve(model)
         check("all 8 MoE layers from packs" in line, f"packs of the rotated shard used: {line}")
         # the test has teeth: the rotated weights give other ids
@@ -121,15 +122,18 @@ def main():
 
         rc, out = pack(model, "--verify")
         check(rc == 0, f"pack --verify after the repair exits 0: {out}")
-        check("1 packs written, 7 kept" in out and "7 kept packs were re-verified" in out,
-              f"pack --verify rewrites one pack, re-verifies seven: {out}")
+        # seven expert packs and the spine pack re-verified (their bytes are
+        # not the rotated experts')
+        check("1 packs written, 8 kept" in out and "8 kept packs were re-verified" in out and
+              "spine    : kept" in out,
+              f"pack --verify rewrites one pack, re-verifies seven and the spine: {out}")
         check("layer   2: rewrote" in out and "expert (2, 0) differs from its bytes" in out and
               SHARD in out, f"pack --verify names the stale layer and the shard: {out}")
         ids, line = serve(model)
         check("all 8 MoE layers from packs" in line, f"packs used after --verify: {line}")
         check(ids == good, f"k3d from the rewritten packs: ids {ids} == {good}")
         rc, out = pack(model, "--verify")
-        check(rc == 0 and "0 packs written, 8 kept" in out and "re-verified" not in out,
+        check(rc == 0 and "0 packs written, 9 kept" in out and "re-verified" not in out,
               f"a second --verify keeps every pack as it is: {out}")
 
         # The shard replaced by a copy: another inode, the same bytes.
@@ -141,7 +145,7 @@ def main():
         check(ids == good and "8 packs rejected" in line and "inode" in line,
               f"a replaced shard (new inode) is a changed identity: {ids} {line}")
         rc, out = pack(model)
-        check(rc == 0 and "0 packs written, 8 kept" in out and "8 kept packs were re-verified" in out,
+        check(rc == 0 and "0 packs written, 9 kept" in out and "9 kept packs were re-verified" in out,
               f"pack re-verifies against the copy without rewriting: {out}")
         check(pack_inodes(model) == inodes, "no pack was rewritten for a copy with the same bytes")
         ids, line = serve(model)

@@ -10,6 +10,7 @@
  * with a clear error instead of computing with wrong weights.
  */
 #include "t.h"
+#include "engine_run.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -118,7 +119,6 @@ static void run(const struct variant *v, struct result *r)
 	struct k3_store_engine_src ectx;
 	struct k3_expert_source es;
 	struct k3_engine *e = NULL;
-	struct k3_engine_seq *s = NULL;
 	struct k3_err err = { 0 };
 	int rc;
 
@@ -161,19 +161,7 @@ static void run(const struct variant *v, struct result *r)
 		}
 	}
 	if (!rc)
-		rc = k3_engine_seq_new(e, NALL, &s, &err);
-	if (!rc) {
-		struct k3_engine_out out = { K3_ENGINE_LOGITS_ALL, r->logits, r->ids, r->w };
-		rc = k3_engine_forward(e, s, prompt, NTOK, &out, &err);
-	}
-	for (uint32_t g = 0; !rc && g < NGEN; g++) {
-		uint32_t pos = NTOK + g;
-		int32_t id = (int32_t)k3_engine_argmax(r->logits + (size_t)(pos - 1) * V, V);
-		struct k3_engine_out out = { K3_ENGINE_LOGITS_LAST, r->logits + (size_t)pos * V,
-					     r->ids + (size_t)pos * PER, r->w + (size_t)pos * PER };
-		r->gen[g] = id;
-		rc = k3_engine_forward(e, s, &id, 1, &out, &err);
-	}
+		rc = t_engine_run(e, prompt, NTOK, NGEN, r->logits, r->ids, r->w, r->gen, &err);
 	r->rc = rc;
 	snprintf(r->msg, sizeof(r->msg), "%s", rc ? err.msg : "");
 	if (store) {
@@ -186,7 +174,6 @@ static void run(const struct variant *v, struct result *r)
 		T_EQ_INT(ectx.last_error, 0);
 		k3_store_engine_src_release(&ectx);
 	}
-	k3_engine_seq_free(s);
 	k3_engine_free(e);
 	k3_store_free(store);
 	k3_store_source_free(src);

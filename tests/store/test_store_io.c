@@ -1,6 +1,7 @@
 /* The reader pool on its own (store_io.h), with a client that is not the
- * cache: demand jobs start before queued prefetch jobs, prefetch never
- * takes the last reader, a queued job can be taken back (no callback), a
+ * cache: demand jobs start before queued spine jobs and those before
+ * prefetch jobs, prefetch never takes the last reader (nor one a running
+ * spine job leaves free), a queued job can be taken back (no callback), a
  * running job with pieces stops at the next piece, the check callback's
  * error completes the job, per-class counters add up, and the usual
  * source read lands the file's bytes. */
@@ -214,6 +215,72 @@ static void test_cap(void)
 		free(j[i].buf);
 }
 
+/* The spine class between demand and prefetch: queued together, demand
+ * runs first, then spine, then guesses; and with two readers and the
+ * prefetch cap at one, a guess does not start while a spine job holds the
+ * other reader (the cap counts both classes), so a demand job arriving
+ * then starts at once. */
+static void test_spine_class(void)
+{
+	struct k3_store_io *io = pool(1, 0);
+	struct client c = { 0 };
+	struct tjob j[6];
+
+	if (!io)
+		return;
+	for (int i = 0; i < 6; i++)
+		tjob_init(&j[i], &c, "psDSdP"[i], i, 0);
+	k3_store_io_lock(io);
+	k3_store_io_hold_all(io, true);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
+	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_SPINE);
+	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_DEMAND);
+	k3_store_io_submit(io, &j[3].job, K3_STORE_IO_SPINE);
+	k3_store_io_submit(io, &j[4].job, K3_STORE_IO_DEMAND);
+	k3_store_io_submit(io, &j[5].job, K3_STORE_IO_PREFETCH);
+	k3_store_io_hold_all(io, false);
+	k3_store_io_drain(io);
+	T_EQ_STR(c.order, "DdsSpP");
+	struct k3_store_io_stats st;
+	k3_store_io_stats_get(io, &st);
+	T_EQ_U64(st.jobs[K3_STORE_IO_SPINE], 2);
+	T_EQ_U64(st.bytes[K3_STORE_IO_SPINE], 2 * 5 * 4096);
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+
+	io = pool(2, 1);
+	memset(&c, 0, sizeof(c));
+	for (int i = 0; i < 6; i++) {
+		free(j[i].buf);
+		tjob_init(&j[i], &c, "SpDqrs"[i], i, 0);
+	}
+	if (!io)
+		return;
+	gate(true);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_SPINE);
+	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_PREFETCH);
+	k3_store_io_unlock(io);
+	wait_blocked(1);
+	nanosleep(&(struct timespec){ 0, 20000000 }, NULL);   /* time for a wrong start */
+	k3_store_io_lock(io);
+	T_EQ_INT(c.n_started, 1);                /* the guess waits: one reader stays free */
+	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_DEMAND);
+	k3_store_io_unlock(io);
+	wait_blocked(2);
+	k3_store_io_lock(io);
+	T_EQ_STR(c.order, "SD");
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+	T_EQ_STR(c.order, "SDp");
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+	for (int i = 0; i < 6; i++)
+		free(j[i].buf);
+}
+
 /* Polls (lock held) until n jobs started: a start wakes no waiter. */
 static void wait_started(struct k3_store_io *io, const struct client *c, int n)
 {
@@ -334,6 +401,7 @@ int main(void)
 	T_OK(io == NULL && strstr(err.msg, "at most 16") != NULL);
 	test_order_and_cancel();
 	test_cap();
+	test_spine_class();
 	test_stop_and_check();
 	test_source_read();
 	return t_done();

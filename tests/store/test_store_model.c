@@ -1,7 +1,9 @@
 /* The store on the golden checkpoints (../shared/golden/forward/<case>/model):
  * every routed expert read through the store, from shards and from packs,
  * equals the checkpoint's tensor bytes; a pack that does not belong to the
- * layer is rejected and the shards are used. */
+ * layer is rejected and the shards are used; the spine pack holds every
+ * spine tensor (each layer's, the embedding, the head) with its name,
+ * dtype and shape, and its bytes equal the checkpoint's. */
 #include "t.h"
 
 #include <errno.h>
@@ -79,6 +81,88 @@ static int compare_all(const struct k3_model *m, const struct k3_store_source *s
 	return bad;
 }
 
+/* Every tensor of the spine pack equals the checkpoint's: the name,
+ * dtype, shape and length it records, and its bytes (read from the pack
+ * file); and every spine tensor of the model is in it exactly once, in
+ * the span of its layer (or the embedding's, the head's). */
+static void check_spine_pack(const struct k3_model *m, const struct k3_store_pack_ident *id,
+			     size_t n_id)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	const struct k3_tensor *f[K3_ENGINE_LAYER_FIELDS];
+	struct k3_store_pack_result res;
+	struct k3_store_pack *pack = NULL;
+	struct k3_err err = { 0 };
+	char path[600];
+	size_t want = 1;   /* the embedding */
+	int fd, bad = 0;
+
+	T_EQ_INT(k3_store_spine_pack_path(path, sizeof(path), packdir), 0);
+	T_EQ_INT(k3_store_spine_pack_write(m, path, id, n_id, 0, &res, &err), 0);
+	T_OK(res.written);
+	T_EQ_U64(res.n_spans, plan->n_layers + 2);
+	T_EQ_INT(k3_store_pack_open(path, id, n_id, K3_STORE_PACK_VERIFY, &pack, &err), 0);
+	if (!pack)
+		return;
+	T_EQ_INT(k3_store_pack_kind(pack), K3_STORE_PACK_SPINE);
+	for (uint32_t l = 0; l < plan->n_layers; l++) {
+		k3_engine_layer_tensors(&plan->layers[l], f);
+		for (unsigned i = 0; i < K3_ENGINE_LAYER_FIELDS; i++)
+			want += f[i] != NULL;
+	}
+	k3_engine_head_tensors(plan, f);
+	for (unsigned i = 0; i < K3_ENGINE_HEAD_FIELDS; i++)
+		want += f[i] != NULL;
+	const struct k3_store_pack_layout *lo = k3_store_pack_layout(pack);
+	T_EQ_U64(lo->n_arrays, want);
+	uint64_t spine_bytes = 0;
+	fd = open(path, O_RDONLY);
+	for (size_t i = 0; i < lo->n_spans; i++) {
+		const struct k3_store_pack_span *sp = &lo->spans[i];
+		T_EQ_INT(sp->kind, i < plan->n_layers ? K3_STORE_SPAN_LAYER
+			 : i == plan->n_layers ? K3_STORE_SPAN_EMBED : K3_STORE_SPAN_HEAD);
+		T_EQ_INT(sp->offset % 4096, 0);
+		for (uint32_t j = sp->first; j < sp->first + sp->count; j++) {
+			const struct k3_store_pack_tensor *pt = &lo->tensors[j];
+			const struct k3_tensor *t = k3_model_tensor(m, pt->name);
+			uint8_t *buf = malloc(lo->arrays[j].length);
+			if (!t || !buf || lo->arrays[j].length != t->nbytes || pt->ndim != t->ndim ||
+			    pt->shape[0] != t->shape[0] ||
+			    (t->ndim > 1 && pt->shape[1] != t->shape[1]) ||
+			    pt->dtype != (t->dtype == K3_DTYPE_BF16 ? 2u : t->dtype == K3_DTYPE_F32 ? 1u : 0u) ||
+			    pread(fd, buf, lo->arrays[j].length,
+				  (off_t)(sp->offset + lo->arrays[j].offset)) != (ssize_t)t->nbytes ||
+			    memcmp(buf, t->data, t->nbytes) != 0) {
+				printf("spine tensor '%s' differs from the checkpoint\n", pt->name);
+				bad++;
+			}
+			/* the span's tensor belongs to its layer */
+			if (t && sp->kind == K3_STORE_SPAN_LAYER) {
+				char pre[64];
+				snprintf(pre, sizeof(pre), "model.layers.%u.", sp->layer);
+				T_OK(strstr(t->name, pre) != NULL);
+			}
+			spine_bytes += lo->arrays[j].length;
+			free(buf);
+		}
+	}
+	close(fd);
+	T_EQ_INT(bad, 0);
+	T_EQ_U64(res.payload_bytes, spine_bytes);
+	/* spine + experts = every tensor of the checkpoint */
+	size_t n_t = 0;
+	uint64_t all = 0, experts = 0;
+	const struct k3_tensor *ts = k3_model_tensors(m, &n_t);
+	for (size_t i = 0; i < n_t; i++) {
+		all += ts[i].nbytes;
+		if (strstr(ts[i].name, ".experts."))
+			experts += ts[i].nbytes;
+	}
+	T_EQ_U64(spine_bytes + experts, all);
+	k3_store_pack_free(pack);
+	unlink(path);
+}
+
 static void run_case(const char *name)
 {
 	char rel[256], path[600];
@@ -125,7 +209,7 @@ static void run_case(const char *name)
 			printf("pack_write: %s\n", err.msg);
 		T_EQ_INT(rc, 0);
 		T_OK(res.written);
-		T_EQ_U64(res.n_experts, cfg->num_experts);
+		T_EQ_U64(res.n_spans, cfg->num_experts);
 		k3_store_source_free(src);
 	}
 	T_EQ_INT(k3_store_source_open_model(m, packdir, K3_STORE_DIRECT_AUTO, &src, &rep, &err), 0);
@@ -161,6 +245,7 @@ static void run_case(const char *name)
 		T_EQ_U64(seen, want);
 		k3_store_source_free(src);
 	}
+	check_spine_pack(m, id, n_id);
 	for (uint32_t l = 0; l < plan->n_layers; l++) {
 		k3_store_pack_path(path, sizeof(path), packdir, l);
 		unlink(path);
