@@ -144,14 +144,17 @@ def main():
     base = med["off"]
     print(f"# spine: --spine-resident {a.spine_resident}; bytes per generated token = (expert + spine"
           f" bytes read) / completion tokens, prefill included")
-    print(f"{'config':14} {'tok/s':>7} {'x off':>6} {'bytes/tok':>11} {'off/this':>8} {'spine/tok':>10} "
-          f"{'expert/tok':>10} {'ids/pass':>8} {'accept':>7} {'io wait':>7}")
+    print(f"{'config':14} {'tok/s':>7} {'x off':>6} {'(rounds)':>11} {'bytes/tok':>11} {'off/this':>8} "
+          f"{'spine/tok':>10} {'expert/tok':>10} {'ids/pass':>8} {'accept':>7} {'io wait':>7}")
     for name, _ in configs:
         m = med[name]
         acc = m["accepted"] / m["proposed"] if m["proposed"] else 0.0
-        print(f"{name:14} {m['tps']:7.2f} {m['tps'] / base['tps']:6.2f} {m['bytes']:11.0f} "
-              f"{(base['bytes'] / m['bytes']) if m['bytes'] else 0:8.2f} {m['sbytes']:10.0f} "
-              f"{m['xbytes']:10.0f} {m['tpp']:8.2f} {acc:7.2f} {m['io']:7.3f}")
+        # the same round's ratio to off, then its median and range
+        rr = sorted(x["tps"] / o["tps"] for x, o in zip(res[name], res["off"]) if o["tps"])
+        rng = f"{rr[0]:.2f}-{rr[-1]:.2f}" if rr else "-"
+        print(f"{name:14} {m['tps']:7.2f} {statistics.median(rr) if rr else 0:6.2f} {rng:>11} "
+              f"{m['bytes']:11.0f} {(base['bytes'] / m['bytes']) if m['bytes'] else 0:8.2f} "
+              f"{m['sbytes']:10.0f} {m['xbytes']:10.0f} {m['tpp']:8.2f} {acc:7.2f} {m['io']:7.3f}")
     shutil.rmtree(tmp, ignore_errors=True)     # a --keep model lives outside it
     return 0
 
