@@ -22,10 +22,10 @@ emulated drive of the spine issue); without it reads hit the real disk
 (O_DIRECT where the file system allows it, else the page cache).
 """
 import argparse
+import json
 import os
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -37,8 +37,19 @@ from k3proto import T, connect, f64, field, frame, ids_field, read_frame, u32, u
 NAMES = {v: k for k, v in T.items()}
 
 
-def generate(sock, prompt, max_new, draft=None):
-    p = field(1, 0) + ids_field(3, prompt) + field(8, max_new)
+def generate(sock, ids=None, max_new=64, draft=None, chat=None, prompt=None):
+    """One GENERATE (raw ids, raw text, or chat {"messages", "tools"}); returns
+    (generated ids, DONE fields)."""
+    p = field(1, 1 if chat else 0)
+    if chat:
+        p += field(4, json.dumps(chat["messages"]))
+        if "tools" in chat:
+            p += field(5, json.dumps(chat["tools"]))
+    elif prompt is not None:
+        p += field(2, prompt)
+    else:
+        p += ids_field(3, ids)
+    p += field(8, max_new)
     if draft is not None:
         p += field(13, draft)
     c = connect(sock)

@@ -10,19 +10,16 @@ asserts.
     bench_draft_chat.py K3D K3CTL [--width N] [--threads N]
 """
 import argparse
-import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from k3proto import T, connect, f64, field, frame, ids_field, read_frame, u32, u64, unpack_ids  # noqa
-
-NAMES = {v: k for k, v in T.items()}
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_draft import K3d, generate  # noqa
+from k3proto import f64, u32, u64  # noqa
 TOOLS = [{"type": "function", "function": {
     "name": n, "description": d,
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
@@ -51,44 +48,6 @@ CASES = (
 RAW = [("raw: capitals", "The capital of France is Paris. The capital of Japan is Tokyo. The capital of")]
 
 
-def generate(sock, chat=None, prompt=None, max_new=64, draft=None):
-    p = field(1, 1 if chat else 0)
-    if chat:
-        p += field(4, json.dumps(chat["messages"]))
-        if "tools" in chat:
-            p += field(5, json.dumps(chat["tools"]))
-    else:
-        p += field(2, prompt)
-    p += field(8, max_new)
-    if draft is not None:
-        p += field(13, draft)
-    c = connect(sock)
-    c.sendall(frame(T["GENERATE"], 1, p))
-    out = []
-    while True:
-        t, _, f = read_frame(c, 600)
-        name = NAMES.get(t)
-        if name == "TOKEN":
-            out += unpack_ids(f[1][0])
-        elif name == "DONE":
-            c.close()
-            return out, f
-        elif name == "ERROR":
-            raise RuntimeError(f[2][0].decode())
-
-
-def start(k3d, d, name, model, args):
-    sock, log = os.path.join(d, name + ".sock"), open(os.path.join(d, name + ".log"), "w")
-    p = subprocess.Popen([k3d, "--socket", sock, "--model", model, *args], stderr=log,
-                         stdin=subprocess.DEVNULL)
-    end = time.time() + 60
-    while "ready:" not in open(log.name).read():
-        if p.poll() is not None or time.time() > end:
-            raise RuntimeError(open(log.name).read())
-        time.sleep(0.05)
-    return p, sock
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("k3d")
@@ -105,7 +64,7 @@ def main():
     configs = [("off", ["--draft", "off"]), ("ngram policy", ["--draft", "ngram"]),
                ("ngram width %d" % (a.width + 1), ["--draft", "ngram", "--draft-width", str(a.width)])]
     for name, args in configs:
-        procs[name] = start(a.k3d, tmp, name.replace(" ", "_"), model, common + args)
+        procs[name] = K3d(a.k3d, tmp, name.replace(" ", "_"), model, common + args)
     load0 = os.getloadavg()[0]
     rows = []
     try:
@@ -113,9 +72,9 @@ def main():
             res = {}
             for name, _ in configs:
                 if isinstance(case, str):
-                    res[name] = generate(procs[name][1], prompt=case)
+                    res[name] = generate(procs[name].sock, prompt=case)
                 else:
-                    res[name] = generate(procs[name][1], chat=case)
+                    res[name] = generate(procs[name].sock, chat=case)
             base = res["off"][0]
             for name, _ in configs[1:]:
                 ids, f = res[name]
@@ -125,9 +84,8 @@ def main():
                              u64(f, 27) or 0, u64(f, 28) or 0, f64(f, 10) or 0,
                              f64(res["off"][1], 10) or 0))
     finally:
-        for p, _ in procs.values():
-            p.terminate()
-            p.wait(30)
+        for d in procs.values():
+            d.stop()
     print(f"# bench_draft_chat: the trained demo model, {a.threads} thread(s), load {load0:.1f} -> "
           f"{os.getloadavg()[0]:.1f}; ids equal drafting off unless marked !!")
     print(f"{'request':26} {'config':14} {'ids':>4} {'passes':>6} {'ids/pass':>8} {'accepted':>9} "

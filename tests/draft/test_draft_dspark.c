@@ -89,37 +89,40 @@ static void refused(struct k3_engine *e, const char *file, const char *from, con
 
 static void corrupt_cases(struct k3_engine *e)
 {
-	/* config.json */
-	refused(e, "config.json", "\"k3_dspark\"", "\"deepseek_v2\"", -EINVAL,
-		"model_type \"deepseek_v2\" is not \"k3_dspark\"");
-	refused(e, "config.json", "\"rms_norm_eps\"", "\"rms_norm_epz\"", -EINVAL,
-		"'rms_norm_eps' is missing");
-	refused(e, "config.json", "\"yarn\"", "\"ntk\"", -EINVAL,
-		"rope_parameters.rope_type 'ntk' is not supported");
-	refused(e, "config.json", "\"beta_fast\"", "\"beta_fist\"", -EINVAL,
-		"rope_parameters: config.json: 'beta_fast' is missing");
-	refused(e, "config.json", "\"target_num_hidden_layers\": 9", "\"target_num_hidden_layers\": 93",
-		-EINVAL, "made for a target with hidden size 128 and 93 layers; this model has 128 and 9");
-	refused(e, "config.json", "\"target_layer_ids\": [\n    0", "\"target_layer_ids\": [\n    3", -EINVAL,
-		"target_layer_ids[1] must be a layer index below target_num_hidden_layers 9, above the one before");
-	refused(e, "config.json", "\"mla_use_nope\": false", "\"mla_use_nope\": true", -EINVAL,
-		"mla_use_nope true is not a DSpark draft");
-	refused(e, "config.json", "\"mask_token_id\": 2301", "\"mask_token_id\": 9999", -EINVAL,
-		"mask_token_id 9999 is outside the vocabulary (2304 ids)");
-	refused(e, "config.json", "\"qk_rope_head_dim\": 16", "\"qk_rope_head_dim\": 15", -EINVAL,
-		"qk_rope_head_dim 15 must be even");
-	refused(e, "config.json", "\"draft_vocab_size\": 2304", "\"draft_vocab_size\": 1000", -EINVAL,
-		"draft_vocab_size 1000 differs from vocab_size 2304");
-	refused(e, "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3", -EINVAL,
-		"tensor 'layers.2.input_layernorm.weight' is missing");
-	/* the tensor table (same-length edits of the safetensors header) */
-	refused(e, "model.safetensors", "\"final_norm.weight\"", "\"final_norX.weight\"", -EINVAL,
-		"tensor 'final_norX.weight' is not part of the DSpark format");
-	refused(e, "model.safetensors", "\"layers.1.mlp.up_proj.weight\"", "\"layers.1.mlp.up_prox.weight\"",
-		-EINVAL, "tensor 'layers.1.mlp.up_prox.weight' is not part of the DSpark format");
-	refused(e, "model.safetensors", "\"layers.0.self_attn.kv_b_proj.weight\":{\"dtype\":\"BF16\"",
-		"\"layers.0.self_attn.kv_b_proj.weight\":{\"dtype\":\"F16\" ", -EINVAL,
-		"tensor 'layers.0.self_attn.kv_b_proj.weight' must be BF16 [128, 32]");
+	/* one edit each: the file, what is replaced and by what, and what the
+	 * message must say (config.json, then the tensor table through
+	 * same-length edits of the safetensors header) */
+	static const struct { const char *file, *from, *to, *want; } cases[] = {
+		{ "config.json", "\"k3_dspark\"", "\"deepseek_v2\"",
+		  "model_type \"deepseek_v2\" is not \"k3_dspark\"" },
+		{ "config.json", "\"rms_norm_eps\"", "\"rms_norm_epz\"", "'rms_norm_eps' is missing" },
+		{ "config.json", "\"yarn\"", "\"ntk\"", "rope_parameters.rope_type 'ntk' is not supported" },
+		{ "config.json", "\"beta_fast\"", "\"beta_fist\"",
+		  "rope_parameters: config.json: 'beta_fast' is missing" },
+		{ "config.json", "\"target_num_hidden_layers\": 9", "\"target_num_hidden_layers\": 93",
+		  "made for a target with hidden size 128 and 93 layers; this model has 128 and 9" },
+		{ "config.json", "\"target_layer_ids\": [\n    0", "\"target_layer_ids\": [\n    3",
+		  "target_layer_ids[1] must be a layer index below target_num_hidden_layers 9, above the one before" },
+		{ "config.json", "\"mla_use_nope\": false", "\"mla_use_nope\": true",
+		  "mla_use_nope true is not a DSpark draft" },
+		{ "config.json", "\"mask_token_id\": 2301", "\"mask_token_id\": 9999",
+		  "mask_token_id 9999 is outside the vocabulary (2304 ids)" },
+		{ "config.json", "\"qk_rope_head_dim\": 16", "\"qk_rope_head_dim\": 15",
+		  "qk_rope_head_dim 15 must be even" },
+		{ "config.json", "\"draft_vocab_size\": 2304", "\"draft_vocab_size\": 1000",
+		  "draft_vocab_size 1000 differs from vocab_size 2304" },
+		{ "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3",
+		  "tensor 'layers.2.input_layernorm.weight' is missing" },
+		{ "model.safetensors", "\"final_norm.weight\"", "\"final_norX.weight\"",
+		  "tensor 'final_norX.weight' is not part of the DSpark format" },
+		{ "model.safetensors", "\"layers.1.mlp.up_proj.weight\"", "\"layers.1.mlp.up_prox.weight\"",
+		  "tensor 'layers.1.mlp.up_prox.weight' is not part of the DSpark format" },
+		{ "model.safetensors", "\"layers.0.self_attn.kv_b_proj.weight\":{\"dtype\":\"BF16\"",
+		  "\"layers.0.self_attn.kv_b_proj.weight\":{\"dtype\":\"F16\" ",
+		  "tensor 'layers.0.self_attn.kv_b_proj.weight' must be BF16 [128, 32]" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		refused(e, cases[i].file, cases[i].from, cases[i].to, -EINVAL, cases[i].want);
 	/* truncated shard: the safetensors reader says so */
 	char path[256], bad[128];
 	struct k3_err err = { 0 };
