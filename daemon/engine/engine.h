@@ -36,6 +36,9 @@ struct k3_engine_opts {
 	uint32_t max_chunk;          /* positions per provider call; 0 = 64 */
 	bool reference;              /* provider's scalar reference path */
 	bool split_all;              /* split even tiny ops across threads (tests) */
+	/* Device expert tier of the provider (k3_prov_open_args,
+	 * expert_tier_bytes): 0 = auto, UINT64_MAX = none. */
+	uint64_t vram_cache_bytes;
 };
 
 /*
