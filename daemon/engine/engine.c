@@ -400,6 +400,12 @@ int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *
 	return rc ? prov_err(e, err, rc, &st) : 0;
 }
 
+const struct k3_provider *k3_engine_provider(const struct k3_engine *e, k3_prov_model **pm)
+{
+	*pm = e->pm;
+	return e->prov;
+}
+
 uint32_t k3_engine_vocab(const struct k3_engine *e) { return e->V; }
 uint32_t k3_engine_top_k(const struct k3_engine *e) { return e->K; }
 uint32_t k3_engine_n_moe(const struct k3_engine *e) { return e->n_moe; }

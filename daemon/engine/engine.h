@@ -147,6 +147,10 @@ void k3_engine_set_cancel(struct k3_engine *e, const atomic_bool *flag);
 /* Compute threads for later calls (1..256). */
 int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *err);
 
+/* The provider the engine opened and its model handle (owned by the
+ * engine): tests drive single ops of two providers through them. */
+const struct k3_provider *k3_engine_provider(const struct k3_engine *e, k3_prov_model **pm);
+
 uint32_t k3_engine_vocab(const struct k3_engine *e);
 uint32_t k3_engine_top_k(const struct k3_engine *e);
 /* Number of MoE layers and their 0-based layer indices, ascending. */

@@ -68,7 +68,8 @@ uint64_t k3_vram_budget(uint64_t cfg_budget, uint64_t free_b, uint64_t total_b)
 {
 	if (cfg_budget)
 		return cfg_budget;
-	uint64_t head = total_b / 100 * K3_VRAM_HEADROOM_PCT;
+	uint64_t head = total_b / 100 * K3_VRAM_HEADROOM_PCT +
+			total_b % 100 * K3_VRAM_HEADROOM_PCT / 100;
 	if (head < K3_VRAM_HEADROOM_MIN)
 		head = K3_VRAM_HEADROOM_MIN;
 	return free_b > head ? free_b - head : 0;
