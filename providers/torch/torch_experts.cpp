@@ -82,9 +82,11 @@ void host_rows(Model &m, const uint8_t *const w[K3_VRAM_ARRAYS], uint32_t first,
 	if (k3_kern_matmul_many(m.pool, 2, jobs))
 		fail(-EINVAL, "expert product W1/W3 refused (shape)");
 	auto opt = at::TensorOptions().dtype(at::kFloat);
-	at::Tensor gt = at::from_blob(g, {(int64_t)n, (int64_t)I}, opt);
-	at::Tensor ut = at::from_blob(u, {(int64_t)n, (int64_t)I}, opt);
-	gt.copy_(situ(m, gt, ut));
+	by_rows(m, n, [&](uint32_t r0, uint32_t nr) {
+		at::Tensor gt = at::from_blob(g + r0 * I, {(int64_t)nr, (int64_t)I}, opt);
+		at::Tensor ut = at::from_blob(u + r0 * I, {(int64_t)nr, (int64_t)I}, opt);
+		gt.copy_(situ(m, gt, ut));
+	});
 	if (k3_kern_matmul(m.pool, &w2, 0, lat, n, g, I, &r.y[first * lat], lat))
 		fail(-EINVAL, "expert product W2 refused (shape)");
 }
@@ -238,13 +240,16 @@ void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool
 							 at::TensorOptions().dtype(at::kLong)))
 				 .view({T, K, lat});
 	at::Tensor w = at::from_blob(wk.data(), {T, K}, opt);
-	at::Tensor ys = sel.select(1, 0) * w.select(1, 0).unsqueeze(1);
-	for (int64_t k = 1; k < K; k++)
-		ys = ys + sel.select(1, k) * w.select(1, k).unsqueeze(1);
-	if (!m.dev.is_cpu())
-		ys = ys.to(m.dev);
-	at::Tensor ylat = rmsnorm(ys, L.lnorm, c.rms_eps);
-	put(out, linear(m, ylat, L.lup), K3_PROV_OUT_ACCUMULATE);
+	by_rows(m, (uint32_t)T, [&](uint32_t t0, uint32_t nt) {
+		at::Tensor st = sel.narrow(0, t0, nt), wt = w.narrow(0, t0, nt);
+		at::Tensor ys = st.select(1, 0) * wt.select(1, 0).unsqueeze(1);
+		for (int64_t k = 1; k < K; k++)
+			ys = ys + st.select(1, k) * wt.select(1, k).unsqueeze(1);
+		if (!m.dev.is_cpu())
+			ys = ys.to(m.dev);
+		at::Tensor ylat = rmsnorm(ys, L.lnorm, c.rms_eps);
+		put(out + (size_t)t0 * c.hidden, linear(m, ylat, L.lup), K3_PROV_OUT_ACCUMULATE);
+	});
 }
 
 }  // namespace k3t

@@ -69,7 +69,7 @@ struct Model {
 	k3_prov_config cfg{};
 	uint32_t max_batch = 0, threads = 1;
 	bool split_all = false;
-	bool per_row = true;     /* products one position at a time (batch invariance) */
+	bool per_row = true;     /* every op one position at a time (batch invariance) */
 	at::Device dev{at::kCPU};
 	at::TensorOptions f32;   /* fp32 on dev */
 	uint32_t P = 0, qhd = 0;
@@ -102,6 +102,23 @@ struct MlaCache {
 	uint32_t layer, len = 0, cap = 0, row = 0;
 	at::Tensor rows;         /* [cap][row] */
 };
+
+/* Runs body(t0, n) over positions [0, T): one position at a time when
+ * m.per_row, else in one piece. Row t of an ATen product over [T][n]
+ * differs from the same row alone (OpenBLAS sgemm picks its kernel and
+ * blocking by T), and an element-wise kernel handles the bulk of a tensor
+ * with vector code and its tail with scalar code, so an element's bits
+ * could depend on where it sits in a chunk; a tensor of one position has
+ * the same shape whatever T is. */
+template <class F> void by_rows(const Model &m, uint32_t T, F &&body)
+{
+	if (!m.per_row) {
+		body(0u, T);
+		return;
+	}
+	for (uint32_t t = 0; t < T; t++)
+		body(t, 1u);
+}
 
 /* y[T][out] = x[T][in] W^T (fp32), one fixed order per position. */
 at::Tensor linear(const Model &m, const at::Tensor &x, const at::Tensor &W);

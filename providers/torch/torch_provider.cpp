@@ -9,10 +9,12 @@
  * computes on the device and hands host fp32 back (the ABI's rule; a
  * device provider keeps its own mirrors of the sequence state only).
  *
- * Batch invariance: the products run one position at a time (at::mv per
- * row, `per_row`), and KDA and MLA are per-position loops, so position t's
- * arithmetic does not depend on T. ATen's batched matmul does not keep
- * that (measured, docs/providers.md), so it is not used for products.
+ * Batch invariance: every op runs one position at a time (`per_row`,
+ * by_rows in torch_internal.h; products as at::mv), so position t's
+ * arithmetic does not depend on T. ATen's batched matmul (OpenBLAS sgemm)
+ * does not keep that: row t of a [T][n] product differs from the same row
+ * alone (measured, docs/providers.md). K3_TORCH_BATCHED=1 runs whole
+ * chunks instead (faster prefill, not batch invariant; tests only).
  *
  * The ABI boundary: every entry point is extern "C", runs its body inside
  * guard(), which turns k3t::Fail, std::bad_alloc, c10::Error and any other
@@ -381,8 +383,8 @@ int t_open(const k3_prov_open_args *a, k3_prov_model **out, k3_prov_status *st)
 		m->cfg = *a->config;
 		m->max_batch = a->max_batch;
 		m->split_all = (a->flags & K3_PROV_OPEN_SPLIT_ALL) != 0;
-		const char *gemm = getenv("K3_TORCH_GEMM");
-		m->per_row = !(gemm && strcmp(gemm, "batched") == 0);
+		const char *batched = getenv("K3_TORCH_BATCHED");
+		m->per_row = !(batched && strcmp(batched, "1") == 0);
 		if (cuda_devices() > 0)
 			m->dev = at::Device(at::kCUDA, 0);
 		m->f32 = at::TensorOptions().dtype(at::kFloat).device(m->dev);
@@ -561,16 +563,18 @@ int t_attnres_mix(k3_prov_model *m, uint32_t site, uint32_t layer, const float *
 				fail(-EINVAL, "layer %u has no AttnRes site %u", layer, site);
 		}
 		int64_t D = m->cfg.hidden;
-		std::vector<at::Tensor> cs;
-		for (uint32_t j = 0; j < n; j++)
-			cs.push_back(in(*m, cands[j], T, D));
-		at::Tensor C = at::stack(cs, 0);                     /* [n][T][D] */
-		/* spec §4.2: keys RMS-normalized without the weight (folded in
-		 * u), values the raw candidates */
-		at::Tensor r = at::rsqrt((C * C).mean(-1, true) + m->cfg.rms_eps);
-		at::Tensor s = ((C * r) * u).sum(-1);                /* [n][T] */
-		at::Tensor p = at::softmax(s, 0).unsqueeze(-1);
-		put(out, (p * C).sum(0), 0);
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
+			std::vector<at::Tensor> cs;
+			for (uint32_t j = 0; j < n; j++)
+				cs.push_back(in(*m, cands[j] + (size_t)t0 * D, nt, D));
+			at::Tensor C = at::stack(cs, 0);             /* [n][nt][D] */
+			/* spec §4.2: keys RMS-normalized without the weight
+			 * (folded in u), values the raw candidates */
+			at::Tensor r = at::rsqrt((C * C).mean(-1, true) + m->cfg.rms_eps);
+			at::Tensor s = ((C * r) * u).sum(-1);        /* [n][nt] */
+			at::Tensor p = at::softmax(s, 0).unsqueeze(-1);
+			put(out + (size_t)t0 * D, (p * C).sum(0), 0);
+		});
 	});
 }
 
@@ -599,7 +603,11 @@ int t_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 			fail(-EINVAL, "KDA state of layer %u used for layer %u", s->layer, layer);
 		const k3_prov_config &c = m->cfg;
 		int64_t H = c.kda_heads, dk = c.kda_head_dim, D = c.hidden;
-		at::Tensor x = rmsnorm(in(*m, h, T, D), L.input_norm, c.rms_eps);
+		/* the state carries from one piece to the next: T pieces of
+		 * one position are the same recurrence as one piece of T */
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
+		int64_t T = nt;
+		at::Tensor x = rmsnorm(in(*m, h + (size_t)t0 * D, T, D), L.input_norm, c.rms_eps);
 		at::Tensor qp = linear(*m, x, L.q), kp = linear(*m, x, L.k), vp = linear(*m, x, L.v);
 		at::Tensor gz = linear(*m, x, L.g), bl = linear(*m, x, L.b);
 		at::Tensor f = linear(*m, linear(*m, x, L.fa), L.fb).view({T, H, dk});
@@ -627,7 +635,8 @@ int t_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 		}
 		/* spec §5.6: per-head gated RMSNorm */
 		at::Tensor z = rmsnorm(o, L.o_norm, c.rms_eps) * at::sigmoid(gz.view({T, H, dk}));
-		put(out, linear(*m, z.reshape({T, H * dk}), L.o), flags);
+		put(out + (size_t)t0 * D, linear(*m, z.reshape({T, H * dk}), L.o), flags);
+		});
 	});
 }
 
@@ -644,7 +653,9 @@ int t_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 		int64_t H = c.mla_heads, kvl = c.kv_lora, rope = c.qk_rope, nope = c.qk_nope;
 		int64_t vh = c.v_head, qhd = m->qhd, D = c.hidden;
 		float scale = 1.0f / std::sqrt((float)qhd);
-		at::Tensor x = rmsnorm(in(*m, h, T, D), L.input_norm, c.rms_eps);
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
+		int64_t T = nt;
+		at::Tensor x = rmsnorm(in(*m, h + (size_t)t0 * D, T, D), L.input_norm, c.rms_eps);
 		at::Tensor cq = rmsnorm(linear(*m, x, L.qa), L.qa_norm, c.mla_norm_eps);
 		at::Tensor ckv = linear(*m, x, L.kva), gz = linear(*m, x, L.g);
 		at::Tensor Q = linear(*m, cq, L.qb).view({T, H, qhd});
@@ -669,7 +680,8 @@ int t_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 		}
 		/* spec §6.3: output gate before o_proj */
 		at::Tensor o = att.reshape({T, H * vh}) * at::sigmoid(gz);
-		put(out, linear(*m, o, L.o), flags);
+		put(out + (size_t)t0 * D, linear(*m, o, L.o), flags);
+		});
 	});
 }
 
@@ -679,7 +691,10 @@ int t_ffn_norm(k3_prov_model *m, uint32_t layer, const float *h2, uint32_t T, fl
 	return guard(st, [&] {
 		check_T(*m, T);
 		const Layer &L = check_layer(*m, layer, 0, 0);
-		put(x, rmsnorm(in(*m, h2, T, m->cfg.hidden), L.post_norm, m->cfg.rms_eps), 0);
+		size_t D = m->cfg.hidden;
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
+			put(x + t0 * D, rmsnorm(in(*m, h2 + t0 * D, nt, D), L.post_norm, m->cfg.rms_eps), 0);
+		});
 	});
 }
 
@@ -692,6 +707,7 @@ int t_router(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T, uint3
 		const k3_prov_config &c = m->cfg;
 		uint32_t K = c.top_k;
 		at::Tensor lg = linear(*m, in(*m, x, T, c.hidden), L.router).to(at::kCPU).contiguous();
+		/* (a product only: at::mv per position in per_row mode) */
 		/* sigmoid, biased selection (ties: lowest id) and the weights on
 		 * the host with the project's kernel: the ids go to the engine */
 		for (uint32_t t = 0; t < T; t++) {
@@ -794,9 +810,12 @@ int t_mlp(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T, float *o
 	return guard(st, [&] {
 		check_T(*m, T);
 		const Layer &L = check_layer(*m, layer, 0, 0);
-		at::Tensor xt = in(*m, x, T, m->cfg.hidden);
-		at::Tensor a = situ(*m, linear(*m, xt, L.mg), linear(*m, xt, L.mu));
-		put(out, linear(*m, a, L.md), 0);
+		size_t D = m->cfg.hidden;
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
+			at::Tensor xt = in(*m, x + t0 * D, nt, D);
+			at::Tensor a = situ(*m, linear(*m, xt, L.mg), linear(*m, xt, L.mu));
+			put(out + t0 * D, linear(*m, a, L.md), 0);
+		});
 	});
 }
 
@@ -814,8 +833,11 @@ int t_logits(k3_prov_model *m, const float *z, uint32_t T, float *out, k3_prov_s
 {
 	return guard(st, [&] {
 		check_T(*m, T);
-		at::Tensor y = rmsnorm(in(*m, z, T, m->cfg.hidden), m->norm, m->cfg.rms_eps);
-		put(out, linear(*m, y, m->lm_head), 0);
+		size_t D = m->cfg.hidden, V = m->cfg.vocab;
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
+			at::Tensor y = rmsnorm(in(*m, z + t0 * D, nt, D), m->norm, m->cfg.rms_eps);
+			put(out + t0 * V, linear(*m, y, m->lm_head), 0);
+		});
 	});
 }
 
