@@ -15,6 +15,7 @@
 #include "store/store.h"
 #include "store/store_budget.h"
 #include "k3_build_config.h"
+#include "provider_registry.h"
 #include "k3_limits.h"
 
 static const char usage[] =
@@ -41,6 +42,10 @@ static const char usage[] =
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts from the shards even when packs are valid\n"
+	"  --provider NAME      cpu (default), torch (LibTorch; a CUDA device when its\n"
+	"                       LibTorch has one) or auto (torch with a CUDA device, else cpu)\n"
+	"  --vram-cache-gb auto|off|N  device memory for routed experts (torch on a GPU),\n"
+	"                       in GB; auto = free VRAM after the model - max(2 GiB, 20%%)\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --log-level LEVEL    err, warning, notice, info (default) or debug\n"
@@ -99,7 +104,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_PROVIDER, O_VRAM };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -116,6 +121,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
+		{ "provider", required_argument, NULL, O_PROVIDER },
+		{ "vram-cache-gb", required_argument, NULL, O_VRAM },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -128,6 +135,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->frame_timeout_s = 60;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
+	opts->provider = "cpu";
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -216,6 +224,20 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
+		case O_PROVIDER:
+			if (strcmp(optarg, "auto") != 0 && !k3_provider_find(optarg, err))
+				return k3_err_prefix(err, "--provider");
+			opts->provider = optarg;
+			break;
+		case O_VRAM:
+			if (strcmp(optarg, "off") == 0) {
+				opts->vram_cache_bytes = UINT64_MAX;
+				break;
+			}
+			if ((r = k3_store_budget_parse_gb(optarg, &opts->vram_cache_bytes, err)) < 0)
+				return k3_err_set(err, r, "--vram-cache-gb must be 'auto', 'off' or a "
+						  "size above 0 in GB");
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -287,4 +309,14 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid");
+	char vram[32];
+	if (opts->vram_cache_bytes == UINT64_MAX)
+		snprintf(vram, sizeof(vram), "off");
+	else if (opts->vram_cache_bytes)
+		snprintf(vram, sizeof(vram), "%.9gGB", (double)opts->vram_cache_bytes / 1e9);
+	else
+		snprintf(vram, sizeof(vram), "auto");
+	k3_log_info("config: provider=%s%s%s vram-cache=%s", opts->provider,
+		    strcmp(opts->provider, "auto") == 0 ? " -> " : "",
+		    strcmp(opts->provider, "auto") == 0 ? k3_provider_auto() : "", vram);
 }

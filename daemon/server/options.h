@@ -36,6 +36,9 @@ struct k3_options {
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
 	bool no_packs;                /* --no-packs: read experts from the shards */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
+	/* Providers (docs/providers.md) */
+	const char *provider;         /* --provider: "cpu" (default), "torch" or "auto" */
+	uint64_t vram_cache_bytes;    /* --vram-cache-gb: 0 = auto, UINT64_MAX = off */
 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,

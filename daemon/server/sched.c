@@ -407,7 +407,8 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	memset(&r, 0, sizeof(r));
 	r.id = k3_proto_str_of(s->model_id); r.has_id = true;
 	r.path = k3_proto_str_of(s->opts->model_dir); r.has_path = true;
-	r.provider = k3_proto_str_of("cpu"); r.has_provider = true;
+	k3_prov_model *pm;
+	r.provider = k3_proto_str_of(k3_engine_provider(s->engine, &pm)->name); r.has_provider = true;
 	r.context_length = (uint32_t)(mc->max_position_embeddings > UINT32_MAX ? UINT32_MAX :
 				      mc->max_position_embeddings);
 	r.has_context_length = true;

@@ -266,7 +266,8 @@ static void log_model(const struct k3_sched *s)
 void sched_load(struct k3_sched *s)
 {
 	struct k3_err err = { 0, "" };
-	struct k3_engine_opts eo = { .threads = s->opts->threads };
+	struct k3_engine_opts eo = { .threads = s->opts->threads, .provider = s->opts->provider,
+				     .vram_cache_bytes = s->opts->vram_cache_bytes };
 	const char *dir = s->opts->model_dir;
 	const char *base;
 	char msg[K3_ERR_MSG_MAX + 64];
