@@ -109,8 +109,13 @@ void experts_open(Model &m, uint64_t budget)
 	if (!c.n_experts || budget == UINT64_MAX || (m.dev.is_cpu() && budget == 0))
 		return;
 	if (!m.dev.is_cpu()) {
+#if K3_TORCH_CUDA
+		if (!dx_open(m, budget))
+			m.tier_warned = true;   /* dx_open said why */
+#else
 		/* a device tier needs the CUDA expert kernels (torch_cuda.cpp) */
-		tier_off(m, "this build has no CUDA expert kernels");
+		tier_off(m, "this build has no CUDA expert kernels (kernels/cuda)");
+#endif
 		return;
 	}
 	m.host_dev.total_bytes = budget;
@@ -131,6 +136,9 @@ void experts_open(Model &m, uint64_t budget)
 
 void experts_close(Model &m)
 {
+#if K3_TORCH_CUDA
+	dx_close(m);
+#endif
 	k3_vram_free(m.tier);
 	m.tier = nullptr;
 	k3_kern_pool_free(m.pool);
@@ -153,6 +161,10 @@ void experts_resident(Model &m, uint32_t layer, const uint32_t *ids, size_t n, u
 
 void routed_begin(Model &m, uint32_t layer, const float *x, uint32_t T, const uint32_t *ids)
 {
+#if K3_TORCH_CUDA
+	if (m.dx && m.tier)
+		return dx_begin(m, layer, x, T, ids);
+#endif
 	const k3_prov_config &c = m.cfg;
 	Routed &r = m.r;
 	const Layer &L = m.layers[layer];
@@ -167,6 +179,7 @@ void routed_begin(Model &m, uint32_t layer, const float *x, uint32_t T, const ui
 	r.T = T;
 	r.rows = 0;
 	r.open = true;
+	r.device = false;
 }
 
 void routed_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expert *span)
@@ -175,6 +188,18 @@ void routed_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expe
 	if (span && (!span->w1_packed || !span->w1_scale || !span->w3_packed || !span->w3_scale ||
 		     !span->w2_packed || !span->w2_scale))
 		fail(-EINVAL, "layer %u: expert %u has an incomplete span", layer, expert);
+#if K3_TORCH_CUDA
+	if (r.device) {
+		try {
+			return dx_expert(m, layer, expert, span);
+		} catch (const Fail &f) {
+			/* this call fails; later ones run the experts on the CPU */
+			if (f.code != -EINVAL && m.tier && k3_vram_failed(m.tier, nullptr, nullptr))
+				tier_off(m, f.msg.c_str());
+			throw;
+		}
+	}
+#endif
 	int slot = -1;
 	struct k3_err err = {};
 	if (m.tier) {
@@ -212,6 +237,10 @@ void routed_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expe
 
 void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool partial)
 {
+#if K3_TORCH_CUDA
+	if (m.r.device)
+		return dx_end(m, layer, weights, out, partial);
+#endif
 	const k3_prov_config &c = m.cfg;
 	Routed &r = m.r;
 	const Layer &L = m.layers[layer];

@@ -55,6 +55,7 @@ struct Layer {
  * one routed_experts). Host buffers: [slots][width]. */
 struct Routed {
 	bool open = false;
+	bool device = false;                 /* this call computes on the device (torch_cuda.cpp) */
 	uint32_t layer = 0, T = 0, rows = 0;
 	const uint32_t *ids = nullptr;       /* borrowed from routed_begin */
 	std::vector<uint8_t> done;           /* [T*K] slot computed */
@@ -141,6 +142,17 @@ void experts_resident(Model &m, uint32_t layer, const uint32_t *ids, size_t n, u
  * the host; UINT64_MAX = none). */
 void experts_open(Model &m, uint64_t budget_bytes);
 void experts_close(Model &m);
+
+#if K3_TORCH_CUDA
+/* torch_cuda.cpp: the routed path on a CUDA device over the VRAM tier.
+ * dx_open returns false (having logged why) when the device path cannot
+ * start: the experts then run on the CPU. */
+bool dx_open(Model &m, uint64_t budget_bytes);
+void dx_close(Model &m);
+void dx_begin(Model &m, uint32_t layer, const float *x, uint32_t T, const uint32_t *ids);
+void dx_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expert *span);
+void dx_end(Model &m, uint32_t layer, const float *weights, float *out, bool partial);
+#endif
 
 }  // namespace k3t
 
