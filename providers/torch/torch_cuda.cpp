@@ -78,6 +78,7 @@ bool dx_open(Model &m, uint64_t budget)
 		vc.array_bytes[a] = a % 2 == 0 ? n / 2 : n / 32;
 	vc.n_layers = c.n_layers;
 	vc.n_experts = c.n_experts;
+	vc.copy_pool = m.pool;
 	struct k3_err err = {};
 	if (k3_vram_new(&m.tier_dev, &vc, &m.tier, &err)) {
 		k3_log_warning("torch provider: no VRAM expert tier (%s); routed experts run on "

@@ -126,6 +126,7 @@ void experts_open(Model &m, uint64_t budget)
 		vc.array_bytes[a] = array_bytes(c, a);
 	vc.n_layers = c.n_layers;
 	vc.n_experts = c.n_experts;
+	vc.copy_pool = m.pool;
 	struct k3_err err = {};
 	if (k3_vram_new(&m.tier_dev, &vc, &m.tier, &err)) {
 		tier_off(m, err.msg);

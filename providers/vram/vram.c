@@ -341,6 +341,41 @@ static int32_t pick_resident(struct k3_vram *v, struct k3_err *err, int *rc)
 	return best;
 }
 
+enum { COPY_PIECE = 1 << 20 };
+
+/* The span's arrays into a staging buffer, in COPY_PIECE pieces that the
+ * copy pool's threads take. */
+struct stage_copy {
+	const struct k3_vram *v;
+	const uint8_t *const *src;
+	uint8_t *dst;
+	size_t first[K3_VRAM_ARRAYS + 1];   /* first piece of each array; [6] = total */
+};
+
+static void stage_copy_task(void *arg, size_t begin, size_t end)
+{
+	const struct stage_copy *c = arg;
+	for (size_t p = begin; p < end; p++) {
+		int a = 0;
+		while (p >= c->first[a + 1])
+			a++;
+		uint64_t off = (uint64_t)(p - c->first[a]) * COPY_PIECE;
+		uint64_t n = c->v->cfg.array_bytes[a] - off;
+		if (n > COPY_PIECE)
+			n = COPY_PIECE;
+		memcpy(c->dst + c->v->off[a] + off, c->src[a] + off, n);
+	}
+}
+
+static void stage_copy(const struct k3_vram *v, const uint8_t *const src[K3_VRAM_ARRAYS],
+		       uint8_t *dst)
+{
+	struct stage_copy c = { .v = v, .src = src, .dst = dst };
+	for (int a = 0; a < K3_VRAM_ARRAYS; a++)
+		c.first[a + 1] = c.first[a] + (v->cfg.array_bytes[a] + COPY_PIECE - 1) / COPY_PIECE;
+	k3_kern_pool_for(v->cfg.copy_pool, c.first[K3_VRAM_ARRAYS], 1, stage_copy_task, &c);
+}
+
 int k3_vram_load(struct k3_vram *v, uint32_t layer, uint32_t expert,
 		 const struct k3_prov_expert *span, int *slot, struct k3_err *err)
 {
@@ -379,8 +414,7 @@ int k3_vram_load(struct k3_vram *v, uint32_t layer, uint32_t expert,
 	if ((rc = wait_stage(v, b, err)) != 0)
 		return rc;
 	uint8_t *stage = v->stage[b];
-	for (int a = 0; a < K3_VRAM_ARRAYS; a++)
-		memcpy(stage + v->off[a], src[a], v->cfg.array_bytes[a]);
+	stage_copy(v, src, stage);
 	struct vram_slot *s = &v->slots[i];
 	struct k3_err e = { 0 };
 	rc = v->dev.upload(v->dev.ctx, b, s->mem, stage, v->slot_bytes, &e);

@@ -37,6 +37,7 @@
 
 #include "base/err.h"
 #include "k3_provider.h"
+#include "kern_pool.h"
 
 enum {
 	K3_VRAM_ARRAYS = 6,          /* w1 packed/scale, w3 packed/scale, w2 packed/scale */
@@ -91,6 +92,10 @@ struct k3_vram_config {
 	 * scale, w2 packed, w2 scale); the same for every expert. */
 	uint64_t array_bytes[K3_VRAM_ARRAYS];
 	uint32_t n_layers, n_experts;
+	/* Threads for the copy of a span into a staging buffer (borrowed;
+	 * NULL = the calling thread): one thread's memcpy is slower than a
+	 * PCIe 5 upload, so the copy is split in 1 MiB pieces. */
+	struct k3_kern_pool *copy_pool;
 };
 
 struct k3_vram_stats {
