@@ -7,10 +7,13 @@ k3_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # missing, so a machine that has them prints nothing here. chromium is
 # test tooling only: the gateway's CORS test drives it headless; so are the
 # aarch64 cross compiler and qemu-user, which run the NEON kernels tests.
+# libtorch-dev (LibTorch 1.13, CPU) is optional for the product: with it
+# meson's -Dtorch=auto builds the torch provider (docs/providers.md), and
+# CI tests it; about 175 extra packages, 162 MB to download, 0.7 GB unpacked.
 k3_packages="build-essential meson ninja-build pkg-config \
 libevent-dev libjansson-dev libpcre2-dev libsystemd-dev libssl-dev \
 python3 python3-venv clang systemd curl chromium \
-gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libtorch-dev"
 
 k3_install_deps() {
 	local missing="" p
