@@ -119,17 +119,10 @@ void dx_close(Model &m)
 void dx_begin(Model &m, uint32_t layer, const float *x, uint32_t T, const uint32_t *ids)
 {
 	const k3_prov_config &c = m.cfg;
-	Routed &r = m.r;
 	Experts &d = *m.dx;
 	d.z = linear(m, in(m, x, T, c.hidden), m.layers[layer].ldown);   /* [T][lat] device */
 	d.y.narrow(0, 0, (int64_t)T * c.top_k).zero_();
-	memset(r.done.data(), 0, (size_t)T * c.top_k);
-	r.ids = ids;
-	r.layer = layer;
-	r.T = T;
-	r.rows = 0;
-	r.open = true;
-	r.device = true;
+	routed_open(m, layer, T, ids, true);
 }
 
 void dx_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expert *span)
@@ -197,42 +190,10 @@ void dx_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expert *
 
 void dx_end(Model &m, uint32_t layer, const float *weights, float *out, bool partial)
 {
-	const k3_prov_config &c = m.cfg;
-	Routed &r = m.r;
-	Experts &d = *m.dx;
 	k3_cuda_status cs = {};
-	cuda_check(k3_cuda_sync(d.cmp, &cs), cs, "expert W2");
+	cuda_check(k3_cuda_sync(m.dx->cmp, &cs), cs, "expert W2");
 	k3_vram_note_fence(m.tier);
-	int64_t T = r.T, K = c.top_k, lat = c.latent;
-	size_t TK = (size_t)T * K;
-	if (!partial) {
-		r.open = false;
-		r.device = false;
-		k3_vram_step_end(m.tier);
-		for (size_t j = 0; j < TK; j++)
-			if (!r.done[j])
-				fail(-EINVAL, "layer %u: expert %u (slot %zu) was not computed", layer,
-				     r.ids[j], j);
-	}
-	std::vector<int64_t> idx(TK);
-	std::vector<float> wk(TK);
-	for (size_t j = 0; j < TK; j++) {
-		idx[j] = r.done[j] ? r.row_of[j] : 0;
-		wk[j] = r.done[j] ? weights[j] : 0.0f;
-	}
-	at::Tensor sel = d.y.index_select(0, at::from_blob(idx.data(), {(int64_t)TK},
-							   at::TensorOptions().dtype(at::kLong)).to(m.dev))
-				 .view({T, K, lat});
-	at::Tensor w = at::from_blob(wk.data(), {T, K}, at::TensorOptions().dtype(at::kFloat)).to(m.dev);
-	by_rows(m, (uint32_t)T, [&](uint32_t t0, uint32_t nt) {
-		at::Tensor st = sel.narrow(0, t0, nt), wt = w.narrow(0, t0, nt);
-		at::Tensor ys = st.select(1, 0) * wt.select(1, 0).unsqueeze(1);
-		for (int64_t k = 1; k < K; k++)
-			ys = ys + st.select(1, k) * wt.select(1, k).unsqueeze(1);
-		at::Tensor ylat = rmsnorm(ys, m.layers[layer].lnorm, c.rms_eps);
-		put(out + (size_t)t0 * c.hidden, linear(m, ylat, m.layers[layer].lup),
-		    K3_PROV_OUT_ACCUMULATE);
-	});
+	routed_sum(m, layer, m.dx->y, weights, out, partial);
 }
 
 }  // namespace k3t

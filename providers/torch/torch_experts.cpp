@@ -172,15 +172,21 @@ void routed_begin(Model &m, uint32_t layer, const float *x, uint32_t T, const ui
 	size_t TK = (size_t)T * c.top_k;
 	at::Tensor z = linear(m, in(m, x, T, c.hidden), L.ldown).to(at::kCPU).contiguous();
 	memcpy(r.z.data(), z.data_ptr<float>(), (size_t)T * c.latent * sizeof(float));
-	memset(r.done.data(), 0, TK);
 	/* rows not computed take part in a partial sum with weight 0 */
 	std::fill(r.y.begin(), r.y.begin() + TK * c.latent, 0.0f);
+	routed_open(m, layer, T, ids, false);
+}
+
+void routed_open(Model &m, uint32_t layer, uint32_t T, const uint32_t *ids, bool device)
+{
+	Routed &r = m.r;
+	memset(r.done.data(), 0, (size_t)T * m.cfg.top_k);
 	r.ids = ids;
 	r.layer = layer;
 	r.T = T;
 	r.rows = 0;
 	r.open = true;
-	r.device = false;
+	r.device = device;
 }
 
 void routed_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expert *span)
@@ -236,12 +242,9 @@ void routed_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expe
 	host_rows(m, w, first, n);
 }
 
-void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool partial)
+void routed_sum(Model &m, uint32_t layer, const at::Tensor &Y, const float *weights, float *out,
+		bool partial)
 {
-#if K3_TORCH_CUDA
-	if (m.r.device)
-		return dx_end(m, layer, weights, out, partial);
-#endif
 	const k3_prov_config &c = m.cfg;
 	Routed &r = m.r;
 	const Layer &L = m.layers[layer];
@@ -249,6 +252,7 @@ void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool
 	size_t TK = (size_t)T * K;
 	if (!partial) {
 		r.open = false;
+		r.device = false;
 		if (m.tier)
 			k3_vram_step_end(m.tier);
 		for (size_t j = 0; j < TK; j++)
@@ -264,22 +268,30 @@ void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool
 		idx[j] = r.done[j] ? r.row_of[j] : 0;
 		wk[j] = r.done[j] ? weights[j] : 0.0f;
 	}
-	auto opt = at::TensorOptions().dtype(at::kFloat);
-	at::Tensor Y = at::from_blob(r.y.data(), {(int64_t)TK, lat}, opt);
-	at::Tensor sel = Y.index_select(0, at::from_blob(idx.data(), {(int64_t)TK},
-							 at::TensorOptions().dtype(at::kLong)))
-				 .view({T, K, lat});
-	at::Tensor w = at::from_blob(wk.data(), {T, K}, opt);
+	at::Tensor it = at::from_blob(idx.data(), {(int64_t)TK}, at::TensorOptions().dtype(at::kLong));
+	at::Tensor sel = Y.index_select(0, it.to(Y.device())).view({T, K, lat});
+	at::Tensor w = at::from_blob(wk.data(), {T, K}, at::TensorOptions().dtype(at::kFloat))
+			       .to(Y.device());
 	by_rows(m, (uint32_t)T, [&](uint32_t t0, uint32_t nt) {
 		at::Tensor st = sel.narrow(0, t0, nt), wt = w.narrow(0, t0, nt);
 		at::Tensor ys = st.select(1, 0) * wt.select(1, 0).unsqueeze(1);
 		for (int64_t k = 1; k < K; k++)
 			ys = ys + st.select(1, k) * wt.select(1, k).unsqueeze(1);
-		if (!m.dev.is_cpu())
-			ys = ys.to(m.dev);
-		at::Tensor ylat = rmsnorm(ys, L.lnorm, c.rms_eps);
+		at::Tensor ylat = rmsnorm(ys.to(m.dev), L.lnorm, c.rms_eps);
 		put(out + (size_t)t0 * c.hidden, linear(m, ylat, L.lup), K3_PROV_OUT_ACCUMULATE);
 	});
+}
+
+void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool partial)
+{
+#if K3_TORCH_CUDA
+	if (m.r.device)
+		return dx_end(m, layer, weights, out, partial);
+#endif
+	size_t TK = (size_t)m.r.T * m.cfg.top_k;
+	routed_sum(m, layer, at::from_blob(m.r.y.data(), {(int64_t)TK, (int64_t)m.cfg.latent},
+					   at::TensorOptions().dtype(at::kFloat)),
+		   weights, out, partial);
 }
 
 }  // namespace k3t

@@ -137,6 +137,14 @@ void routed_begin(Model &m, uint32_t layer, const float *x, uint32_t T, const ui
 void routed_expert(Model &m, uint32_t layer, uint32_t expert, const k3_prov_expert *span);
 void routed_end(Model &m, uint32_t layer, const float *weights, float *out, bool partial);
 void experts_resident(Model &m, uint32_t layer, const uint32_t *ids, size_t n, uint8_t *res);
+/* Marks a routed call of T positions open (the state routed_expert and
+ * routed_sum read); device: its expert outputs live on the device. */
+void routed_open(Model &m, uint32_t layer, uint32_t T, const uint32_t *ids, bool device);
+/* The end of a routed call (or, partial, its sum so far): out[T][D] +=
+ * Wup(RMSNorm(sum_k w[t][k] Y[row_of[t][k]])), k ascending, from the
+ * expert outputs Y[rows][latent] on the host or the device. */
+void routed_sum(Model &m, uint32_t layer, const at::Tensor &Y, const float *weights, float *out,
+		bool partial);
 /* Sets up the expert path after the weights are in place: the host
  * kernels' pool, the tier (budget_bytes: 0 = auto on a device, none on
  * the host; UINT64_MAX = none). */

@@ -606,36 +606,36 @@ int t_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 		/* the state carries from one piece to the next: T pieces of
 		 * one position are the same recurrence as one piece of T */
 		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
-		int64_t T = nt;
-		at::Tensor x = rmsnorm(in(*m, h + (size_t)t0 * D, T, D), L.input_norm, c.rms_eps);
-		at::Tensor qp = linear(*m, x, L.q), kp = linear(*m, x, L.k), vp = linear(*m, x, L.v);
-		at::Tensor gz = linear(*m, x, L.g), bl = linear(*m, x, L.b);
-		at::Tensor f = linear(*m, linear(*m, x, L.fa), L.fb).view({T, H, dk});
-		at::Tensor wq = s->win.select(0, 0), wk = s->win.select(0, 1), wv = s->win.select(0, 2);
-		at::Tensor q = conv_silu(wq, L.conv[0], qp).view({T, H, dk});
-		at::Tensor k = conv_silu(wk, L.conv[1], kp).view({T, H, dk});
-		at::Tensor v = conv_silu(wv, L.conv[2], vp).view({T, H, dk});
-		/* spec §5.3: L2 norms (sum of squares, 1e-6 inside), 1/sqrt(dk) on q */
-		q = q * at::rsqrt((q * q).sum(-1, true) + 1e-6f) * (1.0f / std::sqrt((float)dk));
-		k = k * at::rsqrt((k * k).sum(-1, true) + 1e-6f);
-		at::Tensor beta = at::sigmoid(bl);                   /* [T][H] */
-		at::Tensor alpha = at::exp(c.gate_lower_bound *
-					   at::sigmoid(L.a_exp.view({1, H, 1}) * (f + L.dt_bias)));
-		/* spec §5.4, one position at a time: decay, predict from the
-		 * decayed state, write, read from the updated state */
-		at::Tensor S = s->S;
-		at::Tensor o = at::empty({T, H, dk}, m->f32);
-		for (int64_t t = 0; t < T; t++) {
-			at::Tensor kt = k.select(0, t), qt = q.select(0, t);   /* [H][dk] */
-			S.mul_(alpha.select(0, t).unsqueeze(2));
-			at::Tensor pred = at::bmm(kt.unsqueeze(1), S).squeeze(1);      /* [H][dv] */
-			at::Tensor u = (v.select(0, t) - pred) * beta.select(0, t).unsqueeze(1);
-			S.add_(kt.unsqueeze(2) * u.unsqueeze(1));
-			o.select(0, t).copy_(at::bmm(qt.unsqueeze(1), S).squeeze(1));
-		}
-		/* spec §5.6: per-head gated RMSNorm */
-		at::Tensor z = rmsnorm(o, L.o_norm, c.rms_eps) * at::sigmoid(gz.view({T, H, dk}));
-		put(out + (size_t)t0 * D, linear(*m, z.reshape({T, H * dk}), L.o), flags);
+			int64_t T = nt;
+			at::Tensor x = rmsnorm(in(*m, h + (size_t)t0 * D, T, D), L.input_norm, c.rms_eps);
+			at::Tensor qp = linear(*m, x, L.q), kp = linear(*m, x, L.k), vp = linear(*m, x, L.v);
+			at::Tensor gz = linear(*m, x, L.g), bl = linear(*m, x, L.b);
+			at::Tensor f = linear(*m, linear(*m, x, L.fa), L.fb).view({T, H, dk});
+			at::Tensor wq = s->win.select(0, 0), wk = s->win.select(0, 1), wv = s->win.select(0, 2);
+			at::Tensor q = conv_silu(wq, L.conv[0], qp).view({T, H, dk});
+			at::Tensor k = conv_silu(wk, L.conv[1], kp).view({T, H, dk});
+			at::Tensor v = conv_silu(wv, L.conv[2], vp).view({T, H, dk});
+			/* spec §5.3: L2 norms (sum of squares, 1e-6 inside), 1/sqrt(dk) on q */
+			q = q * at::rsqrt((q * q).sum(-1, true) + 1e-6f) * (1.0f / std::sqrt((float)dk));
+			k = k * at::rsqrt((k * k).sum(-1, true) + 1e-6f);
+			at::Tensor beta = at::sigmoid(bl);                   /* [T][H] */
+			at::Tensor alpha = at::exp(c.gate_lower_bound *
+						   at::sigmoid(L.a_exp.view({1, H, 1}) * (f + L.dt_bias)));
+			/* spec §5.4, one position at a time: decay, predict from the
+			 * decayed state, write, read from the updated state */
+			at::Tensor S = s->S;
+			at::Tensor o = at::empty({T, H, dk}, m->f32);
+			for (int64_t t = 0; t < T; t++) {
+				at::Tensor kt = k.select(0, t), qt = q.select(0, t);   /* [H][dk] */
+				S.mul_(alpha.select(0, t).unsqueeze(2));
+				at::Tensor pred = at::bmm(kt.unsqueeze(1), S).squeeze(1);      /* [H][dv] */
+				at::Tensor u = (v.select(0, t) - pred) * beta.select(0, t).unsqueeze(1);
+				S.add_(kt.unsqueeze(2) * u.unsqueeze(1));
+				o.select(0, t).copy_(at::bmm(qt.unsqueeze(1), S).squeeze(1));
+			}
+			/* spec §5.6: per-head gated RMSNorm */
+			at::Tensor z = rmsnorm(o, L.o_norm, c.rms_eps) * at::sigmoid(gz.view({T, H, dk}));
+			put(out + (size_t)t0 * D, linear(*m, z.reshape({T, H * dk}), L.o), flags);
 		});
 	});
 }
@@ -654,33 +654,33 @@ int t_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 		int64_t vh = c.v_head, qhd = m->qhd, D = c.hidden;
 		float scale = 1.0f / std::sqrt((float)qhd);
 		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
-		int64_t T = nt;
-		at::Tensor x = rmsnorm(in(*m, h + (size_t)t0 * D, T, D), L.input_norm, c.rms_eps);
-		at::Tensor cq = rmsnorm(linear(*m, x, L.qa), L.qa_norm, c.mla_norm_eps);
-		at::Tensor ckv = linear(*m, x, L.kva), gz = linear(*m, x, L.g);
-		at::Tensor Q = linear(*m, cq, L.qb).view({T, H, qhd});
-		uint32_t len0 = cache->len;
-		at::Tensor dst = cache->rows.slice(0, len0, len0 + T);
-		dst.slice(1, 0, kvl).copy_(rmsnorm(ckv.slice(1, 0, kvl), L.kva_norm, c.mla_norm_eps));
-		dst.slice(1, kvl, kvl + rope).copy_(ckv.slice(1, kvl, kvl + rope));
-		cache->len = len0 + T;
-		at::Tensor att = at::empty({T, H, vh}, m->f32);
-		for (int64_t t = 0; t < T; t++) {
-			int64_t n = len0 + t + 1;                /* causal: rows 0..len0+t */
-			at::Tensor Qt = Q.select(0, t);          /* [H][qhd] */
-			/* spec §6.5, absorbed: qa_h = WUK_h^T qn_h, scores against
-			 * [c | kr] of every cached row, cbar_h = sum_s p(s) c(s),
-			 * o_h = WUV_h cbar_h */
-			at::Tensor qa = at::bmm(Qt.slice(1, 0, nope).unsqueeze(1), L.wuk).squeeze(1);
-			at::Tensor q = at::cat({qa, Qt.slice(1, nope, qhd)}, 1);     /* [H][row] */
-			at::Tensor rows = cache->rows.slice(0, 0, n);
-			at::Tensor p = at::softmax(at::mm(q, rows.t()) * scale, 1);  /* [H][n] */
-			at::Tensor cbar = at::mm(p, rows.slice(1, 0, kvl));           /* [H][kvl] */
-			att.select(0, t).copy_(at::bmm(L.wuv, cbar.unsqueeze(2)).squeeze(2));
-		}
-		/* spec §6.3: output gate before o_proj */
-		at::Tensor o = att.reshape({T, H * vh}) * at::sigmoid(gz);
-		put(out + (size_t)t0 * D, linear(*m, o, L.o), flags);
+			int64_t T = nt;
+			at::Tensor x = rmsnorm(in(*m, h + (size_t)t0 * D, T, D), L.input_norm, c.rms_eps);
+			at::Tensor cq = rmsnorm(linear(*m, x, L.qa), L.qa_norm, c.mla_norm_eps);
+			at::Tensor ckv = linear(*m, x, L.kva), gz = linear(*m, x, L.g);
+			at::Tensor Q = linear(*m, cq, L.qb).view({T, H, qhd});
+			uint32_t len0 = cache->len;
+			at::Tensor dst = cache->rows.slice(0, len0, len0 + T);
+			dst.slice(1, 0, kvl).copy_(rmsnorm(ckv.slice(1, 0, kvl), L.kva_norm, c.mla_norm_eps));
+			dst.slice(1, kvl, kvl + rope).copy_(ckv.slice(1, kvl, kvl + rope));
+			cache->len = len0 + T;
+			at::Tensor att = at::empty({T, H, vh}, m->f32);
+			for (int64_t t = 0; t < T; t++) {
+				int64_t n = len0 + t + 1;                /* causal: rows 0..len0+t */
+				at::Tensor Qt = Q.select(0, t);          /* [H][qhd] */
+				/* spec §6.5, absorbed: qa_h = WUK_h^T qn_h, scores against
+				 * [c | kr] of every cached row, cbar_h = sum_s p(s) c(s),
+				 * o_h = WUV_h cbar_h */
+				at::Tensor qa = at::bmm(Qt.slice(1, 0, nope).unsqueeze(1), L.wuk).squeeze(1);
+				at::Tensor q = at::cat({qa, Qt.slice(1, nope, qhd)}, 1);     /* [H][row] */
+				at::Tensor rows = cache->rows.slice(0, 0, n);
+				at::Tensor p = at::softmax(at::mm(q, rows.t()) * scale, 1);  /* [H][n] */
+				at::Tensor cbar = at::mm(p, rows.slice(1, 0, kvl));           /* [H][kvl] */
+				att.select(0, t).copy_(at::bmm(L.wuv, cbar.unsqueeze(2)).squeeze(2));
+			}
+			/* spec §6.3: output gate before o_proj */
+			at::Tensor o = att.reshape({T, H * vh}) * at::sigmoid(gz);
+			put(out + (size_t)t0 * D, linear(*m, o, L.o), flags);
 		});
 	});
 }

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 
 #include "t.h"
+#include "t_json.h"
 
 #include "engine/engine.h"
 #include "model/model.h"
@@ -49,19 +50,6 @@ static double rel_l2f(const float *a, const float *b, size_t n)
 		den += (double)b[i] * b[i];
 	}
 	return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double rel_l2j(const float *got, json_t *ref, uint32_t n)
-{
-	double num = 0.0, den = 0.0;
-	if (!json_is_array(ref) || json_array_size(ref) != n)
-		return INFINITY;
-	for (uint32_t i = 0; i < n; i++) {
-		double r = json_number_value(json_array_get(ref, i));
-		num += (got[i] - r) * (got[i] - r);
-		den += r * r;
-	}
-	return sqrt(num) / sqrt(den);
 }
 
 /* One provider's run of a golden case: prompt logits of every position,
@@ -172,7 +160,7 @@ static void golden_case(const char *name, const char *prompt_name)
 				vs_cpu = r;
 			json_t *ref = p < T ? json_array_get(all, p)
 				   : json_object_get(json_array_get(per, p - T + 1), "logits");
-			double rg = rel_l2j(t.logits + (size_t)p * V, ref, V);
+			double rg = t_rel_l2_json(t.logits + (size_t)p * V, ref, V);
 			if (rg > vs_golden)
 				vs_golden = rg;
 		}
