@@ -59,6 +59,22 @@ k3_install_arm64_deps() {
 			--no-install-recommends $k3_arm64_packages >/dev/null
 }
 
+# k3_cuda_toolkit DIR: a CUDA toolkit for building (not running) the CUDA
+# kernels on a machine without one: nvcc, its headers and the static
+# runtime from NVIDIA's PyPI wheels, in a virtualenv at DIR. Sets
+# k3_cuda_bin to the folder holding nvcc. A machine with a GPU uses its own
+# toolkit (tests/device/run.sh).
+k3_cuda_toolkit() {
+	local dir=$1
+	k3_cuda_bin="$dir/lib/python3.11/site-packages/nvidia/cu13/bin"
+	[ -x "$k3_cuda_bin/nvcc" ] && return 0
+	python3 -m venv "$dir" &&
+		"$dir/bin/pip" install -q nvidia-cuda-nvcc==13.5.37 nvidia-cuda-runtime==13.5.37 \
+			nvidia-cuda-crt==13.5.37 nvidia-nvvm==13.5.37 &&
+		k3_cuda_bin=$(dirname "$(find "$dir" -path '*/nvidia/*/bin/nvcc' | head -1)") &&
+		[ -x "$k3_cuda_bin/nvcc" ]
+}
+
 # k3_build DIR [meson options...]: configure (once) and build quietly; the
 # build's output is shown only when it fails.
 k3_build() {
