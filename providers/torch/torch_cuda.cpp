@@ -17,7 +17,7 @@
  */
 #include "torch/torch_internal.h"
 
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cerrno>
 #include <cstring>

@@ -349,7 +349,7 @@ void put(float *out, const at::Tensor &y, uint32_t flags)
 
 using namespace k3t;
 
-extern "C" int k3_torch_cuda_devices(void)
+extern "C" K3_TORCH_EXPORT int k3_torch_cuda_devices(void)
 {
 	return cuda_devices();
 }
@@ -848,7 +848,7 @@ int t_set_threads(k3_prov_model *m, uint32_t threads, k3_prov_status *st)
 
 }  // namespace
 
-extern "C" const struct k3_provider k3_provider_torch = {
+extern "C" K3_TORCH_EXPORT const struct k3_provider k3_provider_torch = {
 	.abi_version = K3_PROVIDER_ABI_VERSION,
 	.struct_size = sizeof(struct k3_provider),
 	.name = "torch",

@@ -1,7 +1,9 @@
 /*
- * torch_provider.h - the "torch" provider (providers/torch, C++17 over
- * LibTorch's ATen) as the C side sees it: the ABI table and a device probe
- * for `--provider auto`. Everything else is internal to providers/torch.
+ * torch_provider.h - the entry points of the "torch" provider module
+ * (providers/torch, C++17 over LibTorch's ATen, built as k3prov_torch.so):
+ * the ABI table and a device probe for `--provider auto`, the only symbols
+ * the module exports. The registry looks them up with dlsym
+ * (provider_registry.c); everything else is internal to providers/torch.
  *
  * The provider implements providers/k3_provider.h in fp32 through ATen on
  * the CPU or on a CUDA device (docs/providers.md). Every entry point
@@ -17,7 +19,9 @@
 extern "C" {
 #endif
 
-extern const struct k3_provider k3_provider_torch;
+#define K3_TORCH_EXPORT __attribute__((visibility("default")))
+
+extern K3_TORCH_EXPORT const struct k3_provider k3_provider_torch;
 
 /*
  * Number of CUDA devices the torch provider would compute on: 0 when the
@@ -25,7 +29,7 @@ extern const struct k3_provider k3_provider_torch;
  * present, or when K3_TORCH_DEVICE=cpu. Never throws; cheap after the
  * first call.
  */
-int k3_torch_cuda_devices(void);
+K3_TORCH_EXPORT int k3_torch_cuda_devices(void);
 
 #ifdef __cplusplus
 }

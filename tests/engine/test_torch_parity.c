@@ -35,7 +35,7 @@
 #include "store/store.h"
 #include "store/store_engine.h"
 #include "store/store_model.h"
-#include "torch/torch_provider.h"
+#include "provider_registry.h"
 #include "vram/vram.h"
 
 /* ATen's fp32 kernels and the project's differ in summation order and in
@@ -512,7 +512,7 @@ static void invariance_and_tier(struct k3_model *model)
 	 * every run equals the one without. On a CUDA device the experts run
 	 * on the device only with a tier (without one, on the CPU: other
 	 * rounding), so the budgets are compared with each other. */
-	bool device = k3_torch_cuda_devices() > 0;
+	bool device = strcmp(k3_provider_auto(), "torch") == 0;
 	const struct inv_run *want = &base;
 	if (device) {
 		inv_run(model, 16, 1, budgets[0], false, &ref);
