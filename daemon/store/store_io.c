@@ -677,8 +677,11 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* The p95 of the drive's recent timed reads, ns per planned byte; 0 with
- * too few samples. */
+/* The p95 of the drive's recent timed reads, ns per planned byte, capped
+ * at 4 x their median: a drive whose stalls reach a twentieth of its
+ * reads would otherwise have a stall for its p95 and never be hedged (the
+ * hedged ones then leave the record, k3_store_io_untime). 0 with too few
+ * samples. */
 static double p95_per_byte(const struct io_drive *d)
 {
 	double v[K3_STORE_IO_TIME_SAMPLES];
@@ -687,7 +690,8 @@ static double p95_per_byte(const struct io_drive *d)
 		return 0;
 	memcpy(v, d->sample, d->n_samples * sizeof(double));
 	qsort(v, d->n_samples, sizeof(double), cmp_double);
-	return v[(d->n_samples * 95 + 99) / 100 - 1];
+	double p95 = v[(d->n_samples * 95 + 99) / 100 - 1], p50 = v[(d->n_samples - 1) / 2];
+	return p95 < 4 * p50 ? p95 : 4 * p50;
 }
 
 void k3_store_io_drive_info_get(struct k3_store_io *io, unsigned drive,

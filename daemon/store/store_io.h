@@ -293,7 +293,8 @@ uint64_t k3_store_io_predict(struct k3_store_io *io, unsigned drive, uint64_t by
 
 /* The CLOCK_MONOTONIC time after which running job `job` (timed, on its
  * drive) is well past the drive's recent p95 read time: start + factor x
- * p95 scaled to the job's size; 0 when the drive has too few samples, the
+ * p95 scaled to the job's size (the p95 capped at 4 x the median, so that
+ * stalls of a twentieth of the reads do not become the norm); 0 when the drive has too few samples, the
  * job is not running or factor is 0. The sample of a job marked with
  * k3_store_io_untime is left out (a hedged read: its time is censored). */
 uint64_t k3_store_io_hedge_after(struct k3_store_io *io, const struct k3_store_io_job *job,
