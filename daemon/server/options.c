@@ -48,6 +48,17 @@ static const char usage[] =
 	"                       per pass into a ring of layer arenas; all = every layer\n"
 	"                       resident (read once), auto = as many as the memory\n"
 	"                       budget allows; not given: the spine stays mapped\n"
+	"  --expert-dir DIR     another drive's copy of the expert packs, full or partial\n"
+	"                       (k3ctl pack --out DIR [--layers L|--hot-experts N]);\n"
+	"                       repeatable, up to 3; each read goes to the copy that\n"
+	"                       should finish first, slow reads are hedged\n"
+	"  --hedge auto|off|F   hedge a read running F x its drive's p95 (auto: 1.5)\n"
+	"  --io-rate GBPS[,..]  emulated drive: each drive (the model directory's, then\n"
+	"                       each --expert-dir) read at GBPS over the page cache\n"
+	"  --io-latency MS[,..] emulated drive: latency per request\n"
+	"  --io-stall MS:F[,..] emulated fault: a fraction F of requests MS later\n"
+	"  --prefill-chunk auto|N  prompt positions per pass (auto: the longest whose\n"
+	"                       activations fit a sixteenth of the memory limit)\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -166,7 +177,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE,
+	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -189,6 +201,12 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
 		{ "spine-resident", required_argument, NULL, O_SPINE },
+		{ "expert-dir", required_argument, NULL, O_EXPERT_DIR },
+		{ "hedge", required_argument, NULL, O_HEDGE },
+		{ "io-rate", required_argument, NULL, O_IO_RATE },
+		{ "io-latency", required_argument, NULL, O_IO_LATENCY },
+		{ "io-stall", required_argument, NULL, O_IO_STALL },
+		{ "prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -205,6 +223,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
 	opts->spine_resident = K3_OPTIONS_SPINE_MAPPED;
+	k3_store_drive_opts_init(&opts->drives);
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -317,6 +336,37 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if ((r = k3_store_spine_parse_resident(optarg, &opts->spine_resident, err)) < 0)
 				return k3_err_prefix(err, "--spine-resident");
 			break;
+		case O_EXPERT_DIR:
+			if (opts->n_expert_dirs == K3_STORE_MAX_DRIVES - 1)
+				return k3_err_set(err, -EINVAL, "--expert-dir: at most %d",
+						  K3_STORE_MAX_DRIVES - 1);
+			opts->expert_dirs[opts->n_expert_dirs++] = optarg;
+			break;
+		case O_HEDGE:
+			if ((r = k3_store_drive_parse_hedge(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_IO_RATE:
+			if ((r = k3_store_drive_parse_rate(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_IO_LATENCY:
+			if ((r = k3_store_drive_parse_latency(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_IO_STALL:
+			if ((r = k3_store_drive_parse_stall(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_PREFILL_CHUNK:
+			if (strcmp(optarg, "auto") == 0) {
+				opts->prefill_chunk = 0;
+				break;
+			}
+			if ((r = k3_parse_u64(optarg, 1, 4096, &v, err)) < 0)
+				return k3_err_prefix(err, "--prefill-chunk ('auto' or 1..4096)");
+			opts->prefill_chunk = (uint32_t)v;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -406,4 +456,13 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid", sp);
+	char hedge[16], chunk[16];
+	if (opts->prefill_chunk)
+		snprintf(chunk, sizeof(chunk), "%u", opts->prefill_chunk);
+	else
+		snprintf(chunk, sizeof(chunk), "auto");
+	k3_log_info("config: expert-dirs=%u hedge=%s prefill-chunk=%s%s", opts->n_expert_dirs,
+		    k3_store_drive_hedge_name(&opts->drives, hedge, sizeof(hedge)), chunk,
+		    opts->drives.n_rate || opts->drives.n_latency || opts->drives.n_stall
+		    ? " emulated-drive=on" : "");
 }

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "base/err.h"
+#include "store/store_drives.h"
 
 enum { K3_OPTIONS_MAX_IDS = 32 };
 
@@ -48,6 +49,16 @@ struct k3_options {
 	 * resident and the rest streamed (docs/store.md, "Spine streaming") */
 	int32_t spine_resident;
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
+	/* Several drives (docs/store.md, "Several drives"): copies of the
+	 * packs in each --expert-dir, drives 1.. (drive 0 is the model
+	 * directory's packs or shards); the emulated drive per drive
+	 * (--io-rate, --io-latency, --io-stall) and --hedge */
+	const char *expert_dirs[K3_STORE_MAX_DRIVES - 1];
+	unsigned n_expert_dirs;
+	struct k3_store_drive_opts drives;
+	/* --prefill-chunk: prompt positions per pass; 0 = auto (the largest
+	 * whose activations fit the scratch budget, sched_load.c) */
+	uint32_t prefill_chunk;
 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,

@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "model/model.h"
 #include "store/store_budget.h"
+#include "store/store_drives.h"
 #include "store/store_model.h"
 #include "store/store_spine.h"
 #include "store/store_trace.h"
@@ -75,7 +76,7 @@ static int open_trace(struct k3_sched *s, struct k3_err *err)
 
 	if (!o->router_trace)
 		return 0;
-	per = (size_t)SCHED_PREFILL_CHUNK * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
+	per = (size_t)s->prefill_chunk * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
 	r = k3_store_trace_open(o->router_trace, 0, K3_STORE_TRACE_BUFFERED, &s->trace, err);
 	if (r < 0)
 		return r;
@@ -123,6 +124,33 @@ static uint32_t first_buffered(const struct k3_store_source *src)
 	return 0;
 }
 
+/* Each --expert-dir as the next drive's copies of the packs (docs/store.md,
+ * "Several drives"), logged with what it holds and why a pack there was
+ * refused. A directory holding no valid pack is an error: the user asked
+ * for a drive that would never be read. */
+static int add_homes(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+
+	for (unsigned i = 0; i < o->n_expert_dirs; i++) {
+		struct k3_store_home_report rep;
+		int r = k3_store_source_add_home(s->xsrc, s->model, o->expert_dirs[i], i + 1, &rep, err);
+		if (r < 0)
+			return k3_err_prefix(err, "--expert-dir '%s'", o->expert_dirs[i]);
+		if (rep.layers == 0)
+			return k3_err_set(err, -ENOENT, "--expert-dir '%s' holds no valid expert pack of"
+					  " this model (%s); write one with k3ctl pack --model DIR --out"
+					  " '%s'", o->expert_dirs[i],
+					  rep.packs_rejected ? rep.first_rejection : "no experts-L*.k3pack",
+					  o->expert_dirs[i]);
+		k3_log(rep.packs_rejected ? K3_LOG_WARNING : K3_LOG_INFO,
+		       "drive %u: %s holds %u experts of %u MoE layers%s%s", i + 1, o->expert_dirs[i],
+		       rep.experts, rep.layers, rep.packs_rejected ? "; packs rejected, first: " : "",
+		       rep.packs_rejected ? rep.first_rejection : "");
+	}
+	return 0;
+}
+
 /* The expert source (packs when valid, else shards; logged with the
  * reason), or none when the model's experts cannot be streamed (not
  * MXFP4: they stay mmapped, with a warning). */
@@ -158,7 +186,7 @@ static int open_expert_source(struct k3_sched *s, const char *packdir, bool have
 		       rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
 	else
 		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
-	return 0;
+	return add_homes(s, err);
 }
 
 /* Guesses per position: auto offers every rank (the store's precision
@@ -175,7 +203,8 @@ static struct k3_store_budget_in budget_in(const struct k3_sched *s, uint64_t sp
 
 	return (struct k3_store_budget_in){
 		.spine_bytes = spine_bytes,
-		.state_bytes = SCHED_STATE_RESERVE,
+		/* the reserve, and the activations of the longest prefill pass */
+		.state_bytes = SCHED_STATE_RESERVE + k3_engine_scratch_bytes(mc, s->prefill_chunk),
 		.slot_bytes = s->xsrc ? k3_store_source_slot_bytes(s->xsrc) : 0,
 		.floor_slots = mc->num_experts_per_token,
 		.requested_bytes = s->opts->expert_cache_bytes,
@@ -200,7 +229,7 @@ static int spine_config(struct k3_sched *s, const struct k3_store_spine_sizes *z
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->direct = (enum k3_store_direct)s->opts->direct;
 	cfg->io_threads = s->opts->io_threads;
-	cfg->max_rows = SCHED_PREFILL_CHUNK;
+	cfg->max_rows = s->prefill_chunk;
 	if (want >= 0) {
 		if ((uint32_t)want > n)
 			return k3_err_set(err, -EINVAL, "--spine-resident %d: the model has %" PRIu32
@@ -269,6 +298,30 @@ static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cf
 	return 0;
 }
 
+/* One line per drive when there are several, or when one is emulated. */
+static void log_drives(const struct k3_sched *s)
+{
+	struct k3_store_info in;
+
+	k3_store_info_get(s->store, &in);
+	for (uint32_t d = 0; d < in.n_drives; d++) {
+		const struct k3_store_io_drive_info *di = &in.drive[d];
+		if (in.n_drives == 1 && !di->emulated_rate && !di->emulated_latency_ns)
+			return;
+		char emu[96] = "";
+		if (di->emulated_rate || di->emulated_latency_ns)
+			snprintf(emu, sizeof(emu), "; emulated at %.2f GB/s, %.2f ms a request",
+				 (double)di->emulated_rate / 1e9, (double)di->emulated_latency_ns / 1e6);
+		k3_log_info("drive %u (%s): copies of %u experts, %u readers%s", d,
+			    d ? s->opts->expert_dirs[d - 1] : "the model directory", in.drive_experts[d],
+			    di->threads, emu);
+	}
+	if (in.n_drives > 1)
+		k3_log_info("reads: each to the copy predicted to finish first; %s", in.hedge_buffers
+			    ? "a read past 1.5 x (or --hedge) its drive's p95 is hedged from another copy"
+			    : "hedging off");
+}
+
 /* Creates the expert store over s->xsrc (docs/store.md, "For the engine"):
  * the RAM budget (limit - spine_bytes - state - headroom, refused below
  * one token's floor) and the reader threads. */
@@ -298,10 +351,15 @@ static int open_store(struct k3_sched *s, uint64_t spine_bytes, struct k3_err *e
 		.prefetch_slots = prefetch ? -1 : 0,
 		.prefetch_auto = pf_auto,
 		.check_scales = true,
+		/* hedge buffers only while a token's experts keep their slots */
+		.min_slots = mc->num_experts_per_token,
 	};
-	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
+	r = k3_store_drive_opts_apply(&o->drives, k3_store_source_drive_count(s->xsrc), &cfg, err);
+	if (r == 0)
+		r = k3_store_new(s->xsrc, &cfg, &s->store, err);
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");
+	log_drives(s);
 	struct k3_store_info info;
 	k3_store_info_get(s->store, &info);
 	char pfs[96];
@@ -330,6 +388,35 @@ static int open_store(struct k3_sched *s, uint64_t spine_bytes, struct k3_err *e
 	return 0;
 }
 
+/* Positions per prefill pass (docs/store.md, "Expert-major prefill"): a
+ * pass reads each layer's experts once for all its positions, so the
+ * longest the memory allows: --prefill-chunk N, or the longest (64..4096)
+ * whose activations (k3_engine_scratch_bytes) fit a sixteenth of the
+ * memory limit (min(RAM, cgroup)); they come out of the expert cache's
+ * budget. K3 on 64 GB: about 2100 positions, 4 GB. */
+static uint32_t prefill_chunk(const struct k3_sched *s)
+{
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	struct k3_store_budget_in probe = { .slot_bytes = 1, .floor_slots = 1 };
+	struct k3_store_budget_out b;
+	struct k3_err err = { 0, "" };
+	uint32_t n;
+
+	if (s->opts->prefill_chunk)
+		n = s->opts->prefill_chunk;
+	else if (k3_store_budget(&probe, &b, &err) < 0)
+		n = SCHED_PREFILL_CHUNK_MIN;
+	else {
+		uint64_t per = k3_engine_scratch_bytes(mc, 1), t = per ? b.limit_bytes / 16 / per : 0;
+		n = t < SCHED_PREFILL_CHUNK_MIN ? SCHED_PREFILL_CHUNK_MIN
+		  : t > SCHED_PREFILL_CHUNK_MAX ? SCHED_PREFILL_CHUNK_MAX : (uint32_t)t;
+	}
+	k3_log_info("prefill: up to %u positions per pass (%s; activations %.3f GB)", n,
+		    s->opts->prefill_chunk ? "--prefill-chunk" : "auto",
+		    (double)k3_engine_scratch_bytes(mc, n) / 1e9);
+	return n;
+}
+
 /* Everything between the model and the engine's first job (docs/store.md):
  * the expert source, the spine's configuration (its memory counts in the
  * expert cache's budget), the expert store, the spine loader sharing its
@@ -339,7 +426,8 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
-	struct k3_engine_opts eo = { .threads = o->threads };
+	s->prefill_chunk = prefill_chunk(s);
+	struct k3_engine_opts eo = { .threads = o->threads, .max_chunk = s->prefill_chunk };
 	struct k3_store_spine_config scfg;
 	struct k3_store_spine_sizes z;
 	struct k3_spine_source ss;
@@ -600,4 +688,107 @@ void sched_warm_run(struct k3_sched *s, struct sched_job *j)
 	k3_log_info("warmed %u of %u requested experts (%u resident now), %.1f MB read in %.2f s",
 		    loaded, j->warm_requested, resident, (double)r.bytes_read / 1e6, r.seconds);
 	j->final = sched_encode_frame(j, K3_MSG_WARM_EXPERTS_REPLY, &r);
+}
+
+/* ---- drives and the counters that add up (STATUS, DONE) ------------------------------ */
+
+/* v[0..n) as the protocol's u64 array (borrowed). */
+static struct k3_proto_u64s u64s(const uint64_t *v, uint32_t n)
+{
+	return (struct k3_proto_u64s){ n, v, NULL };
+}
+
+void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
+{
+	uint64_t *b = s->status_u64;
+	uint32_t *u = s->status_u32;
+	struct k3_store_stats st;
+	struct k3_store_info in;
+	uint32_t n;
+
+	r->prefill_chunk = s->prefill_chunk; r->has_prefill_chunk = true;
+	if (!s->store)
+		return;
+	k3_store_stats_get(s->store, &st);
+	k3_store_info_get(s->store, &in);
+	n = in.n_drives;
+	const uint64_t *cols[7] = { st.drive_bytes_read, st.drive_demand_bytes,
+				    st.drive_prefetch_used_bytes, st.drive_prefetch_wasted_bytes,
+				    NULL, st.drive_hedges, st.drive_hedges_won };
+	uint64_t spine = 0;
+	if (s->spine) {
+		struct k3_store_spine_stats ss;
+		k3_store_spine_stats_get(s->spine, &ss);
+		spine = ss.bytes_read;
+		r->spine_demand_bytes = ss.demand_bytes; r->has_spine_demand_bytes = true;
+		r->spine_wasted_bytes = ss.wasted_bytes; r->has_spine_wasted_bytes = true;
+	}
+	for (int c = 0; c < 7; c++)
+		for (uint32_t d = 0; d < n; d++)
+			/* the spine reads through drive 0's readers */
+			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d] : d == 0 ? spine : 0;
+	for (uint32_t d = 0; d < n; d++) {
+		b[7 * K3_STORE_MAX_DRIVES + d] = in.drive[d].rate_bytes_per_s;
+		b[8 * K3_STORE_MAX_DRIVES + d] = in.drive[d].p95_ns;
+		u[d] = in.drive_prefetch_on[d];
+		u[K3_STORE_MAX_DRIVES + d] = in.drive_experts[d];
+	}
+	k3_msg_status_reply_set_drive_expert_bytes_read(r, u64s(b, n));
+	k3_msg_status_reply_set_drive_expert_demand_bytes(r, u64s(b + K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_prefetch_used_bytes(r, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_prefetch_wasted_bytes(r, u64s(b + 3 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_spine_bytes_read(r, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_hedges(r, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_hedges_won(r, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_rate(r, u64s(b + 7 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_p95_ns(r, u64s(b + 8 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_prefetch_on(r, (struct k3_proto_ids){ n, u, NULL });
+	k3_msg_status_reply_set_drive_experts(r, (struct k3_proto_ids){ n, u + K3_STORE_MAX_DRIVES,
+									 NULL });
+	r->expert_demand_bytes = st.demand_bytes; r->has_expert_demand_bytes = true;
+	r->prefetch_used_bytes = st.prefetch_used_bytes; r->has_prefetch_used_bytes = true;
+	r->hedges = st.hedges; r->has_hedges = true;
+	r->hedges_won = st.hedges_won; r->has_hedges_won = true;
+}
+
+void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
+		       const struct k3_store_stats *xd, const struct k3_store_spine_stats *sd,
+		       struct k3_msg_done *done, uint64_t *b)
+{
+	done->prefill_chunk = q->chunk; done->has_prefill_chunk = true;
+	if (s->spine) {
+		done->spine_demand_bytes = sd->demand_bytes; done->has_spine_demand_bytes = true;
+		done->spine_wasted_bytes = sd->wasted_bytes; done->has_spine_wasted_bytes = true;
+	}
+	if (!s->store)
+		return;
+	struct k3_store_info in;
+	k3_store_info_get(s->store, &in);
+	uint32_t n = in.n_drives;
+	const uint64_t *cols[7] = { xd->drive_bytes_read, xd->drive_demand_bytes,
+				    xd->drive_prefetch_used_bytes, xd->drive_prefetch_wasted_bytes,
+				    NULL, xd->drive_hedges, xd->drive_hedges_won };
+	for (int c = 0; c < 7; c++)
+		for (uint32_t d = 0; d < n; d++)
+			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d]
+						       : d == 0 && s->spine ? sd->bytes_read : 0;
+	k3_msg_done_set_drive_expert_bytes_read(done, u64s(b, n));
+	k3_msg_done_set_drive_expert_demand_bytes(done, u64s(b + K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_prefetch_used_bytes(done, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_prefetch_wasted_bytes(done, u64s(b + 3 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_spine_bytes_read(done, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_hedges(done, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_hedges_won(done, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
+	done->expert_demand_bytes = xd->demand_bytes; done->has_expert_demand_bytes = true;
+	done->prefetch_used_bytes = xd->prefetch_used_bytes; done->has_prefetch_used_bytes = true;
+	done->hedges = xd->hedges; done->has_hedges = true;
+	done->hedges_won = xd->hedges_won; done->has_hedges_won = true;
+	/* the prefill's cost against one read of each distinct expert */
+	struct k3_store_stats pf;
+	k3_store_stats_sub(&q->xs_prefilled, &q->xs0, &pf);
+	done->prefill_expert_bytes = q->prefilled ? pf.bytes_read : 0;
+	done->has_prefill_expert_bytes = true;
+	done->prefill_distinct_experts = q->prefilled ? pf.distinct_experts : 0;
+	done->has_prefill_distinct_experts = true;
+	done->expert_span_bytes = in.slot_bytes; done->has_expert_span_bytes = true;
 }
