@@ -1116,6 +1116,14 @@ uint64_t k3_engine_scratch_bytes(const struct k3_model_config *mc, uint32_t T)
 	return (engine + prov) * T;
 }
 
+uint32_t k3_engine_chunk_for(const struct k3_model_config *mc, uint64_t scratch_bytes,
+			     uint32_t lo, uint32_t hi)
+{
+	uint64_t per = k3_engine_scratch_bytes(mc, 1), t = per ? scratch_bytes / per : hi;
+
+	return t < lo ? lo : t > hi ? hi : (uint32_t)t;
+}
+
 uint32_t k3_engine_argmax(const float *logits, uint32_t n)
 {
 	uint32_t best = 0;

@@ -284,6 +284,15 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
  * largest chunk whose scratch fits the budget). */
 uint64_t k3_engine_scratch_bytes(const struct k3_model_config *mc, uint32_t T);
 
+/* The share of the memory limit a prefill pass's activations may take by
+ * default (k3d --prefill-chunk auto, k3ctl bench): a sixteenth. */
+enum { K3_ENGINE_SCRATCH_SHARE = 16 };
+
+/* The longest pass, in [lo, hi] positions, whose k3_engine_scratch_bytes
+ * fit scratch_bytes (lo when none does). */
+uint32_t k3_engine_chunk_for(const struct k3_model_config *mc, uint64_t scratch_bytes,
+			     uint32_t lo, uint32_t hi);
+
 /* Index of the largest of n logits, lowest index on ties (greedy). */
 uint32_t k3_engine_argmax(const float *logits, uint32_t n);
 

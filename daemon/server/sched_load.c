@@ -406,11 +406,9 @@ static uint32_t prefill_chunk(const struct k3_sched *s)
 		n = s->opts->prefill_chunk;
 	else if (k3_store_budget(&probe, &b, &err) < 0)
 		n = SCHED_PREFILL_CHUNK_MIN;
-	else {
-		uint64_t per = k3_engine_scratch_bytes(mc, 1), t = per ? b.limit_bytes / 16 / per : 0;
-		n = t < SCHED_PREFILL_CHUNK_MIN ? SCHED_PREFILL_CHUNK_MIN
-		  : t > SCHED_PREFILL_CHUNK_MAX ? SCHED_PREFILL_CHUNK_MAX : (uint32_t)t;
-	}
+	else
+		n = k3_engine_chunk_for(mc, b.limit_bytes / K3_ENGINE_SCRATCH_SHARE,
+					SCHED_PREFILL_CHUNK_MIN, SCHED_PREFILL_CHUNK_MAX);
 	k3_log_info("prefill: up to %u positions per pass (%s; activations %.3f GB)", n,
 		    s->opts->prefill_chunk ? "--prefill-chunk" : "auto",
 		    (double)k3_engine_scratch_bytes(mc, n) / 1e9);

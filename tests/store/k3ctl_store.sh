@@ -40,6 +40,17 @@ echo "$out" | grep -q "layer 5: .*fails its SHA-256 check" || fail "damage messa
 if "$k3ctl" pack --model "$model" 2>"$t/err"; then fail "wrote into the model dir"; fi
 grep -q "read-only" "$t/err" || fail "read-only message: $(cat "$t/err")"
 
+# A copy for another drive: only the named layers' packs, no spine pack;
+# layers without routed experts, out of range, or no --out are refused.
+out=$("$k3ctl" pack --model "$model" --out "$t/copy" --layers 1-2,5)
+echo "$out" | grep -q "3 packs written, 0 kept" || fail "--layers: $out"
+[ "$(ls "$t/copy" | tr '\n' ' ')" = "experts-L001.k3pack experts-L002.k3pack experts-L005.k3pack " ] ||
+	fail "--layers files: $(ls "$t/copy")"
+"$k3ctl" pack --model "$model" --out "$t/copy" --layers 0 2>"$t/err" && fail "--layers 0 accepted"
+grep -q "layer 0 has no routed experts" "$t/err" || fail "--layers 0 message: $(cat "$t/err")"
+"$k3ctl" pack --model "$model" --out "$t/copy" --layers 3-99 2>/dev/null && fail "--layers 3-99 accepted"
+"$k3ctl" pack --model "$model" --layers 3 2>/dev/null && fail "--layers without --out accepted"
+
 # warm-expert-cache ranks a trace.
 for pos in 0 1 2; do
 	echo "{\"request\":1,\"position\":$pos,\"layer\":2,\"ids\":[7,3],\"weights\":[\"3f000000\",\"3f000000\"]}"
@@ -52,6 +63,12 @@ out=$("$k3ctl" --json warm-expert-cache --trace "$t/trace.jsonl" --show 1)
 [ "$out" = '{"records":6,"experts":6,"top":[{"layer":2,"expert":3,"uses":3,"weight_sum":1.5}]}' ] ||
 	fail "json: $out"
 "$k3ctl" warm-expert-cache --trace "$t/nope.jsonl" 2>/dev/null && fail "missing trace accepted"
+# --hot-experts N --trace FILE: packs of the N experts the trace used most
+out=$("$k3ctl" pack --model "$model" --out "$t/hot" --hot-experts 3 --trace "$t/trace.jsonl")
+echo "$out" | grep -q "hot experts: 3 of 6 used in 6 trace records" || fail "--hot-experts: $out"
+echo "$out" | grep -q "layer   2: wrote 2 experts" || fail "--hot-experts layer 2: $out"
+echo "$out" | grep -q "layer   3: wrote 1 experts" || fail "--hot-experts layer 3: $out"
+"$k3ctl" pack --model "$model" --out "$t/hot" --hot-experts 3 2>/dev/null && fail "--hot-experts without --trace"
 
 # bench: offline generation through the store; the greedy ids do not depend
 # on the cache budget (floor = 6 x 16384 bytes here) or on prefetch, and
