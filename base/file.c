@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -117,4 +119,26 @@ int k3_file_read(const char *path, size_t max, unsigned flags, char **out, size_
 	if (!is_stdin)
 		close(fd);
 	return r;
+}
+
+int k3_file_fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) != 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+int k3_file_fsync_parent(const char *path)
+{
+	char buf[PATH_MAX];
+
+	if (strlen(path) >= sizeof(buf))
+		return -ENAMETOOLONG;
+	strcpy(buf, path);
+	return k3_file_fsync_dir(dirname(buf));
 }

@@ -2,7 +2,8 @@
  * file.h - reading a whole (small) file into memory: configs, tokenizer
  * files, chat JSON. One implementation for the loaders and the command
  * line, so every caller bounds the size before it allocates and reports
- * the same clear errors.
+ * the same clear errors. And making directory entries durable (fsync of
+ * a directory) for the writers that publish files by rename.
  */
 #ifndef K3_BASE_FILE_H
 #define K3_BASE_FILE_H
@@ -32,5 +33,13 @@ enum k3_file_flags {
  */
 int k3_file_read(const char *path, size_t max, unsigned flags, char **out, size_t *len,
 		 struct k3_err *err);
+
+/* fsync(2) of directory dir, so that entries created, renamed or removed
+ * in it survive a crash. Returns 0 or a negative errno (open or fsync). */
+int k3_file_fsync_dir(const char *dir);
+
+/* k3_file_fsync_dir of the directory that holds path ("." for a bare
+ * name). -ENAMETOOLONG for a path of PATH_MAX bytes or more. */
+int k3_file_fsync_parent(const char *path);
 
 #endif

@@ -79,6 +79,7 @@ enum k3_kern_dtype {
 	K3_KERN_DT_F32 = 0,    /* float  w[rows][ld]                         */
 	K3_KERN_DT_BF16 = 1,   /* uint16 w[rows][ld] (bf16 bits)            */
 	K3_KERN_DT_MXFP4 = 2,  /* uint8 packed[rows][cols/2] + uint8 scales[rows][cols/32] (§9) */
+	K3_KERN_DT_I8 = 3,     /* int8 q[rows][ld] + float row_scales[rows] (int8 spine) */
 };
 
 /*
@@ -92,6 +93,13 @@ enum k3_kern_dtype {
  *             be 0 (rows are dense); cols % 32 == 0. Code values are the
  *             E2M1 table {0,.5,1,1.5,2,3,4,6}, bit 3 = sign (§9). Decoded in
  *             registers; no fp32 copy of W is ever made.
+ *   I8:       `data` = int8 q[rows][ld] (ld = 0 means cols), `row_scales` =
+ *             rows fp32 values (4-byte aligned): W[r][c] = q[r][c] *
+ *             row_scales[r], the row-wise int8 spine (docs/formats.md,
+ *             "int8 spine overlay"; not the checkpoint's weights).
+ *             y[r] = row_scales[r] * (sum_c q[r][c] x[c]): the scale
+ *             multiplies the finished sum (docs/kernels.md, "int8").
+ *             `scales` unused. Not accepted by k3_kern_matmul_t.
  */
 /* E2M1 code (0..15) -> value (§9), the one definition of the MXFP4 value
  * table: every ISA's decoder here, the cpu provider's reference and the
@@ -108,6 +116,7 @@ struct k3_kern_mat {
 	size_t ld;
 	const void *data;
 	const uint8_t *scales;
+	const float *row_scales;     /* I8 only */
 };
 
 /*
@@ -164,6 +173,22 @@ int k3_kern_matmul_many(struct k3_kern_pool *pool, size_t n_jobs,
  */
 int k3_kern_matmul_t(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy);
+
+/*
+ * Row-wise int8 quantization of a BF16 matrix w[rows][ld] (the int8 spine,
+ * docs/formats.md "int8 spine overlay"), per row r over its cols values:
+ *
+ *   amax = max_c |w[r][c]|,  scale[r] = amax / 127   (fp32 division)
+ *   q[r][c] = clamp(round_half_even(w[r][c] / scale[r]), -127, 127)
+ *
+ * (fp32 division; a row of zeros gets scale 0 and q 0). The rounding is
+ * done by hand, so the bytes do not depend on the FPU's rounding mode.
+ * q is dense [rows][cols], scales [rows]. Returns 0, or -EINVAL when a
+ * weight is NaN or infinite (*bad_row, may be NULL, gets its row; q and
+ * scales are then partly written). Scalar, the same on every ISA.
+ */
+int k3_kern_quantize_i8_bf16(size_t rows, size_t cols, size_t ld, const uint16_t *w,
+	int8_t *q, float *scales, size_t *bad_row);
 
 /* ------------------------------------------------------------------ */
 /* Vector ops (n elements; fixed reduction order per ISA)              */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_i8.h"
 #include "kern_ops.h"
 
 static const char *const isa_names[K3_KERN_ISA_COUNT] = {
@@ -155,6 +156,41 @@ enum k3_kern_isa k3_kern_active_isa(void)
 	return k3_kern_ops_active()->isa;
 }
 
+const struct k3_kern_i8_ops *k3_kern_i8_for(enum k3_kern_isa isa)
+{
+	if (!k3_kern_ops_for(isa))
+		return NULL;
+	switch (isa) {
+#if defined(K3_KERN_HAVE_AVX2)
+	case K3_KERN_ISA_AVX2:
+		return &k3_kern_i8_avx2;
+#endif
+#if defined(K3_KERN_HAVE_AVX512)
+	case K3_KERN_ISA_AVX512:
+		return &k3_kern_i8_avx512;
+#endif
+#if defined(K3_KERN_HAVE_NEON)
+	case K3_KERN_ISA_NEON:
+		return &k3_kern_i8_neon;
+#endif
+	default:
+		return &k3_kern_i8_ref;
+	}
+}
+
+const struct k3_kern_i8_ops *k3_kern_i8_active(void)
+{
+	/* follows the one ISA choice of the process (never mixes orders) */
+	return k3_kern_i8_for(k3_kern_active_isa());
+}
+
+/* The row function for w: the ISA's int8 table for I8, its main table
+ * otherwise. */
+static k3_kern_rows_fn rows_fn(const struct k3_kern_ops *ops, const struct k3_kern_mat *w)
+{
+	return w->dtype == K3_KERN_DT_I8 ? k3_kern_i8_for(ops->isa)->matmul_rows : ops->matmul_rows;
+}
+
 /* ------------------------------------------------------------------ */
 
 struct matmul_job {
@@ -169,7 +205,7 @@ static void matmul_task(void *ctx, size_t begin, size_t end)
 {
 	const struct matmul_job *j = ctx;
 
-	j->ops->matmul_rows(j->w, j->row_begin + begin, j->row_begin + end,
+	rows_fn(j->ops, j->w)(j->w, j->row_begin + begin, j->row_begin + end,
 		j->T, j->x, j->ldx, j->y + begin, j->ldy);
 }
 
@@ -181,6 +217,8 @@ static bool mat_ok(const struct k3_kern_mat *w)
 		return w->scales && w->ld == 0 && w->cols % 32 == 0;
 	if (w->dtype == K3_KERN_DT_F32 || w->dtype == K3_KERN_DT_BF16)
 		return w->ld == 0 || w->ld >= w->cols;
+	if (w->dtype == K3_KERN_DT_I8)
+		return w->row_scales && (w->ld == 0 || w->ld >= w->cols);
 	return false;
 }
 
@@ -227,7 +265,7 @@ static void many_task(void *ctx, size_t begin, size_t end)
 		size_t e = (end < m->start[j + 1] ? end : m->start[j + 1]) - m->start[j];
 
 		if (b < e)
-			m->ops->matmul_rows(jb->w, jb->row_begin + b, jb->row_begin + e,
+			rows_fn(m->ops, jb->w)(jb->w, jb->row_begin + b, jb->row_begin + e,
 				jb->T, jb->x, jb->ldx, jb->y + b, jb->ldy);
 	}
 }
@@ -283,7 +321,7 @@ int k3_kern_matmul_t(struct k3_kern_pool *pool, const struct k3_kern_mat *w,
 {
 	struct matmul_t_job j;
 
-	if (!mat_ok(w) || w->dtype == K3_KERN_DT_MXFP4 || !x || !y)
+	if (!mat_ok(w) || w->dtype == K3_KERN_DT_MXFP4 || w->dtype == K3_KERN_DT_I8 || !x || !y)
 		return -EINVAL;
 	if (T > 1 && (ldx < w->rows || ldy < w->cols))
 		return -EINVAL;

@@ -38,24 +38,6 @@
  * register (block sizes are compile-time constants at each call site). */
 #define K3_UNROLL _Pragma("GCC unroll 8")
 
-INLINE float hsum8(__m256 v)
-{
-	__m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-
-	a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-	a = _mm_add_ss(a, _mm_movehdup_ps(a));
-	return _mm_cvtss_f32(a);
-}
-
-/* Lanes [0, n) all-ones, the rest zero (n in 0..8). */
-INLINE __m256i tail_mask(size_t n)
-{
-	static const int32_t m[16] = { -1, -1, -1, -1, -1, -1, -1, -1,
-		0, 0, 0, 0, 0, 0, 0, 0 };
-
-	return _mm256_loadu_si256((const __m256i *)(m + 8 - n));
-}
-
 INLINE __m256 load_bf16_part(const uint16_t *p, size_t n)
 {
 	uint16_t tmp[8] = { 0 };
@@ -100,7 +82,7 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 		c += 8;                                                              \
 	}                                                                        \
 	if (c < cols) {                                                          \
-		__m256i m = tail_mask(cols - c);                                     \
+		__m256i m = fold_tail_mask8(cols - c);                                     \
 		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
 			__m256 w0 = LOADPART(wr[i] + c, cols - c);                       \
 			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
@@ -110,13 +92,13 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 	}                                                                        \
 	K3_UNROLL for (size_t i = 0; i < nr; i++)                                          \
 		K3_UNROLL for (size_t t = 0; t < nt; t++)                                      \
-			out[t * ldo + i] = hsum8(_mm256_add_ps(a0[i * nt + t],           \
+			out[t * ldo + i] = fold_hsum8(_mm256_add_ps(a0[i * nt + t],           \
 				a1[i * nt + t]));                                            \
 }
 
 INLINE __m256 load_f32_part(const float *p, size_t n)
 {
-	return _mm256_maskload_ps(p, tail_mask(n));
+	return _mm256_maskload_ps(p, fold_tail_mask8(n));
 }
 
 DEF_ROWS_DENSE(rows_bf16, uint16_t, chain_bf16x8, load_bf16_part)
@@ -232,7 +214,7 @@ INLINE void store_rows(size_t nr, size_t nt, const __m256 *acc, float *out, size
 {
 	K3_UNROLL for (size_t i = 0; i < nr; i++)
 		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = hsum8(acc[i * nt + t]);
+			out[t * ldo + i] = fold_hsum8(acc[i * nt + t]);
 }
 
 /* One 32-column group per step. perm (a compile-time constant at each call
@@ -282,7 +264,7 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
  * order: perm64_col()); reduction per pair:
  *   p0 = A_e x0 (mul), then FMA A_o x1, B_e x2, B_o x3 into p0;
  *   p1 = C_e x4 (mul), then FMA C_o x5, D_e x6, D_o x7 into p1;
- *   acc = fma(p0 + p1, scales, acc); hsum8(acc) at the end.
+ *   acc = fma(p0 + p1, scales, acc); fold_hsum8(acc) at the end.
  * Why: the shuffle ports are what bound this kernel on AVX2 (Zen 3: FP1/FP2
  * carry every shuffle and shift and FP1 half the FMAs); per 64 weights this
  * issues 8 shuffles + 1 insert instead of 10, with the same 8 shift/AND ops.

@@ -23,7 +23,7 @@
  *      p0 = w0 x0 (mul), then FMA w1 x1, w2 x2, w3 x3 into p0;
  *      p1 = w4 x4 (mul), then FMA w5 x5, w6 x6, w7 x7 into p1;
  *      acc = fma(p0 + p1, S, acc),  S lane j = 2^(s[g] - 127), g = j / 4
- *    and hsum16(acc) at the end. A last block of 32, 64 or 96 columns is
+ *    and fold_hsum16(acc) at the end. A last block of 32, 64 or 96 columns is
  *    zero-padded (codes and x); its absent groups get scale 2^-127, which
  *    only ever multiplies +0. S is exact: s << 23 is 2^(s-127) for s in
  *    1..255 (255 gives inf, as the AVX2 table does), and s = 0 is set to
@@ -54,16 +54,6 @@
 /* Full unrolling of the rows x tokens loops keeps every accumulator in a
  * register (block sizes are compile-time constants at each call site). */
 #define K3_UNROLL _Pragma("GCC unroll 8")
-
-INLINE float hsum16(__m512 v)
-{
-	__m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-	__m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-
-	a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-	a = _mm_add_ss(a, _mm_movehdup_ps(a));
-	return _mm_cvtss_f32(a);
-}
 
 /* Lanes [0, n) set (n in 0..16). */
 INLINE __mmask16 lanes(size_t n)
@@ -140,7 +130,7 @@ INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
 	}                                                                        \
 	K3_UNROLL for (size_t i = 0; i < nr; i++)                                \
 		K3_UNROLL for (size_t t = 0; t < nt; t++)                            \
-			out[t * ldo + i] = hsum16(_mm512_add_ps(a0[i * nt + t],          \
+			out[t * ldo + i] = fold_hsum16(_mm512_add_ps(a0[i * nt + t],          \
 				a1[i * nt + t]));                                            \
 }
 
@@ -288,7 +278,7 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 	}
 	K3_UNROLL for (size_t i = 0; i < nr; i++)
 		K3_UNROLL for (size_t t = 0; t < nt; t++)
-			out[t * ldo + i] = hsum16(acc[i * nt + t]);
+			out[t * ldo + i] = fold_hsum16(acc[i * nt + t]);
 }
 
 /* ------------------------------------------------------------------ */

@@ -1,7 +1,8 @@
 /*
  * x86_chain.h - internal: the x86 ops whose every output element is one
  * FMA chain in a fixed order (transposed product, axpy, KDA step), shared
- * by the AVX2 and AVX-512 ISA files. Included by each, so it compiles with
+ * by the AVX2 and AVX-512 ISA files (with x86_fold.h, the horizontal sums
+ * their row kernels end with). Included by each, so it compiles with
  * that file's -m flags; the lane width never changes an element's bits
  * (vfmadd and fmaf round once each, and an element's chain does not depend
  * on its neighbours), so both tables give the same results here.
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "kern_ops.h"
+#include "x86_fold.h"
 
 /* 8 bf16 -> 8 fp32 (exact: the bf16 bits are the top half). */
 static inline __attribute__((always_inline)) __m256 chain_bf16x8(const uint16_t *p)

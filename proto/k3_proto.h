@@ -20,7 +20,8 @@
  *   1  2026-11-29  first version.
  *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
  *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
- *      only to peers whose HELLO has K3_PROTO_CAP_JOBS.)
+ *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; spine and
+ *      spine_label: DONE 40-41, STATUS_REPLY 50-51, MODEL_INFO_REPLY 20-21.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -164,6 +165,15 @@ enum k3_proto_cancel_reason {
 enum k3_proto_job_kind { K3_JOB_GENERATE = 0, K3_JOB_WARM_EXPERTS = 1 };
 /* STATUS_REPLY.job_states */
 enum k3_proto_job_state { K3_JOB_RUNNING = 0, K3_JOB_QUEUED = 1 };
+/* DONE / STATUS_REPLY / MODEL_INFO_REPLY .spine: the weights the spine
+ * runs from (absent from daemons before it: BF16). Anything but BF16 is
+ * not the checkpoint's weights, and comes with spine_label saying so. */
+enum k3_proto_spine {
+	K3_SPINE_BF16 = 0,        /* the checkpoint's BF16 spine: weight-exact */
+	K3_SPINE_INT8 = 1,        /* row-wise int8 + per-row scale (k3d --spine int8) */
+};
+/* spine_label of K3_SPINE_INT8, as k3d sends it and clients print it. */
+#define K3_PROTO_SPINE_INT8_LABEL "int8 spine (not weight-exact)"
 /* STATUS_REPLY.state */
 enum k3_proto_state {
 	K3_STATE_LOADING = 0, K3_STATE_READY = 1, K3_STATE_DRAINING = 2,
@@ -239,6 +249,8 @@ enum k3_proto_state {
 	F(m, 36, U64, spine_loads, 0, 0) \
 	F(m, 37, U64, spine_memory_bytes, 0, 0) \
 	F(m, 38, F64, spine_io_wait_s_total, 0, 0) \
+	F(m, 50, U32, spine, 0, 0) \
+	F(m, 51, STR, spine_label, K3_LIM_NAME_MAX, 0) \
 	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
 	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
 	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \
@@ -270,7 +282,9 @@ enum k3_proto_state {
 	F(m, 9, U32, experts_per_token, 0, 0) \
 	F(m, 10, U64, params_total, 0, 0) \
 	F(m, 11, U64, bytes_total, 0, 0) \
-	F(m, 12, U64, created, 0, 0)
+	F(m, 12, U64, created, 0, 0) \
+	F(m, 20, U32, spine, 0, 0) \
+	F(m, 21, STR, spine_label, K3_LIM_NAME_MAX, 0)
 #define K3_PROTO_FIELDS_TOKENIZE(F, m) \
 	F(m, 1, STR, text, K3_LIM_TEXT_MAX, 1) \
 	F(m, 2, BOOL, special, 0, 0)
@@ -338,6 +352,8 @@ enum k3_proto_state {
 	F(m, 23, U64, spine_loads, 0, 0) \
 	F(m, 24, U64, spine_rows_read, 0, 0) \
 	F(m, 25, F64, spine_io_wait_s, 0, 0) \
+	F(m, 40, U32, spine, 0, 0) \
+	F(m, 41, STR, spine_label, K3_LIM_NAME_MAX, 0) \
 	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
 	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
 	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \

@@ -49,7 +49,23 @@ enum k3_prov_dtype {
 	K3_PROV_DTYPE_F32 = 1,
 	K3_PROV_DTYPE_BF16 = 2,
 	K3_PROV_DTYPE_U8 = 3,
+	/* A 2-D matrix [rows][cols] stored row-wise int8 with one fp32 scale
+	 * per row (the int8 spine: NOT the checkpoint's weights, see
+	 * docs/formats.md "int8 spine overlay"): data points at q[rows][cols]
+	 * int8, then at data + K3_PROV_I8_SCALE_OFFSET(rows, cols) come
+	 * [rows] fp32 scales; value[r][c] = q[r][c] * scale[r]. data must be
+	 * 4-byte aligned. Only for matrices that are the operand of a linear
+	 * op; a provider refuses it elsewhere (norms, conv taps, A_log,
+	 * dt_bias, the router bias stay BF16/F32) and says which tensor. */
+	K3_PROV_DTYPE_I8 = 4,
 };
+
+/* Byte offset of an I8 tensor's scales from its data: rows * cols rounded
+ * up to 64 (the gap is zero); the tensor's bytes are that plus 4 * rows. */
+#define K3_PROV_I8_SCALE_OFFSET(rows, cols) \
+	((((uint64_t)(rows) * (uint64_t)(cols)) + 63u) & ~(uint64_t)63u)
+#define K3_PROV_I8_BYTES(rows, cols) \
+	(K3_PROV_I8_SCALE_OFFSET(rows, cols) + 4u * (uint64_t)(rows))
 
 /* A borrowed, dense, row-major tensor. Unused trailing dims are 1. */
 struct k3_prov_tensor {

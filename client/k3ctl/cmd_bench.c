@@ -72,7 +72,9 @@ static void usage(void)
 		"usage: k3ctl bench --model DIR [--max-new N] [--prompt-len N]\n"
 		"       [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]\n"
 		"       [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]\n"
-		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]\n");
+		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]\n"
+		"   or: k3ctl bench --compare-spine --model DIR (--text FILE | --prompt S | --ids LIST)\n"
+		"       [--positions N] [--spine-int8-dir DIR] [--int8 CLASSES] [--per-class]\n");
 }
 
 static double now_s(void)
@@ -458,6 +460,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	int32_t spine_resident = -1;   /* not given: the spine is mapped */
 	struct k3_err err = { 0 };
 
+	/* the int8 spine against the bf16 one: its own report (cmd_bench_spine.c) */
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--compare-spine"))
+			return k3ctl_bench_compare_spine(argc, argv);
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -17,6 +17,8 @@
 #include "engine/engine.h"
 #include "k3ctl.h"
 #include "model/model.h"
+#include "store/store_int8.h"
+#include "k3_proto.h"
 
 enum { FWD_MAX_IDS = 65536, FWD_MAX_STEPS = 4096 };
 
@@ -24,7 +26,8 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: k3ctl forward --model DIR --ids ID[,ID...] [--steps N] [--json]\n"
-		"       [--threads N] [--chunk N] [--reference] [--provider NAME]\n");
+		"       [--threads N] [--chunk N] [--reference] [--provider NAME]\n"
+		"       [--spine bf16|int8] [--spine-int8-dir DIR]\n");
 }
 
 static int parse_ids(const char *s, int32_t **out, uint32_t *n, struct k3_err *err)
@@ -131,7 +134,8 @@ static void print_text(const struct k3_engine *e, const float *logits, const uin
 
 int k3ctl_cmd_forward(int argc, char **argv)
 {
-	const char *dir = NULL, *ids_s = NULL, *provider = NULL;
+	const char *dir = NULL, *ids_s = NULL, *provider = NULL, *int8_dir = NULL;
+	bool int8 = false;
 	uint64_t steps = 0, threads = 0, chunk = 0;
 	bool json = k3ctl_g.json, reference = false;
 	struct k3_err err = { 0, "" };
@@ -159,6 +163,12 @@ int k3ctl_cmd_forward(int argc, char **argv)
 			ids_s = val;
 		} else if (!strcmp(a, "--provider")) {
 			provider = val;
+		} else if (!strcmp(a, "--spine")) {
+			if (strcmp(val, "bf16") && strcmp(val, "int8"))
+				return k3ctl_usage("forward", "--spine: '%s' is not bf16 or int8", val);
+			int8 = !strcmp(val, "int8");
+		} else if (!strcmp(a, "--spine-int8-dir")) {
+			int8_dir = val;
 		} else if (!strcmp(a, "--steps")) {
 			if (k3_parse_u64(val, 0, FWD_MAX_STEPS, &steps, &err))
 				return k3ctl_usage("forward", "--steps: %s", err.msg);
@@ -189,10 +199,17 @@ int k3ctl_cmd_forward(int argc, char **argv)
 	uint32_t *rid = NULL, *did = NULL, *greedy = NULL;
 	json_t *droutes = NULL;
 
-	if (k3_model_open(dir, &model, &err)) {
+	if (int8_dir && !int8) {
+		code = k3ctl_usage("forward", "--spine-int8-dir needs --spine int8");
+		goto out;
+	}
+	if (int8 ? k3_store_int8_open_model(dir, int8_dir, 0, &model, &err)
+		 : k3_model_open(dir, &model, &err)) {
 		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 		goto out;
 	}
+	if (int8 && !json)
+		printf("spine: %s\n", K3_PROTO_SPINE_INT8_LABEL);
 	struct k3_engine_opts o = { .provider = provider, .threads = (uint32_t)threads,
 				    .max_chunk = (uint32_t)chunk, .reference = reference };
 	if (k3_engine_open(model, &o, &e, &err) ||
@@ -273,6 +290,8 @@ int k3ctl_cmd_forward(int argc, char **argv)
 	json_object_set_new(root, "last_logits", jl);
 	json_object_set_new(root, "routes", routes_json(e, rid, rw, T, 0));
 	json_object_set_new(root, "greedy", g);
+	json_object_set_new(root, "spine", json_string(int8 ? "int8" : "bf16"));
+	json_object_set_new(root, "weight_exact", json_boolean(!int8));
 	/* 9 significant digits round-trip an fp32 exactly */
 	if (json_dumpf(root, stdout, JSON_COMPACT | JSON_REAL_PRECISION(9)) == 0) {
 		fputc('\n', stdout);

@@ -188,6 +188,13 @@ int k3ctl_cmd_status(int argc, char **argv)
 		json_object_set_new(o, "state", json_string(state_name(s->state)));
 		json_object_set_new(o, "status", jstr(s->status_text));
 		json_object_set_new(o, "model", s->has_model ? jstr(s->model) : json_null());
+		if (s->has_spine) {
+			json_object_set_new(o, "spine", json_string(s->spine == K3_SPINE_BF16 ? "bf16" :
+				s->spine == K3_SPINE_INT8 ? "int8" : "other"));
+			json_object_set_new(o, "weight_exact", json_boolean(s->spine == K3_SPINE_BF16));
+			if (s->has_spine_label)
+				json_object_set_new(o, "spine_label", jstr(s->spine_label));
+		}
 		json_object_set_new(o, "pid", json_integer(s->pid));
 		json_object_set_new(o, "uptime_s", json_real(s->uptime_s));
 		json_object_set_new(o, "connections", json_integer(s->connections));
@@ -261,6 +268,11 @@ int k3ctl_cmd_status(int argc, char **argv)
 		       text ? (int)s->status_text.len : 0, text ? s->status_text.p : "");
 		printf("model:       %.*s\n", s->has_model ? (int)s->model.len : 6,
 		       s->has_model ? s->model.p : "(none)");
+		if (s->has_spine && s->spine == K3_SPINE_BF16)
+			printf("spine:       bf16 (the checkpoint's weights)\n");
+		else if (s->has_spine)
+			printf("spine:       %.*s\n", s->has_spine_label ? (int)s->spine_label.len : 16,
+			       s->has_spine_label ? s->spine_label.p : "not weight-exact");
 		printf("connections: %u\n", s->connections);
 		printf("generation:  %u running, %u/%u queued\n", s->running, s->queued, s->queue_max);
 		jobs_print(s, n_jobs);
@@ -283,7 +295,7 @@ int k3ctl_cmd_status(int argc, char **argv)
 		if (s->has_expert_cache_bytes)
 			printf("expert cache: %.3f GB\n", (double)s->expert_cache_bytes / 1e9);
 		if (s->has_spine_bytes_read)
-			printf("spine:       %llu bytes read (%llu layers loaded), %.3f GB of memory\n", (unsigned long long)s->spine_bytes_read,
+			printf("spine reads: %llu bytes read (%llu layers loaded), %.3f GB of memory\n", (unsigned long long)s->spine_bytes_read,
 			       (unsigned long long)s->spine_loads, (double)s->spine_memory_bytes / 1e9);
 		if (s->has_expert_bytes_read && s->has_positions_total && s->positions_total)
 			printf("per token:   %.0f expert bytes read over %llu positions computed\n",

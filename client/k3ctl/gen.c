@@ -195,6 +195,10 @@ int k3ctl_gen_run(struct k3ctl_client *c, const struct k3ctl_gen_opts *o, const 
 		}
 		case K3_MSG_DONE:
 			res->done = b.done;
+			res->done.spine_label = k3_proto_str_of(NULL);
+			snprintf(res->spine_label, sizeof(res->spine_label), "%.*s",
+				 b.done.has_spine_label ? (int)b.done.spine_label.len : 0,
+				 b.done.has_spine_label ? b.done.spine_label.p : "");
 			res->got_done = true;
 			if (in_reasoning)
 				fputs(tty_err ? "\033[0m\n" : "\n", stderr);
@@ -223,6 +227,11 @@ static void print_stats(const struct k3ctl_gen_result *r)
 {
 	const struct k3_msg_done *d = &r->done;
 
+	/* a spine that is not the checkpoint's weights says so first */
+	if (r->spine_label[0])
+		fprintf(stderr, "[%s] ", r->spine_label);
+	else if (d->has_spine && d->spine != K3_SPINE_BF16)
+		fprintf(stderr, "[spine %u: not weight-exact] ", d->spine);
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
 		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
@@ -291,8 +300,18 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 			(int)d->prefill_chunk, "expert_bytes_read", (json_int_t)d->prefill_expert_bytes,
 			"distinct_experts", (json_int_t)d->prefill_distinct_experts, "span_bytes",
 			(json_int_t)d->expert_span_bytes));
+	if (j) {
+		/* absent from an older k3d: the BF16 spine */
+		uint32_t sp = d->has_spine ? d->spine : K3_SPINE_BF16;
+		json_object_set_new(j, "spine", json_string(sp == K3_SPINE_BF16 ? "bf16" :
+							    sp == K3_SPINE_INT8 ? "int8" : "other"));
+		json_object_set_new(j, "weight_exact", json_boolean(sp == K3_SPINE_BF16));
+		if (r->spine_label[0])
+			json_object_set_new(j, "spine_label", json_string(r->spine_label));
+	}
+	/* the streamed spine's reads (absent: the spine is mapped) */
 	if (j)
-		json_object_set_new(j, "spine", d->has_spine_bytes_read
+		json_object_set_new(j, "spine_io", d->has_spine_bytes_read
 			? json_pack("{s:I,s:I,s:I,s:f}", "bytes_read", (json_int_t)d->spine_bytes_read,
 				    "loads", (json_int_t)d->spine_loads, "rows_read",
 				    (json_int_t)d->spine_rows_read, "io_wait_s", d->spine_io_wait_s)

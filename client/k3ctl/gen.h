@@ -37,6 +37,7 @@ struct k3ctl_gen_result {
 	char *text, *reasoning; /* malloc'ed, NUL-terminated */
 	size_t text_len, reasoning_len;
 	struct k3_msg_done done;
+	char spine_label[K3_LIM_NAME_MAX + 1];   /* DONE's, copied (done's points into a frame) */
 	bool got_done;
 	uint64_t job_id;
 	uint32_t error_status;

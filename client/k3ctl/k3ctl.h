@@ -56,8 +56,13 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(detokenize, "decode K3 token ids to text (offline)") \
 	X(render_chat, "render a chat with the K3 XTML renderer (offline)") \
 	X(pack,     "write expert packs for a model directory (--model DIR [--verify])") \
+	X(convert_spine_int8, "write the int8 spine overlay, NOT weight-exact (--model DIR)") \
 	X(warm_expert_cache, "rank experts by use in a router trace (--trace FILE [--show N])") \
 	X(bench,    "offline tokens/s and expert bytes/token vs the disk's bandwidth (--model DIR)")
+
+/* `k3ctl bench --compare-spine ...` (cmd_bench_spine.c), reached from
+ * k3ctl_cmd_bench. */
+int k3ctl_bench_compare_spine(int argc, char **argv);
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)

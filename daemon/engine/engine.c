@@ -17,6 +17,13 @@
 #include "model/model.h"
 #include "provider_registry.h"
 
+/* The model's I8 tensors go to the provider as they are mapped: both
+ * headers must describe one layout (q, zero gap to 64 bytes, scales). */
+_Static_assert(K3_MODEL_I8_SCALE_OFFSET(3, 5) == K3_PROV_I8_SCALE_OFFSET(3, 5) &&
+	       K3_MODEL_I8_SCALE_OFFSET(7168, 12288) == K3_PROV_I8_SCALE_OFFSET(7168, 12288) &&
+	       K3_MODEL_I8_BYTES(96, 7171) == K3_PROV_I8_BYTES(96, 7171),
+	       "model.h and k3_provider.h disagree on the I8 layout");
+
 struct k3_engine {
 	const struct k3_model *model;
 	const struct k3_provider *prov;
@@ -92,6 +99,7 @@ struct k3_prov_tensor k3_engine_prov_tensor(const struct k3_tensor *t, const voi
 	case K3_DTYPE_BF16: o.dtype = K3_PROV_DTYPE_BF16; break;
 	case K3_DTYPE_F32: o.dtype = K3_PROV_DTYPE_F32; break;
 	case K3_DTYPE_U8: o.dtype = K3_PROV_DTYPE_U8; break;
+	case K3_DTYPE_I8: o.dtype = K3_PROV_DTYPE_I8; break;   /* the int8 spine (model.h) */
 	default: o.dtype = K3_PROV_DTYPE_NONE; break;   /* refused by the provider */
 	}
 	if (t->ndim < 1 || t->ndim > 3) {

@@ -19,12 +19,13 @@
 #include "base/file.h"
 #include "base/path.h"
 
-/* Opens, checks and maps one shard. The resolved path must stay inside the
- * model directory: a symlink may point within it, never out of it. */
-static int shard_open(struct k3_model *m, const char *name, struct k3_shard *sh,
-		      struct k3_err *err)
+/* Opens, checks and maps one shard of directory root (the model's, or the
+ * int8 spine overlay's). The resolved path must stay inside root: a
+ * symlink may point within it, never out of it. */
+int k3_model_shard_open(const char *root, const char *name, struct k3_shard *sh,
+			struct k3_err *err)
 {
-	char *p = k3_path_join(m->dir, name);
+	char *p = k3_path_join(root, name);
 	char real[PATH_MAX];
 	struct stat st;
 	int fd = -1, r = 0;
@@ -35,11 +36,11 @@ static int shard_open(struct k3_model *m, const char *name, struct k3_shard *sh,
 		r = k3_err_set(err, -errno, "shard '%s': %s", name, strerror(errno));
 		goto out;
 	}
-	size_t dl = strlen(m->dir);
-	if (strncmp(real, m->dir, dl) != 0 || real[dl] != '/') {
+	size_t dl = strlen(root);
+	if (strncmp(real, root, dl) != 0 || real[dl] != '/') {
 		r = k3_err_set(err, -EXDEV,
 			       "shard '%s' resolves to '%s', outside the model directory '%s' (symlinks must stay inside it)",
-			       name, real, m->dir);
+			       name, real, root);
 		goto out;
 	}
 	fd = open(real, O_RDONLY | O_CLOEXEC);
@@ -208,6 +209,12 @@ static int check_scales(struct k3_model *m, struct k3_err *err)
 
 int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 {
+	return k3_model_open_with(dir, NULL, out, err);
+}
+
+int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
+		       struct k3_model **out, struct k3_err *err)
+{
 	struct k3_model *m;
 	struct k3_st_index ix = { 0 };
 	bool have_index = false;
@@ -282,7 +289,8 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		goto fail;
 	}
 	for (uint32_t s = 0; s < m->n_shards; s++) {
-		r = shard_open(m, have_index ? ix.shards[s] : "model.safetensors", &m->shards[s], err);
+		r = k3_model_shard_open(m->dir, have_index ? ix.shards[s] : "model.safetensors",
+					&m->shards[s], err);
 		if (r)
 			goto fail;
 	}
@@ -295,6 +303,8 @@ int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 		goto fail;
 	r = check_scales(m, err);
 	if (r)
+		goto fail;
+	if (opts && opts->int8_dir && (r = k3_model_int8_attach(m, opts, err)) != 0)
 		goto fail;
 	*out = m;
 	return 0;
@@ -318,6 +328,7 @@ void k3_model_free(struct k3_model *m)
 		free(sh->path);
 	}
 	free(m->shards);
+	k3_model_int8_release(m);
 	free(m->tensors);
 	free(m->layers);
 	free(m->experts);
@@ -358,10 +369,12 @@ uint32_t k3_model_shard_count(const struct k3_model *m)
 
 const char *k3_model_shard_path(const struct k3_model *m, uint32_t i)
 {
-	return i < m->n_shards ? m->shards[i].path : NULL;
+	const struct k3_shard *sh = k3_model_shard_at(m, i);
+	return sh ? sh->path : NULL;
 }
 
 uint64_t k3_model_shard_size(const struct k3_model *m, uint32_t i)
 {
-	return i < m->n_shards ? m->shards[i].size : 0;
+	const struct k3_shard *sh = k3_model_shard_at(m, i);
+	return sh ? sh->size : 0;
 }

@@ -203,7 +203,9 @@ struct k3_tensor {
 /* ---- the plan (k3-model.md §2, role names as in the checkpoint) ----
  *
  * dtypes, checked at open: every matrix role (Linear weights, embedding,
- * lm_head, unquantized experts) is BF16, so GEMM kernels may assume it;
+ * lm_head, unquantized experts) is BF16, so GEMM kernels may assume it
+ * (a model opened with the int8 spine overlay has I8 matrix roles: see
+ * "the int8 spine overlay" below);
  * vector roles (norm weights, conv taps, A_log, dt_bias, the routing bias,
  * AttnRes projections) may be BF16, F16 or F32 (the release stores conv
  * taps, A_log, dt_bias, o_norm and the routing bias as F32): read them with
@@ -312,6 +314,93 @@ struct k3_model_plan {
 	const struct k3_layer_plan *layers;            /* [n_layers] */
 };
 
+/* ---- the int8 spine overlay (docs/formats.md, "int8 spine overlay") ----
+ *
+ * `k3ctl convert-spine-int8` writes, beside a checkpoint (default
+ * DIR/spine-int8/), safetensors shards holding a row-wise int8 copy of the
+ * spine's linear-op matrices: `<name>.weight_i8` (I8 [rows, cols]) and,
+ * at the next 64-byte boundary after it, `<name>.weight_row_scale` (F32
+ * [rows]); value = q[r][c] * scale[r]. It is NOT the checkpoint's weights:
+ * a model opened with it must say so wherever it reports what it runs.
+ *
+ * Opened with an overlay, every matrix role of the selected classes points
+ * at an I8 tensor view: dtype K3_DTYPE_I8, shape [rows, cols] as the BF16
+ * role's, data / shard / file_offset at its q bytes, and nbytes covering q,
+ * the zero gap and the scales (K3_MODEL_I8_BYTES(rows, cols), the provider
+ * ABI's layout): the one tensor kind whose nbytes is not nelem x element
+ * size. Its shard number is past the model's own shards
+ * (k3_model_shard_count): k3_model_shard_path() names the overlay file.
+ * The embedding and MLA's kv_b_proj are never converted; norms, conv taps,
+ * A_log, dt_bias, the routing bias and the AttnRes vectors stay as stored.
+ * Which source files an overlay was made from is checked by the store
+ * (store/store_int8.h), not here. */
+
+/* Classes of matrices an overlay converts (all of them are written; the
+ * caller picks which to run). */
+enum k3_model_int8_role {
+	K3_MODEL_INT8_KDA = 1u << 0,      /* KDA q/k/v, f_a/f_b, b, g, o projections */
+	K3_MODEL_INT8_MLA = 1u << 1,      /* MLA q_a, q_b, kv_a_proj_with_mqa, g, o */
+	K3_MODEL_INT8_MLP = 1u << 2,      /* dense MLP and shared experts: gate, up, down */
+	K3_MODEL_INT8_LATENT = 1u << 3,   /* routed_expert_down_proj / _up_proj */
+	K3_MODEL_INT8_ROUTER = 1u << 4,   /* block_sparse_moe.gate (the router) */
+	K3_MODEL_INT8_LM_HEAD = 1u << 5,  /* lm_head */
+	K3_MODEL_INT8_ALL = (1u << 6) - 1,
+};
+/* What `k3d --spine int8` runs: every class but the router, which stays
+ * BF16 so that routing (which experts run) stays as close to the exact
+ * model as it can (docs/engine.md, "int8 spine", measured). */
+#define K3_MODEL_INT8_DEFAULT (K3_MODEL_INT8_ALL & ~(unsigned)K3_MODEL_INT8_ROUTER)
+/* The overlay's directory inside a model directory, by default. */
+#define K3_MODEL_INT8_SUBDIR "spine-int8"
+
+/* Where an I8 matrix's row scales start, from its q bytes: rows * cols
+ * rounded up to 64 (the gap is zero); its bytes are that plus 4 * rows.
+ * The same layout as the provider ABI's K3_PROV_DTYPE_I8
+ * (K3_PROV_I8_SCALE_OFFSET; the engine, which sees both, checks that they
+ * agree). */
+#define K3_MODEL_I8_SCALE_OFFSET(rows, cols) \
+	((((uint64_t)(rows) * (uint64_t)(cols)) + 63u) & ~(uint64_t)63u)
+#define K3_MODEL_I8_BYTES(rows, cols) \
+	(K3_MODEL_I8_SCALE_OFFSET(rows, cols) + 4u * (uint64_t)(rows))
+
+/* "kda", "mla", "mlp", "latent", "router", "lm_head" for one bit; NULL
+ * otherwise. */
+const char *k3_model_int8_role_name(unsigned role);
+/* "kda,mla,..." or "all" / "none" / "default" -> bits; 0 or -EINVAL naming
+ * the bad word. */
+int k3_model_int8_roles_parse(const char *s, unsigned *out, struct k3_err *err);
+
+/* One matrix an overlay converts: its class and the BF16 tensor. */
+struct k3_model_int8_matrix {
+	unsigned role;                       /* one enum k3_model_int8_role bit */
+	const struct k3_tensor *tensor;      /* BF16 [rows, cols], the checkpoint's */
+};
+
+/* The overlay's names for matrix `name` ("<base>.weight"): "<base>
+ * .weight_i8", "<base>.weight_row_scale" and the zero pads written after
+ * each when its bytes are not a multiple of 64 ("<base>.weight_i8_pad",
+ * "<base>.weight_row_scale_pad"). suffix is one of those four suffixes
+ * (".weight_i8", ...). Returns 0, or -EINVAL when name does not end in
+ * ".weight" or the result does not fit in size. */
+int k3_model_int8_name(const char *name, const char *suffix, char *buf, size_t size);
+
+struct k3_model_open_opts {
+	/* NULL: the checkpoint's BF16 spine (weight-exact). Else the overlay
+	 * directory: its matrices of int8_roles replace the BF16 ones. */
+	const char *int8_dir;
+	unsigned int8_roles;          /* enum k3_model_int8_role bits; 0 = DEFAULT */
+};
+
+struct k3_model_int8_info {
+	bool on;                      /* the model runs an int8 spine */
+	unsigned roles;
+	const char *dir;              /* the overlay directory (resolved) */
+	uint32_t shards;              /* overlay shards */
+	size_t matrices;              /* matrix roles replaced */
+	uint64_t int8_bytes;          /* their I8 bytes (q + scales + gaps) */
+	uint64_t bf16_bytes;          /* the BF16 bytes they replace */
+};
+
 /* ---- opening ---- */
 
 struct k3_model;
@@ -327,6 +416,34 @@ struct k3_model;
  *   -EXDEV   a shard resolves (symlinks) outside dir;
  *   -ENOMEM, -EIO and other errnos from the system. */
 int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err);
+
+/* k3_model_open, then (opts->int8_dir set) the int8 spine overlay: its
+ * index (model.safetensors.index.json) and shards, every I8 tensor checked
+ * against the BF16 matrix it replaces (name, shape, the scales' place) and
+ * every matrix of the selected classes required. opts NULL = k3_model_open.
+ * Errors as k3_model_open, plus for the overlay (the message names the
+ * file or tensor and ends with the command that rewrites it): -ENOENT (no
+ * overlay there), -EINVAL (malformed, or made for another model). */
+int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
+		       struct k3_model **out, struct k3_err *err);
+
+/* The matrices an overlay converts, in plan order (layer by layer, then
+ * lm_head), of a model opened without the overlay: the first min(n, cap)
+ * go to out; returns n. */
+size_t k3_model_int8_matrices(const struct k3_model *m, struct k3_model_int8_matrix *out,
+			      size_t cap);
+
+/* Quantizes rows [r0, r0 + n) of the BF16 matrix t (docs/formats.md, "int8
+ * spine overlay"; kernels: k3_kern_quantize_i8_bf16) into q[n][cols] and
+ * scales[n]; w is caller scratch of n * cols uint16 (the mapped bytes have
+ * no alignment promise, so they are copied there first). Returns 0,
+ * -EINVAL for a NaN or infinite weight (*bad_row = its row in t) or a t
+ * that is not a BF16 matrix, -ERANGE for rows past t. */
+int k3_model_int8_quantize_rows(const struct k3_tensor *t, size_t r0, size_t n, uint16_t *w,
+				int8_t *q, float *scales, size_t *bad_row);
+
+/* What the model runs: info->on is false for the BF16 spine. */
+void k3_model_int8_info_get(const struct k3_model *m, struct k3_model_int8_info *info);
 
 /* NULL-safe. Unmaps everything. */
 void k3_model_free(struct k3_model *m);
@@ -344,8 +461,9 @@ const struct k3_tensor *k3_model_tensors(const struct k3_model *m, size_t *n_out
 /* The model directory as given (resolved, absolute) and the shards. */
 const char *k3_model_dir(const struct k3_model *m);
 uint32_t k3_model_shard_count(const struct k3_model *m);
-/* Absolute path of shard i (< count), NULL otherwise. Open it O_RDONLY to
- * pread tensor payloads at k3_tensor.file_offset. */
+/* Absolute path of shard i (< count, or an int8 overlay shard numbered
+ * after them), NULL otherwise. Open it O_RDONLY to pread tensor payloads
+ * at k3_tensor.file_offset. */
 const char *k3_model_shard_path(const struct k3_model *m, uint32_t i);
 /* Size in bytes of shard i, 0 for a bad index. */
 uint64_t k3_model_shard_size(const struct k3_model *m, uint32_t i);

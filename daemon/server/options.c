@@ -59,6 +59,11 @@ static const char usage[] =
 	"  --io-stall MS:F[,..] emulated fault: a fraction F of requests MS later\n"
 	"  --prefill-chunk auto|N  prompt positions per pass (auto: the longest whose\n"
 	"                       activations fit a sixteenth of the memory limit)\n"
+	"  --spine bf16|int8    the spine's weights: bf16 (default) = the checkpoint's,\n"
+	"                       weight-exact; int8 = the row-wise int8 overlay written by\n"
+	"                       `k3ctl convert-spine-int8` (NOT weight-exact: k3d says so in\n"
+	"                       its log, STATUS, every DONE and the model id). Never automatic\n"
+	"  --spine-int8-dir DIR the overlay's directory (default MODEL/spine-int8)\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -178,7 +183,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE,
-	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK };
+	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK,
+	       O_SPINE_DTYPE, O_SPINE_INT8_DIR };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -207,6 +213,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "io-latency", required_argument, NULL, O_IO_LATENCY },
 		{ "io-stall", required_argument, NULL, O_IO_STALL },
 		{ "prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK },
+		{ "spine", required_argument, NULL, O_SPINE_DTYPE },
+		{ "spine-int8-dir", required_argument, NULL, O_SPINE_INT8_DIR },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -367,6 +375,18 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				return k3_err_prefix(err, "--prefill-chunk ('auto' or 1..4096)");
 			opts->prefill_chunk = (uint32_t)v;
 			break;
+		case O_SPINE_DTYPE:
+			if (strcmp(optarg, "bf16") && strcmp(optarg, "int8"))
+				return k3_err_set(err, -EINVAL, "--spine: '%s' is not bf16 or int8 (k3d never"
+						  " picks the int8 spine by itself: it is not weight-exact)",
+						  optarg);
+			opts->spine_int8 = strcmp(optarg, "int8") == 0;
+			break;
+		case O_SPINE_INT8_DIR:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--spine-int8-dir: empty path");
+			opts->spine_int8_dir = optarg;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -381,6 +401,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	}
 	if (optind < argc)
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
+	if (opts->spine_int8_dir && !opts->spine_int8)
+		return k3_err_set(err, -EINVAL, "--spine-int8-dir needs --spine int8");
 	return finish_connection_limits(opts, per_uid_set, gateway_set, err);
 }
 
@@ -465,4 +487,9 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_drive_hedge_name(&opts->drives, hedge, sizeof(hedge)), chunk,
 		    opts->drives.n_rate || opts->drives.n_latency || opts->drives.n_stall
 		    ? " emulated-drive=on" : "");
+	if (opts->spine_int8)
+		k3_log_info("config: spine=int8 (NOT weight-exact) spine-int8-dir=%s",
+			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");
+	else
+		k3_log_info("config: spine=bf16 (the checkpoint's weights)");
 }

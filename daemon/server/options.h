@@ -59,6 +59,10 @@ struct k3_options {
 	/* --prefill-chunk: prompt positions per pass; 0 = auto (the largest
 	 * whose activations fit the scratch budget, sched_load.c) */
 	uint32_t prefill_chunk;
+	/* --spine int8: the int8 spine overlay (NOT weight-exact), never chosen
+	 * by k3d itself; --spine-int8-dir: where it is (NULL = MODEL/spine-int8) */
+	bool spine_int8;
+	const char *spine_int8_dir;
 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,

@@ -284,9 +284,10 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 			break;
 		case MSG_LOADED:
 			if (m->ok)
-				k3_log_notice("model '%s' loaded (%u layers, vocab %u)", s->model_id,
+				k3_log_notice("model '%s' loaded (%u layers, vocab %u)%s", s->model_id,
 					      k3_model_config(s->model)->num_hidden_layers,
-					      k3_engine_vocab(s->engine));
+					      k3_engine_vocab(s->engine),
+					      s->spine_kind == K3_SPINE_INT8 ? ": " K3_PROTO_SPINE_INT8_LABEL : "");
 			s->ready = m->ok;
 			s->on_ready(s->ready_ctx, m->ok, m->ok ? s->model_id : m->text);
 			break;
@@ -358,6 +359,7 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		d.prompt_tokens = (uint32_t)j->prompt.n; d.has_prompt_tokens = true;
 		d.completion_tokens = 0; d.has_completion_tokens = true;
 		d.queued_s = sched_since(&j->t_submit); d.has_queued_s = true;
+		sched_done_spine(s, &d);
 		if (j->kind == K3_JOB_WARM_EXPERTS && k3_conn_is_open(j->conn))
 			k3_conn_send_error(j->conn, j->rid, K3_STATUS_CANCELLED, NULL,
 					   "expert preload cancelled before it started");
@@ -417,6 +419,11 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	r.hidden_size = mc->hidden_size; r.has_hidden_size = true;
 	r.n_experts = mc->num_experts; r.has_n_experts = true;
 	r.experts_per_token = mc->num_experts_per_token; r.has_experts_per_token = true;
+	r.spine = s->spine_kind; r.has_spine = true;
+	if (s->spine_kind == K3_SPINE_INT8) {
+		r.spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
+		r.has_spine_label = true;
+	}
 	k3_conn_send(c, K3_MSG_MODEL_INFO_REPLY, rid, &r);
 }
 
@@ -541,6 +548,13 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 	/* honest split of the engine's time (DONE io_wait_s / compute_s, summed) */
 	r->io_wait_s_total = s->totals.io_wait_s_total; r->has_io_wait_s_total = true;
 	r->compute_s_total = s->totals.compute_s_total; r->has_compute_s_total = true;
+	if (s->ready) {
+		r->spine = s->spine_kind; r->has_spine = true;
+		if (s->spine_kind == K3_SPINE_INT8) {
+			r->spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
+			r->has_spine_label = true;
+		}
+	}
 	/* s->store is set before MSG_LOADED and never changes; its stats are
 	 * mutex-protected and monotonic since start. */
 	if (s->ready && s->store) {

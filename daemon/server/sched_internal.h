@@ -232,6 +232,7 @@ struct k3_sched {
 	struct k3_engine *engine;
 	struct k3_tok *tok;
 	char model_id[K3_LIM_NAME_MAX];
+	uint32_t spine_kind;             /* enum k3_proto_spine the model runs */
 	bool loaded;
 	/* the expert store (NULL: experts from the mmapped shards) */
 	struct k3_store_source *xsrc;
@@ -442,5 +443,18 @@ void sched_warm_request(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 /* Runs a WARM_EXPERTS job; leaves its reply or ERROR in j->final. Engine
  * thread. */
 void sched_warm_run(struct k3_sched *s, struct sched_job *j);
+
+/* Says on a DONE which spine produced it: every DONE carries `spine`, and
+ * one from a spine that is not the checkpoint's weights also its label
+ * (docs/protocol.md, DONE). */
+static inline void sched_done_spine(const struct k3_sched *s, struct k3_msg_done *d)
+{
+	d->spine = s->spine_kind;
+	d->has_spine = true;
+	if (s->spine_kind == K3_SPINE_INT8) {
+		d->spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
+		d->has_spine_label = true;
+	}
+}
 
 #endif

@@ -310,6 +310,7 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 		done.spine_io_wait_s = (double)sd->io_wait_ns * 1e-9; done.has_spine_io_wait_s = true;
 	}
 	sched_done_drives(s, q, xd, sd, &done, drive_buf);
+	sched_done_spine(s, &done);
 	return sched_encode_frame(j, K3_MSG_DONE, &done);
 }
 

@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "store/store_budget.h"
 #include "store/store_drives.h"
+#include "store/store_int8.h"
 #include "store/store_model.h"
 #include "store/store_spine.h"
 #include "store/store_trace.h"
@@ -444,6 +445,10 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
 	for (size_t i = 0; i < n_t; i++)
 		weights += t[i].nbytes;
+	/* an int8 spine weighs its int8 bytes, not the BF16 ones it replaces */
+	struct k3_model_int8_info i8;
+	k3_model_int8_info_get(s->model, &i8);
+	weights = weights - i8.bf16_bytes + i8.int8_bytes;
 	uint64_t spine_bytes = weights > xbytes ? weights - xbytes : 0;
 	if (spine) {
 		r = k3_store_spine_sizes(s->model, &z, err);
@@ -475,6 +480,26 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 }
 
 /* ---- the model -------------------------------------------------------------------- */
+
+/* Says which spine runs; the int8 one loudly (it is not the checkpoint's
+ * weights) with what it replaced. */
+static void log_spine(struct k3_sched *s)
+{
+	struct k3_model_int8_info in;
+
+	k3_model_int8_info_get(s->model, &in);
+	s->spine_kind = in.on ? K3_SPINE_INT8 : K3_SPINE_BF16;
+	if (!in.on) {
+		k3_log_info("spine: bf16, the checkpoint's weights (weight-exact)");
+		return;
+	}
+	k3_log_warning("spine: %s: %zu matrices from %s (%.3f GB of int8 and row scales in place"
+		       " of %.3f GB of BF16); the embedding,%s MLA kv_b_proj and every norm and vector"
+		       " are the checkpoint's; outputs differ from the BF16 spine's (`k3ctl bench"
+		       " --compare-spine` measures how much)", K3_PROTO_SPINE_INT8_LABEL,
+		       in.matrices, in.dir, (double)in.int8_bytes / 1e9, (double)in.bf16_bytes / 1e9,
+		       in.roles & K3_MODEL_INT8_ROUTER ? "" : " the router,");
+}
 
 /* Logs what loading mapped and how much is resident so far. */
 static void log_model(const struct k3_sched *s)
@@ -510,7 +535,14 @@ void sched_load(struct k3_sched *s)
 	char msg[K3_ERR_MSG_MAX + 64];
 	int r;
 
-	r = k3_model_open(dir, &s->model, &err);
+	/* --spine int8: the overlay, checked against the shards it was made
+	 * from (a stale or missing one is refused, saying what to run) */
+	if (s->opts->spine_int8)
+		r = k3_store_int8_open_model(dir, s->opts->spine_int8_dir, 0, &s->model, &err);
+	else
+		r = k3_model_open(dir, &s->model, &err);
+	if (r == 0)
+		log_spine(s);
 	snprintf(msg, sizeof(msg), "%s/tiktoken.model", dir);
 	if (r == 0 && access(msg, F_OK) == 0)
 		r = k3_tok_load_dir(dir, &s->tok, &err);
@@ -531,7 +563,10 @@ void sched_load(struct k3_sched *s)
 	log_model(s);
 	base = strrchr(dir, '/');
 	base = base && base[1] ? base + 1 : dir;
-	snprintf(s->model_id, sizeof(s->model_id), "%s", base);
+	/* the model id says what runs: an OpenAI-style id, and every client
+	 * (the gateway's /v1/models too) shows it (docs/k3d.8, --spine) */
+	snprintf(s->model_id, sizeof(s->model_id), "%.200s%s", base,
+		 s->spine_kind == K3_SPINE_INT8 ? "+int8-spine" : "");
 	s->loaded = true;
 	sched_post_kind(s, MSG_LOADED, NULL, true, NULL);
 }

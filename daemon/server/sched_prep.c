@@ -420,6 +420,7 @@ void sched_prep_done(struct k3_sched *s, struct sched_prep *t)
 		d.finish = K3_FINISH_CANCELLED; d.has_finish = true;
 		d.prompt_tokens = (uint32_t)t->job->prompt.n; d.has_prompt_tokens = true;
 		d.completion_tokens = 0; d.has_completion_tokens = true;
+		sched_done_spine(s, &d);
 		k3_conn_send(t->conn, K3_MSG_DONE, t->rid, &d);
 	} else if (s->draining) {
 		k3_conn_send_error(t->conn, t->rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");

@@ -9,10 +9,11 @@
  */
 #include "store/store_pack.h"
 
+#include "base/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -441,23 +442,6 @@ out:
 	return rc;
 }
 
-static int fsync_dir_of(const char *path)
-{
-	char buf[PATH_MAX];
-	int fd, rc = 0;
-
-	if (strlen(path) >= sizeof(buf))
-		return -ENAMETOOLONG;
-	strcpy(buf, path);
-	fd = open(dirname(buf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) != 0)
-		rc = -errno;
-	close(fd);
-	return rc;
-}
-
 /* Writes the layout into a temp file beside path, reads it back, renames
  * it over path. */
 static int publish(const char *path, const struct k3_store_pack_input *in,
@@ -514,7 +498,7 @@ static int publish(const char *path, const struct k3_store_pack_input *in,
 				strerror(errno));
 		goto out_unlink;
 	}
-	rc = fsync_dir_of(path);
+	rc = k3_file_fsync_parent(path);
 	if (rc)
 		k3_err_set(err, rc, "cannot fsync the directory of '%s': %s", path, strerror(-rc));
 	res->written = true;

@@ -6,6 +6,8 @@
 
 #include <errno.h>
 
+#include "k3_provider.h"
+
 #include "base/err.h"
 
 int k3_cpu_ctx_init(struct k3_cpu_ctx *ctx, uint32_t threads, int reference)
@@ -42,6 +44,28 @@ void k3_cpu_ctx_release(struct k3_cpu_ctx *ctx)
 	ctx->pool = NULL;
 }
 
+const float *k3_cpu_mat_row_scales(const struct k3_cpu_mat *W)
+{
+	if (W->dtype != K3_PROV_DTYPE_I8)
+		return NULL;
+	return (const float *)(const void *)((const char *)W->data +
+					     K3_PROV_I8_SCALE_OFFSET(W->rows, W->cols));
+}
+
+/* The kernels' view of a bf16 / f32 / I8 matrix and its weight bytes. */
+static struct k3_kern_mat kern_mat(const struct k3_cpu_mat *W, size_t *bytes)
+{
+	struct k3_kern_mat km = {
+		.dtype = W->dtype == K3_PROV_DTYPE_BF16 ? K3_KERN_DT_BF16 :
+			 W->dtype == K3_PROV_DTYPE_I8 ? K3_KERN_DT_I8 : K3_KERN_DT_F32,
+		.rows = W->rows, .cols = W->cols, .ld = 0, .data = W->data,
+		.row_scales = k3_cpu_mat_row_scales(W),
+	};
+	*bytes = (size_t)W->rows * W->cols * (W->dtype == K3_PROV_DTYPE_BF16 ? 2 :
+					      W->dtype == K3_PROV_DTYPE_I8 ? 1 : 4);
+	return km;
+}
+
 void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,
 		   const float *x, size_t ldx, uint32_t T, float *y, size_t ldy)
 {
@@ -51,11 +75,8 @@ void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,
 					  x + t * ldx, y + t * ldy);
 		return;
 	}
-	struct k3_kern_mat km = {
-		.dtype = W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
-		.rows = W->rows, .cols = W->cols, .ld = 0, .data = W->data,
-	};
-	size_t bytes = (size_t)W->rows * W->cols * (W->dtype == 2 ? 2 : 4);
+	size_t bytes;
+	struct k3_kern_mat km = kern_mat(W, &bytes);
 	struct k3_kern_pool *pool = ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES
 		? ctx->pool : NULL;
 	/* shapes were validated at open; a failure here is a provider bug */
@@ -84,13 +105,11 @@ void k3_cpu_mxfp4_linear(struct k3_cpu_ctx *ctx, const uint8_t *packed,
 	(void)rc;
 }
 
-static struct k3_kern_mat job_mat(const struct k3_cpu_job *j)
+static struct k3_kern_mat job_mat(const struct k3_cpu_job *j, size_t *bytes)
 {
 	if (j->W)
-		return (struct k3_kern_mat){
-			.dtype = j->W->dtype == 2 ? K3_KERN_DT_BF16 : K3_KERN_DT_F32,
-			.rows = j->W->rows, .cols = j->W->cols, .data = j->W->data,
-		};
+		return kern_mat(j->W, bytes);
+	*bytes = (size_t)j->rows * j->cols / 2;
 	return (struct k3_kern_mat){ .dtype = K3_KERN_DT_MXFP4, .rows = j->rows,
 		.cols = j->cols, .data = j->packed, .scales = j->scale };
 }
@@ -118,12 +137,12 @@ void k3_cpu_linear_multi(struct k3_cpu_ctx *ctx, const struct k3_cpu_job *jobs, 
 	size_t bytes = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct k3_cpu_job *j = &jobs[i];
-		mats[i] = job_mat(j);
+		size_t b;
+		mats[i] = job_mat(j, &b);
 		kj[i] = (struct k3_kern_matmul_job){ .w = &mats[i], .row_begin = 0,
 			.row_end = mats[i].rows, .T = j->T, .x = j->x, .ldx = j->ldx,
 			.y = j->y, .ldy = j->ldy };
-		bytes += mats[i].dtype == K3_KERN_DT_MXFP4 ? mats[i].rows * mats[i].cols / 2
-			: mats[i].rows * mats[i].cols * (mats[i].dtype == K3_KERN_DT_BF16 ? 2 : 4);
+		bytes += b;
 	}
 	/* shapes were validated at open; a failure here is a provider bug */
 	int rc = k3_kern_matmul_many(ctx->split_all || bytes >= K3_CPU_PARALLEL_MIN_BYTES

@@ -16,7 +16,9 @@
 
 #include "k3_kernels.h"
 
-/* A borrowed weight matrix [rows][cols] (row stride cols), bf16 (2) or f32 (1). */
+/* A borrowed weight matrix [rows][cols] (row stride cols): bf16 (2), f32
+ * (1), or the int8 spine's row-wise int8 (K3_PROV_DTYPE_I8: q then the
+ * row scales at K3_PROV_I8_SCALE_OFFSET, providers/k3_provider.h). */
 struct k3_cpu_mat {
 	const void *data;
 	uint32_t dtype;
@@ -34,6 +36,9 @@ struct k3_cpu_ctx {
 int k3_cpu_ctx_init(struct k3_cpu_ctx *ctx, uint32_t threads, int reference);
 int k3_cpu_ctx_set_threads(struct k3_cpu_ctx *ctx, uint32_t threads);
 void k3_cpu_ctx_release(struct k3_cpu_ctx *ctx);
+
+/* The row scales of an I8 matrix (NULL for another dtype). */
+const float *k3_cpu_mat_row_scales(const struct k3_cpu_mat *W);
 
 /* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c] for t < T, r < W->rows. */
 void k3_cpu_linear(struct k3_cpu_ctx *ctx, const struct k3_cpu_mat *W,

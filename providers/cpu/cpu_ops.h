@@ -18,8 +18,9 @@ static inline float k3_cpu_bf16(uint16_t b)
 	return v.f;
 }
 
-/* y[r] = sum_c W[r][c] x[c] for r < rows; W bf16 (dtype 2) or f32 (1),
- * row-major [rows][cols] (spec §3.2). */
+/* y[r] = sum_c W[r][c] x[c] for r < rows; W bf16 (dtype 2), f32 (1) or
+ * row-wise int8 (K3_PROV_DTYPE_I8: q[rows][cols], then the fp32 row scales
+ * at K3_PROV_I8_SCALE_OFFSET), row-major [rows][cols] (spec §3.2). */
 void k3_cpu_ref_linear(const void *w, uint32_t dtype, uint32_t rows, uint32_t cols,
 		       const float *x, float *y);
 

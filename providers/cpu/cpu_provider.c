@@ -124,10 +124,48 @@ enum load_mode {
 	LOAD_BIND,       /* bind_layer / bind_head: data present, dtypes as at open */
 };
 
+/* Matrices the cpu provider reads other than as the operand of a row-wise
+ * product, so never as I8: the embedding (rows gathered) and MLA's
+ * kv_b_proj (its WUK half runs transposed, spec §6.5). */
+static const char *const no_i8[] = { "embed_tokens", "kv_b_proj" };
+
+/* An I8 matrix (the int8 spine, k3_provider.h): q[rows][cols] then the
+ * row scales, 4-byte aligned. */
+static int get_mat_i8(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
+		      struct k3_cpu_mat *out, const char *name, uint32_t layer,
+		      enum load_mode mode, struct k3_prov_status *st)
+{
+	for (size_t i = 0; i < sizeof(no_i8) / sizeof(no_i8[0]); i++)
+		if (strcmp(name, no_i8[i]) == 0)
+			return fail(st, -EINVAL, "layer %u tensor '%s': int8 (I8) is not accepted here"
+				    " (not the operand of a row-wise product); keep it bf16",
+				    layer, name);
+	if ((mode == LOAD_DEFERRED) != !t->data || t->ndim != 2 || t->shape[0] != rows ||
+	    t->shape[1] != cols)
+		return fail(st, -EINVAL, "layer %u tensor '%s': I8 shape [%llu, %llu] (ndim %u)%s, want"
+			    " [%u, %u]%s", layer, name, (unsigned long long)t->shape[0],
+			    (unsigned long long)t->shape[1], t->ndim, t->data ? "" : " without data",
+			    rows, cols, mode == LOAD_DEFERRED ? " without data (the layer is bound later)"
+							      : " with data");
+	if ((uintptr_t)t->data % 4)
+		return fail(st, -EINVAL, "layer %u tensor '%s': I8 payload not 4-byte aligned (its row"
+			    " scales follow it)", layer, name);
+	if (mode == LOAD_BIND && t->dtype != out->dtype)
+		return fail(st, -EINVAL, "layer %u tensor '%s': bound with dtype %u, opened with %u",
+			    layer, name, t->dtype, out->dtype);
+	out->data = t->data;
+	out->dtype = t->dtype;
+	out->rows = rows;
+	out->cols = cols;
+	return 0;
+}
+
 static int get_mat(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
 		   struct k3_cpu_mat *out, const char *name, uint32_t layer,
 		   enum load_mode mode, struct k3_prov_status *st)
 {
+	if (t->dtype == K3_PROV_DTYPE_I8)
+		return get_mat_i8(t, rows, cols, out, name, layer, mode, st);
 	if (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32)
 		return fail(st, -EINVAL, "layer %u tensor '%s': dtype %u is not bf16 or f32",
 			    layer, name, t->dtype);

@@ -8,6 +8,7 @@
  * L2, the fast path's blocked sums near 4e-5).
  */
 #include "cpu/cpu_ops.h"
+#include "k3_provider.h"
 
 #include <math.h>
 #include <string.h>
@@ -19,7 +20,16 @@ void k3_cpu_ref_linear(const void *w, uint32_t dtype, uint32_t rows, uint32_t co
 {
 	for (uint32_t r = 0; r < rows; r++) {
 		double acc = 0.0;
-		if (dtype == 2) {
+		if (dtype == K3_PROV_DTYPE_I8) {
+			/* value = q * scale[r] (the int8 spine), summed in double */
+			const int8_t *row = (const int8_t *)w + (size_t)r * cols;
+			float s;
+			memcpy(&s, (const char *)w + K3_PROV_I8_SCALE_OFFSET(rows, cols) + 4 * (size_t)r,
+			       sizeof(s));
+			for (uint32_t c = 0; c < cols; c++)
+				acc += (double)row[c] * x[c];
+			acc *= s;
+		} else if (dtype == 2) {
 			const uint16_t *row = (const uint16_t *)w + (size_t)r * cols;
 			for (uint32_t c = 0; c < cols; c++)
 				acc += (double)k3_cpu_bf16(row[c]) * x[c];

@@ -34,6 +34,7 @@ check --shape 12345678901234567890123x32
 check --shape
 check --dtype
 check --dtype foo
+check --dtype I8
 s="--shape 1x32"
 check $s $s $s $s $s $s $s $s $s
 check --runs 0

@@ -1,6 +1,7 @@
 /*
- * bench_gemv.c - GEMV throughput (GB/s of weight bytes) for BF16 and MXFP4
- * at the real K3 shapes, next to the memory bandwidth measured in the same
+ * bench_gemv.c - GEMV throughput (GB/s of weight bytes) for BF16, MXFP4
+ * and the int8 spine's I8 (1 byte per weight + one fp32 scale per row) at
+ * the real K3 shapes, next to the memory bandwidth measured in the same
  * run, printed as a ratio. A program, not a test: timings never decide
  * pass/fail.
  *
@@ -17,8 +18,10 @@
  * GEMV streams from DRAM rather than from the L3.
  *
  *   bench_gemv [--runs N] [--threads 1,2] [--tokens T] [--bw-mib M] [--set-mib M]
- *              [--shape RxC]... [--dtype bf16|mxfp4|both] [--isa ref|avx2|avx512|neon]
+ *              [--shape RxC]... [--dtype bf16|mxfp4|i8|both|all] [--isa ref|avx2|avx512|neon]
  *              [--batch N]
+ *
+ * (--dtype: both = bf16 and mxfp4, all = the three.)
  *
  * --batch N (default 1, at most 16) hands N matrices to one
  * k3_kern_matmul_many call, as the engine does with the gate and up
@@ -165,9 +168,13 @@ int main(int argc, char **argv)
 				dt_first = dt_last = 0;
 			} else if (strcmp(argv[i], "mxfp4") == 0) {
 				dt_first = dt_last = 1;
+			} else if (strcmp(argv[i], "i8") == 0) {
+				dt_first = dt_last = 2;
+			} else if (strcmp(argv[i], "all") == 0) {
+				dt_last = 2;
 			} else if (strcmp(argv[i], "both") != 0) {
-				fprintf(stderr, "bench_gemv: bad dtype '%s' (bf16, mxfp4 or both)\n",
-					argv[i]);
+				fprintf(stderr, "bench_gemv: bad dtype '%s' (bf16, mxfp4, i8, both "
+					"or all)\n", argv[i]);
 				return 2;
 			}
 		} else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc &&
@@ -197,7 +204,7 @@ int main(int argc, char **argv)
 			}
 		} else {
 			fprintf(stderr, "usage: bench_gemv [--runs N] [--threads 1,2] [--tokens T] "
-				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|both] "
+				"[--bw-mib M] [--set-mib M] [--shape RxC]... [--dtype bf16|mxfp4|i8|both|all] "
 				"[--isa NAME] [--batch N]\n");
 			return 2;
 		}
@@ -240,12 +247,16 @@ int main(int argc, char **argv)
 	printf("%-6s %-12s %3s %9s %9s %6s\n", "dtype", "rows x cols", "thr",
 		"GEMV GB/s", "mem GB/s", "ratio");
 	for (int dt = dt_first; dt <= dt_last; dt++) {
-		enum k3_kern_dtype dtype = dt == 0 ? K3_KERN_DT_BF16 : K3_KERN_DT_MXFP4;
+		enum k3_kern_dtype dtype = dt == 0 ? K3_KERN_DT_BF16 : dt == 1 ? K3_KERN_DT_MXFP4
+			: K3_KERN_DT_I8;
+		static const char *const dt_name[3] = { "bf16", "mxfp4", "i8" };
 
 		for (int s = 0; s < n_shapes; s++) {
 			size_t rows = shapes[s][0], cols = shapes[s][1];
-			size_t wbytes = dtype == K3_KERN_DT_BF16 ? rows * cols * 2 : rows * cols / 2;
-			size_t sbytes = dtype == K3_KERN_DT_BF16 ? 0 : rows * cols / 32;
+			size_t wbytes = dtype == K3_KERN_DT_BF16 ? rows * cols * 2 :
+				dtype == K3_KERN_DT_I8 ? rows * cols : rows * cols / 2;
+			size_t sbytes = dtype == K3_KERN_DT_BF16 ? 0 : dtype == K3_KERN_DT_I8 ?
+				rows * 4 : rows * cols / 32;
 			size_t per = wbytes + sbytes;
 			size_t copies = (((size_t)set_mib << 20) + per - 1) / per;
 			struct k3_kern_mat *m = calloc(copies, sizeof(*m));
@@ -263,6 +274,14 @@ int main(int argc, char **argv)
 					.cols = cols, .data = base };
 				if (dtype == K3_KERN_DT_BF16) {
 					fill_bf16((uint16_t *)base, rows * cols);
+				} else if (dtype == K3_KERN_DT_I8) {
+					/* random q; scales like a BF16 matrix's (cols % 32 == 0,
+					 * so they start 4-byte aligned) */
+					k3_bench_fill_random(base, wbytes);
+					m[k].row_scales = (const float *)(base + wbytes);
+					for (size_t i = 0; i < rows; i++)
+						((float *)(base + wbytes))[i] = 0.001f +
+							(float)(k3_bench_rand() % 1024) * 1e-6f;
 				} else {
 					k3_bench_fill_random(base, wbytes);
 					m[k].scales = base + wbytes;
@@ -288,7 +307,7 @@ int main(int argc, char **argv)
 				gbs = (double)per / k3_bench_median(t, (int)runs) / 1e9;
 				bw = (double)bw_bytes / k3_bench_median(tb, (int)runs) / 1e9;
 				printf("%-6s %5zux%-6zu %3d %9.2f %9.2f %5.0f%%\n",
-					dtype == K3_KERN_DT_BF16 ? "bf16" : "mxfp4", rows, cols,
+					dt_name[dt], rows, cols,
 					threads[ti], gbs, bw, 100.0 * gbs / bw);
 				fflush(stdout);
 			}

@@ -141,12 +141,12 @@ def run_golden(case):
                     check(sj.get("spine_bytes_read") == spine_sum,
                           f"{case} {name}: STATUS spine bytes {sj.get('spine_bytes_read')} == "
                           f"sum of DONE {spine_sum}")
-                    check(sj.get("spine_memory_bytes", 0) > 0 and "spine:" in txt,
+                    check(sj.get("spine_memory_bytes", 0) > 0 and "spine reads:" in txt,
                           f"{case} {name}: k3ctl status shows the spine: {txt}")
                     check(("spine bytes read over" in txt) == (spine_sum > 0),
                           f"{case} {name}: k3ctl status shows spine bytes per token")
                 else:
-                    check("spine_bytes_read" not in sj and "spine:" not in txt,
+                    check("spine_bytes_read" not in sj and "spine reads:" not in txt,
                           f"{case} {name}: k3ctl status has no spine when mapped")
             finally:
                 d.stop()

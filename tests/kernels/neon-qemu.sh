@@ -15,9 +15,10 @@ if ! command -v "$cc" >/dev/null 2>&1 || ! command -v "$qemu" >/dev/null 2>&1; t
 fi
 mkdir -p "$out"
 lib="kernels/kern_dispatch.c kernels/kern_elem.c kernels/kern_pool.c
-kernels/ref_kernels.c kernels/arm_neon.c base/err.c"
+kernels/ref_kernels.c kernels/arm_neon.c kernels/ref_i8.c kernels/arm_neon_i8.c
+base/err.c"
 status=0
-for t in spec simd invariance pool; do
+for t in spec simd invariance pool i8; do
 	files=""
 	for f in $lib tests/kernels/test_kern_$t.c; do
 		files="$files $src/$f"
@@ -38,4 +39,5 @@ for t in spec simd invariance pool; do
 done
 grep -q "neon" "$out/simd.log" || { echo "FAIL: simd test did not run the neon ISA"; status=1; }
 grep -q "^isa neon" "$out/invariance.log" || { echo "FAIL: invariance test did not run the neon ISA"; status=1; }
+grep -q "^i8 neon vs ref" "$out/i8.log" || { echo "FAIL: i8 test did not run the neon int8 table"; status=1; }
 exit $status

@@ -2,12 +2,14 @@
  * test_kern_invariance.c - batch invariance (issue 8 item 5), bit-exact:
  * a matmul output y[t][r] must not depend on T (1 vs 7 vs 64 positions per
  * call), on the row range of the call, or on the pool's thread count
- * (1, 2, 3). Checked for every ISA this CPU runs (through its table) and
- * for the public entry point (the ISA this process chose, with pools).
+ * (1, 2, 3). Checked for every ISA this CPU runs (through its table; the
+ * int8 spine's I8 matrices through its int8 table) and for the public
+ * entry point (the ISA this process chose, with pools).
  */
 #include <errno.h>
 #include <math.h>
 
+#include "kern_i8.h"
 #include "kern_ops.h"
 #include "kern_test_util.h"
 #include "t.h"
@@ -25,7 +27,15 @@ static void make(struct fixture *f, enum k3_kern_dtype dt, size_t rows, size_t c
 	f->m.dtype = dt;
 	f->m.rows = rows;
 	f->m.cols = cols;
-	if (dt == K3_KERN_DT_MXFP4) {
+	if (dt == K3_KERN_DT_I8) {
+		int8_t *q = kt_alloc(rows * cols);
+		float *s = kt_alloc(rows * 4);
+
+		kt_fill_bytes((uint8_t *)q, rows * cols);
+		kt_fill(s, rows);
+		f->m.data = q;
+		f->m.row_scales = s;
+	} else if (dt == K3_KERN_DT_MXFP4) {
 		uint8_t *p = kt_alloc(rows * cols / 2), *s = kt_alloc(rows * cols / 32);
 
 		kt_fill_bytes(p, rows * cols / 2);
@@ -51,13 +61,22 @@ static void drop(struct fixture *f)
 {
 	free((void *)f->m.data);
 	free((void *)f->m.scales);
+	free((void *)f->m.row_scales);
 	free(f->x);
 }
 
-/* Through one ISA's table directly: T and row ranges. */
-static void check_table(const struct k3_kern_ops *ops, const struct fixture *f)
+/* Through one ISA's table directly (its int8 table for I8): T and row
+ * ranges. */
+static void check_table(const struct k3_kern_ops *isa_ops, const struct fixture *f)
 {
+	struct k3_kern_ops i8 = { .isa = isa_ops->isa };
+	const struct k3_kern_ops *ops = isa_ops;
 	size_t R = f->m.rows, C = f->m.cols;
+
+	if (f->m.dtype == K3_KERN_DT_I8) {
+		i8.matmul_rows = k3_kern_i8_for(isa_ops->isa)->matmul_rows;
+		ops = &i8;
+	}
 	float *full = kt_alloc(TMAX * R * 4), *part = kt_alloc(TMAX * R * 4);
 
 	ops->matmul_rows(&f->m, 0, R, TMAX, f->x, C, full, R);
@@ -137,16 +156,17 @@ static void check_matmul_t(struct k3_kern_pool **pools)
 /* k3_kern_matmul_many == one k3_kern_matmul per job, bit for bit. */
 static void check_many(struct k3_kern_pool **pools)
 {
-	struct fixture f[3];
-	struct k3_kern_matmul_job jobs[4];
-	float *want[4], *got[4];
-	size_t rb[4] = { 0, 2, 0, 5 }, re[4] = { 37, 20, 19, 30 }, T[4] = { 1, 3, 1, 2 };
+	struct fixture f[4];
+	struct k3_kern_matmul_job jobs[5];
+	float *want[5], *got[5];
+	size_t rb[5] = { 0, 2, 0, 5, 1 }, re[5] = { 37, 20, 19, 30, 29 }, T[5] = { 1, 3, 1, 2, 3 };
 
 	make(&f[0], K3_KERN_DT_BF16, 37, 259);
 	make(&f[1], K3_KERN_DT_MXFP4, 23, 3584);
 	make(&f[2], K3_KERN_DT_F32, 19, 577);
-	for (int j = 0; j < 4; j++) {
-		const struct fixture *fx = &f[j < 3 ? j : 0];
+	make(&f[3], K3_KERN_DT_I8, 29, 1031);
+	for (int j = 0; j < 5; j++) {
+		const struct fixture *fx = &f[j < 3 ? j : j == 3 ? 0 : 3];
 		size_t rows = re[j] - rb[j];
 
 		want[j] = kt_alloc(T[j] * rows * 4);
@@ -158,20 +178,20 @@ static void check_many(struct k3_kern_pool **pools)
 			fx->m.cols + 1, want[j], rows), 0);
 	}
 	for (int p = 0; p < 3; p++) {
-		for (int j = 0; j < 4; j++)
+		for (int j = 0; j < 5; j++)
 			memset(got[j], 0xFF, T[j] * (re[j] - rb[j]) * 4);
-		T_EQ_INT(k3_kern_matmul_many(pools[p], 4, jobs), 0);
-		for (int j = 0; j < 4; j++)
+		T_EQ_INT(k3_kern_matmul_many(pools[p], 5, jobs), 0);
+		for (int j = 0; j < 5; j++)
 			T_EQ_MEM(want[j], got[j], T[j] * (re[j] - rb[j]) * 4);
 	}
 	jobs[1].row_end = 24;     /* past the matrix: rejected, nothing run */
-	T_EQ_INT(k3_kern_matmul_many(pools[1], 4, jobs), -EINVAL);
+	T_EQ_INT(k3_kern_matmul_many(pools[1], 5, jobs), -EINVAL);
 	T_EQ_INT(k3_kern_matmul_many(pools[1], 0, NULL), 0);
-	for (int j = 0; j < 4; j++) {
+	for (int j = 0; j < 5; j++) {
 		free(want[j]);
 		free(got[j]);
 	}
-	for (int j = 0; j < 3; j++)
+	for (int j = 0; j < 4; j++)
 		drop(&f[j]);
 }
 
@@ -187,6 +207,9 @@ int main(void)
 		{ K3_KERN_DT_MXFP4, 23, 3584 },
 		{ K3_KERN_DT_MXFP4, 9, 4160 },   /* AVX2: 3 tokens per permuted pass; AVX-512: 1 (L1 cap) */
 		{ K3_KERN_DT_MXFP4, 7, 16416 },  /* above the permuted-x limit */
+		{ K3_KERN_DT_I8, 37, 259 },      /* int8 spine: tails of every width */
+		{ K3_KERN_DT_I8, 40, 1024 },     /* short rows: one row per call at T = 1 */
+		{ K3_KERN_DT_I8, 21, 7175 },     /* long rows: four per call, plus a tail */
 	};
 
 	printf("isa %s\n", k3_kern_isa_name(k3_kern_active_isa()));
