@@ -739,7 +739,7 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 	struct k3_store_info in;
 	uint32_t n;
 
-	r->prefill_chunk = s->prefill_chunk; r->has_prefill_chunk = true;
+	k3_msg_status_reply_set_prefill_chunk(r, s->prefill_chunk);
 	if (!s->store)
 		return;
 	k3_store_stats_get(s->store, &st);
@@ -753,8 +753,8 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 		struct k3_store_spine_stats ss;
 		k3_store_spine_stats_get(s->spine, &ss);
 		spine = ss.bytes_read;
-		r->spine_demand_bytes = ss.demand_bytes; r->has_spine_demand_bytes = true;
-		r->spine_wasted_bytes = ss.wasted_bytes; r->has_spine_wasted_bytes = true;
+		k3_msg_status_reply_set_spine_demand_bytes(r, ss.demand_bytes);
+		k3_msg_status_reply_set_spine_wasted_bytes(r, ss.wasted_bytes);
 	}
 	for (int c = 0; c < 7; c++)
 		for (uint32_t d = 0; d < n; d++)
@@ -778,20 +778,20 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 	k3_msg_status_reply_set_drive_prefetch_on(r, (struct k3_proto_ids){ n, u, NULL });
 	k3_msg_status_reply_set_drive_experts(r, (struct k3_proto_ids){ n, u + K3_STORE_MAX_DRIVES,
 									 NULL });
-	r->expert_demand_bytes = st.demand_bytes; r->has_expert_demand_bytes = true;
-	r->prefetch_used_bytes = st.prefetch_used_bytes; r->has_prefetch_used_bytes = true;
-	r->hedges = st.hedges; r->has_hedges = true;
-	r->hedges_won = st.hedges_won; r->has_hedges_won = true;
+	k3_msg_status_reply_set_expert_demand_bytes(r, st.demand_bytes);
+	k3_msg_status_reply_set_prefetch_used_bytes(r, st.prefetch_used_bytes);
+	k3_msg_status_reply_set_hedges(r, st.hedges);
+	k3_msg_status_reply_set_hedges_won(r, st.hedges_won);
 }
 
 void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
 		       const struct k3_store_stats *xd, const struct k3_store_spine_stats *sd,
 		       struct k3_msg_done *done, uint64_t *b)
 {
-	done->prefill_chunk = q->chunk; done->has_prefill_chunk = true;
+	k3_msg_done_set_prefill_chunk(done, q->chunk);
 	if (s->spine) {
-		done->spine_demand_bytes = sd->demand_bytes; done->has_spine_demand_bytes = true;
-		done->spine_wasted_bytes = sd->wasted_bytes; done->has_spine_wasted_bytes = true;
+		k3_msg_done_set_spine_demand_bytes(done, sd->demand_bytes);
+		k3_msg_done_set_spine_wasted_bytes(done, sd->wasted_bytes);
 	}
 	if (!s->store)
 		return;
@@ -812,16 +812,14 @@ void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
 	k3_msg_done_set_drive_spine_bytes_read(done, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
 	k3_msg_done_set_drive_hedges(done, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
 	k3_msg_done_set_drive_hedges_won(done, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
-	done->expert_demand_bytes = xd->demand_bytes; done->has_expert_demand_bytes = true;
-	done->prefetch_used_bytes = xd->prefetch_used_bytes; done->has_prefetch_used_bytes = true;
-	done->hedges = xd->hedges; done->has_hedges = true;
-	done->hedges_won = xd->hedges_won; done->has_hedges_won = true;
+	k3_msg_done_set_expert_demand_bytes(done, xd->demand_bytes);
+	k3_msg_done_set_prefetch_used_bytes(done, xd->prefetch_used_bytes);
+	k3_msg_done_set_hedges(done, xd->hedges);
+	k3_msg_done_set_hedges_won(done, xd->hedges_won);
 	/* the prefill's cost against one read of each distinct expert */
 	struct k3_store_stats pf;
 	k3_store_stats_sub(&q->xs_prefilled, &q->xs0, &pf);
-	done->prefill_expert_bytes = q->prefilled ? pf.bytes_read : 0;
-	done->has_prefill_expert_bytes = true;
-	done->prefill_distinct_experts = q->prefilled ? pf.distinct_experts : 0;
-	done->has_prefill_distinct_experts = true;
-	done->expert_span_bytes = in.slot_bytes; done->has_expert_span_bytes = true;
+	k3_msg_done_set_prefill_expert_bytes(done, q->prefilled ? pf.bytes_read : 0);
+	k3_msg_done_set_prefill_distinct_experts(done, q->prefilled ? pf.distinct_experts : 0);
+	k3_msg_done_set_expert_span_bytes(done, in.slot_bytes);
 }
