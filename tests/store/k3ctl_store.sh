@@ -101,6 +101,27 @@ gd=$(echo "$d" | grep -o '"greedy":\[[0-9,]*\]')
 [ "$ga" = "$gd" ] || fail "bench greedy with a streamed spine differs: $ga vs $gd"
 [ "$(json_field "$d" spine_bytes_read)" -gt 0 ] || fail "bench streamed no spine: $d"
 [ "$(json_field "$a" spine_bytes_read)" = 0 ] || fail "bench read spine bytes when mapped: $a"
+# several drives: the copy on drive 1 (written above, layers 1-2 and 5),
+# emulated at 1 and 2 GB/s with drive 0 stalling, hedged: the same ids,
+# and the bytes add up per drive and in all
+e=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch off --disk-mib 1 \
+	--expert-dir "$t/copy" --io-rate 1,2 --io-stall 5:0.3,0 --hedge 1.5 --prefill-chunk 2 2>/dev/null)
+ge=$(echo "$e" | grep -o '"greedy":\[[0-9,]*\]')
+[ "$ga" = "$ge" ] || fail "bench greedy over two drives differs: $ga vs $ge"
+echo "$e" | python3 -c '
+import json, sys
+o = json.load(sys.stdin)
+d = o["drives"]
+assert len(d) == 2 and d[1]["experts"] == 96 and d[0]["experts"] == 384, d
+for x in d:
+    assert x["bytes_read"] == x["demand_bytes"] + x["prefetch_used_bytes"] + x["prefetch_wasted_bytes"], x
+total = o["prefill"]["bytes_read"] + o["decode"]["bytes_read"]
+assert sum(x["bytes_read"] for x in d) == total, (d, total)
+assert d[1]["bytes_read"] > 0 and d[0]["emulated_gbps"] == 1.0 and d[1]["emulated_gbps"] == 2.0, d
+assert o["prefill_distinct_experts"] > 0 and o["prefill_bytes_per_distinct_span"] > 0, o
+' || fail "bench drives: $e"
+"$k3ctl" bench --model "$model" --expert-dir "$t" 2>/dev/null && fail "bench --expert-dir without packs"
+"$k3ctl" bench --model "$model" --io-rate 1,2 2>/dev/null && fail "two rates for one drive"
 "$k3ctl" bench --model "$model" --spine-resident 99 2>/dev/null && fail "more resident layers than the model"
 "$k3ctl" bench --model "$model" --prefetch 3 --prefetch-gate 0.5 2>/dev/null && fail "gate without auto"
 "$k3ctl" bench --model "$model" --direct maybe 2>/dev/null && fail "bad --direct"
