@@ -14,7 +14,7 @@
 #include "base/parse.h"
 #include "store/store.h"
 #include "store/store_budget.h"
-#include "store/store_spine.h"
+#include "store/store_plan.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 
@@ -40,14 +40,19 @@ static const char usage[] =
 	"  --direct auto|on|off expert reads with O_DIRECT: auto (default) where the\n"
 	"                       file system allows it; on = required (refuse to start\n"
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
+	"  --memory-limit SIZE  plan memory for at most SIZE (64G, 512M; default and cap:\n"
+	"                       min(RAM, cgroup memory.max / memory.high))\n"
+	"  --context N          tokens of MLA cache the plan reserves per conversation, and\n"
+	"                       the most one may hold (default: reserve min(32768, the\n"
+	"                       model's), accept up to the model's)\n"
+	"  --spine-resident auto|all|N|none  stream the spine (every non-expert weight):\n"
+	"                       layers 0..N-1 stay resident, every later layer is read\n"
+	"                       per pass into a ring of layer arenas; auto = the memory\n"
+	"                       plan's prefix, all = every layer; not given: the plan's\n"
+	"                       choice, the spine mapped when it all fits (docs/plan.md)\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts (and the spine) from the shards even when\n"
 	"                       packs are valid\n"
-	"  --spine-resident auto|all|none|N  stream the spine (every non-expert weight):\n"
-	"                       layers 0..N-1 stay resident, every later layer is read\n"
-	"                       per pass into a ring of layer arenas; all = every layer\n"
-	"                       resident (read once), auto = as many as the memory\n"
-	"                       budget allows; not given: the spine stays mapped\n"
 	"  --expert-dir DIR     another drive's copy of the expert packs, full or partial\n"
 	"                       (k3ctl pack --out DIR [--layers L|--hot-experts N]);\n"
 	"                       repeatable, up to 3; each read goes to the copy that\n"
@@ -80,20 +85,32 @@ static const char usage[] =
 	"\n"
 	"The daemon's own uid and root are always allowed. See k3d(8).\n";
 
-static int parse_uid(const char *opt, const char *s, uid_t *out, struct k3_err *err)
+/* A number, or a name: a user's (its uid) or, with group, a group's (its
+ * gid). */
+static int parse_id(const char *opt, const char *s, bool group, uint32_t *out, struct k3_err *err)
 {
 	uint64_t v;
-	struct passwd *pw;
 
 	if (k3_parse_u64(s, 0, UINT32_MAX - 1, &v, NULL) == 0) {
-		*out = (uid_t)v;
+		*out = (uint32_t)v;
 		return 0;
 	}
-	pw = getpwnam(s);
-	if (!pw)
-		return k3_err_set(err, -EINVAL, "%s: no user '%s'", opt, s);
-	*out = pw->pw_uid;
-	return 0;
+	if (group) {
+		const struct group *gr = getgrnam(s);
+
+		if (gr) {
+			*out = gr->gr_gid;
+			return 0;
+		}
+	} else {
+		const struct passwd *pw = getpwnam(s);
+
+		if (pw) {
+			*out = pw->pw_uid;
+			return 0;
+		}
+	}
+	return k3_err_set(err, -EINVAL, "%s: no %s '%s'", opt, group ? "group" : "user", s);
 }
 
 /* A count option: k3_parse_u64 within [min, max], named in the error. */
@@ -111,29 +128,14 @@ static int parse_count(const char *opt, const char *s, uint64_t min, uint64_t ma
 /* Appends a uid or user name to one of the K3_OPTIONS_MAX_IDS lists. */
 static int add_uid(const char *opt, const char *s, uid_t *list, unsigned *n, struct k3_err *err)
 {
+	uint32_t id = 0;
 	int r;
 
 	if (*n == K3_OPTIONS_MAX_IDS)
 		return k3_err_set(err, -EINVAL, "%s: at most %d", opt, K3_OPTIONS_MAX_IDS);
-	if ((r = parse_uid(opt, s, &list[*n], err)) < 0)
+	if ((r = parse_id(opt, s, false, &id, err)) < 0)
 		return r;
-	(*n)++;
-	return 0;
-}
-
-static int parse_gid(const char *s, gid_t *out, struct k3_err *err)
-{
-	uint64_t v;
-	struct group *gr;
-
-	if (k3_parse_u64(s, 0, UINT32_MAX - 1, &v, NULL) == 0) {
-		*out = (gid_t)v;
-		return 0;
-	}
-	gr = getgrnam(s);
-	if (!gr)
-		return k3_err_set(err, -EINVAL, "--allow-gid: no group '%s'", s);
-	*out = gr->gr_gid;
+	list[(*n)++] = (uid_t)id;
 	return 0;
 }
 
@@ -182,9 +184,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE,
-	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK,
-	       O_SPINE_DTYPE, O_SPINE_INT8_DIR };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
+	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT,
+	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -206,7 +208,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
-		{ "spine-resident", required_argument, NULL, O_SPINE },
+		{ "memory-limit", required_argument, NULL, O_MEMLIMIT },
+		{ "context", required_argument, NULL, O_CONTEXT },
+		{ "spine-resident", required_argument, NULL, O_RESIDENT },
 		{ "expert-dir", required_argument, NULL, O_EXPERT_DIR },
 		{ "hedge", required_argument, NULL, O_HEDGE },
 		{ "io-rate", required_argument, NULL, O_IO_RATE },
@@ -230,7 +234,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->idle_timeout_s = K3_LIM_IDLE_TIMEOUT_DEFAULT_S;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
-	opts->spine_resident = K3_OPTIONS_SPINE_MAPPED;
+	opts->spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 	k3_store_drive_opts_init(&opts->drives);
 	opterr = 0;
 	optind = 1;
@@ -249,14 +253,16 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if ((r = add_uid("--allow-uid", optarg, opts->allow_uid, &opts->n_allow_uid, err)) < 0)
 				return r;
 			break;
-		case O_GID:
+		case O_GID: {
+			uint32_t id = 0;
+
 			if (opts->n_allow_gid == K3_OPTIONS_MAX_IDS)
 				return k3_err_set(err, -EINVAL, "--allow-gid: at most %d", K3_OPTIONS_MAX_IDS);
-			r = parse_gid(optarg, &opts->allow_gid[opts->n_allow_gid], err);
-			if (r < 0)
+			if ((r = parse_id("--allow-gid", optarg, true, &id, err)) < 0)
 				return r;
-			opts->n_allow_gid++;
+			opts->allow_gid[opts->n_allow_gid++] = (gid_t)id;
 			break;
+		}
 		case O_QUEUE:
 			if ((r = parse_count("--queue", optarg, 0, K3_LIM_QUEUE_MAX, &opts->queue_max, err)) < 0)
 				return r;
@@ -340,9 +346,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
-		case O_SPINE:
-			if ((r = k3_store_spine_parse_resident(optarg, &opts->spine_resident, err)) < 0)
-				return k3_err_prefix(err, "--spine-resident");
+		case O_MEMLIMIT:
+			if ((r = k3_parse_size(optarg, &opts->memory_limit_bytes, err)) < 0)
+				return k3_err_prefix(err, "--memory-limit");
+			if (!opts->memory_limit_bytes)
+				return k3_err_set(err, -EINVAL, "--memory-limit: a size above 0 (64G, 512M)");
 			break;
 		case O_EXPERT_DIR:
 			if (opts->n_expert_dirs == K3_STORE_MAX_DRIVES - 1)
@@ -386,6 +394,15 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if (!optarg[0])
 				return k3_err_set(err, -EINVAL, "--spine-int8-dir: empty path");
 			opts->spine_int8_dir = optarg;
+			break;
+		case O_CONTEXT:
+			if ((r = k3_parse_u64(optarg, 1, 1u << 24, &v, err)) < 0)
+				return k3_err_prefix(err, "--context");
+			opts->context_tokens = (uint32_t)v;
+			break;
+		case O_RESIDENT:
+			if ((r = k3_store_plan_parse_resident(optarg, &opts->spine_resident, err)) < 0)
+				return r;
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -463,15 +480,10 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	char sp[32];
-	if (opts->spine_resident == K3_OPTIONS_SPINE_MAPPED)
-		snprintf(sp, sizeof(sp), "mapped");
-	else if (opts->spine_resident == K3_STORE_SPINE_AUTO)
-		snprintf(sp, sizeof(sp), "auto");
-	else if (opts->spine_resident == K3_STORE_SPINE_ALL)
-		snprintf(sp, sizeof(sp), "all");
-	else
-		snprintf(sp, sizeof(sp), "%d", (int)opts->spine_resident);
+	char num[16];
+	const char *sp = opts->spine_resident == K3_STORE_PLAN_RESIDENT_DEFAULT
+			 ? "mapped (streamed when it does not fit)"
+			 : k3_store_plan_resident_name(opts->spine_resident, num, sizeof(num));
 	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
 		    " packs=%s spine-resident=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
@@ -487,6 +499,16 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_drive_hedge_name(&opts->drives, hedge, sizeof(hedge)), chunk,
 		    opts->drives.n_rate || opts->drives.n_latency || opts->drives.n_stall
 		    ? " emulated-drive=on" : "");
+	char mem[32], ctx[32];
+	if (opts->memory_limit_bytes)
+		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);
+	else
+		snprintf(mem, sizeof(mem), "none");
+	if (opts->context_tokens)
+		snprintf(ctx, sizeof(ctx), "%u", opts->context_tokens);
+	else
+		snprintf(ctx, sizeof(ctx), "auto");
+	k3_log_info("config: memory-limit=%s context=%s", mem, ctx);
 	if (opts->spine_int8)
 		k3_log_info("config: spine=int8 (NOT weight-exact) spine-int8-dir=%s",
 			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");

@@ -5,7 +5,7 @@
  * Where each behaviour lives:
  *   sched.c        the engine thread, the engine -> loop inbox, a job's
  *                  life after it ran (publishing its state), CANCEL, and
- *                  the hooks server.c calls (requests, STATUS, drain)
+ *                  the hooks server*.c calls (requests, STATUS, drain)
  *   sched_queue.c  the one queue type (struct sched_fifo)
  *   sched_admit.c  the one admission decision (BUSY, duplicate request
  *                  id, draining) for every kind of job, and ACCEPTED
@@ -40,6 +40,7 @@
 #include "engine/engine.h"
 #include "store/store.h"
 #include "store/store_engine.h"
+#include "store/store_plan.h"
 #include "store/store_spine.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
@@ -238,6 +239,9 @@ struct k3_sched {
 	struct k3_store_source *xsrc;
 	struct k3_store *store;
 	struct k3_store_engine_src xctx;
+	/* the memory plan (store_plan.h); valid when have_plan */
+	struct k3_store_plan_out plan;
+	bool have_plan;
 	/* the spine loader (NULL: the spine is the mmapped shards) */
 	struct k3_store_spine *spine;
 	uint32_t prefill_chunk;         /* positions per prefill pass, the engine's max_chunk */
@@ -432,6 +436,13 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r);
 void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
 		       const struct k3_store_stats *xd, const struct k3_store_spine_stats *sd,
 		       struct k3_msg_done *done, uint64_t *buf);
+/* Tokens one conversation may hold: the model's max_position_embeddings,
+ * capped at --context when it is given (the plan then reserves state for
+ * exactly that). Any thread. */
+uint64_t sched_context_tokens(const struct k3_sched *s);
+/* STATUS_REPLY's memory fields: peak RSS (VmHWM of this process) and,
+ * once loaded, the memory plan's split. Loop thread. */
+void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r);
 /* Appends the routes of the last forward call (c positions from pos) to
  * --router-trace; a write error stops tracing with one log line. */
 void sched_trace_routes(struct k3_sched *s, const struct sched_job *j, uint32_t pos, uint32_t c);
@@ -449,12 +460,9 @@ void sched_warm_run(struct k3_sched *s, struct sched_job *j);
  * (docs/protocol.md, DONE). */
 static inline void sched_done_spine(const struct k3_sched *s, struct k3_msg_done *d)
 {
-	d->spine = s->spine_kind;
-	d->has_spine = true;
-	if (s->spine_kind == K3_SPINE_INT8) {
-		d->spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
-		d->has_spine_label = true;
-	}
+	k3_msg_done_set_spine(d, s->spine_kind);
+	if (s->spine_kind == K3_SPINE_INT8)
+		k3_msg_done_set_spine_label(d, k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL));
 }
 
 #endif

@@ -10,6 +10,7 @@
 #include "store/store_io.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/array.h"
+
 struct source_file {
 	char *path;
 	int fd;
@@ -166,15 +168,9 @@ int k3_store_source_add_file_on(struct k3_store_source *src, const char *path, u
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto out_close;
 	}
-	if (src->n_files == src->cap_files) {
-		size_t cap = src->cap_files ? src->cap_files * 2 : 8;
-		struct source_file *nf = realloc(src->files, cap * sizeof(*nf));
-		if (!nf) {
-			rc = k3_err_set(err, -ENOMEM, "out of memory");
-			goto out_free;
-		}
-		src->files = nf;
-		src->cap_files = cap;
+	if (k3_array_reserve(&src->files, &src->cap_files, src->n_files + 1, sizeof(*src->files), 8)) {
+		rc = k3_err_set(err, -ENOMEM, "out of memory");
+		goto out_free;
 	}
 	src->files[src->n_files] = f;
 	*file = (uint32_t)src->n_files++;
@@ -268,11 +264,11 @@ int k3_store_source_add_expert(struct k3_store_source *src,
 		return k3_err_set(err, -EEXIST, "expert (%" PRIu32 ", %" PRIu32 ") added twice",
 				  e->layer, e->expert);
 	if (src->n_experts == src->cap_experts) {
-		size_t cap = src->cap_experts ? src->cap_experts * 2 : 64;
-		struct k3_store_expert *ne = realloc(src->experts, cap * sizeof(*ne));
-		if (!ne)
+		/* the experts and their first copies grow together */
+		size_t cap = src->cap_experts;
+		if (k3_array_reserve(&src->experts, &cap, src->n_experts + 1, sizeof(*src->experts),
+				     64))
 			return k3_err_set(err, -ENOMEM, "out of memory");
-		src->experts = ne;
 		int32_t *nc = realloc(src->first_copy, cap * sizeof(*nc));
 		if (!nc)
 			return k3_err_set(err, -ENOMEM, "out of memory");
