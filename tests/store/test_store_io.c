@@ -60,7 +60,7 @@ static void wait_blocked(int n)
 
 /* What the client saw, written by the callbacks (under the pool lock). */
 struct client {
-	char order[32];       /* job names in start order */
+	char order[256];      /* job names in start order (the first 255) */
 	int n_started, n_done, running, max_running_prefetch, running_prefetch;
 	int rc[8];
 	uint64_t bytes[8];
@@ -80,7 +80,9 @@ struct tjob {
 static void job_started(struct k3_store_io_job *job)
 {
 	struct tjob *t = job->owner;
-	t->c->order[t->c->n_started++] = t->name;
+	if (t->c->n_started < (int)sizeof(t->c->order) - 1)
+		t->c->order[t->c->n_started] = t->name;
+	t->c->n_started++;
 	if (job->cls == K3_STORE_IO_PREFETCH &&
 	    ++t->c->running_prefetch > t->c->max_running_prefetch)
 		t->c->max_running_prefetch = t->c->running_prefetch;
