@@ -731,6 +731,21 @@ static struct k3_proto_u64s u64s(const uint64_t *v, uint32_t n)
 	return (struct k3_proto_u64s){ n, v, NULL };
 }
 
+/* The per-drive columns DONE and STATUS_REPLY share (fields 60-66), each
+ * K3_STORE_MAX_DRIVES long in b: expert bytes, demand, prefetch used and
+ * wasted, spine bytes (all on drive 0: the spine reads through its
+ * readers), hedges, hedges won. */
+static void drive_columns(const struct k3_store_stats *st, uint64_t spine, uint32_t n, uint64_t *b)
+{
+	const uint64_t *cols[7] = { st->drive_bytes_read, st->drive_demand_bytes,
+				    st->drive_prefetch_used_bytes, st->drive_prefetch_wasted_bytes,
+				    NULL, st->drive_hedges, st->drive_hedges_won };
+
+	for (int c = 0; c < 7; c++)
+		for (uint32_t d = 0; d < n; d++)
+			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d] : d == 0 ? spine : 0;
+}
+
 void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 {
 	uint64_t *b = s->status_u64;
@@ -745,9 +760,6 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 	k3_store_stats_get(s->store, &st);
 	k3_store_info_get(s->store, &in);
 	n = in.n_drives;
-	const uint64_t *cols[7] = { st.drive_bytes_read, st.drive_demand_bytes,
-				    st.drive_prefetch_used_bytes, st.drive_prefetch_wasted_bytes,
-				    NULL, st.drive_hedges, st.drive_hedges_won };
 	uint64_t spine = 0;
 	if (s->spine) {
 		struct k3_store_spine_stats ss;
@@ -756,10 +768,7 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 		k3_msg_status_reply_set_spine_demand_bytes(r, ss.demand_bytes);
 		k3_msg_status_reply_set_spine_wasted_bytes(r, ss.wasted_bytes);
 	}
-	for (int c = 0; c < 7; c++)
-		for (uint32_t d = 0; d < n; d++)
-			/* the spine reads through drive 0's readers */
-			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d] : d == 0 ? spine : 0;
+	drive_columns(&st, spine, n, b);
 	for (uint32_t d = 0; d < n; d++) {
 		b[7 * K3_STORE_MAX_DRIVES + d] = in.drive[d].rate_bytes_per_s;
 		b[8 * K3_STORE_MAX_DRIVES + d] = in.drive[d].p95_ns;
@@ -798,13 +807,7 @@ void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
 	struct k3_store_info in;
 	k3_store_info_get(s->store, &in);
 	uint32_t n = in.n_drives;
-	const uint64_t *cols[7] = { xd->drive_bytes_read, xd->drive_demand_bytes,
-				    xd->drive_prefetch_used_bytes, xd->drive_prefetch_wasted_bytes,
-				    NULL, xd->drive_hedges, xd->drive_hedges_won };
-	for (int c = 0; c < 7; c++)
-		for (uint32_t d = 0; d < n; d++)
-			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d]
-						       : d == 0 && s->spine ? sd->bytes_read : 0;
+	drive_columns(xd, s->spine ? sd->bytes_read : 0, n, b);
 	k3_msg_done_set_drive_expert_bytes_read(done, u64s(b, n));
 	k3_msg_done_set_drive_expert_demand_bytes(done, u64s(b + K3_STORE_MAX_DRIVES, n));
 	k3_msg_done_set_drive_prefetch_used_bytes(done, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
