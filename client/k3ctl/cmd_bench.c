@@ -832,6 +832,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 			"request%s\n", io_rate, io_latency_ms, info.files_direct ? " (O_DIRECT reads: "
 			"the real disk also limits them; --direct off over page-cached files isolates "
 			"the emulation)" : "");
+	if (n_drives > 1)
+		fprintf(hdr, "drives: %u (the model directory's and %u --expert-dir); hedging %s\n",
+			n_drives, n_dirs, info.hedge_buffers ? "on" : dopts.hedge_factor == 0 ? "off"
+			: "off: the cache cannot spare a hedge buffer beyond a token's experts");
 	if (d_buffered)
 		fprintf(hdr, "note: the disk yardstick could not use O_DIRECT on %u files: its figure "
 			"may include the page cache\n", d_buffered);
@@ -1009,6 +1013,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		json_object_set_new(o, "prefill_bytes_per_distinct_span", json_real(
 			pre.st.distinct_experts ? (double)pre.st.bytes_read /
 			((double)pre.st.distinct_experts * (double)slot) : 0));
+		json_object_set_new(o, "hedge_buffers", json_integer(info.hedge_buffers));
 		json_object_set_new(o, "drives", drives_json(&all, &info_end, n_drives, drive_disk,
 							    home_experts));
 		char *txt = json_dumps(o, JSON_COMPACT);

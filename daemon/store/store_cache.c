@@ -744,9 +744,12 @@ static int32_t take_slot(struct k3_store *s, const struct request *rq, size_t k,
 		}
 		if (i >= 0)
 			return i;
+		/* an unpinned slot being read, or whose read lost to its hedge
+		 * and still runs (evictable once that read ends) */
 		bool waitable = false;
 		for (uint32_t j = 0; j < s->n_slots && !waitable; j++)
-			waitable = s->slots[j].state == K3_STORE_SLOT_READING && s->slots[j].pins == 0;
+			waitable = s->slots[j].pins == 0 && (s->slots[j].state == K3_STORE_SLOT_READING ||
+							     s->slots[j].loser);
 		if (!waitable)
 			return no_slot(s, rq, k, err);
 		k3_store_io_wait(s->io);   /* every unpinned slot is being read; one will finish */

@@ -120,6 +120,18 @@ assert sum(x["bytes_read"] for x in d) == total, (d, total)
 assert d[1]["bytes_read"] > 0 and d[0]["emulated_gbps"] == 1.0 and d[1]["emulated_gbps"] == 2.0, d
 assert o["prefill_distinct_experts"] > 0 and o["prefill_bytes_per_distinct_span"] > 0, o
 ' || fail "bench drives: $e"
+# a cache of exactly one group of experts (6 slots + 2 hedge buffers) while
+# drive 0 stalls: a slot whose read lost to its hedge and still runs is
+# waited for, never taken for a full cache (it once failed with -ENOSPC)
+"$k3ctl" pack --model "$model" --out "$t/full" --layers all >/dev/null || fail "pack --layers all"
+h=$("$k3ctl" --json bench --model "$model" --max-new 12 --prompt-len 24 --prefetch off --disk-mib 1 \
+	--expert-cache-gb 0.000132 --expert-dir "$t/full" --io-rate 0.02,0.02 --io-stall 20:0.3,0 \
+	--hedge 1.5 --prefill-chunk 24 2>"$t/err") || fail "bench, a full cache and hedges: $(tail -1 "$t/err")"
+echo "$h" | python3 -c '
+import json, sys
+o = json.load(sys.stdin)
+assert o["hedge_buffers"] == 2 and sum(x["hedges_won"] for x in o["drives"]) > 0, o["drives"]
+' || fail "bench, a full cache and hedges: no hedge won: $h"
 "$k3ctl" bench --model "$model" --expert-dir "$t" 2>/dev/null && fail "bench --expert-dir without packs"
 "$k3ctl" bench --model "$model" --io-rate 1,2 2>/dev/null && fail "two rates for one drive"
 "$k3ctl" bench --model "$model" --spine-resident 99 2>/dev/null && fail "more resident layers than the model"
