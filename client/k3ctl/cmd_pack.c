@@ -5,19 +5,51 @@
  * pack) span by span with the shards, and rewrites the stale ones. With
  * --layers or --hot-experts it writes a copy for another drive (k3d
  * --expert-dir): only those layers' packs, or packs holding the N experts
- * a router trace used most, and no spine pack. */
+ * a router trace used most, and no spine pack. A shard that k3ctl setup verified
+ * gets its SHA-256 recorded in the packs; and the per-expert SHA-256 table
+ * (setup_experts.h) is written beside the shards, for mirrors whose
+ * streaming installs verify each expert before use. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/parse.h"
 #include "k3ctl.h"
 #include "model/model.h"
+#include "setup/setup_experts.h"
+#include "setup/setup_inventory.h"
+#include "setup/setup_publish.h"
+#include "setup/setup_remote.h"
+#include "setup/setup_state.h"
 #include "store/store_model.h"
 #include "store/store_trace.h"
+
+/* The per-expert table, in the model directory when it is writable, else
+ * beside the packs. */
+static int write_expert_table(const struct k3_model *m, const char *packdir, struct k3_err *err)
+{
+	const char *dirs[2] = { k3_model_dir(m), packdir };
+	size_t n = 0;
+	int rc = -EACCES;
+
+	for (int i = 0; i < 2 && rc; i++) {
+		int dfd;
+		if (i == 0 && access(dirs[0], W_OK) != 0)
+			continue;
+		if ((rc = k3_setup_dir_open(dirs[i], false, &dfd, err)) != 0)
+			continue;
+		rc = k3_setup_expert_table_write(m, dfd, K3_SETUP_EXPERT_TABLE_NAME, &n, err);
+		close(dfd);
+		if (rc == 0 && !k3ctl_g.json)
+			printf("%s/%s: SHA-256 of each of %zu routed experts\n", dirs[i],
+			       K3_SETUP_EXPERT_TABLE_NAME, n);
+	}
+	return rc;
+}
 
 static void count(const struct k3_store_pack_result *res, uint32_t *written, uint32_t *kept,
 		  uint32_t *reverified, uint64_t *bytes, uint64_t *verified)
@@ -154,6 +186,17 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	if ((layers || hot) && !out_dir)
 		return k3ctl_usage("pack", "--layers and --hot-experts write a copy for another drive:"
 				   " name it with --out DIR");
+	{
+		/* a streaming install's shards hold holes where experts have not
+		 * arrived: a pack of them would be wrong */
+		bool stream = false;
+		uint64_t absent = 0;
+		if (k3_setup_stream_status(model_dir, &stream, &absent, &err) == 0 && stream && absent)
+			return k3ctl_fail(K3CTL_EXIT_ERROR, "%s is a streaming install and %" PRIu64
+					  " routed experts are not on disk yet: fetch them with 'k3ctl"
+					  " fetch-weights --model %s' before packing", model_dir, absent,
+					  model_dir);
+	}
 	rc = k3_model_open(model_dir, &m, &err);
 	if (rc)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
@@ -195,6 +238,9 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 		goto out;
 	}
+	/* shards k3ctl setup verified: their SHA-256 goes into the packs */
+	for (size_t i = 0; i < n_id; i++)
+		id[i].has_sha256 = k3_setup_verified_sha256(k3_model_dir(m), id[i].name, id[i].sha256) == 0;
 	for (uint32_t l = 0; l < plan->n_layers; l++) {
 		struct k3_store_pack_result res;
 		struct k3_store_source *src;
@@ -253,6 +299,10 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	if (!k3ctl_g.json && reverified)
 		printf("%" PRIu32 " kept packs were re-verified against changed shards (their"
 		       " source records now name the files as they are)\n", reverified);
+	if (write_expert_table(m, packdir, &err) != 0) {
+		k3ctl_fail(K3CTL_EXIT_ERROR, "the per-expert SHA-256 table: %s", err.msg);
+		goto out;
+	}
 	code = K3CTL_EXIT_OK;
 out:
 	free(id);

@@ -86,21 +86,31 @@ static const struct {
 	{ "ping", "k3ctl ping [--json]" },
 	{ "shutdown", "k3ctl shutdown" },
 	{ "run", "k3ctl run [PROMPT] [--chat] [--max-new N] [--stop S]... [--reasoning-effort none|low|high|max]\n"
-		 "          [--prompt-ids ID,ID,...] [--hide-reasoning] [--stats] [--ids] [--json]\n"
+		 "          [--prompt-ids ID,ID,...] [--hide-reasoning] [--draft off|auto|ngram|dspark]\n"
+		 "          [--stats] [--ids] [--json]\n"
 		 "  PROMPT defaults to 'The capital of France is'; --max-new defaults to 128." },
 	{ "chat", "k3ctl chat [--max-new N] [--stop S]... [--reasoning-effort none|low|high|max]\n"
-		  "           [--hide-reasoning] [--stats] [--ids] [--json]\n"
+		  "           [--hide-reasoning] [--draft off|auto|ngram|dspark] [--stats] [--ids] [--json]\n"
 		  "  One message per line on stdin; Ctrl-C cancels a reply; Ctrl-D or /exit quits." },
 	{ "cancel", "k3ctl cancel JOB_ID" },
 	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench|k3-sparse|trained] [--seed N] [--layers N]\n"
 			"  [--hidden N] [--vocab N] [--intermediate N] [--experts N] [--top-k N]\n"
 			"  [--moe-intermediate N] [--latent N] [--shared-experts N] [--kda-heads N]\n"
 			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"
-			"  [--v-head N] [--attn-res-block N] [--shards N]" },
+			"  [--v-head N] [--attn-res-block N] [--shards N] [--draft DIR]" },
 	{ "inspect", "k3ctl inspect DIR [--ram SIZE] [--json]" },
 	{ "plan", "k3ctl plan --model DIR [--ram SIZE] [--context N] [--spine-resident auto|all|N|none]\n"
 		  "           [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]" },
-	{ "setup", "k3ctl setup [--model-root DIR]" },
+	{ "setup", "k3ctl setup [--full | --stream] [--plan | --check [--rehash]]\n"
+		   "            [--model-root DIR | --model DIR] [--from URL] [--inventory FILE]\n"
+		   "            [--cacert FILE] [--token-file FILE] [--workers N] [--idle-timeout S]\n"
+		   "            [--retries N] [--retry-delay MS] [--chunk-mib N] [--reserve GB]\n"
+		   "  Without --full or --stream nothing is downloaded: a complete install is checked,\n"
+		   "  otherwise the plan is printed. A token comes from $HF_TOKEN or --token-file." },
+	{ "fetch-weights", "k3ctl fetch-weights [--spine-only | --experts-only] [--layers 1-40,45,92]\n"
+			   "            [--model-root DIR | --model DIR] [setup's transfer options]" },
+	{ "inventory", "k3ctl inventory DIR [--name N] [--repository R] [--revision REV]\n"
+		       "            [--base-url URL] > FILE" },
 	{ "forward", "k3ctl forward --model DIR --ids ID[,ID...] [--steps N] [--json] [--threads N]\n"
 		     "  [--chunk N] [--reference] [--provider NAME]" },
 	{ "tokenize", "k3ctl tokenize [--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-" },
@@ -108,7 +118,8 @@ static const struct {
 	{ "render-chat", "k3ctl render-chat FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]" },
 	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify]\n"
 		  "            [--layers LIST | --hot-experts N --trace FILE]" },
-	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]" },
+	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]\n"
+			       "            [--fetch N [--model DIR | --model-root DIR] [setup's transfer options]]" },
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
 		   "            [--io-threads N] [--threads N] [--no-packs] [--disk-mib M]\n"

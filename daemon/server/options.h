@@ -49,6 +49,8 @@ struct k3_options {
 	 * _NONE, or N >= 0 layers resident and the rest streamed (docs/plan.md,
 	 * docs/store.md "Spine streaming") */
 	int32_t spine_resident;
+	bool fetch_experts;           /* --fetch-experts: a streaming install's missing
+				       * experts are fetched on demand (docs/setup.md) */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 	/* Several drives (docs/store.md, "Several drives"): copies of the
 	 * packs in each --expert-dir, drives 1.. (drive 0 is the model
@@ -68,7 +70,21 @@ struct k3_options {
 	uint64_t memory_limit_bytes;  /* --memory-limit: 0 = min(RAM, cgroup) alone */
 	uint32_t context_tokens;      /* --context: 0 = plan for min(32768, max_position_embeddings),
 				       * accept up to max_position_embeddings */
+	/* Speculative decoding (docs/draft.md) */
+	int draft;                    /* --draft: enum k3_draft_policy, the default of
+				       * requests that do not choose (auto) */
+	const char *draft_model;      /* --draft-model DIR: a DSpark draft; NULL = none */
+	unsigned draft_max;           /* --draft-max N: proposals per pass at most (7) */
+	unsigned draft_width;         /* --draft-width N: always N (measurements, tests);
+				       * 0 = chosen from the measured cost (default) */
+	const char *draft_oracle;     /* --draft-oracle FILE (tests): the n-gram draft's
+				       * place goes to the oracle over these ids */
+	double draft_oracle_spoil;    /* --draft-oracle-spoil P: share of its proposals
+				       * made wrong (benchmarks: acceptance 1 - P) */
 };
+
+/* --draft-max bounds: a verification pass is at most one prefill chunk. */
+enum { K3_OPTIONS_DRAFT_MAX_DEFAULT = 7, K3_OPTIONS_DRAFT_MAX = 63 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,
  * offers every rank of the next MoE layer's predicted experts and the store
