@@ -276,7 +276,25 @@ enum k3_proto_state {
 	F(m, 53, U64, draft_accepted_total, 0, 0) \
 	F(m, 54, U64, decode_passes_total, 0, 0) \
 	F(m, 55, F64, draft_s_total, 0, 0) \
-	F(m, 56, F64, verify_s_total, 0, 0)
+	F(m, 56, F64, verify_s_total, 0, 0) \
+	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
+	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 63, U64S, drive_prefetch_wasted_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 64, U64S, drive_spine_bytes_read, K3_LIM_DRIVES, 0) \
+	F(m, 65, U64S, drive_hedges, K3_LIM_DRIVES, 0) \
+	F(m, 66, U64S, drive_hedges_won, K3_LIM_DRIVES, 0) \
+	F(m, 67, U64, expert_demand_bytes, 0, 0) \
+	F(m, 68, U64, prefetch_used_bytes, 0, 0) \
+	F(m, 69, U64, spine_demand_bytes, 0, 0) \
+	F(m, 70, U64, spine_wasted_bytes, 0, 0) \
+	F(m, 71, U64S, drive_rate, K3_LIM_DRIVES, 0) \
+	F(m, 72, U64S, drive_p95_ns, K3_LIM_DRIVES, 0) \
+	F(m, 73, IDS, drive_prefetch_on, K3_LIM_DRIVES, 0) \
+	F(m, 74, IDS, drive_experts, K3_LIM_DRIVES, 0) \
+	F(m, 75, U64, hedges, 0, 0) \
+	F(m, 76, U64, hedges_won, 0, 0) \
+	F(m, 77, U32, prefill_chunk, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -368,7 +386,24 @@ enum k3_proto_state {
 	F(m, 31, F64, draft_s, 0, 0) \
 	F(m, 32, F64, verify_s, 0, 0) \
 	F(m, 40, U32, spine, 0, 0) \
-	F(m, 41, STR, spine_label, K3_LIM_NAME_MAX, 0)
+	F(m, 41, STR, spine_label, K3_LIM_NAME_MAX, 0) \
+	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
+	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 63, U64S, drive_prefetch_wasted_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 64, U64S, drive_spine_bytes_read, K3_LIM_DRIVES, 0) \
+	F(m, 65, U64S, drive_hedges, K3_LIM_DRIVES, 0) \
+	F(m, 66, U64S, drive_hedges_won, K3_LIM_DRIVES, 0) \
+	F(m, 67, U64, expert_demand_bytes, 0, 0) \
+	F(m, 68, U64, prefetch_used_bytes, 0, 0) \
+	F(m, 69, U64, spine_demand_bytes, 0, 0) \
+	F(m, 70, U64, spine_wasted_bytes, 0, 0) \
+	F(m, 71, U64, prefill_expert_bytes, 0, 0) \
+	F(m, 72, U64, prefill_distinct_experts, 0, 0) \
+	F(m, 73, U64, expert_span_bytes, 0, 0) \
+	F(m, 74, U32, prefill_chunk, 0, 0) \
+	F(m, 75, U64, hedges, 0, 0) \
+	F(m, 76, U64, hedges_won, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

@@ -104,6 +104,68 @@ static void render_expert(const struct k3_msg_status_reply *st, struct evbuffer 
 			   st->expert_cache_bytes);
 }
 
+/* One series per drive of a STATUS_REPLY per-drive array (drive 0 the
+ * model directory's, then each k3d --expert-dir; docs/protocol.md), with
+ * the label drive="N"; scale turns the value into the metric's unit. */
+static void per_drive(struct evbuffer *out, const char *name, const char *type, const char *help,
+		      const struct k3_proto_u64s *v, double scale)
+{
+	if (v->n == 0)
+		return;
+	help_type(out, name, type, help);
+	for (uint32_t d = 0; d < v->n; d++) {
+		uint64_t x = k3_proto_u64s_at(v, d);
+		if (scale == 1.0)
+			evbuffer_add_printf(out, "%s{drive=\"%u\"} %llu\n", name, d,
+					    (unsigned long long)x);
+		else
+			evbuffer_add_printf(out, "%s{drive=\"%u\"} %.6f\n", name, d, (double)x * scale);
+	}
+}
+
+/* Several drives (issue 19): where the bytes went and how each drive
+ * reads (present only from a k3d that streams experts and sends them). */
+static void render_drives(const struct k3_msg_status_reply *st, struct evbuffer *out)
+{
+	counter_u64(out, "k3_expert_demand_bytes_total",
+		    "Expert bytes read on demand (hedged reads included); with prefetch used and"
+		    " wasted, all of k3_expert_bytes_read_total.", st->has_expert_demand_bytes,
+		    st->expert_demand_bytes);
+	counter_u64(out, "k3_expert_prefetch_used_bytes_total",
+		    "Bytes of prefetched experts a later step used.", st->has_prefetch_used_bytes,
+		    st->prefetch_used_bytes);
+	counter_u64(out, "k3_expert_hedges_total",
+		    "Duplicate reads of another copy for a read past its drive's p95.", st->has_hedges,
+		    st->hedges);
+	counter_u64(out, "k3_expert_hedges_won_total", "Hedges that finished first.",
+		    st->has_hedges_won, st->hedges_won);
+	if (st->has_drive_expert_bytes_read)
+		per_drive(out, "k3_drive_expert_bytes_read_total", "counter",
+			  "Expert bytes read from each drive.", &st->drive_expert_bytes_read, 1.0);
+	if (st->has_drive_expert_demand_bytes)
+		per_drive(out, "k3_drive_expert_demand_bytes_total", "counter",
+			  "Expert bytes each drive read on demand.", &st->drive_expert_demand_bytes, 1.0);
+	if (st->has_drive_prefetch_used_bytes)
+		per_drive(out, "k3_drive_prefetch_used_bytes_total", "counter",
+			  "Prefetched bytes of each drive a later step used.",
+			  &st->drive_prefetch_used_bytes, 1.0);
+	if (st->has_drive_prefetch_wasted_bytes)
+		per_drive(out, "k3_drive_prefetch_wasted_bytes_total", "counter",
+			  "Prefetched bytes of each drive never used.", &st->drive_prefetch_wasted_bytes,
+			  1.0);
+	if (st->has_drive_hedges)
+		per_drive(out, "k3_drive_hedges_total", "counter",
+			  "Reads of each drive that ran past its p95 and were hedged.", &st->drive_hedges,
+			  1.0);
+	if (st->has_drive_rate)
+		per_drive(out, "k3_drive_read_bytes_per_second", "gauge",
+			  "Each drive's measured read rate (0 before it has read).", &st->drive_rate, 1.0);
+	if (st->has_drive_p95_ns)
+		per_drive(out, "k3_drive_read_p95_seconds", "gauge",
+			  "The p95 of each drive's recent expert read times (0: too few reads).",
+			  &st->drive_p95_ns, 1e-9);
+}
+
 /* Speculative decoding since k3d started (docs/draft.md): acceptance is
  * accepted / proposed, tokens per pass completion tokens / passes (1.0
  * without drafting). */
@@ -190,8 +252,10 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		   st->prefill_s_total);
 	metric_f64(out, "k3_daemon_decode_seconds_total", "counter", "Decode time, all clients.", 6,
 		   st->decode_s_total);
-	if (st->has_expert_bytes_read)
+	if (st->has_expert_bytes_read) {
 		render_expert(st, out);
+		render_drives(st, out);
+	}
 	/* the streamed spine (issue 17; absent while k3d maps it) */
 	counter_u64(out, "k3_spine_bytes_read_total",
 		    "Spine bytes read from storage since k3d became ready (streamed layers, head,"

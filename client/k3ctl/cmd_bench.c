@@ -73,6 +73,7 @@
 #include "model/model.h"
 #include "store/store.h"
 #include "store/store_budget.h"
+#include "store/store_drives.h"
 #include "store/store_engine.h"
 #include "store/store_model.h"
 #include "store/store_plan.h"
@@ -87,7 +88,8 @@ static void usage(void)
 		"       [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]\n"
 		"       [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]\n"
 		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
-		"       [--io-rate GBPS] [--io-latency MS]\n"
+		"       [--expert-dir DIR]... [--io-rate GBPS[,..]] [--io-latency MS[,..]]\n"
+		"       [--io-stall MS:F[,..]] [--hedge auto|off|F] [--prefill-chunk N]\n"
 		"   or: k3ctl bench --compare-spine --model DIR (--text FILE | --prompt S | --ids LIST)\n"
 		"       [--positions N] [--spine-int8-dir DIR] [--int8 CLASSES] [--per-class]\n");
 }
@@ -230,9 +232,15 @@ static double cold_bandwidth(struct probe *p, uint64_t max_bytes, uint64_t *seed
 
 /* ---- the disk yardstick: raw O_DIRECT reads in the same pattern ---- */
 
+/* One read of the yardstick: copy `copy` of expert `idx`. */
+struct disk_read {
+	size_t idx;
+	unsigned copy;
+};
+
 struct disk_job {
 	const struct k3_store_source *src;
-	const size_t *order;
+	const struct disk_read *order;
 	size_t n;
 	atomic_size_t next;
 	atomic_uint_least64_t bytes;
@@ -251,7 +259,7 @@ static void *disk_worker(void *arg)
 		struct k3_store_plan plan;
 		if (i >= j->n)
 			break;
-		k3_store_source_plan(j->src, j->order[i], &plan);
+		k3_store_source_plan_copy(j->src, j->order[i].idx, j->order[i].copy, &plan);
 		for (unsigned r = 0; r < plan.n_reads; r++) {
 			int64_t got = k3_store_source_pread(j->src, &plan.read[r], buf);
 			if (got < 0) {
@@ -267,30 +275,44 @@ static void *disk_worker(void *arg)
 static int cmp_offset(const void *a, const void *b, void *ctx)
 {
 	const struct k3_store_source *src = ctx;
+	const struct disk_read *ra = a, *rb = b;
 	struct k3_store_plan x, y;
-	k3_store_source_plan(src, *(const size_t *)a, &x);
-	k3_store_source_plan(src, *(const size_t *)b, &y);
+	k3_store_source_plan_copy(src, ra->idx, ra->copy, &x);
+	k3_store_source_plan_copy(src, rb->idx, rb->copy, &y);
 	if (x.read[0].file != y.read[0].file)
 		return x.read[0].file < y.read[0].file ? -1 : 1;
 	return x.read[0].offset < y.read[0].offset ? -1 : x.read[0].offset > y.read[0].offset;
 }
 
-/* Raw reads of dsrc (opened O_DIRECT where the file system allows it), in
- * the pattern of cold decode steps: groups of top_k distinct random experts
- * of one random layer, each group sorted by file offset, the groups back
- * to back with `threads` reads in flight (no step barrier: this is what the
- * disk can do; the store's step-by-step acquires are measured against it).
- * bufs: `threads` prefaulted slot-sized buffers. Returns GB/s or a
- * negative errno. */
+/* The copy of expert idx on `drive`, or -1 when that drive has none. */
+static int copy_on(const struct k3_store_source *src, size_t idx, uint32_t drive)
+{
+	unsigned n = k3_store_source_copies(src, idx);
+
+	for (unsigned c = 0; c < n; c++)
+		if (k3_store_source_copy_drive(src, idx, c) == drive)
+			return (int)c;
+	return -1;
+}
+
+/* Raw reads of dsrc (opened O_DIRECT where the file system allows it) from
+ * one drive (its copies; k3d --expert-dir, docs/store.md "Several
+ * drives"), in the pattern of cold decode steps: groups of top_k distinct
+ * random experts of one random layer, each group sorted by file offset,
+ * the groups back to back with `threads` reads in flight (no step barrier:
+ * this is what the disk can do; the store's step-by-step acquires are
+ * measured against it). bufs: `threads` prefaulted slot-sized buffers.
+ * Returns GB/s or a negative errno (-ENOENT: the drive holds no expert). */
 static double disk_bandwidth(const struct probe *p, const struct k3_store_source *dsrc,
-			     unsigned threads, uint8_t **bufs, uint64_t max_bytes, uint64_t *seed,
-			     uint64_t *bytes_out)
+			     uint32_t drive, unsigned threads, uint8_t **bufs, uint64_t max_bytes,
+			     uint64_t *seed, uint64_t *bytes_out)
 {
 	uint64_t slot = k3_store_source_slot_bytes(dsrc);
 	size_t cap = (size_t)(max_bytes / slot) + p->top_k + 1, n = 0;
-	size_t *order = malloc(cap * sizeof(*order));
+	struct disk_read *order = malloc(cap * sizeof(*order));
 	pthread_t th[K3_STORE_MAX_IO_THREADS];
 	unsigned started = 0;
+	size_t rounds = 0;
 
 	if (!order)
 		return -ENOMEM;
@@ -300,15 +322,20 @@ static double disk_bandwidth(const struct probe *p, const struct k3_store_source
 		for (int tries = 0; n - g0 < p->top_k && n - g0 < lr->n && tries < 1000; tries++) {
 			/* same (layer, expert) -> index in both sources: same model, same order */
 			size_t idx = p->by_layer[lr->first + xorshift(seed) % lr->n];
-			bool dup = false;
+			int c = copy_on(dsrc, idx, drive);
+			bool dup = c < 0;
 			for (size_t m = g0; m < n && !dup; m++)
-				dup = order[m] == idx;
+				dup = order[m].idx == idx;
 			if (!dup && n < cap)
-				order[n++] = idx;
+				order[n++] = (struct disk_read){ idx, (unsigned)c };
 		}
 		qsort_r(order + g0, n - g0, sizeof(*order), cmp_offset, (void *)dsrc);
-		if (n == g0 || n >= cap)
+		if ((n == g0 && drive == 0) || n >= cap || ++rounds > 64 * cap)
 			break;
+	}
+	if (n == 0) {
+		free(order);
+		return -ENOENT;
 	}
 	struct disk_job j = { .src = dsrc, .order = order, .n = n };
 	for (unsigned t = 0; t < threads; t++)
@@ -445,7 +472,7 @@ static int take_sample(struct samples *sm, const char *where, const struct k3_st
 		return 0;
 	for (int pass = 0; pass < 2; pass++) {
 		if ((pass == 0) == (i % 2 == 0)) {
-			d = disk_bandwidth(p, dsrc, threads, bufs, max_bytes, seed, &sm->disk_bytes);
+			d = disk_bandwidth(p, dsrc, 0, threads, bufs, max_bytes, seed, &sm->disk_bytes);
 			if (d < 0)
 				return k3_err_set(err, (int)d, "disk read failed: %s", strerror((int)-d));
 		} else {
@@ -462,6 +489,56 @@ static int take_sample(struct samples *sm, const char *where, const struct k3_st
 	return 0;
 }
 
+/* Several drives: where each drive's bytes went over the whole run (they
+ * add up: bytes = demand + prefetch used + prefetch wasted), its hedges,
+ * its measured and emulated rates, its raw yardstick (drive 0: the median
+ * sample; others: one sample after the run; 0: it holds no expert). */
+static json_t *drives_json(const struct k3_store_stats *st, const struct k3_store_info *in,
+			   uint32_t n, const double *disk, const uint32_t *held)
+{
+	json_t *a = json_array();
+
+	for (uint32_t d = 0; d < n; d++)
+		json_array_append_new(a, json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:I,s:I}",
+			"bytes_read", (json_int_t)st->drive_bytes_read[d],
+			"demand_bytes", (json_int_t)st->drive_demand_bytes[d],
+			"prefetch_used_bytes", (json_int_t)st->drive_prefetch_used_bytes[d],
+			"prefetch_wasted_bytes", (json_int_t)st->drive_prefetch_wasted_bytes[d],
+			"hedges", (json_int_t)st->drive_hedges[d],
+			"hedges_won", (json_int_t)st->drive_hedges_won[d],
+			"disk_gbps", disk[d] > 0 ? disk[d] : 0.0,
+			"measured_gbps", (double)in->drive[d].rate_bytes_per_s / 1e9,
+			"emulated_gbps", (double)in->drive[d].emulated_rate / 1e9,
+			"p95_ns", (json_int_t)in->drive[d].p95_ns,
+			"experts", (json_int_t)(d ? held[d] : in->drive_experts[0])));
+	return a;
+}
+
+static void drives_print(const struct k3_store_stats *st, const struct k3_store_info *in,
+			 uint32_t n, const double *disk, const uint32_t *held)
+{
+	printf("expert bytes read, whole run: %.2f MB = demand %.2f + prefetch used %.2f + wasted "
+	       "%.2f MB; %llu reads hedged (%llu won by the other copy)\n",
+	       (double)st->bytes_read / 1e6, (double)st->demand_bytes / 1e6,
+	       (double)st->prefetch_used_bytes / 1e6, (double)st->prefetch_wasted_bytes / 1e6,
+	       (unsigned long long)st->hedges, (unsigned long long)st->hedges_won);
+	for (uint32_t d = 0; d < n && n > 1; d++) {
+		char emu[48] = "";
+		if (in->drive[d].emulated_rate)
+			snprintf(emu, sizeof(emu), ", emulated at %.2f GB/s",
+				 (double)in->drive[d].emulated_rate / 1e9);
+		printf("  drive %u: %u experts; %.2f MB (demand %.2f, prefetch used %.2f, wasted %.2f),"
+		       " %llu hedged (%llu won elsewhere); measured %.2f GB/s, p95 %.1f ms; raw disk"
+		       " %.3f GB/s%s\n", d, d ? held[d] : in->drive_experts[0],
+		       (double)st->drive_bytes_read[d] / 1e6, (double)st->drive_demand_bytes[d] / 1e6,
+		       (double)st->drive_prefetch_used_bytes[d] / 1e6,
+		       (double)st->drive_prefetch_wasted_bytes[d] / 1e6,
+		       (unsigned long long)st->drive_hedges[d], (unsigned long long)st->drive_hedges_won[d],
+		       (double)in->drive[d].rate_bytes_per_s / 1e9, (double)in->drive[d].p95_ns / 1e6,
+		       disk[d] > 0 ? disk[d] : 0.0, emu);
+	}
+}
+
 int k3ctl_cmd_bench(int argc, char **argv)
 {
 	const char *model_dir = NULL;
@@ -469,11 +546,18 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	bool disk_mib_set = false;
 	uint64_t cache_bytes = 0, seed = 1, n_samples = 5;
 	int64_t prefetch = -1;   /* -1 = auto */
-	double gate = 0, io_rate = 0, io_latency_ms = 0;
+	double gate = 0;
 	enum k3_store_direct direct = K3_STORE_DIRECT_AUTO;
 	bool no_packs = false;
 	int32_t spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
+	/* several drives (docs/store.md, "Several drives"), as k3d takes them */
+	const char *dirs[K3_STORE_MAX_DRIVES - 1];
+	unsigned n_dirs = 0;
+	struct k3_store_drive_opts dopts;
+	uint64_t prefill_chunk = 0;    /* 0: the engine's default */
 	struct k3_err err = { 0 };
+
+	k3_store_drive_opts_init(&dopts);
 
 	/* the int8 spine against the bf16 one: its own report (cmd_bench_spine.c) */
 	for (int i = 1; i < argc; i++)
@@ -518,12 +602,23 @@ int k3ctl_cmd_bench(int argc, char **argv)
 			rc = k3_store_direct_parse(val, &direct, &err);
 		else if (!strcmp(a, "--spine-resident"))
 			rc = k3_store_plan_parse_resident(val, &spine_resident, &err);
+		else if (!strcmp(a, "--expert-dir")) {
+			if (n_dirs == K3_STORE_MAX_DRIVES - 1)
+				return k3ctl_usage("bench", "--expert-dir: at most %d",
+						   K3_STORE_MAX_DRIVES - 1);
+			dirs[n_dirs++] = val;
+		} else if (!strcmp(a, "--io-rate"))
+			rc = k3_store_drive_parse_rate(val, &dopts, &err);
+		else if (!strcmp(a, "--io-latency"))
+			rc = k3_store_drive_parse_latency(val, &dopts, &err);
+		else if (!strcmp(a, "--io-stall"))
+			rc = k3_store_drive_parse_stall(val, &dopts, &err);
+		else if (!strcmp(a, "--hedge"))
+			rc = k3_store_drive_parse_hedge(val, &dopts, &err);
+		else if (!strcmp(a, "--prefill-chunk"))
+			rc = k3_parse_u64(val, 1, 4096, &prefill_chunk, &err);
 		else if (!strcmp(a, "--prefetch-gate"))
 			rc = k3_parse_double(val, 0.001, 1, &gate, &err);
-		else if (!strcmp(a, "--io-rate"))
-			rc = k3_parse_double(val, 0.001, 1000, &io_rate, &err);
-		else if (!strcmp(a, "--io-latency"))
-			rc = k3_parse_double(val, 0, 10000, &io_latency_ms, &err);
 		else if (!strcmp(a, "--prefetch")) {
 			if (!strcmp(val, "off"))
 				prefetch = 0;
@@ -586,6 +681,24 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if ((rc = k3_store_source_open_model(model, have_packs ? packdir : NULL, K3_STORE_DIRECT_AUTO,
 					     &dsrc, NULL, &err)))
 		goto fail;
+	/* each --expert-dir: copies on the next drive, for the store and the
+	 * yardstick alike */
+	uint32_t home_experts[K3_STORE_MAX_DRIVES] = { 0 };
+	for (unsigned i = 0; i < n_dirs; i++) {
+		struct k3_store_home_report hr, dhr;
+		if ((rc = k3_store_source_add_home(src, model, dirs[i], i + 1, &hr, &err)) ||
+		    (rc = k3_store_source_add_home(dsrc, model, dirs[i], i + 1, &dhr, &err))) {
+			k3_err_prefix(&err, "--expert-dir '%s'", dirs[i]);
+			goto fail;
+		}
+		if (hr.layers == 0) {
+			rc = k3_err_set(&err, -ENOENT, "--expert-dir '%s' holds no valid expert pack of"
+					" this model (%s)", dirs[i], hr.packs_rejected ? hr.first_rejection
+					: "no experts-L*.k3pack");
+			goto fail;
+		}
+		home_experts[i + 1] = hr.experts;
+	}
 	uint64_t slot = k3_store_source_slot_bytes(src);
 	uint64_t pool = (uint64_t)k3_store_source_count(src) * slot;
 	/* The memory plan k3d would make for this machine: the spine mapped
@@ -600,6 +713,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	struct k3_store_plan_in pi = {
 		.spine_resident = spine_resident, .expert_cache_bytes = cache_bytes,
 		.context_tokens = (uint32_t)(prompt_len + max_new + 1), .slot_bytes = slot,
+		.max_chunk = (uint32_t)prefill_chunk,
 	};
 	bool streams;
 	if ((rc = k3_store_plan_model(model, &pi, plan, &streams, &err)))
@@ -610,13 +724,18 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		.cache_bytes = plan->expert_cache_bytes, .io_threads = (unsigned)io_threads,
 		.prefetch_slots = per_position ? -1 : 0, .prefetch_auto = pf_auto,
 		.prefetch_min_precision = gate, .check_scales = true, .prefault = true,
-		.io_rate_bytes_per_s = (uint64_t)(io_rate * 1e9),
-		.io_latency_ns = (uint64_t)(io_latency_ms * 1e6),
+		.min_slots = mc->num_experts_per_token,
 	};
-	if ((rc = k3_store_new(src, &cfg, &store, &err)))
+	uint32_t n_drives = k3_store_source_drive_count(src);
+	if ((rc = k3_store_drive_opts_apply(&dopts, n_drives, &cfg, &err)) ||
+	    (rc = k3_store_new(src, &cfg, &store, &err)))
 		goto fail;
 	struct k3_store_info info;
 	k3_store_info_get(store, &info);
+	/* the emulated drives' bandwidth in all (the floor reads at it) */
+	double io_rate = 0, io_latency_ms = (double)info.drive[0].emulated_latency_ns / 1e6;
+	for (uint32_t d = 0; d < info.n_drives; d++)
+		io_rate += (double)info.drive[d].emulated_rate / 1e9;
 	probe_init = true;
 	if ((rc = probe_open(&probe, src, mc->num_experts_per_token, info.io_threads, &err)))
 		goto fail;
@@ -631,7 +750,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	for (uint32_t f = 0; f < k3_store_source_file_count(dsrc); f++)
 		d_buffered += !k3_store_source_file_direct(dsrc, f);
 
-	struct k3_engine_opts eo = { .threads = (uint32_t)threads };
+	struct k3_engine_opts eo = { .threads = (uint32_t)threads,
+				     .max_chunk = (uint32_t)prefill_chunk };
 	struct k3_spine_source ss;
 	struct k3_store_spine_info sinfo = { 0 };
 	struct k3_store_spine_report srep = { 0 };
@@ -639,7 +759,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		struct k3_store_spine_config scfg = {
 			.resident_layers = plan->resident_layers, .head_resident = plan->head_resident,
 			.ring_arenas = plan->ring_arenas, .direct = direct,
-			.io = k3_store_reader_pool(store),
+			.io = k3_store_reader_pool(store), .max_rows = (uint32_t)prefill_chunk,
 		};
 		char spath[4200];
 		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
@@ -712,6 +832,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 			"request%s\n", io_rate, io_latency_ms, info.files_direct ? " (O_DIRECT reads: "
 			"the real disk also limits them; --direct off over page-cached files isolates "
 			"the emulation)" : "");
+	if (n_drives > 1)
+		fprintf(hdr, "drives: %u (the model directory's and %u --expert-dir); hedging %s\n",
+			n_drives, n_dirs, info.hedge_buffers ? "on" : dopts.hedge_factor == 0 ? "off"
+			: "off: the cache cannot spare a hedge buffer beyond a token's experts");
 	if (d_buffered)
 		fprintf(hdr, "note: the disk yardstick could not use O_DIRECT on %u files: its figure "
 			"may include the page cache\n", d_buffered);
@@ -742,6 +866,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if ((rc = k3_engine_seq_new(e, (uint32_t)(prompt_len + max_new + 1), &seq, &err)))
 		goto fail;
 	snapshot(store, spine, &s0, &p0);
+	k3_store_epoch_begin(store);   /* the prefill's distinct experts */
 	double t0 = now_s();
 	struct k3_engine_out out = { K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
 	if ((rc = k3_engine_forward(e, seq, ids, (uint32_t)prompt_len, &out, &err)))
@@ -781,6 +906,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if (spine)
 		k3_store_spine_drain(spine);
 	dec.wall_s += now_s() - tt;
+	k3_store_idle(store);   /* unused guesses settle as wasted: the bytes add up */
 	snapshot(store, spine, &s2, &p2);
 	k3_store_stats_sub(&s1, &s0, &pre.st);
 	k3_store_stats_sub(&s2, &s1, &dec.st);
@@ -789,7 +915,19 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if ((rc = take_sample(sm, "after", dsrc, info.io_threads, dbufs, &probe, dmax, &dseed, &err)))
 		goto fail;
 
+	/* each further drive's yardstick, once, after the run */
+	double drive_disk[K3_STORE_MAX_DRIVES] = { 0 };
+	for (uint32_t d = 1; d < n_drives; d++) {
+		uint64_t db = 0;
+		drive_disk[d] = disk_bandwidth(&probe, dsrc, d, info.io_threads, dbufs, dmax, &dseed, &db);
+		if (drive_disk[d] < 0 && drive_disk[d] != -ENOENT) {
+			rc = k3_err_set(&err, (int)drive_disk[d], "drive %u: disk read failed: %s", d,
+					strerror((int)-drive_disk[d]));
+			goto fail;
+		}
+	}
 	struct spread disk = spread_of(sm->disk, sm->n), cold = spread_of(sm->cold, sm->n);
+	drive_disk[0] = disk.median;
 	struct spread ratio = spread_of(sm->ratio, sm->n);
 	double bw = disk.median;
 	double dec_wait = (double)(dec.st.io_wait_ns + dec.sp.io_wait_ns) * 1e-9;
@@ -870,6 +1008,14 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		for (uint32_t i = 0; i < gen; i++)
 			json_array_append_new(g, json_integer(gen_ids[i]));
 		json_object_set_new(o, "greedy", g);
+		json_object_set_new(o, "prefill_distinct_experts",
+				    json_integer((json_int_t)pre.st.distinct_experts));
+		json_object_set_new(o, "prefill_bytes_per_distinct_span", json_real(
+			pre.st.distinct_experts ? (double)pre.st.bytes_read /
+			((double)pre.st.distinct_experts * (double)slot) : 0));
+		json_object_set_new(o, "hedge_buffers", json_integer(info.hedge_buffers));
+		json_object_set_new(o, "drives", drives_json(&all, &info_end, n_drives, drive_disk,
+							    home_experts));
 		char *txt = json_dumps(o, JSON_COMPACT);
 		if (txt)
 			puts(txt);
@@ -920,6 +1066,12 @@ int k3ctl_cmd_bench(int argc, char **argv)
 				       (unsigned long long)scored[g][r]);
 		}
 		printf("\n");
+		printf("prefill: %u positions per pass, %.2f MB of experts read for %llu distinct experts:"
+		       " %.3f x one read of each\n", prefill_chunk ? (unsigned)prefill_chunk : 64u,
+		       (double)pre.st.bytes_read / 1e6, (unsigned long long)pre.st.distinct_experts,
+		       pre.st.distinct_experts ? (double)pre.st.bytes_read /
+		       ((double)pre.st.distinct_experts * (double)slot) : 0);
+		drives_print(&all, &info_end, n_drives, drive_disk, home_experts);
 		printf("decode time/token %.4f s vs floor max(read %.4f s at the median disk, compute "
 		       "%.4f s) = %.4f s: %.2f x floor (%.2f x .. %.2f x against the slowest .. fastest "
 		       "disk sample) (target <= 1.2)\n", per_tok, read_tok, compute_tok, floor_tok,

@@ -1,11 +1,14 @@
-/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify]`: writes one
- * expert pack per MoE layer and the spine pack (store_pack.h), keeps packs
- * that are already up to date, compares a pack whose shards changed (and
- * with --verify every pack) span by span with the shards, and rewrites the
- * stale ones. A shard that k3ctl setup verified gets its SHA-256 recorded
- * in the packs; and the per-expert SHA-256 table (setup_experts.h) is
- * written beside the shards, for mirrors whose streaming installs verify
- * each expert before use. */
+/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify] [--layers
+ * LIST | --hot-experts N --trace FILE]`: writes one expert pack per MoE
+ * layer and the spine pack (store_pack.h), keeps packs that are already up
+ * to date, compares a pack whose shards changed (and with --verify every
+ * pack) span by span with the shards, and rewrites the stale ones. With
+ * --layers or --hot-experts it writes a copy for another drive (k3d
+ * --expert-dir): only those layers' packs, or packs holding the N experts
+ * a router trace used most, and no spine pack. A shard that k3ctl setup verified
+ * gets its SHA-256 recorded in the packs; and the per-expert SHA-256 table
+ * (setup_experts.h) is written beside the shards, for mirrors whose
+ * streaming installs verify each expert before use. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -14,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/parse.h"
 #include "k3ctl.h"
 #include "model/model.h"
 #include "setup/setup_experts.h"
@@ -22,6 +26,7 @@
 #include "setup/setup_remote.h"
 #include "setup/setup_state.h"
 #include "store/store_model.h"
+#include "store/store_trace.h"
 
 /* The per-expert table, in the model directory when it is writable, else
  * beside the packs. */
@@ -68,9 +73,82 @@ static void report(const struct k3_store_pack_result *res, const char *what)
 	       res->why, res->why[0] ? ")" : "");
 }
 
+/* --layers LIST: "all", or layer numbers and ranges "a-b" separated by
+ * commas, each a MoE layer of the model; marks want[layer]. */
+static int parse_layers(const char *list, const struct k3_model_plan *plan, bool *want)
+{
+	char buf[1024];
+
+	if (strcmp(list, "all") == 0) {
+		for (uint32_t l = 0; l < plan->n_layers; l++)
+			want[l] = plan->layers[l].is_moe;
+		return 0;
+	}
+	if (strlen(list) >= sizeof(buf))
+		return k3ctl_fail(K3CTL_EXIT_USAGE, "--layers: too long");
+	snprintf(buf, sizeof(buf), "%s", list);
+	for (char *p = buf, *next; p; p = next) {
+		next = strchr(p, ',');
+		if (next)
+			*next++ = '\0';
+		char *dash = strchr(p, '-');
+		uint64_t a, b;
+		struct k3_err err = { 0, "" };
+		if (dash)
+			*dash = '\0';
+		if (k3_parse_u64(p, 0, plan->n_layers - 1, &a, &err) < 0 ||
+		    k3_parse_u64(dash ? dash + 1 : p, a, plan->n_layers - 1, &b, &err) < 0)
+			return k3ctl_fail(K3CTL_EXIT_USAGE, "--layers '%s': %s (layers 0..%u)", list,
+					  err.msg, plan->n_layers - 1);
+		for (uint64_t l = a; l <= b; l++) {
+			if (!plan->layers[l].is_moe)
+				return k3ctl_fail(K3CTL_EXIT_USAGE, "--layers '%s': layer %llu has no"
+						  " routed experts", list, (unsigned long long)l);
+			want[l] = true;
+		}
+	}
+	return 0;
+}
+
+/* --hot-experts N --trace FILE: keep[l][e] for the N (layer, expert) pairs
+ * the trace routed to most (store_trace.h's ranking); want[l] for their
+ * layers. keep is [n_layers][max experts of a layer]. */
+static int hot_experts(const char *trace, uint64_t n, const struct k3_model_plan *plan,
+		       uint32_t width, bool *want, uint8_t *keep)
+{
+	struct k3_store_trace_rank *rk = NULL;
+	struct k3_err err = { 0, "" };
+	size_t n_rk = 0;
+	uint64_t records = 0, kept = 0;
+
+	if (k3_store_trace_rank(trace, &rk, &n_rk, &records, &err) < 0)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "--trace: %s", err.msg);
+	for (size_t i = 0; i < n_rk && kept < n; i++) {
+		uint32_t l = rk[i].layer, e = rk[i].expert;
+		if (l >= plan->n_layers || !plan->layers[l].is_moe || e >= plan->layers[l].moe.n_experts) {
+			free(rk);
+			return k3ctl_fail(K3CTL_EXIT_ERROR, "--trace '%s' routes to expert (%u, %u),"
+					  " which this model does not have: a trace of another model?",
+					  trace, l, e);
+		}
+		keep[(size_t)l * width + e] = 1;
+		want[l] = true;
+		kept++;
+	}
+	free(rk);
+	if (!k3ctl_g.json)
+		printf("hot experts: %llu of %zu used in %llu trace records\n",
+		       (unsigned long long)kept, n_rk, (unsigned long long)records);
+	return kept ? 0 : k3ctl_fail(K3CTL_EXIT_ERROR, "--trace '%s' routes to no expert", trace);
+}
+
 int k3ctl_cmd_pack(int argc, char **argv)
 {
-	const char *model_dir = NULL, *out_dir = NULL;
+	const char *model_dir = NULL, *out_dir = NULL, *layers = NULL, *trace = NULL;
+	uint64_t hot = 0;
+	bool *want = NULL;
+	uint8_t *keep = NULL;
+	uint32_t width = 0;
 	unsigned flags = 0;
 	struct k3_model *m = NULL;
 	struct k3_store_pack_ident *id = NULL;
@@ -88,12 +166,26 @@ int k3ctl_cmd_pack(int argc, char **argv)
 			out_dir = argv[++i];
 		else if (strcmp(argv[i], "--verify") == 0)
 			flags |= K3_STORE_PACK_VERIFY;
-		else
+		else if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc)
+			layers = argv[++i];
+		else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc)
+			trace = argv[++i];
+		else if (strcmp(argv[i], "--hot-experts") == 0 && i + 1 < argc) {
+			if (k3_parse_u64(argv[++i], 1, UINT32_MAX, &hot, &err) < 0)
+				return k3ctl_usage("pack", "--hot-experts: %s", err.msg);
+		} else
 			return k3ctl_usage("pack", "usage: k3ctl pack --model DIR [--out DIR] [--verify]"
+					   " [--layers LIST | --hot-experts N --trace FILE]"
 					   " (unexpected '%s')", argv[i]);
 	}
 	if (!model_dir)
 		return k3ctl_usage("pack", "--model DIR is required");
+	if ((hot != 0) != (trace != NULL) || (hot && layers))
+		return k3ctl_usage("pack", "--hot-experts N and --trace FILE go together, and not with"
+				   " --layers");
+	if ((layers || hot) && !out_dir)
+		return k3ctl_usage("pack", "--layers and --hot-experts write a copy for another drive:"
+				   " name it with --out DIR");
 	{
 		/* a streaming install's shards hold holes where experts have not
 		 * arrived: a pack of them would be wrong */
@@ -108,6 +200,21 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	rc = k3_model_open(model_dir, &m, &err);
 	if (rc)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	for (uint32_t l = 0; l < plan->n_layers; l++)
+		if (plan->layers[l].is_moe && plan->layers[l].moe.n_experts > width)
+			width = plan->layers[l].moe.n_experts;
+	want = calloc(plan->n_layers ? plan->n_layers : 1, sizeof(*want));
+	keep = calloc((size_t)plan->n_layers * (width ? width : 1), 1);
+	if (!want || !keep) {
+		k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
+		goto out;
+	}
+	if ((layers && parse_layers(layers, plan, want) != 0) ||
+	    (hot && hot_experts(trace, hot, plan, width, want, keep) != 0)) {
+		code = K3CTL_EXIT_USAGE;
+		goto out;
+	}
 	if (out_dir) {
 		snprintf(packdir, sizeof(packdir), "%s", out_dir);
 	} else {
@@ -134,19 +241,19 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	/* shards k3ctl setup verified: their SHA-256 goes into the packs */
 	for (size_t i = 0; i < n_id; i++)
 		id[i].has_sha256 = k3_setup_verified_sha256(k3_model_dir(m), id[i].name, id[i].sha256) == 0;
-	const struct k3_model_plan *plan = k3_model_plan(m);
 	for (uint32_t l = 0; l < plan->n_layers; l++) {
 		struct k3_store_pack_result res;
 		struct k3_store_source *src;
 
-		if (!plan->layers[l].is_moe)
+		if (!plan->layers[l].is_moe || ((layers || hot) && !want[l]))
 			continue;
 		src = k3_store_source_new(K3_STORE_DIRECT_AUTO);
 		if (!src) {
 			k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
 			goto out;
 		}
-		rc = k3_store_source_add_model(src, m, l, &err);
+		rc = k3_store_source_add_model_some(src, m, l, hot ? keep + (size_t)l * width : NULL,
+						    &err);
 		if (rc == 0)
 			rc = k3_store_pack_path(path, sizeof(path), packdir, l);
 		if (rc == 0)
@@ -162,8 +269,9 @@ int k3ctl_cmd_pack(int argc, char **argv)
 			report(&res, "experts");
 		}
 	}
-	/* The spine: one span per layer, the embedding, the head. */
-	{
+	/* The spine: one span per layer, the embedding, the head (not for a
+	 * copy of experts on another drive). */
+	if (!layers && !hot) {
 		struct k3_store_pack_result res;
 		rc = k3_store_spine_pack_path(path, sizeof(path), packdir);
 		if (rc == 0)
@@ -198,6 +306,8 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	code = K3CTL_EXIT_OK;
 out:
 	free(id);
+	free(want);
+	free(keep);
 	k3_model_free(m);
 	return code;
 }

@@ -83,6 +83,77 @@ static void jobs_print(const struct k3_msg_status_reply *s, int n)
 		printf("             (the first %u shown)\n", K3_LIM_STATUS_JOBS);
 }
 
+/* Drives in the reply: the length of its per-drive arrays (0: none). */
+static uint32_t drive_count(const struct k3_msg_status_reply *s)
+{
+	return s->has_drive_expert_bytes_read ? s->drive_expert_bytes_read.n : 0;
+}
+
+static uint64_t at(const struct k3_proto_u64s *v, uint32_t i)
+{
+	return i < v->n ? k3_proto_u64s_at(v, i) : 0;
+}
+
+static uint32_t at32(const struct k3_proto_ids *v, uint32_t i)
+{
+	return i < v->n ? k3_proto_ids_at(v, i) : 0;
+}
+
+/* Several drives (docs/store.md): where each drive's bytes went, its
+ * measured rate and p95, its hedges, what it holds. */
+static json_t *drives_json(const struct k3_msg_status_reply *s)
+{
+	json_t *a = json_array();
+
+	for (uint32_t d = 0; d < drive_count(s); d++)
+		json_array_append_new(a, json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I}",
+			"expert_bytes_read", (json_int_t)at(&s->drive_expert_bytes_read, d),
+			"demand_bytes", (json_int_t)at(&s->drive_expert_demand_bytes, d),
+			"prefetch_used_bytes", (json_int_t)at(&s->drive_prefetch_used_bytes, d),
+			"prefetch_wasted_bytes", (json_int_t)at(&s->drive_prefetch_wasted_bytes, d),
+			"spine_bytes_read", (json_int_t)at(&s->drive_spine_bytes_read, d),
+			"hedges", (json_int_t)at(&s->drive_hedges, d),
+			"hedges_won", (json_int_t)at(&s->drive_hedges_won, d),
+			"rate_bytes_per_s", (json_int_t)at(&s->drive_rate, d),
+			"p95_ns", (json_int_t)at(&s->drive_p95_ns, d),
+			"prefetch_on", at32(&s->drive_prefetch_on, d) != 0,
+			"experts", (json_int_t)at32(&s->drive_experts, d)));
+	return a;
+}
+
+static void drives_print(const struct k3_msg_status_reply *s)
+{
+	if (s->has_expert_demand_bytes)
+		printf("bytes read:  experts %llu = demand %llu + prefetch used %llu + prefetch wasted"
+		       " %llu%s\n", (unsigned long long)s->expert_bytes_read,
+		       (unsigned long long)s->expert_demand_bytes,
+		       (unsigned long long)s->prefetch_used_bytes,
+		       (unsigned long long)s->prefetch_wasted_bytes,
+		       s->expert_bytes_read == s->expert_demand_bytes + s->prefetch_used_bytes +
+		       s->prefetch_wasted_bytes ? "" : " (a request is running)");
+	if (s->has_spine_demand_bytes)
+		printf("             spine %llu = demand %llu + wasted %llu\n",
+		       (unsigned long long)s->spine_bytes_read, (unsigned long long)s->spine_demand_bytes,
+		       (unsigned long long)s->spine_wasted_bytes);
+	for (uint32_t d = 0; d < drive_count(s); d++) {
+		uint64_t p95 = at(&s->drive_p95_ns, d);
+		printf("drive %u:     %llu expert bytes (demand %llu, prefetch used %llu, wasted %llu),"
+		       " %llu spine bytes; %.2f GB/s measured, p95 %s%.1f ms; %llu reads hedged (%llu won"
+		       " by another copy); %u experts; prefetch %s\n", d,
+		       (unsigned long long)at(&s->drive_expert_bytes_read, d),
+		       (unsigned long long)at(&s->drive_expert_demand_bytes, d),
+		       (unsigned long long)at(&s->drive_prefetch_used_bytes, d),
+		       (unsigned long long)at(&s->drive_prefetch_wasted_bytes, d),
+		       (unsigned long long)at(&s->drive_spine_bytes_read, d),
+		       (double)at(&s->drive_rate, d) / 1e9, p95 ? "" : "(too few reads) ",
+		       (double)p95 / 1e6, (unsigned long long)at(&s->drive_hedges, d),
+		       (unsigned long long)at(&s->drive_hedges_won, d), at32(&s->drive_experts, d),
+		       at32(&s->drive_prefetch_on, d) ? "on" : "off (its guesses did not pay)");
+	}
+	if (s->has_prefill_chunk)
+		printf("prefill:     up to %u positions per pass\n", s->prefill_chunk);
+}
+
 /* Generated tokens per target pass over every finished generation (1.0
  * without drafting; docs/draft.md). */
 static double tokens_per_pass(const struct k3_msg_status_reply *s)
@@ -171,6 +242,23 @@ int k3ctl_cmd_status(int argc, char **argv)
 			json_object_set_new(o, "spine_io_wait_s_total",
 					    json_real(s->spine_io_wait_s_total));
 		}
+		if (s->has_expert_demand_bytes) {
+			json_object_set_new(o, "expert_demand_bytes",
+					    json_integer((json_int_t)s->expert_demand_bytes));
+			json_object_set_new(o, "prefetch_used_bytes",
+					    json_integer((json_int_t)s->prefetch_used_bytes));
+			json_object_set_new(o, "hedges", json_integer((json_int_t)s->hedges));
+			json_object_set_new(o, "hedges_won", json_integer((json_int_t)s->hedges_won));
+		}
+		if (s->has_spine_demand_bytes) {
+			json_object_set_new(o, "spine_demand_bytes",
+					    json_integer((json_int_t)s->spine_demand_bytes));
+			json_object_set_new(o, "spine_wasted_bytes",
+					    json_integer((json_int_t)s->spine_wasted_bytes));
+		}
+		if (s->has_prefill_chunk)
+			json_object_set_new(o, "prefill_chunk", json_integer(s->prefill_chunk));
+		json_object_set_new(o, "drives", drive_count(s) ? drives_json(s) : json_null());
 		if (s->has_peak_rss_bytes)
 			json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)s->peak_rss_bytes));
 		if (s->has_memory_limit_bytes) {
@@ -254,6 +342,7 @@ int k3ctl_cmd_status(int argc, char **argv)
 		else if (s->has_io_wait_s_total && s->has_compute_s_total)
 			printf("engine time: %.3f s waiting for expert reads, %.3f s computing\n",
 			       s->io_wait_s_total, s->compute_s_total);
+		drives_print(s);
 		if (s->has_peak_rss_bytes)
 			printf("peak RSS:    %.3f GB (VmHWM)%s\n", (double)s->peak_rss_bytes / 1e9,
 			       s->has_memory_limit_bytes && s->peak_rss_bytes > s->memory_limit_bytes

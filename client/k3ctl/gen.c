@@ -255,6 +255,21 @@ static void print_stats(const struct k3ctl_gen_result *r)
 			d->spine_io_wait_s);
 	else
 		fputs("\n", stderr);
+	/* The prefill's cost against one read of each distinct expert. */
+	if (d->has_prefill_distinct_experts && d->prefill_distinct_experts && d->expert_span_bytes)
+		fprintf(stderr, "[prefill] %u positions per pass: %llu expert bytes read for %llu"
+			" distinct experts of %llu bytes: %.3f x one read of each\n", d->prefill_chunk,
+			(unsigned long long)d->prefill_expert_bytes,
+			(unsigned long long)d->prefill_distinct_experts,
+			(unsigned long long)d->expert_span_bytes,
+			(double)d->prefill_expert_bytes /
+			((double)d->prefill_distinct_experts * (double)d->expert_span_bytes));
+	if (d->has_drive_expert_bytes_read && d->drive_expert_bytes_read.n > 1)
+		for (uint32_t i = 0; i < d->drive_expert_bytes_read.n; i++)
+			fprintf(stderr, "[drive %u] %llu expert bytes, %llu hedged\n", i,
+				(unsigned long long)k3_proto_u64s_at(&d->drive_expert_bytes_read, i),
+				(unsigned long long)(i < d->drive_hedges.n
+						     ? k3_proto_u64s_at(&d->drive_hedges, i) : 0));
 	if (d->has_decode_passes)
 		fprintf(stderr, "[draft %s] %llu proposed, %llu accepted; %llu passes, %.2f tokens/pass; "
 			"draft %.3f s, verify %.3f s\n", k3_proto_draft_policy_name(d->draft_policy),
@@ -287,6 +302,11 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 
 	if (j && !d->has_expert_bytes_read)
 		json_object_set_new(j, "experts", json_null());   /* unknown, not zero */
+	if (j && d->has_prefill_distinct_experts)
+		json_object_set_new(j, "prefill", json_pack("{s:i,s:I,s:I,s:I}", "chunk",
+			(int)d->prefill_chunk, "expert_bytes_read", (json_int_t)d->prefill_expert_bytes,
+			"distinct_experts", (json_int_t)d->prefill_distinct_experts, "span_bytes",
+			(json_int_t)d->expert_span_bytes));
 	if (j) {
 		/* absent from an older k3d: the BF16 spine */
 		uint32_t sp = d->has_spine ? d->spine : K3_SPINE_BF16;

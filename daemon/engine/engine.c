@@ -791,10 +791,49 @@ static void partial_lookahead(struct k3_engine *e, uint32_t l, uint32_t n)
 		lookahead(e, e->next_moe, e->cur_nB, n, e->part, PARTIAL_GUESSES);
 }
 
+/* The routed experts of positions t0..t1 (one group) one by one as the
+ * source hands them out, hits first and misses as their reads land
+ * (request_layer done for them): each expert runs as soon as its span is
+ * readable; the provider sums in route order at the end, so the result
+ * does not depend on the arrival order. partial: once half of them ran
+ * and the rest are still being read, the partial lookahead queues the
+ * next layer's likeliest reads in that wait (whole-chunk groups only). */
+static int routed_group_pieces(struct k3_engine *e, uint32_t l, uint32_t t0, uint32_t t1,
+			       uint32_t distinct, bool partial, struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	size_t off = (size_t)t0 * e->K;
+	uint32_t id, taken = 0;
+	struct k3_prov_expert sp;
+	int rc = p->routed_begin(e->pm, l, e->x + (size_t)t0 * e->D, t1 - t0, e->ids + off, &st);
+
+	while (rc == 0) {
+		if (partial && 2 * taken >= distinct && e->src.would_block(e->src.ctx, l)) {
+			partial = false;
+			partial_lookahead(e, l, t1 - t0);
+		}
+		int got = e->src.await_expert(e->src.ctx, l, &id, &sp, err);
+		if (got < 0)
+			return got;   /* the source released the request */
+		if (got == 0)
+			break;
+		rc = p->routed_expert(e->pm, l, id, &sp, &st);
+		taken++;
+	}
+	if (rc == 0)
+		rc = p->routed_end(e->pm, l, e->w + off, e->mb + (size_t)t0 * e->D, &st);
+	e->src.release_layer(e->src.ctx, l);
+	return rc ? prov_err(e, err, rc, &st) : 0;
+}
+
 /* Layer-wide expert source: the first group's experts are requested
  * (request_layer, when the source has it) before the shared experts run,
  * so their reads overlap that compute; then the routed experts in
- * consecutive groups of positions that each fit the source.
+ * consecutive groups of positions that each fit the source (the whole
+ * chunk unless its distinct experts exceed the cache), each group's
+ * experts computed as they arrive when the source and the provider can
+ * (routed_group_pieces), else once all of them are in.
  * e->ids / e->w hold the real routing. */
 static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_err *err)
 {
@@ -802,8 +841,9 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 	struct k3_prov_status st = { 0 };
 	uint32_t K = e->K, D = e->D;
 	uint32_t distinct;
-	uint32_t t1 = group_end(e, 0, n, &distinct);
+	uint32_t t0 = 0, t1 = group_end(e, 0, n, &distinct);
 	bool requested = false;
+	bool pieces = e->src.request_layer && e->src.await_expert && e->prov_pieces;
 	int rc;
 
 	if (e->src.request_layer) {
@@ -818,51 +858,35 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 			e->src.release_layer(e->src.ctx, l);
 		return prov_err(e, err, rc, &st);
 	}
-	/* One group, a source that hands experts out as they arrive and a
-	 * provider that computes them one by one: each expert runs as soon as
-	 * its span is readable; the provider sums in route order at the end,
-	 * so the result does not depend on the arrival order. Once half of
-	 * them ran and the rest are still being read, the partial lookahead
-	 * queues the next layer's likeliest reads in that wait. */
-	if (requested && t1 == n && e->src.await_expert && e->prov_pieces) {
-		uint32_t id, taken = 0;
-		struct k3_prov_expert sp;
-		bool partial = e->prov_partial && e->src.would_block && e->src.prefetch &&
-			       e->next_moe != UINT32_MAX && !streamed(e, e->next_moe);
-		rc = p->routed_begin(e->pm, l, e->x, n, e->ids, &st);
-		while (rc == 0) {
-			if (partial && 2 * taken >= distinct && e->src.would_block(e->src.ctx, l)) {
-				partial = false;
-				partial_lookahead(e, l, n);
-			}
-			int got = e->src.await_expert(e->src.ctx, l, &id, &sp, err);
-			if (got < 0)
-				return got;   /* the source released the request */
-			if (got == 0)
-				break;
-			rc = p->routed_expert(e->pm, l, id, &sp, &st);
-			taken++;
-		}
-		if (rc == 0)
-			rc = p->routed_end(e->pm, l, e->w, e->mb, &st);
-		e->src.release_layer(e->src.ctx, l);
-		return rc ? prov_err(e, err, rc, &st) : 0;
-	}
-	for (uint32_t t0 = 0; t0 < n;) {
-		if (t0 > 0)
-			t1 = group_end(e, t0, n, &distinct);
+	for (;;) {
 		size_t off = (size_t)t0 * K, cnt = (size_t)(t1 - t0) * K;
-		rc = e->src.acquire_layer(e->src.ctx, l, e->ids + off, cnt, e->spans + off, err);
-		if (rc)
-			return rc;
-		rc = p->routed_experts(e->pm, l, e->x + (size_t)t0 * D, t1 - t0, e->ids + off,
-				       e->w + off, e->spans + off, e->mb + (size_t)t0 * D, &st);
-		e->src.release_layer(e->src.ctx, l);
-		if (rc)
-			return prov_err(e, err, rc, &st);
+		if (pieces) {
+			if (!requested &&
+			    (rc = e->src.request_layer(e->src.ctx, l, e->ids + off, cnt, err)) != 0)
+				return rc;
+			bool partial = t0 == 0 && t1 == n && e->prov_partial && e->src.would_block &&
+				       e->src.prefetch && e->next_moe != UINT32_MAX &&
+				       !streamed(e, e->next_moe);
+			rc = routed_group_pieces(e, l, t0, t1, distinct, partial, err);
+			if (rc)
+				return rc;
+		} else {
+			/* after request_layer the same ids only wait */
+			rc = e->src.acquire_layer(e->src.ctx, l, e->ids + off, cnt, e->spans + off, err);
+			if (rc)
+				return rc;
+			rc = p->routed_experts(e->pm, l, e->x + (size_t)t0 * D, t1 - t0, e->ids + off,
+					       e->w + off, e->spans + off, e->mb + (size_t)t0 * D, &st);
+			e->src.release_layer(e->src.ctx, l);
+			if (rc)
+				return prov_err(e, err, rc, &st);
+		}
+		requested = false;
 		t0 = t1;
+		if (t0 >= n)
+			return 0;
+		t1 = group_end(e, t0, n, &distinct);
 	}
-	return 0;
 }
 
 /* Computes the misses tier_miss[0..nm) of a tiered routed call from
@@ -1312,6 +1336,44 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		s->len += n;
 	}
 	return 0;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+uint64_t k3_engine_scratch_bytes(const struct k3_model_config *mc, uint32_t T)
+{
+	uint64_t D = mc->hidden_size, K = mc->num_experts_per_token ? mc->num_experts_per_token : 1;
+	uint64_t S = mc->attn_res_block_size ? mc->attn_res_block_size : 1;
+	uint64_t blocks = (mc->num_hidden_layers + S - 1) / S;
+	uint64_t H = mc->num_attention_heads, qhd = mc->qk_nope_head_dim + mc->qk_rope_head_dim;
+	/* the cpu provider's widest operand (cpu_open) */
+	uint64_t wide = D;
+	uint64_t w[] = { (uint64_t)mc->kda_num_heads * mc->kda_head_dim, H * qhd,
+			 H * mc->v_head_dim, H * (mc->qk_nope_head_dim + mc->v_head_dim),
+			 mc->intermediate_size, mc->shared_width, mc->q_lora_rank,
+			 (uint64_t)mc->kv_lora_rank + mc->qk_rope_head_dim,
+			 mc->routed_expert_hidden_size, mc->moe_intermediate_size, mc->num_experts };
+	for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+		wide = max_u64(wide, w[i]);
+	uint64_t ew = max_u64(max_u64(mc->routed_expert_hidden_size, mc->moe_intermediate_size), 1);
+	/* engine: the AttnRes pool, h, x, mb, z, part and the embedding rows;
+	 * ids, weights, spans and the lookahead's ids, weights, guesses, ranks */
+	uint64_t engine = (blocks + 1 + 6) * D * 4 + K * (4 + 4 + sizeof(struct k3_prov_expert) + 16);
+	/* provider: sx, the eight wide rows s[], and per routed slot its four
+	 * expert rows, its row index, three jobs and a flag (cpu_open) */
+	uint64_t prov = D * 4 + 8 * wide * 4 + K * (4 * ew * 4 + 4 + 3 * 64 + 1);
+	return (engine + prov) * T;
+}
+
+uint32_t k3_engine_chunk_for(const struct k3_model_config *mc, uint64_t scratch_bytes,
+			     uint32_t lo, uint32_t hi)
+{
+	uint64_t per = k3_engine_scratch_bytes(mc, 1), t = per ? scratch_bytes / per : hi;
+
+	return t < lo ? lo : t > hi ? hi : (uint32_t)t;
 }
 
 /* ---------------------------------------------------------------- verify / commit */

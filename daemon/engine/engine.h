@@ -28,6 +28,7 @@
 #include "k3_provider.h"
 
 struct k3_model;
+struct k3_model_config;
 struct k3_model_plan;
 struct k3_layer_plan;
 struct k3_tensor;
@@ -294,6 +295,22 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
 		      struct k3_err *err);
 
+/* The activation memory a pass of T positions costs, bytes: what an
+ * engine opened with max_chunk T allocates per position, and the cpu
+ * provider with max_batch T (its rows of the widest operand and four rows
+ * per routed slot), without the parts that do not grow with T. K3: about
+ * 1.9 MB per position. The daemon sizes its prefill chunk with it (the
+ * largest chunk whose scratch fits the budget). */
+uint64_t k3_engine_scratch_bytes(const struct k3_model_config *mc, uint32_t T);
+
+/* The share of the memory limit a prefill pass's activations may take by
+ * default (k3d --prefill-chunk auto, k3ctl bench): a sixteenth. */
+enum { K3_ENGINE_SCRATCH_SHARE = 16 };
+
+/* The longest pass, in [lo, hi] positions, whose k3_engine_scratch_bytes
+ * fit scratch_bytes (lo when none does). */
+uint32_t k3_engine_chunk_for(const struct k3_model_config *mc, uint64_t scratch_bytes,
+			     uint32_t lo, uint32_t hi);
 /*
  * Verify and commit (docs/engine.md, "Verify and commit"): speculative
  * decoding's target pass.

@@ -53,12 +53,20 @@ static const char usage[] =
 	"                       per pass into a ring of layer arenas; auto = the memory\n"
 	"                       plan's prefix, all = every layer; not given: the plan's\n"
 	"                       choice, the spine mapped when it all fits (docs/plan.md)\n"
-	"  --io-rate GBPS       emulated drive: expert and spine reads limited to GBPS\n"
-	"                       GB/s in all (benchmarks over page-cached files)\n"
-	"  --io-latency MS      emulated drive: each read request takes MS more\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts (and the spine) from the shards even when\n"
 	"                       packs are valid\n"
+	"  --expert-dir DIR     another drive's copy of the expert packs, full or partial\n"
+	"                       (k3ctl pack --out DIR [--layers L|--hot-experts N]);\n"
+	"                       repeatable, up to 3; each read goes to the copy that\n"
+	"                       should finish first, slow reads are hedged\n"
+	"  --hedge auto|off|F   hedge a read running F x its drive's p95 (auto: 1.5)\n"
+	"  --io-rate GBPS[,..]  emulated drive: each drive (the model directory's, then\n"
+	"                       each --expert-dir) read at GBPS over the page cache\n"
+	"  --io-latency MS[,..] emulated drive: latency per request\n"
+	"  --io-stall MS:F[,..] emulated fault: a fraction F of requests MS later\n"
+	"  --prefill-chunk auto|N  prompt positions per pass (auto: the longest whose\n"
+	"                       activations fit a sixteenth of the memory limit)\n"
 	"  --spine bf16|int8    the spine's weights: bf16 (default) = the checkpoint's,\n"
 	"                       weight-exact; int8 = the row-wise int8 overlay written by\n"
 	"                       `k3ctl convert-spine-int8` (NOT weight-exact: k3d says so in\n"
@@ -197,9 +205,10 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
-	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT, O_FETCH,
+	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_FETCH,
 	       O_DRAFT, O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL,
-	       O_PROVIDER, O_VRAM };
+	       O_PROVIDER, O_VRAM,
+	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -225,8 +234,12 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "memory-limit", required_argument, NULL, O_MEMLIMIT },
 		{ "context", required_argument, NULL, O_CONTEXT },
 		{ "spine-resident", required_argument, NULL, O_RESIDENT },
-		{ "io-rate", required_argument, NULL, O_IORATE },
-		{ "io-latency", required_argument, NULL, O_IOLAT },
+		{ "expert-dir", required_argument, NULL, O_EXPERT_DIR },
+		{ "hedge", required_argument, NULL, O_HEDGE },
+		{ "io-rate", required_argument, NULL, O_IO_RATE },
+		{ "io-latency", required_argument, NULL, O_IO_LATENCY },
+		{ "io-stall", required_argument, NULL, O_IO_STALL },
+		{ "prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK },
 		{ "spine", required_argument, NULL, O_SPINE_DTYPE },
 		{ "spine-int8-dir", required_argument, NULL, O_SPINE_INT8_DIR },
 		{ "draft", required_argument, NULL, O_DRAFT },
@@ -253,6 +266,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
 	opts->spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
+	k3_store_drive_opts_init(&opts->drives);
 	opts->draft = K3_DRAFT_POLICY_AUTO;
 	opts->draft_max = K3_OPTIONS_DRAFT_MAX_DEFAULT;
 	opts->provider = "cpu";
@@ -372,6 +386,37 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if (!opts->memory_limit_bytes)
 				return k3_err_set(err, -EINVAL, "--memory-limit: a size above 0 (64G, 512M)");
 			break;
+		case O_EXPERT_DIR:
+			if (opts->n_expert_dirs == K3_STORE_MAX_DRIVES - 1)
+				return k3_err_set(err, -EINVAL, "--expert-dir: at most %d",
+						  K3_STORE_MAX_DRIVES - 1);
+			opts->expert_dirs[opts->n_expert_dirs++] = optarg;
+			break;
+		case O_HEDGE:
+			if ((r = k3_store_drive_parse_hedge(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_IO_RATE:
+			if ((r = k3_store_drive_parse_rate(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_IO_LATENCY:
+			if ((r = k3_store_drive_parse_latency(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_IO_STALL:
+			if ((r = k3_store_drive_parse_stall(optarg, &opts->drives, err)) < 0)
+				return r;
+			break;
+		case O_PREFILL_CHUNK:
+			if (strcmp(optarg, "auto") == 0) {
+				opts->prefill_chunk = 0;
+				break;
+			}
+			if ((r = k3_parse_u64(optarg, 1, 4096, &v, err)) < 0)
+				return k3_err_prefix(err, "--prefill-chunk ('auto' or 1..4096)");
+			opts->prefill_chunk = (uint32_t)v;
+			break;
 		case O_SPINE_DTYPE:
 			if (strcmp(optarg, "bf16") && strcmp(optarg, "int8"))
 				return k3_err_set(err, -EINVAL, "--spine: '%s' is not bf16 or int8 (k3d never"
@@ -393,20 +438,6 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if ((r = k3_store_plan_parse_resident(optarg, &opts->spine_resident, err)) < 0)
 				return r;
 			break;
-		case O_IORATE: {
-			double g;
-			if ((r = k3_parse_double(optarg, 0.001, 1000, &g, err)) < 0)
-				return k3_err_prefix(err, "--io-rate (GB/s)");
-			opts->io_rate_bytes_per_s = (uint64_t)(g * 1e9);
-			break;
-		}
-		case O_IOLAT: {
-			double ms;
-			if ((r = k3_parse_double(optarg, 0, 10000, &ms, err)) < 0)
-				return k3_err_prefix(err, "--io-latency (ms)");
-			opts->io_latency_ns = (uint64_t)(ms * 1e6);
-			break;
-		}
 		case O_FETCH:
 			opts->fetch_experts = true;
 			break;
@@ -547,7 +578,16 @@ void k3_options_log(const struct k3_options *opts)
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid", sp, opts->fetch_experts ? "yes" : "no");
-	char mem[32], ctx[32], rate[48];
+	char hedge[16], chunk[16];
+	if (opts->prefill_chunk)
+		snprintf(chunk, sizeof(chunk), "%u", opts->prefill_chunk);
+	else
+		snprintf(chunk, sizeof(chunk), "auto");
+	k3_log_info("config: expert-dirs=%u hedge=%s prefill-chunk=%s%s", opts->n_expert_dirs,
+		    k3_store_drive_hedge_name(&opts->drives, hedge, sizeof(hedge)), chunk,
+		    opts->drives.n_rate || opts->drives.n_latency || opts->drives.n_stall
+		    ? " emulated-drive=on" : "");
+	char mem[32], ctx[32];
 	if (opts->memory_limit_bytes)
 		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);
 	else
@@ -556,12 +596,7 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(ctx, sizeof(ctx), "%u", opts->context_tokens);
 	else
 		snprintf(ctx, sizeof(ctx), "auto");
-	if (opts->io_rate_bytes_per_s || opts->io_latency_ns)
-		snprintf(rate, sizeof(rate), "%.3fGB/s+%.3fms", (double)opts->io_rate_bytes_per_s / 1e9,
-			 (double)opts->io_latency_ns / 1e6);
-	else
-		snprintf(rate, sizeof(rate), "off");
-	k3_log_info("config: memory-limit=%s context=%s emulated-drive=%s", mem, ctx, rate);
+	k3_log_info("config: memory-limit=%s context=%s", mem, ctx);
 	if (opts->spine_int8)
 		k3_log_info("config: spine=int8 (NOT weight-exact) spine-int8-dir=%s",
 			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "base/err.h"
+#include "store/store_drives.h"
 
 enum { K3_OPTIONS_MAX_IDS = 32 };
 
@@ -51,6 +52,16 @@ struct k3_options {
 	bool fetch_experts;           /* --fetch-experts: a streaming install's missing
 				       * experts are fetched on demand (docs/setup.md) */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
+	/* Several drives (docs/store.md, "Several drives"): copies of the
+	 * packs in each --expert-dir, drives 1.. (drive 0 is the model
+	 * directory's packs or shards); the emulated drive per drive
+	 * (--io-rate, --io-latency, --io-stall) and --hedge */
+	const char *expert_dirs[K3_STORE_MAX_DRIVES - 1];
+	unsigned n_expert_dirs;
+	struct k3_store_drive_opts drives;
+	/* --prefill-chunk: prompt positions per pass; 0 = auto (the largest
+	 * whose activations fit the scratch budget, sched_load.c) */
+	uint32_t prefill_chunk;
 	/* --spine int8: the int8 spine overlay (NOT weight-exact), never chosen
 	 * by k3d itself; --spine-int8-dir: where it is (NULL = MODEL/spine-int8) */
 	bool spine_int8;
@@ -59,9 +70,6 @@ struct k3_options {
 	uint64_t memory_limit_bytes;  /* --memory-limit: 0 = min(RAM, cgroup) alone */
 	uint32_t context_tokens;      /* --context: 0 = plan for min(32768, max_position_embeddings),
 				       * accept up to max_position_embeddings */
-	/* The emulated drive (store_io.h): 0 = off */
-	uint64_t io_rate_bytes_per_s; /* --io-rate GBPS */
-	uint64_t io_latency_ns;       /* --io-latency MS */
 	/* Speculative decoding (docs/draft.md) */
 	int draft;                    /* --draft: enum k3_draft_policy, the default of
 				       * requests that do not choose (auto) */

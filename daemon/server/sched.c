@@ -585,6 +585,8 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		r->spine_io_wait_s_total = s->totals.spine_io_wait_s_total;
 		r->has_spine_io_wait_s_total = true;
 	}
+	if (s->ready)
+		sched_status_drives(s, r);
 	sched_status_memory(s, r);
 	if (s->ready && s->remote) {
 		/* a streaming install says how far its experts have come */

@@ -50,8 +50,11 @@
 #include "text/text_parse.h"
 #include "text/text_tok.h"
 
-/* SCHED_PREFILL_CHUNK: prompt positions per forward call during prefill
- * (a PROGRESS event and a cancel check after each).
+/* SCHED_PREFILL_CHUNK_MIN / _MAX: the bounds of the prompt positions per
+ * forward call during prefill (a PROGRESS event and a cancel check after
+ * each; s->prefill_chunk, chosen at load, sched_load.c): each pass reads
+ * a layer's experts once for all its positions, so the longest the memory
+ * allows. The engine takes at most 4096.
  * SCHED_PUBLISH_DEADLINE_S: how long a finished job's branch states wait
  * for its client to take the DONE frame; later they are dropped,
  * unpublished (a slow reader only loses conversation reuse;
@@ -59,7 +62,8 @@
  * SCHED_PREP_INLINE_BYTES: requests with less text than this are
  * prepared on the loop thread; bigger ones go to the prep thread. */
 enum {
-	SCHED_PREFILL_CHUNK = 64,
+	SCHED_PREFILL_CHUNK_MIN = 64,
+	SCHED_PREFILL_CHUNK_MAX = 4096,
 	SCHED_N_END_IDS = 2 + K3_LIM_STOP_IDS,
 	SCHED_PUBLISH_DEADLINE_S = 5,
 	SCHED_PREP_INLINE_BYTES = 64 << 10,
@@ -250,6 +254,7 @@ struct k3_sched {
 	bool have_plan;
 	/* the spine loader (NULL: the spine is the mmapped shards) */
 	struct k3_store_spine *spine;
+	uint32_t prefill_chunk;         /* positions per prefill pass, the engine's max_chunk */
 	/* a streaming install's expert fetcher (--fetch-experts), or NULL */
 	struct k3_setup_remote *remote;
 	struct k3_setup_remote_reader remote_reader;
@@ -261,7 +266,7 @@ struct k3_sched {
 	struct k3_draft_cost draft_cost;
 	/* --router-trace, engine thread only */
 	struct k3_store_trace *trace;
-	uint32_t *route_ids;            /* [SCHED_PREFILL_CHUNK][n_moe][K] */
+	uint32_t *route_ids;            /* [prefill_chunk][n_moe][K] */
 	float *route_w;
 
 	pthread_mutex_t lock;           /* guards everything down to "loop thread only" */
@@ -282,6 +287,9 @@ struct k3_sched {
 	uint64_t next_job_id;
 	bool draining;
 	struct k3_msg_status_reply totals;
+	/* what STATUS_REPLY's drive arrays point at (sched_status_drives) */
+	uint64_t status_u64[K3_STORE_MAX_DRIVES * 9];
+	uint32_t status_u32[K3_STORE_MAX_DRIVES * 2];
 	struct sched_status_jobs status_jobs;
 };
 
@@ -424,7 +432,9 @@ struct sched_seq {
 	struct timespec t_prefill, t_decode;
 	double queued_s, prefill_s, decode_s;
 	struct k3_store_stats xs0;      /* store counters when the job started */
+	struct k3_store_stats xs_prefilled;   /* ... and when its prefill ended */
 	struct k3_store_spine_stats ss0;   /* spine loader counters then */
+	uint32_t chunk;                 /* positions per prefill pass for this prompt */
 	struct k3_err err;
 };
 
@@ -443,6 +453,15 @@ void sched_job_run(struct k3_sched *s, struct sched_job *j);
 /* Loads the model, tokenizer, engine, router trace and expert store, then
  * posts MSG_LOADED (ok, or the error text). Engine thread. */
 void sched_load(struct k3_sched *s);
+/* STATUS_REPLY's drive and counter fields (several drives, the sums that
+ * add up: store totals since start); arrays point into s. Loop thread. */
+void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r);
+/* DONE's: the request's counter differences xd (experts) and sd (spine),
+ * its prefill's cost; arrays point into buf (K3_STORE_MAX_DRIVES x 7
+ * entries), which must outlive the encoding. Engine thread. */
+void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
+		       const struct k3_store_stats *xd, const struct k3_store_spine_stats *sd,
+		       struct k3_msg_done *done, uint64_t *buf);
 /* Tokens one conversation may hold: the model's max_position_embeddings,
  * capped at --context when it is given (the plan then reserves state for
  * exactly that). Any thread. */

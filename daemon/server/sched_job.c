@@ -2,7 +2,8 @@
  * sched_job.c - running one generation on the engine thread, in named
  * steps: prepare (output stage, logits, the sequence: a clone of the
  * published conversation when the prompt extends it), prefill (the prompt
- * in SCHED_PREFILL_CHUNK chunks, PROGRESS after each), the decode loop
+ * in the fewest passes of at most s->prefill_chunk positions, PROGRESS
+ * after each), the decode loop
  * (one pass per position: pick the id, stage it, compute the next
  * position), and the end (store accounting, DONE or ERROR, the branch
  * that may be published). Everything a running generation owns is in its
@@ -182,20 +183,26 @@ static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq
 	return seq_draft_open(s, q);
 }
 
-/* The prompt positions not served by a published state, chunk by chunk;
- * the last chunk leaves the logits of the last prompt position. Returns 0
- * when prefilled, 1 when cancelled between chunks (j->finish says so), or
- * a negative errno. */
+/* The prompt positions not served by a published state, in the fewest
+ * passes of at most s->prefill_chunk positions, of equal length (each pass
+ * reads every expert its positions route to once, docs/store.md,
+ * "Expert-major prefill"); the last pass leaves the logits of the last
+ * prompt position. Returns 0 when prefilled, 1 when cancelled between
+ * passes (j->finish says so), or a negative errno. */
 static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
 {
 	struct sched_job *j = q->job;
 	const uint32_t n = q->n_prompt;
+	uint32_t todo = n - q->start, passes = (todo + s->prefill_chunk - 1) / s->prefill_chunk;
 	int r;
 
+	q->chunk = passes ? (todo + passes - 1) / passes : 0;
 	clock_gettime(CLOCK_MONOTONIC, &q->t_prefill);
 	q->prefill_end = q->start;
+	if (s->store)
+		k3_store_epoch_begin(s->store);
 	for (uint32_t pos = q->start; pos < n;) {
-		uint32_t c = n - pos < SCHED_PREFILL_CHUNK ? n - pos : SCHED_PREFILL_CHUNK;
+		uint32_t c = n - pos < q->chunk ? n - pos : q->chunk;
 		struct k3_msg_progress p;
 
 		if (atomic_load(&j->cancel)) {
@@ -223,6 +230,8 @@ static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
 		return r;
 	q->prefill_s = sched_since(&q->t_prefill);
 	q->prefilled = true;
+	if (s->store)
+		k3_store_stats_get(s->store, &q->xs_prefilled);
 	q->anchor = k3_engine_argmax(q->logits, k3_engine_vocab(s->engine));
 	j->decode_passes = 1;          /* the last chunk's logits give the first id */
 	return 0;
@@ -398,6 +407,7 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 	struct sched_job *j = q->job;
 	const double prefill_s = q->prefill_s, decode_s = q->decode_s;
 	struct k3_msg_done done;
+	uint64_t drive_buf[K3_STORE_MAX_DRIVES * 7];
 	double compute_s;
 
 	memset(&done, 0, sizeof(done));
@@ -445,6 +455,7 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 		k3_msg_done_set_spine_rows_read(&done, sd->rows_read);
 		k3_msg_done_set_spine_io_wait_s(&done, (double)sd->io_wait_ns * 1e-9);
 	}
+	sched_done_drives(s, q, xd, sd, &done, drive_buf);
 	sched_done_spine(s, &done);
 	return sched_encode_frame(j, K3_MSG_DONE, &done);
 }

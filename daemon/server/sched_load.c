@@ -25,6 +25,8 @@
 
 #include "base/log.h"
 #include "model/model.h"
+#include "store/store_budget.h"
+#include "store/store_drives.h"
 #include "store/store_int8.h"
 #include "store/store_model.h"
 #include "store/store_plan.h"
@@ -73,7 +75,7 @@ static int open_trace(struct k3_sched *s, struct k3_err *err)
 
 	if (!o->router_trace)
 		return 0;
-	per = (size_t)SCHED_PREFILL_CHUNK * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
+	per = (size_t)s->prefill_chunk * k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
 	r = k3_store_trace_open(o->router_trace, 0, K3_STORE_TRACE_BUFFERED, &s->trace, err);
 	if (r < 0)
 		return r;
@@ -93,6 +95,33 @@ static uint32_t first_buffered(const struct k3_store_source *src)
 	for (uint32_t f = 0; f < k3_store_source_file_count(src); f++)
 		if (!k3_store_source_file_direct(src, f))
 			return f;
+	return 0;
+}
+
+/* Each --expert-dir as the next drive's copies of the packs (docs/store.md,
+ * "Several drives"), logged with what it holds and why a pack there was
+ * refused. A directory holding no valid pack is an error: the user asked
+ * for a drive that would never be read. */
+static int add_homes(struct k3_sched *s, struct k3_err *err)
+{
+	const struct k3_options *o = s->opts;
+
+	for (unsigned i = 0; i < o->n_expert_dirs; i++) {
+		struct k3_store_home_report rep;
+		int r = k3_store_source_add_home(s->xsrc, s->model, o->expert_dirs[i], i + 1, &rep, err);
+		if (r < 0)
+			return k3_err_prefix(err, "--expert-dir '%s'", o->expert_dirs[i]);
+		if (rep.layers == 0)
+			return k3_err_set(err, -ENOENT, "--expert-dir '%s' holds no valid expert pack of"
+					  " this model (%s); write one with k3ctl pack --model DIR --out"
+					  " '%s'", o->expert_dirs[i],
+					  rep.packs_rejected ? rep.first_rejection : "no experts-L*.k3pack",
+					  o->expert_dirs[i]);
+		k3_log(rep.packs_rejected ? K3_LOG_WARNING : K3_LOG_INFO,
+		       "drive %u: %s holds %u experts of %u MoE layers%s%s", i + 1, o->expert_dirs[i],
+		       rep.experts, rep.layers, rep.packs_rejected ? "; packs rejected, first: " : "",
+		       rep.packs_rejected ? rep.first_rejection : "");
+	}
 	return 0;
 }
 
@@ -131,7 +160,7 @@ static int open_expert_source(struct k3_sched *s, const char *packdir, bool have
 		       rep.first_rejection[0] ? rep.first_rejection : "no pack for the layer");
 	else
 		k3_log_info("experts: all %u MoE layers from packs in %s", rep.layers_packed, packdir);
-	return 0;
+	return add_homes(s, err);
 }
 
 /* Guesses per position: auto offers every rank (the store's precision
@@ -139,6 +168,20 @@ static int open_expert_source(struct k3_sched *s, const char *packdir, bool have
 static int prefetch_of(const struct k3_options *o, const struct k3_model_config *mc)
 {
 	return o->prefetch < 0 ? (int)mc->num_experts_per_token : o->prefetch;
+}
+
+/* Positions per prefill pass (docs/store.md, "Expert-major prefill"): a
+ * pass reads each layer's experts once for all its positions, so the
+ * longest the memory allows: --prefill-chunk N, or the longest (64..4096)
+ * whose activations (k3_engine_scratch_bytes) fit a sixteenth of the
+ * plan's memory limit (min(RAM, cgroup, --memory-limit)); the plan counts
+ * them as its scratch. K3 on 64 GB: about 2100 positions, 4 GB. */
+static uint32_t prefill_chunk(const struct k3_sched *s, uint64_t limit_bytes)
+{
+	if (s->opts->prefill_chunk)
+		return s->opts->prefill_chunk;
+	return k3_engine_chunk_for(k3_model_config(s->model), limit_bytes / K3_ENGINE_SCRATCH_SHARE,
+				   SCHED_PREFILL_CHUNK_MIN, SCHED_PREFILL_CHUNK_MAX);
 }
 
 /* Splits the memory limit (store_plan.h) with the checkpoint's bytes (the
@@ -161,12 +204,30 @@ static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, bool *streams, s
 		.sequences = 1,
 		.spine_resident = o->spine_resident,
 		.expert_cache_bytes = o->expert_cache_bytes,
-		.max_chunk = SCHED_PREFILL_CHUNK,
+		.max_chunk = o->prefill_chunk ? o->prefill_chunk : SCHED_PREFILL_CHUNK_MIN,
 		.slot_bytes = slot_bytes,
 	};
 	int r = k3_store_plan_model(s->model, &in, &s->plan, streams, err);
 	if (r < 0)
 		return k3_err_prefix(err, "memory plan");
+	/* auto: the pass the limit allows, planned again with its scratch (the
+	 * shortest pass's plan stands when the longer one does not fit) */
+	s->prefill_chunk = prefill_chunk(s, s->plan.limit_bytes);
+	if (s->prefill_chunk != in.max_chunk) {
+		struct k3_store_plan_out longer;
+		bool st;
+		struct k3_err e2 = { 0, "" };
+		in.max_chunk = s->prefill_chunk;
+		if (k3_store_plan_model(s->model, &in, &longer, &st, &e2) == 0) {
+			s->plan = longer;
+			*streams = st;
+		} else {
+			s->prefill_chunk = SCHED_PREFILL_CHUNK_MIN;
+		}
+	}
+	k3_log_info("prefill: up to %u positions per pass (%s; activations %.3f GB)",
+		    s->prefill_chunk, o->prefill_chunk ? "--prefill-chunk" : "auto",
+		    (double)k3_engine_scratch_bytes(mc, s->prefill_chunk) / 1e9);
 	s->have_plan = true;
 	return 0;
 }
@@ -199,7 +260,7 @@ static void spine_config(const struct k3_sched *s, struct k3_store_spine_config 
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->direct = (enum k3_store_direct)s->opts->direct;
 	cfg->io_threads = s->opts->io_threads;
-	cfg->max_rows = SCHED_PREFILL_CHUNK;
+	cfg->max_rows = s->prefill_chunk;
 	cfg->resident_layers = s->plan.resident_layers;
 	cfg->head_resident = s->plan.head_resident;
 	cfg->embed_resident = false;
@@ -284,6 +345,30 @@ static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cf
 	return 0;
 }
 
+/* One line per drive when there are several, or when one is emulated. */
+static void log_drives(const struct k3_sched *s)
+{
+	struct k3_store_info in;
+
+	k3_store_info_get(s->store, &in);
+	for (uint32_t d = 0; d < in.n_drives; d++) {
+		const struct k3_store_io_drive_info *di = &in.drive[d];
+		if (in.n_drives == 1 && !di->emulated_rate && !di->emulated_latency_ns)
+			return;
+		char emu[96] = "";
+		if (di->emulated_rate || di->emulated_latency_ns)
+			snprintf(emu, sizeof(emu), "; emulated at %.2f GB/s, %.2f ms a request",
+				 (double)di->emulated_rate / 1e9, (double)di->emulated_latency_ns / 1e6);
+		k3_log_info("drive %u (%s): copies of %u experts, %u readers%s", d,
+			    d ? s->opts->expert_dirs[d - 1] : "the model directory", in.drive_experts[d],
+			    di->threads, emu);
+	}
+	if (in.n_drives > 1)
+		k3_log_info("reads: each to the copy predicted to finish first; %s", in.hedge_buffers
+			    ? "a read past 1.5 x (or --hedge) its drive's p95 is hedged from another copy"
+			    : "hedging off");
+}
+
 /* Creates the expert store over s->xsrc (docs/store.md, "For the engine"):
  * the memory plan's expert cache, the reader threads (through the emulated
  * drive when --io-rate / --io-latency ask for it); on a streaming install
@@ -306,8 +391,8 @@ static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k
 		.prefetch_slots = prefetch ? -1 : 0,
 		.prefetch_auto = pf_auto,
 		.check_scales = true,
-		.io_rate_bytes_per_s = o->io_rate_bytes_per_s,
-		.io_latency_ns = o->io_latency_ns,
+		/* hedge buffers only while a token's experts keep their slots */
+		.min_slots = mc->num_experts_per_token,
 	};
 	if (stream) {
 		struct k3_setup_opts so;
@@ -324,9 +409,12 @@ static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k
 		k3_log_info("experts: streaming install, %" PRIu64 " routed experts not on disk yet are"
 			    " fetched when first used (verified as docs/setup.md says)", absent);
 	}
-	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
+	r = k3_store_drive_opts_apply(&o->drives, k3_store_source_drive_count(s->xsrc), &cfg, err);
+	if (r == 0)
+		r = k3_store_new(s->xsrc, &cfg, &s->store, err);
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");
+	log_drives(s);
 	struct k3_store_info info;
 	k3_store_info_get(s->store, &info);
 	char pfs[96];
@@ -342,10 +430,12 @@ static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k
 		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
 		    o->expert_cache_bytes ? "--expert-cache-gb" : "the memory plan",
 		    (double)s->plan.expert_floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
-	if (o->io_rate_bytes_per_s || o->io_latency_ns)
+	/* one emulated drive for all (--io-rate, --io-latency of one value) */
+	if (o->drives.n_rate <= 1 && o->drives.n_latency <= 1 &&
+	    (o->drives.rate[0] || o->drives.latency_ns[0]))
 		k3_log_notice("emulated drive: reads limited to %.3f GB/s in all, %.3f ms per request "
 			      "(--io-rate, --io-latency: for benchmarks over page-cached files)",
-			      (double)o->io_rate_bytes_per_s / 1e9, (double)o->io_latency_ns / 1e6);
+			      (double)o->drives.rate[0] / 1e9, (double)o->drives.latency_ns[0] / 1e6);
 	if (info.files_buffered && o->direct == K3_STORE_DIRECT_AUTO)
 		k3_log_warning("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
 			       " (--direct auto: the file system refused O_DIRECT for %s)",
@@ -359,8 +449,9 @@ static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k
 }
 
 /* Everything between the model and the engine's first job (docs/store.md,
- * docs/plan.md): the expert source, the memory plan, the expert store, the spine loader sharing its readers, the
- * engine over the spine source, the expert source behind the engine. */
+ * docs/plan.md): the prefill's pass length, the expert source, the memory
+ * plan, the expert store, the spine loader sharing its readers, the engine
+ * over the spine source, the expert source behind the engine. */
 static int open_engine(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
@@ -398,6 +489,7 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 	bool spine;
 	if ((r = plan_memory(s, slot, &spine, err)) < 0)
 		return r;
+	eo.max_chunk = s->prefill_chunk;
 	log_plan(&s->plan, !spine);
 	if (s->xsrc && (r = open_store(s, stream, absent, err)) < 0)
 		return r;
@@ -665,4 +757,108 @@ void sched_warm_run(struct k3_sched *s, struct sched_job *j)
 	k3_log_info("warmed %u of %u requested experts (%u resident now), %.1f MB read in %.2f s",
 		    loaded, j->warm_requested, resident, (double)r.bytes_read / 1e6, r.seconds);
 	j->final = sched_encode_frame(j, K3_MSG_WARM_EXPERTS_REPLY, &r);
+}
+
+/* ---- drives and the counters that add up (STATUS, DONE) ------------------------------ */
+
+/* v[0..n) as the protocol's u64 array (borrowed). */
+static struct k3_proto_u64s u64s(const uint64_t *v, uint32_t n)
+{
+	return (struct k3_proto_u64s){ n, v, NULL };
+}
+
+/* The per-drive columns DONE and STATUS_REPLY share (fields 60-66), each
+ * K3_STORE_MAX_DRIVES long in b: expert bytes, demand, prefetch used and
+ * wasted, spine bytes (all on drive 0: the spine reads through its
+ * readers), hedges, hedges won. */
+static void drive_columns(const struct k3_store_stats *st, uint64_t spine, uint32_t n, uint64_t *b)
+{
+	const uint64_t *cols[7] = { st->drive_bytes_read, st->drive_demand_bytes,
+				    st->drive_prefetch_used_bytes, st->drive_prefetch_wasted_bytes,
+				    NULL, st->drive_hedges, st->drive_hedges_won };
+
+	for (int c = 0; c < 7; c++)
+		for (uint32_t d = 0; d < n; d++)
+			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d] : d == 0 ? spine : 0;
+}
+
+void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
+{
+	uint64_t *b = s->status_u64;
+	uint32_t *u = s->status_u32;
+	struct k3_store_stats st;
+	struct k3_store_info in;
+	uint32_t n;
+
+	k3_msg_status_reply_set_prefill_chunk(r, s->prefill_chunk);
+	if (!s->store)
+		return;
+	k3_store_stats_get(s->store, &st);
+	k3_store_info_get(s->store, &in);
+	n = in.n_drives;
+	uint64_t spine = 0;
+	if (s->spine) {
+		struct k3_store_spine_stats ss;
+		k3_store_spine_stats_get(s->spine, &ss);
+		spine = ss.bytes_read;
+		k3_msg_status_reply_set_spine_demand_bytes(r, ss.demand_bytes);
+		k3_msg_status_reply_set_spine_wasted_bytes(r, ss.wasted_bytes);
+	}
+	drive_columns(&st, spine, n, b);
+	for (uint32_t d = 0; d < n; d++) {
+		b[7 * K3_STORE_MAX_DRIVES + d] = in.drive[d].rate_bytes_per_s;
+		b[8 * K3_STORE_MAX_DRIVES + d] = in.drive[d].p95_ns;
+		u[d] = in.drive_prefetch_on[d];
+		u[K3_STORE_MAX_DRIVES + d] = in.drive_experts[d];
+	}
+	k3_msg_status_reply_set_drive_expert_bytes_read(r, u64s(b, n));
+	k3_msg_status_reply_set_drive_expert_demand_bytes(r, u64s(b + K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_prefetch_used_bytes(r, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_prefetch_wasted_bytes(r, u64s(b + 3 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_spine_bytes_read(r, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_hedges(r, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_hedges_won(r, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_rate(r, u64s(b + 7 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_p95_ns(r, u64s(b + 8 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_status_reply_set_drive_prefetch_on(r, (struct k3_proto_ids){ n, u, NULL });
+	k3_msg_status_reply_set_drive_experts(r, (struct k3_proto_ids){ n, u + K3_STORE_MAX_DRIVES,
+									 NULL });
+	k3_msg_status_reply_set_expert_demand_bytes(r, st.demand_bytes);
+	k3_msg_status_reply_set_prefetch_used_bytes(r, st.prefetch_used_bytes);
+	k3_msg_status_reply_set_hedges(r, st.hedges);
+	k3_msg_status_reply_set_hedges_won(r, st.hedges_won);
+}
+
+void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
+		       const struct k3_store_stats *xd, const struct k3_store_spine_stats *sd,
+		       struct k3_msg_done *done, uint64_t *b)
+{
+	k3_msg_done_set_prefill_chunk(done, q->chunk);
+	if (s->spine) {
+		k3_msg_done_set_spine_demand_bytes(done, sd->demand_bytes);
+		k3_msg_done_set_spine_wasted_bytes(done, sd->wasted_bytes);
+	}
+	if (!s->store)
+		return;
+	struct k3_store_info in;
+	k3_store_info_get(s->store, &in);
+	uint32_t n = in.n_drives;
+	drive_columns(xd, s->spine ? sd->bytes_read : 0, n, b);
+	k3_msg_done_set_drive_expert_bytes_read(done, u64s(b, n));
+	k3_msg_done_set_drive_expert_demand_bytes(done, u64s(b + K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_prefetch_used_bytes(done, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_prefetch_wasted_bytes(done, u64s(b + 3 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_spine_bytes_read(done, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_hedges(done, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_drive_hedges_won(done, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
+	k3_msg_done_set_expert_demand_bytes(done, xd->demand_bytes);
+	k3_msg_done_set_prefetch_used_bytes(done, xd->prefetch_used_bytes);
+	k3_msg_done_set_hedges(done, xd->hedges);
+	k3_msg_done_set_hedges_won(done, xd->hedges_won);
+	/* the prefill's cost against one read of each distinct expert */
+	struct k3_store_stats pf;
+	k3_store_stats_sub(&q->xs_prefilled, &q->xs0, &pf);
+	k3_msg_done_set_prefill_expert_bytes(done, q->prefilled ? pf.bytes_read : 0);
+	k3_msg_done_set_prefill_distinct_experts(done, q->prefilled ? pf.distinct_experts : 0);
+	k3_msg_done_set_expert_span_bytes(done, in.slot_bytes);
 }

@@ -25,6 +25,9 @@ static void free_memory(struct k3_store *s)
 	if (s->slots)
 		for (uint32_t i = 0; i < s->n_slots; i++)
 			free(s->slots[i].mem);
+	for (uint32_t h = 0; h < s->n_hedges; h++)
+		free(s->hedges[h].mem);
+	free(s->seen);
 	free(s->slots);
 	free(s->slot_of);
 	free(s->uses);
@@ -46,16 +49,29 @@ static int check_config(const struct k3_store_config *cfg, struct k3_err *err)
 	if (cfg->prefetch_piece_bytes % K3_STORE_ALIGN)
 		return k3_err_set(err, -EINVAL, "prefetch piece of %" PRIu64 " bytes is not a"
 				  " multiple of %d", cfg->prefetch_piece_bytes, K3_STORE_ALIGN);
+	if (!(cfg->hedge_factor >= 0) || cfg->hedge_buffers > K3_STORE_MAX_HEDGES)
+		return k3_err_set(err, -EINVAL, "hedge factor %g (>= 0) or %u hedge buffers (at"
+				  " most %d)", cfg->hedge_factor, cfg->hedge_buffers,
+				  K3_STORE_MAX_HEDGES);
 	return 0;
 }
 
 /* The slots' memory (none in dry_run), prefaulted when asked. */
 static int alloc_slots(struct k3_store *s, struct k3_err *err)
 {
+	for (uint32_t h = 0; h < s->n_hedges; h++) {
+		void *mem;
+		if (posix_memalign(&mem, K3_STORE_ALIGN, s->slot_bytes) != 0)
+			return k3_err_set(err, -ENOMEM, "cannot allocate a hedge buffer of %" PRIu64
+					  " bytes", s->slot_bytes);
+		s->hedges[h].mem = mem;
+		s->hedges[h].slot = s->hedges[h].loser_slot = -1;
+	}
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct k3_store_slot *sl = &s->slots[i];
 		void *mem;
 		sl->ex = -1;
+		sl->hedge = -1;
 		if (s->cfg.dry_run)
 			continue;
 		if (posix_memalign(&mem, K3_STORE_ALIGN, s->slot_bytes) != 0)
@@ -100,6 +116,19 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	}
 	if (slots > K3_STORE_MAX_EXPERTS)
 		slots = K3_STORE_MAX_EXPERTS;
+	s->n_drives = k3_store_source_drive_count(src);
+	/* Hedge buffers out of the budget, while min_slots slots stay. */
+	if (cfg->hedge_factor > 0 && s->n_drives > 1 && !cfg->dry_run) {
+		uint64_t h = cfg->hedge_buffers ? cfg->hedge_buffers : 2 * (s->n_drives - 1);
+		uint64_t least = cfg->min_slots ? cfg->min_slots : 1;
+		if (h > K3_STORE_MAX_HEDGES)
+			h = K3_STORE_MAX_HEDGES;
+		if (slots >= least + h) {
+			s->n_hedges = (uint32_t)h;
+			s->hedge_factor = cfg->hedge_factor;
+			slots -= h;
+		}
+	}
 	if (slots > n_ex)
 		slots = n_ex;   /* more slots than experts would never be used */
 	s->n_slots = (uint32_t)slots;
@@ -120,10 +149,12 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	s->slots = calloc(s->n_slots, sizeof(*s->slots));
 	s->slot_of = malloc(n_ex * sizeof(*s->slot_of));
 	s->uses = calloc(n_ex, sizeof(*s->uses));
+	s->seen = calloc(n_ex, sizeof(*s->seen));
+	s->epoch = 1;
 	rc = k3_store_guesses_init(&s->guesses, n_layers,
 				   cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
 								   : K3_STORE_PREFETCH_MIN_PRECISION);
-	if (!s->slots || !s->slot_of || !s->uses || rc) {
+	if (!s->slots || !s->slot_of || !s->uses || !s->seen || rc) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -137,9 +168,12 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	 * behind one of them); with one reader, it may prefetch. */
 	unsigned threads = cfg->dry_run ? 0 : cfg->io_threads ? cfg->io_threads
 							  : K3_STORE_DEFAULT_IO_THREADS;
-	struct k3_store_io_config io_cfg = { .threads = threads,
+	struct k3_store_io_config io_cfg = { .threads = threads, .n_drives = s->n_drives,
 					     .rate_bytes_per_s = cfg->io_rate_bytes_per_s,
 					     .latency_ns = cfg->io_latency_ns };
+	memcpy(io_cfg.drive, cfg->drive, sizeof(io_cfg.drive));
+	for (uint32_t d = 0; cfg->dry_run && d < s->n_drives; d++)
+		io_cfg.drive[d].threads = 0;
 	io_cfg.class_readers[K3_STORE_IO_PREFETCH] = threads > 1 ? threads - 1 : 1;
 	rc = k3_store_io_new(&io_cfg, &s->io, err);
 	if (rc)
@@ -171,6 +205,32 @@ void k3_store_idle(struct k3_store *s)
 {
 	k3_store_io_lock(s->io);
 	s->last_exit_ns = 0;
+	/* Guesses read and not used by the request that read them are its
+	 * waste: they stay cached, at the cold end, and a later hit on one is
+	 * a plain hit. Queued ones are dropped unread. */
+	for (uint32_t i = 0; i < s->n_slots; i++) {
+		struct k3_store_slot *sl = &s->slots[i];
+		if (!sl->prefetched || sl->pins || sl->state == K3_STORE_SLOT_READING)
+			continue;
+		if (sl->state == K3_STORE_SLOT_QUEUED) {
+			k3_store_cache_drop(s, (int32_t)i, false);
+			continue;
+		}
+		k3_store_cache_guess_fate(s, sl->drive, sl->read_bytes, false);
+		sl->prefetched = false;
+		sl->missed = true;
+		s->prefetch_outstanding--;
+	}
+	k3_store_io_unlock(s->io);
+}
+
+void k3_store_epoch_begin(struct k3_store *s)
+{
+	k3_store_io_lock(s->io);
+	if (++s->epoch == 0) {   /* wrapped: forget every old mark */
+		memset(s->seen, 0, k3_store_source_count(s->src) * sizeof(*s->seen));
+		s->epoch = 1;
+	}
 	k3_store_io_unlock(s->io);
 }
 
@@ -225,6 +285,12 @@ void k3_store_info_get(struct k3_store *s, struct k3_store_info *info)
 	info->n_slots = s->n_slots;
 	info->slot_bytes = s->slot_bytes;
 	info->io_threads = k3_store_io_threads(s->io);
+	info->n_drives = s->n_drives;
+	info->hedge_buffers = s->n_hedges;
+	for (uint32_t d = 0; d < s->n_drives; d++) {
+		info->drive_prefetch_on[d] = !s->dpf[d].off;
+		k3_store_io_drive_info_get(s->io, d, &info->drive[d]);
+	}
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		const struct k3_store_slot *sl = &s->slots[i];
 		info->resident += sl->state != K3_STORE_SLOT_FREE;
@@ -233,6 +299,9 @@ void k3_store_info_get(struct k3_store *s, struct k3_store_info *info)
 			info->prefetch_unused_bytes += sl->read_bytes;
 	}
 	k3_store_io_unlock(s->io);
+	for (size_t i = 0; i < k3_store_source_count(s->src); i++)
+		for (unsigned c = 0, n = k3_store_source_copies(s->src, i); c < n; c++)
+			info->drive_experts[k3_store_source_copy_drive(s->src, i, c)]++;
 	for (uint32_t f = 0; f < k3_store_source_file_count(s->src); f++) {
 		if (k3_store_source_file_direct(s->src, f))
 			info->files_direct++;

@@ -35,8 +35,6 @@
 #include "store/store_io.h"
 #include "store/store_source.h"
 
-struct k3_store_io;
-
 enum {
 	K3_STORE_MAX_IO_THREADS = 16,
 	/* >= 2 reads in flight (issue 7); prefetch reads may occupy all
@@ -53,6 +51,11 @@ enum {
  * guess the real routing rejects while it is being read stops at the next
  * piece. docs/store.md "Stopping wrong guesses" has the measurements. */
 #define K3_STORE_PREFETCH_PIECE_BYTES ((uint64_t)4 << 20)
+/* A demand read running this many times its drive's recent p95 read time
+ * is hedged with a read of another copy (docs/store.md, "Several
+ * drives"): well past the p95, so about one read in twenty is not hedged
+ * for being merely slow, and late enough that a hedge is rare. */
+#define K3_STORE_HEDGE_FACTOR 1.5
 
 /* Eviction policy among unpinned resident experts. docs/store.md has the
  * trace measurements behind the default (bench_store_policy). */
@@ -96,10 +99,23 @@ struct k3_store_config {
 	 * acquire with -EBADMSG naming it. */
 	bool check_scales;
 	/* The emulated drive of the reader pool (store_io.h): every read
-	 * limited to io_rate_bytes_per_s bytes per second across all readers,
-	 * each request io_latency_ns later; 0 = off. */
+	 * limited to io_rate_bytes_per_s bytes per second across the readers
+	 * of a drive, each request io_latency_ns later; 0 = off. drive[d]
+	 * overrides them for drive d (the source's file drives,
+	 * store_source.h), and adds its stall fault and reader count. */
 	uint64_t io_rate_bytes_per_s;
 	uint64_t io_latency_ns;
+	struct k3_store_io_drive_config drive[K3_STORE_MAX_DRIVES];
+	/* Hedged reads, when experts have copies on several drives: a demand
+	 * read running past hedge_factor x its drive's recent p95 gets a
+	 * second read of another copy, the first to finish wins. 0 = off;
+	 * K3_STORE_HEDGE_FACTOR is the default k3d uses. The hedge buffers
+	 * (hedge_buffers slots' worth of memory; 0 = 2 per extra drive, at
+	 * most 4) come out of cache_bytes while at least min_slots slots stay
+	 * (0 = 1); otherwise hedging is off. */
+	double hedge_factor;
+	unsigned hedge_buffers;
+	unsigned min_slots;
 	/* Simulation: no memory, no threads, no reads; acquire completes at once
 	 * and counters count the bytes the reads would have cost. Used to
 	 * compare eviction policies on router traces (bench_store_policy). */
@@ -151,6 +167,30 @@ struct k3_store_stats {
 	uint64_t io_wait_ns;             /* time acquire spent waiting for reads */
 	uint64_t compute_ns;             /* time between acquires (the engine computing) */
 	uint64_t emulated_wait_ns;       /* readers' sleep for the emulated drive (--io-rate) */
+	/* Where the bytes went (docs/store.md, "Counters that add up"): once
+	 * the store is idle (k3_store_idle settles the guesses still unused),
+	 * bytes_read = demand_bytes + prefetch_used_bytes +
+	 * prefetch_wasted_bytes exactly, in total and per drive. demand_bytes
+	 * holds the reads issued as demand (hedges and their losers included)
+	 * and guesses that arrived in the very step that wanted them. */
+	uint64_t prefetch_used_bytes;    /* bytes of guesses acquired in a later step */
+	uint64_t hedges;                 /* duplicate reads of another copy issued */
+	uint64_t hedges_won;             /* of which the duplicate finished first */
+	uint64_t hedge_bytes;            /* bytes of the losing reads (part of demand_bytes) */
+	uint64_t distinct_experts;       /* (layer, expert) pairs acquired for the first time
+					  * since k3_store_epoch_begin */
+	uint64_t drive_bytes_read[K3_STORE_MAX_DRIVES];
+	uint64_t drive_reads[K3_STORE_MAX_DRIVES];
+	uint64_t drive_demand_bytes[K3_STORE_MAX_DRIVES];
+	uint64_t drive_prefetch_used_bytes[K3_STORE_MAX_DRIVES];
+	uint64_t drive_prefetch_wasted_bytes[K3_STORE_MAX_DRIVES];
+	/* reads on this drive that were hedged (it ran past its p95), and of
+	 * those the ones another drive's copy then won */
+	uint64_t drive_hedges[K3_STORE_MAX_DRIVES];
+	uint64_t drive_hedges_won[K3_STORE_MAX_DRIVES];
+	/* guesses not read because every drive holding the expert had its
+	 * prefetch turned off by "auto" (part of prefetch_skipped) */
+	uint64_t drive_prefetch_off_skips[K3_STORE_MAX_DRIVES];
 };
 
 /* Gauges describing the store now. */
@@ -164,6 +204,13 @@ struct k3_store_info {
 	/* Bytes read by prefetch, resident and not used (yet): waste if they
 	 * are evicted unused (then counted in prefetch_wasted_bytes). */
 	uint64_t prefetch_unused_bytes;
+	uint32_t n_drives;               /* of the source */
+	uint32_t hedge_buffers;          /* 0: hedging off */
+	/* per drive: experts it holds a copy of, whether "auto" has prefetch
+	 * on there now, and its reader pool's view (rate, p95, queue) */
+	uint32_t drive_experts[K3_STORE_MAX_DRIVES];
+	bool drive_prefetch_on[K3_STORE_MAX_DRIVES];
+	struct k3_store_io_drive_info drive[K3_STORE_MAX_DRIVES];
 };
 
 struct k3_store;
@@ -279,8 +326,17 @@ void k3_store_guess_table(struct k3_store *s, enum k3_store_guess_kind kind, uin
 size_t k3_store_prefetch_cancel(struct k3_store *s, uint32_t layer);
 
 /* Marks the engine idle (end of a request), so the wait until the next
- * acquire is not counted as compute time. */
+ * acquire is not counted as compute time, and settles every guess read and
+ * not used yet as wasted (it stays cached, at the cold end), so that a
+ * request's counters add up (bytes_read = demand + prefetch used +
+ * prefetch wasted). Call after k3_store_prefetch_cancel and
+ * k3_store_drain. */
 void k3_store_idle(struct k3_store *s);
+
+/* Starts counting distinct experts afresh: distinct_experts counts each
+ * (layer, expert) the next acquires pin for the first time since this
+ * call (a prompt's prefill: its cost against one read of each). */
+void k3_store_epoch_begin(struct k3_store *s);
 
 /* While held, reader threads start no prefetch read (queued guesses stay
  * queued; demand reads are unaffected). For tests that need a guess to stay

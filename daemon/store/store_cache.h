@@ -44,11 +44,50 @@ struct k3_store_slot {
 	uint64_t prefetch_step;      /* step the prefetch was submitted in */
 	uint64_t last_use;           /* tick of the last acquire */
 	uint64_t read_bytes;         /* bytes its read cost */
+	uint8_t drive;               /* where its bytes came (or come) from */
+	uint8_t fate;                /* enum k3_store_fate: a guess acquired while being read */
+	int8_t hedge;                /* the hedge racing its read (index), -1 */
+	bool loser;                  /* a hedge won; its own read still runs into the
+				      * buffer the hedge holds: not reusable until done */
 	uint64_t acq_gen;            /* acquire call that last pinned it */
 	uint64_t counted_step;       /* step whose demand counters already include it */
 	int err;                     /* read errno when ERROR */
 	struct k3_store_plan plan;   /* of ex: the reads and where each array lands */
+	/* the plan its read was issued with, for that read alone: a hedge
+	 * that wins replaces `plan` while this read still runs */
+	struct k3_store_plan job_plan;
 	struct k3_store_io_job job;  /* the read that fills it; job.owner = the store */
+};
+
+/* What the bytes of a guess acquired while it was being read become when
+ * the read ends. */
+enum k3_store_fate {
+	K3_STORE_FATE_NONE = 0,
+	K3_STORE_FATE_USED,          /* prefetch_used_bytes */
+	K3_STORE_FATE_LATE,          /* demand_bytes: the same step wanted it */
+};
+
+enum { K3_STORE_MAX_HEDGES = 4 };
+
+/* A hedge: a second read of a slot's expert from another copy, into its
+ * own buffer. If it wins, the slot takes its buffer and plan and the
+ * slot's old buffer waits here until the losing read ends. */
+struct k3_store_hedge {
+	struct k3_store_io_job job;
+	struct k3_store_plan plan;
+	uint8_t *mem;                /* slot_bytes */
+	bool busy;
+	int32_t slot;                /* racing for it; -1 once the slot's own read won */
+	int32_t loser_slot;          /* holding that slot's old buffer until its read ends, -1 */
+	uint8_t drive;
+};
+
+/* "auto" prefetch per drive: the fate of its guesses' bytes (windowed),
+ * and whether it takes guesses now. */
+struct k3_store_drive_prefetch {
+	double used, wasted;
+	bool off;
+	uint64_t off_step;           /* step it turned off at */
 };
 
 struct k3_store {
@@ -67,6 +106,13 @@ struct k3_store {
 	uint64_t last_exit_ns;
 	struct k3_store_stats st;
 	struct k3_store_guesses guesses;
+	uint32_t n_drives;
+	struct k3_store_drive_prefetch dpf[K3_STORE_MAX_DRIVES];
+	struct k3_store_hedge hedges[K3_STORE_MAX_HEDGES];
+	uint32_t n_hedges;
+	double hedge_factor;
+	uint32_t *seen;              /* per source expert: epoch it was last counted distinct in */
+	uint32_t epoch;
 };
 
 /* The layer of source expert ex. */
@@ -100,10 +146,22 @@ void k3_store_cache_assign(struct k3_store *s, int32_t i, int64_t ex);
  * read. eviction: count it in the evictions counter (when READY). */
 void k3_store_cache_drop(struct k3_store *s, int32_t i, bool eviction);
 
-/* Issues the reads of slots[0..n) (QUEUED, not yet submitted) sorted by
- * the (file, offset) of their first read (sorts slots[] in place), each in
- * the class its slot's demand flag says. In dry_run they complete on the
- * spot. */
+/* Issues the reads of slots[0..n) (QUEUED, not yet submitted): each from
+ * the copy whose drive predicts the earliest completion (a guess only to
+ * a drive whose prefetch is on, if any), then sorted by the (drive, file,
+ * offset) of their first read (sorts slots[] in place), each in the class
+ * its slot's demand flag says. In dry_run they complete on the spot. */
 void k3_store_cache_issue(struct k3_store *s, int32_t *slots, size_t n);
+
+/* The copy of source expert ex a read should use: the earliest predicted
+ * completion among its drives (for a guess, among those whose prefetch
+ * is on; -1 when there is none), counting `extra[d]` bytes already chosen
+ * for drive d in this batch (may be NULL). */
+int k3_store_cache_pick_copy(struct k3_store *s, int64_t ex, bool guess, const uint64_t *extra);
+
+/* A guess's bytes met their fate on drive d: used (or late: right, but
+ * in the step that wanted it) or wasted. Feeds "auto"'s per-drive record
+ * (prefetch turns off on a drive whose guesses do not pay). */
+void k3_store_cache_guess_fate(struct k3_store *s, uint32_t d, uint64_t bytes, bool right);
 
 #endif

@@ -43,15 +43,18 @@ static int add_tensor(struct k3_store_extent *x, const struct k3_tensor *t, uint
 	return 0;
 }
 
-/* Adds the experts of one layer; shard i is file base + i of src. */
+/* Adds the experts of one layer (those keep[e] marks; NULL: every one);
+ * shard i is file base + i of src. */
 static int add_layer(struct k3_store_source *src, const struct k3_layer_plan *lp,
-		     uint32_t base, struct k3_err *err)
+		     uint32_t base, const uint8_t *keep, struct k3_err *err)
 {
 	for (uint32_t e = 0; e < lp->moe.n_experts; e++) {
 		const struct k3_expert *x = &lp->moe.experts[e];
 		struct k3_store_expert se = { .layer = lp->index, .expert = e };
 		int rc;
 
+		if (keep && !keep[e])
+			continue;
 		if (!x->w1.mxfp4 || !x->w2.mxfp4 || !x->w3.mxfp4 ||
 		    add_tensor(&se.ext[K3_STORE_W1_PACKED], x->w1.packed, base) ||
 		    add_tensor(&se.ext[K3_STORE_W1_SCALE], x->w1.scale, base) ||
@@ -84,6 +87,12 @@ int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_mode
 int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
 			      uint32_t layer, struct k3_err *err)
 {
+	return k3_store_source_add_model_some(src, m, layer, NULL, err);
+}
+
+int k3_store_source_add_model_some(struct k3_store_source *src, const struct k3_model *m,
+				   uint32_t layer, const uint8_t *keep, struct k3_err *err)
+{
 	const struct k3_model_plan *plan = k3_model_plan(m);
 	int rc;
 
@@ -92,7 +101,7 @@ int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model
 	rc = k3_store_source_add_shards(src, m, err);
 	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++)
 		if (plan->layers[l].is_moe && (layer == UINT32_MAX || layer == l))
-			rc = add_layer(src, &plan->layers[l], 0, err);
+			rc = add_layer(src, &plan->layers[l], 0, layer == l ? keep : NULL, err);
 	return rc;
 }
 
@@ -102,20 +111,26 @@ int k3_store_pack_path(char *buf, size_t size, const char *pack_dir, uint32_t la
 	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
 
-/* A pack must hold exactly this layer's experts with the model's sizes. */
+/* A pack must hold exactly this layer's experts with the model's sizes;
+ * a copy on another drive (subset) any of them, in order. */
 static int pack_fits_layer(const struct k3_store_pack *pack, const struct k3_layer_plan *lp,
-			   const char *path, struct k3_err *err)
+			   const char *path, bool subset, struct k3_err *err)
 {
 	uint64_t len[K3_STORE_ARRAYS];
 	uint32_t layer, expert;
+	size_t n = k3_store_pack_expert_count(pack);
 
-	if (k3_store_pack_expert_count(pack) != lp->moe.n_experts)
+	if (subset ? n == 0 || n > lp->moe.n_experts : n != lp->moe.n_experts)
 		return k3_err_set(err, -ESTALE, "'%s' holds %zu experts, layer %" PRIu32 " has %"
-				  PRIu32, path, k3_store_pack_expert_count(pack), lp->index,
-				  lp->moe.n_experts);
-	for (uint32_t e = 0; e < lp->moe.n_experts; e++) {
+				  PRIu32, path, n, lp->index, lp->moe.n_experts);
+	for (uint32_t i = 0; i < n; i++) {
+		k3_store_pack_entry(pack, i, &layer, &expert, len);
+		uint32_t e = subset ? expert : i;
+		if (e >= lp->moe.n_experts)
+			return k3_err_set(err, -ESTALE, "'%s' entry %" PRIu32 " is expert %" PRIu32
+					  ", which layer %" PRIu32 " does not have", path, i, expert,
+					  lp->index);
 		const struct k3_expert *x = &lp->moe.experts[e];
-		k3_store_pack_entry(pack, e, &layer, &expert, len);
 		if (layer != lp->index || expert != e || !x->w1.mxfp4 || !x->w2.mxfp4 ||
 		    !x->w3.mxfp4 ||
 		    len[K3_STORE_W1_PACKED] != x->w1.packed->nbytes ||
@@ -125,8 +140,25 @@ static int pack_fits_layer(const struct k3_store_pack *pack, const struct k3_lay
 		    len[K3_STORE_W3_PACKED] != x->w3.packed->nbytes ||
 		    len[K3_STORE_W3_SCALE] != x->w3.scale->nbytes)
 			return k3_err_set(err, -ESTALE, "'%s' entry %" PRIu32 " does not match expert"
-					  " (%" PRIu32 ", %" PRIu32 ") of the model", path, e,
+					  " (%" PRIu32 ", %" PRIu32 ") of the model", path, i,
 					  lp->index, e);
+	}
+	return 0;
+}
+
+/* The packs must match the files the shards are read through (files
+ * 0..n-1 of src): if a path now names another file than the one opened,
+ * the stat of the descriptor is what counts. */
+static int read_idents(const struct k3_model *m, const struct k3_store_source *src,
+		       struct k3_store_pack_ident *id, size_t n, struct k3_err *err)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct stat st;
+		int rc = k3_store_source_file_stat(src, (uint32_t)i, &st);
+		if (rc)
+			return k3_err_set(err, rc, "cannot stat '%s': %s",
+					  k3_model_shard_path(m, (uint32_t)i), strerror(-rc));
+		k3_store_pack_ident_stat(&id[i], &st);
 	}
 	return 0;
 }
@@ -153,18 +185,8 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 	rc = k3_store_source_add_shards(src, m, err);
 	if (rc == 0 && pack_dir)
 		rc = k3_store_model_idents(m, &id, &n_id, err);
-	/* The packs must match the files the shards are read through: if a
-	 * path now names another file than the one opened, the stat of the
-	 * descriptor is what counts. */
-	for (size_t i = 0; rc == 0 && i < n_id; i++) {
-		struct stat st;
-		rc = k3_store_source_file_stat(src, (uint32_t)i, &st);
-		if (rc)
-			k3_err_set(err, rc, "cannot stat '%s': %s", k3_model_shard_path(m, (uint32_t)i),
-				   strerror(-rc));
-		else
-			k3_store_pack_ident_stat(&id[i], &st);
-	}
+	if (rc == 0 && pack_dir)
+		rc = read_idents(m, src, id, n_id, err);
 	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++) {
 		struct k3_store_pack *pack = NULL;
 		struct k3_err perr = { 0 };
@@ -179,7 +201,8 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 				break;
 			}
 			prc = k3_store_pack_open(path, id, n_id, 0, &pack, &perr);
-			if (prc == 0 && (prc = pack_fits_layer(pack, &plan->layers[l], path, &perr))) {
+			if (prc == 0 && (prc = pack_fits_layer(pack, &plan->layers[l], path, false,
+							      &perr))) {
 				k3_store_pack_free(pack);
 				pack = NULL;
 			}
@@ -190,7 +213,7 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 		} else {
 			if (prc != -ENOENT && rep->packs_rejected++ == 0)
 				snprintf(rep->first_rejection, sizeof(rep->first_rejection), "%s", perr.msg);
-			rc = add_layer(src, &plan->layers[l], 0, err);
+			rc = add_layer(src, &plan->layers[l], 0, NULL, err);
 			rep->layers_shards++;
 		}
 		k3_store_pack_free(pack);
@@ -202,6 +225,71 @@ int k3_store_source_open_model(const struct k3_model *m, const char *pack_dir,
 	}
 	*out = src;
 	return 0;
+}
+
+/* Copies of pack's experts on `drive` (the pack file added on it). */
+static int add_copies(struct k3_store_source *src, const struct k3_store_pack *pack,
+		      const char *path, uint32_t drive, struct k3_err *err)
+{
+	uint32_t file;
+	int rc = k3_store_source_add_file_on(src, path, drive, &file, err);
+
+	for (size_t i = 0; rc == 0 && i < k3_store_pack_expert_count(pack); i++) {
+		const struct k3_store_pack_span *pe = k3_store_pack_span(pack, i);
+		struct k3_store_expert e = { .layer = pe->layer, .expert = pe->expert };
+		for (int a = 0; a < K3_STORE_ARRAYS; a++) {
+			const struct k3_store_pack_array *x = k3_store_pack_array(pack, pe->first +
+										   (uint32_t)a);
+			e.ext[a] = (struct k3_store_extent){ .file = file, .offset = pe->offset + x->offset,
+							     .length = x->length };
+		}
+		rc = k3_store_source_add_copy(src, &e, err);
+	}
+	return rc;
+}
+
+int k3_store_source_add_home(struct k3_store_source *src, const struct k3_model *m,
+			     const char *dir, uint32_t drive, struct k3_store_home_report *rep,
+			     struct k3_err *err)
+{
+	const struct k3_model_plan *plan = k3_model_plan(m);
+	struct k3_store_pack_ident *id = NULL;
+	size_t n_id = 0;
+	char path[4096];
+	int rc;
+
+	memset(rep, 0, sizeof(*rep));
+	if (drive == 0 || drive >= K3_STORE_MAX_DRIVES)
+		return k3_err_set(err, -EINVAL, "'%s': drive %" PRIu32 " (1..%d)", dir, drive,
+				  K3_STORE_MAX_DRIVES - 1);
+	rc = k3_store_model_idents(m, &id, &n_id, err);
+	if (rc == 0)
+		rc = read_idents(m, src, id, n_id, err);
+	for (uint32_t l = 0; rc == 0 && l < plan->n_layers; l++) {
+		struct k3_store_pack *pack = NULL;
+		struct k3_err perr = { 0 };
+		int prc;
+
+		if (!plan->layers[l].is_moe)
+			continue;
+		if ((rc = k3_store_pack_path(path, sizeof(path), dir, l)) != 0) {
+			k3_err_set(err, rc, "'%s' is too long", dir);
+			break;
+		}
+		prc = k3_store_pack_open(path, id, n_id, 0, &pack, &perr);
+		if (prc == 0)
+			prc = pack_fits_layer(pack, &plan->layers[l], path, true, &perr);
+		if (prc == 0) {
+			rc = add_copies(src, pack, path, drive, err);
+			rep->layers++;
+			rep->experts += (uint32_t)k3_store_pack_expert_count(pack);
+		} else if (prc != -ENOENT && rep->packs_rejected++ == 0) {
+			snprintf(rep->first_rejection, sizeof(rep->first_rejection), "%s", perr.msg);
+		}
+		k3_store_pack_free(pack);
+	}
+	free(id);
+	return rc;
 }
 
 /* ---- the spine as a pack input ---- */

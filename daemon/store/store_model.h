@@ -37,6 +37,12 @@ int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident *
 int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
 			      uint32_t layer, struct k3_err *err);
 
+/* The same for one layer's experts that keep[e] marks (keep has the
+ * layer's expert count entries; NULL: every one): the source of a pack
+ * holding part of a layer (k3ctl pack --hot). */
+int k3_store_source_add_model_some(struct k3_store_source *src, const struct k3_model *m,
+				   uint32_t layer, const uint8_t *keep, struct k3_err *err);
+
 /* Adds every shard of m to src as files first..first + shards - 1 (first =
  * src's file count before the call). Returns what the source calls return. */
 int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
@@ -87,6 +93,26 @@ struct k3_store_open_report {
 	uint32_t packs_rejected;    /* packs present but stale or malformed */
 	char first_rejection[K3_ERR_MSG_MAX];   /* why the first one was refused */
 };
+
+/* What one home of copies (k3d --expert-dir) held. */
+struct k3_store_home_report {
+	uint32_t layers;            /* MoE layers with a valid pack there */
+	uint32_t experts;           /* experts those packs hold */
+	uint32_t packs_rejected;    /* packs present but stale, malformed or foreign */
+	char first_rejection[K3_ERR_MSG_MAX];
+};
+
+/* Adds the packs in `dir` (another drive's copy of the packs, full or
+ * partial: a pack may hold any of its layer's experts, k3ctl pack --layers
+ * / --hot) as copies on drive `drive` (1 .. K3_STORE_MAX_DRIVES - 1) of
+ * the experts src already has. src must come from
+ * k3_store_source_open_model (files 0..shards-1 are m's shards): each pack
+ * gets the start-up check of a pack in the model's pack directory against
+ * those shards. A missing or rejected pack is not an error (rep says).
+ * Returns 0, -EINVAL (bad drive), or an errno of opening or adding. */
+int k3_store_source_add_home(struct k3_store_source *src, const struct k3_model *m,
+			     const char *dir, uint32_t drive, struct k3_store_home_report *rep,
+			     struct k3_err *err);
 
 /* Opens the source the engine streams experts from: for each MoE layer the
  * pack in pack_dir when it is valid for these shards (its header and

@@ -62,7 +62,7 @@ static size_t cancel_layer(struct k3_store *s, uint32_t layer, keep_fn *keep, co
 	size_t n = 0;
 
 	while (job) {
-		struct k3_store_io_job *next = k3_store_io_next(job);
+		struct k3_store_io_job *next = k3_store_io_next(s->io, job);
 		int32_t i = k3_store_cache_slot_of_job(s, job);
 		const struct k3_store_slot *sl = &s->slots[i];
 		if ((layer == UINT32_MAX || k3_store_cache_layer_of(s, sl->ex) == layer) &&
@@ -238,6 +238,12 @@ size_t k3_store_prefetch_ranked(struct k3_store *s, uint32_t layer, const uint32
 			continue;
 		if (!gate_open(s, rc, layer, rank)) {
 			s->st.prefetch_skipped++;
+			continue;
+		}
+		/* "auto" turned prefetch off on every drive holding it */
+		if (k3_store_cache_pick_copy(s, ex, true, NULL) < 0) {
+			s->st.prefetch_skipped++;
+			s->st.drive_prefetch_off_skips[k3_store_source_copy_drive(s->src, (size_t)ex, 0)]++;
 			continue;
 		}
 		if (s->prefetch_outstanding >= (uint32_t)s->cfg.prefetch_slots) {

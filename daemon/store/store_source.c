@@ -15,7 +15,15 @@ struct source_file {
 	char *path;
 	int fd;
 	bool direct;
+	uint32_t drive;
 	uint64_t size;
+};
+
+/* Another location of an expert's bytes: a copy on another drive. */
+struct source_copy {
+	struct k3_store_extent ext[K3_STORE_ARRAYS];
+	uint32_t drive;
+	int32_t next;                /* the expert's next copy, -1 */
 };
 
 struct k3_store_source {
@@ -23,7 +31,11 @@ struct k3_store_source {
 	struct source_file *files;
 	size_t n_files, cap_files;
 	struct k3_store_expert *experts;
+	int32_t *first_copy;         /* per expert: its first extra copy, -1 */
 	size_t n_experts, cap_experts;
+	struct source_copy *copies;
+	size_t n_copies, cap_copies;
+	uint32_t n_drives;
 	/* Dense (layer, expert) -> index table, rebuilt as bounds grow. */
 	int32_t *index;
 	uint32_t idx_layers, idx_experts;
@@ -48,6 +60,8 @@ void k3_store_source_free(struct k3_store_source *src)
 	}
 	free(src->files);
 	free(src->experts);
+	free(src->first_copy);
+	free(src->copies);
 	free(src->index);
 	free(src);
 }
@@ -95,10 +109,19 @@ static int direct_probe(int fd)
 int k3_store_source_add_file(struct k3_store_source *src, const char *path,
 			     uint32_t *file, struct k3_err *err)
 {
-	struct source_file f = { .fd = -1 };
+	return k3_store_source_add_file_on(src, path, 0, file, err);
+}
+
+int k3_store_source_add_file_on(struct k3_store_source *src, const char *path, uint32_t drive,
+				uint32_t *file, struct k3_err *err)
+{
+	struct source_file f = { .fd = -1, .drive = drive };
 	struct stat st;
 	int rc;
 
+	if (drive >= K3_STORE_MAX_DRIVES)
+		return k3_err_set(err, -EINVAL, "drive %" PRIu32 " of '%s': at most %d drives",
+				  drive, path, K3_STORE_MAX_DRIVES);
 	if (src->n_files >= K3_STORE_MAX_FILES)
 		return k3_err_set(err, -EMFILE, "more than %d expert files", K3_STORE_MAX_FILES);
 	if (src->direct != K3_STORE_DIRECT_OFF) {
@@ -151,6 +174,8 @@ int k3_store_source_add_file(struct k3_store_source *src, const char *path,
 	}
 	src->files[src->n_files] = f;
 	*file = (uint32_t)src->n_files++;
+	if (drive + 1 > src->n_drives)
+		src->n_drives = drive + 1;
 	return 0;
 
 out_free:
@@ -196,15 +221,10 @@ static uint32_t grow_dim(uint32_t have, uint32_t want_index, uint32_t max)
 	return n > want_index ? n : want_index + 1;
 }
 
-int k3_store_source_add_expert(struct k3_store_source *src,
-			       const struct k3_store_expert *e,
-			       struct k3_err *err)
+/* Every extent of e names a file of one drive and lies inside it. */
+static int check_extents(const struct k3_store_source *src, const struct k3_store_expert *e,
+			 struct k3_err *err)
 {
-	if (e->layer >= K3_STORE_MAX_LAYERS || e->expert >= K3_STORE_MAX_EXPERTS_PER_LAYER)
-		return k3_err_set(err, -ERANGE, "expert (%" PRIu32 ", %" PRIu32 ") out of range",
-				  e->layer, e->expert);
-	if (src->n_experts >= K3_STORE_MAX_EXPERTS)
-		return k3_err_set(err, -ERANGE, "more than %d experts", K3_STORE_MAX_EXPERTS);
 	for (int a = 0; a < K3_STORE_ARRAYS; a++) {
 		const struct k3_store_extent *x = &e->ext[a];
 		if (x->file >= src->n_files)
@@ -220,11 +240,41 @@ int k3_store_source_add_expert(struct k3_store_source *src,
 					  e->layer, e->expert, a, x->length, x->offset,
 					  src->files[x->file].path, src->files[x->file].size);
 	}
+	for (int a = 1; a < K3_STORE_ARRAYS; a++)
+		if (src->files[e->ext[a].file].drive != src->files[e->ext[0].file].drive)
+			return k3_err_set(err, -EINVAL, "expert (%" PRIu32 ", %" PRIu32
+					  ") spans files of two drives", e->layer, e->expert);
+	return 0;
+}
+
+int k3_store_source_add_expert(struct k3_store_source *src,
+			       const struct k3_store_expert *e,
+			       struct k3_err *err)
+{
+	int rc;
+
+	if (e->layer >= K3_STORE_MAX_LAYERS || e->expert >= K3_STORE_MAX_EXPERTS_PER_LAYER)
+		return k3_err_set(err, -ERANGE, "expert (%" PRIu32 ", %" PRIu32 ") out of range",
+				  e->layer, e->expert);
+	if (src->n_experts >= K3_STORE_MAX_EXPERTS)
+		return k3_err_set(err, -ERANGE, "more than %d experts", K3_STORE_MAX_EXPERTS);
+	if ((rc = check_extents(src, e, err)) != 0)
+		return rc;
 	if (k3_store_source_find(src, e->layer, e->expert) >= 0)
 		return k3_err_set(err, -EEXIST, "expert (%" PRIu32 ", %" PRIu32 ") added twice",
 				  e->layer, e->expert);
-	if (k3_array_reserve(&src->experts, &src->cap_experts, src->n_experts + 1, sizeof(*src->experts), 64))
-		return k3_err_set(err, -ENOMEM, "out of memory");
+	if (src->n_experts == src->cap_experts) {
+		/* the experts and their first copies grow together */
+		size_t cap = src->cap_experts;
+		if (k3_array_reserve(&src->experts, &cap, src->n_experts + 1, sizeof(*src->experts),
+				     64))
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		int32_t *nc = realloc(src->first_copy, cap * sizeof(*nc));
+		if (!nc)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		src->first_copy = nc;
+		src->cap_experts = cap;
+	}
 	if (e->layer >= src->idx_layers || e->expert >= src->idx_experts) {
 		/* Grow geometrically so a layer-by-layer fill rebuilds rarely. */
 		uint32_t nl = grow_dim(src->idx_layers, e->layer, K3_STORE_MAX_LAYERS);
@@ -233,9 +283,90 @@ int k3_store_source_add_expert(struct k3_store_source *src,
 			return k3_err_set(err, -ENOMEM, "out of memory");
 	}
 	src->experts[src->n_experts] = *e;
+	src->first_copy[src->n_experts] = -1;
 	src->index[(size_t)e->layer * src->idx_experts + e->expert] = (int32_t)src->n_experts;
 	src->n_experts++;
 	return 0;
+}
+
+int k3_store_source_add_copy(struct k3_store_source *src, const struct k3_store_expert *e,
+			    struct k3_err *err)
+{
+	int64_t i = k3_store_source_find(src, e->layer, e->expert);
+	int rc;
+
+	if (i < 0)
+		return k3_err_set(err, -ENOENT, "a copy of expert (%" PRIu32 ", %" PRIu32
+				  "), which the source does not have", e->layer, e->expert);
+	if ((rc = check_extents(src, e, err)) != 0)
+		return rc;
+	const struct k3_store_expert *x = &src->experts[i];
+	uint32_t drive = src->files[e->ext[0].file].drive;
+	for (int a = 0; a < K3_STORE_ARRAYS; a++)
+		if (e->ext[a].length != x->ext[a].length)
+			return k3_err_set(err, -EINVAL, "the copy of expert (%" PRIu32 ", %" PRIu32
+					  ") in '%s' has %" PRIu64 " bytes in array %d, not %"
+					  PRIu64, e->layer, e->expert, src->files[e->ext[a].file].path,
+					  e->ext[a].length, a, x->ext[a].length);
+	for (unsigned c = 0; c < k3_store_source_copies(src, (size_t)i); c++)
+		if (k3_store_source_copy_drive(src, (size_t)i, c) == drive)
+			return k3_err_set(err, -EEXIST, "expert (%" PRIu32 ", %" PRIu32 ") has a copy"
+					  " on drive %" PRIu32 " already", e->layer, e->expert, drive);
+	if (src->n_copies == src->cap_copies) {
+		size_t cap = src->cap_copies ? src->cap_copies * 2 : 64;
+		struct source_copy *nc = realloc(src->copies, cap * sizeof(*nc));
+		if (!nc)
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		src->copies = nc;
+		src->cap_copies = cap;
+	}
+	/* appended at the end of the expert's list: copy c stays copy c */
+	struct source_copy *cp = &src->copies[src->n_copies];
+	memcpy(cp->ext, e->ext, sizeof(cp->ext));
+	cp->drive = drive;
+	cp->next = -1;
+	int32_t *link = &src->first_copy[i];
+	while (*link >= 0)
+		link = &src->copies[*link].next;
+	*link = (int32_t)src->n_copies++;
+	return 0;
+}
+
+/* Copy c >= 1 of expert i (c - 1 links from its first copy). */
+static const struct source_copy *copy_of(const struct k3_store_source *src, size_t i, unsigned c)
+{
+	int32_t k = src->first_copy[i];
+
+	while (k >= 0 && --c > 0)
+		k = src->copies[k].next;
+	return k >= 0 ? &src->copies[k] : NULL;
+}
+
+unsigned k3_store_source_copies(const struct k3_store_source *src, size_t i)
+{
+	unsigned n = 1;
+
+	for (int32_t k = src->first_copy[i]; k >= 0; k = src->copies[k].next)
+		n++;
+	return n;
+}
+
+uint32_t k3_store_source_copy_drive(const struct k3_store_source *src, size_t i, unsigned c)
+{
+	if (c == 0)
+		return src->files[src->experts[i].ext[0].file].drive;
+	const struct source_copy *cp = copy_of(src, i, c);
+	return cp ? cp->drive : UINT32_MAX;
+}
+
+uint32_t k3_store_source_drive_count(const struct k3_store_source *src)
+{
+	return src->n_drives ? src->n_drives : 1;
+}
+
+uint32_t k3_store_source_file_drive(const struct k3_store_source *src, uint32_t file)
+{
+	return file < src->n_files ? src->files[file].drive : 0;
 }
 
 size_t k3_store_source_count(const struct k3_store_source *src)
@@ -350,8 +481,23 @@ uint64_t k3_store_plan_extents(const struct k3_store_extent *x, unsigned n, unsi
 void k3_store_source_plan(const struct k3_store_source *src, size_t i,
 			  struct k3_store_plan *plan)
 {
-	const struct k3_store_expert *e = &src->experts[i];
+	k3_store_source_plan_copy(src, i, 0, plan);
+}
+
+void k3_store_source_plan_copy(const struct k3_store_source *src, size_t i, unsigned c,
+			       struct k3_store_plan *plan)
+{
+	const struct source_copy *cp = c ? copy_of(src, i, c) : NULL;
+	const struct k3_store_expert *e0 = &src->experts[i];
+	struct k3_store_expert ce;
+	const struct k3_store_expert *e = e0;
 	unsigned order[K3_STORE_ARRAYS];
+
+	if (cp) {
+		ce = *e0;
+		memcpy(ce.ext, cp->ext, sizeof(ce.ext));
+		e = &ce;
+	}
 
 	memset(plan, 0, sizeof(*plan));
 	plan->slot_bytes = k3_store_plan_extents(e->ext, K3_STORE_ARRAYS, order, plan->read,
@@ -367,11 +513,12 @@ uint64_t k3_store_source_slot_bytes(const struct k3_store_source *src)
 	uint64_t best = 0;
 	struct k3_store_plan plan;
 
-	for (size_t i = 0; i < src->n_experts; i++) {
-		k3_store_source_plan(src, i, &plan);
-		if (plan.slot_bytes > best)
-			best = plan.slot_bytes;
-	}
+	for (size_t i = 0; i < src->n_experts; i++)
+		for (unsigned c = 0, n = k3_store_source_copies(src, i); c < n; c++) {
+			k3_store_source_plan_copy(src, i, c, &plan);
+			if (plan.slot_bytes > best)
+				best = plan.slot_bytes;
+		}
 	return best;
 }
 

@@ -44,6 +44,10 @@ enum {
 	K3_STORE_MAX_EXPERTS_PER_LAYER = 65536,
 	K3_STORE_MAX_EXPERTS = 1 << 20,
 	K3_STORE_ALIGN = 4096,        /* slot, span and O_DIRECT alignment, bytes */
+	/* Drives holding copies of the experts (docs/store.md, "Several
+	 * drives"): drive 0 is the model directory's (packs or shards), each
+	 * --expert-dir one more. */
+	K3_STORE_MAX_DRIVES = 4,
 };
 /* One array may not exceed 1 GiB (a K3 array is 5.5 MB). */
 #define K3_STORE_MAX_ARRAY_BYTES ((uint64_t)1 << 30)
@@ -88,16 +92,38 @@ void k3_store_source_free(struct k3_store_source *src);
  * above. Returns 0, -EMFILE past K3_STORE_MAX_FILES, -EMEDIUMTYPE when
  * DIRECT_ON was asked and the file system refuses O_DIRECT (the message
  * names the file, what failed and the alternatives), or the open/read
- * errno. */
+ * errno. The file is on drive 0. */
 int k3_store_source_add_file(struct k3_store_source *src, const char *path,
 			     uint32_t *file, struct k3_err *err);
+/* The same for a file on drive `drive` (< K3_STORE_MAX_DRIVES, else
+ * -EINVAL): the reads of its bytes go to that drive's readers. */
+int k3_store_source_add_file_on(struct k3_store_source *src, const char *path, uint32_t drive,
+				uint32_t *file, struct k3_err *err);
 
 /* Registers one expert. Every extent must name an added file and lie inside
- * it (checked against the file size). Returns 0, -EEXIST for a (layer,
- * expert) added twice, -ERANGE/-EINVAL for bad bounds. */
+ * it (checked against the file size), all of one drive. Returns 0, -EEXIST
+ * for a (layer, expert) added twice, -ERANGE/-EINVAL for bad bounds. This
+ * is the expert's copy 0. */
 int k3_store_source_add_expert(struct k3_store_source *src,
 			       const struct k3_store_expert *e,
 			       struct k3_err *err);
+
+/* Registers another location of the bytes of an expert already added
+ * (a copy of the packs on another drive): its extents are checked as
+ * add_expert's, must all be on one drive that holds no copy of the expert
+ * yet, and each array must have the primary's length (a copy holds the
+ * same bytes; k3ctl pack verifies them, not this). It becomes the next
+ * copy number. Returns 0, -ENOENT (no such expert), -EEXIST (that drive
+ * has a copy), -EINVAL / -ERANGE (bad extents), -ENOMEM. */
+int k3_store_source_add_copy(struct k3_store_source *src, const struct k3_store_expert *e,
+			     struct k3_err *err);
+/* Locations of expert index i (1 + its copies), and the drive of copy c
+ * (0 <= c < copies; UINT32_MAX for another c). */
+unsigned k3_store_source_copies(const struct k3_store_source *src, size_t i);
+uint32_t k3_store_source_copy_drive(const struct k3_store_source *src, size_t i, unsigned c);
+/* 1 + the largest drive of any file (1 for an empty source). */
+uint32_t k3_store_source_drive_count(const struct k3_store_source *src);
+uint32_t k3_store_source_file_drive(const struct k3_store_source *src, uint32_t file);
 
 /* Number of experts registered; index i in [0, n) for source_expert(). */
 size_t k3_store_source_count(const struct k3_store_source *src);
@@ -152,6 +178,10 @@ struct k3_store_plan {
  * in place. Pure; never fails for a registered expert. */
 void k3_store_source_plan(const struct k3_store_source *src, size_t i,
 			  struct k3_store_plan *plan);
+/* The same for copy c of expert i (c = 0: k3_store_source_plan; c must be
+ * below k3_store_source_copies). */
+void k3_store_source_plan_copy(const struct k3_store_source *src, size_t i, unsigned c,
+			       struct k3_store_plan *plan);
 
 /* The planning of k3_store_source_plan for any n extents (the spine
  * loader plans a layer's tensors with it): sorts them by (file, offset)
@@ -164,8 +194,8 @@ void k3_store_source_plan(const struct k3_store_source *src, size_t i,
 uint64_t k3_store_plan_extents(const struct k3_store_extent *x, unsigned n, unsigned *order,
 			       struct k3_store_read *rd, unsigned *n_rd, uint64_t *offset);
 
-/* Largest slot_bytes over all experts (what one cache slot must hold);
- * 0 for an empty source. */
+/* Largest slot_bytes over all experts and their copies (what one cache
+ * slot must hold); 0 for an empty source. */
 uint64_t k3_store_source_slot_bytes(const struct k3_store_source *src);
 
 /* Reads one planned read into slot (K3_STORE_ALIGN-aligned), retrying short

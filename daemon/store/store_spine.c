@@ -236,6 +236,7 @@ static void row_job_done(struct k3_store_io_job *job, int rc, uint64_t bytes, bo
 
 	(void)stopped;
 	sp->st.bytes_read += bytes;
+	sp->st.demand_bytes += bytes;
 	sp->st.reads++;
 	sp->st.rows_read++;
 	if (rc && !sp->rows_rc)
@@ -415,6 +416,8 @@ static int acquire_unit(struct k3_store_spine *sp, uint32_t pos, struct k3_err *
 		evict(sp, a);
 		return read_error(sp, pos, rc, err);
 	}
+	if (!a->used)
+		sp->st.demand_bytes += a->load_bytes;
 	a->in_use = a->used = true;
 	sp->cursor = pos;
 	fill(sp);
@@ -960,6 +963,15 @@ void k3_store_spine_drain(struct k3_store_spine *sp)
 	k3_store_io_lock(sp->io);
 	for (uint32_t i = 0; i < sp->n_arenas; i++)
 		wait_arena(sp, &sp->arenas[i]);
+	/* What was read ahead into the next pass is this request's, and the
+	 * next pass will use it: demand now, so the sums add up per request. */
+	for (uint32_t i = 0; i < sp->n_ring; i++) {
+		struct spine_arena *a = &sp->arenas[i];
+		if (a->unit >= 0 && a->state == A_READY && !a->used) {
+			sp->st.demand_bytes += a->load_bytes;
+			a->used = true;
+		}
+	}
 	k3_store_io_unlock(sp->io);
 }
 

@@ -136,6 +136,10 @@ struct k3_store_spine_stats {
 	uint64_t loads;              /* units read whole (layers, the head; resident ones at creation) */
 	uint64_t rows_read;          /* embedding rows read */
 	uint64_t wasted_bytes;       /* units read ahead and given up before any use */
+	/* units and rows a pass used, and (k3_store_spine_drain) what was read
+	 * ahead into the next pass: after a drain, bytes_read = demand_bytes +
+	 * wasted_bytes exactly (the spine reads no guesses) */
+	uint64_t demand_bytes;
 	uint64_t io_wait_ns;         /* time the engine waited in acquire and embed_rows */
 };
 
@@ -160,7 +164,8 @@ struct k3_store_spine_info {
 void k3_store_spine_info_get(struct k3_store_spine *sp, struct k3_store_spine_info *info);
 
 /* Blocks until none of the loader's reads is queued or in flight (the end
- * of a request, so every byte is charged to the request that caused it). */
+ * of a request, so every byte is charged to the request that caused it),
+ * and counts what was read ahead into the next pass as demand. */
 void k3_store_spine_drain(struct k3_store_spine *sp);
 
 #endif

@@ -7,6 +7,10 @@
  *   - a streaming source that says its reads are still in flight gets the
  *     partial lookahead: the next MoE layer's top guesses while the layer
  *     is held, results unchanged;
+ *   - a streaming source whose cache holds fewer experts than a chunk
+ *     uses (max_experts) gets the chunk in groups of positions, each group
+ *     requested and its experts computed as they arrive (never one
+ *     acquire_layer), results unchanged;
  *   - a failing source fails the call with its code and message and
  *     poisons the sequence;
  *   - bad ids, empty calls and unknown providers are refused with messages.
@@ -57,7 +61,7 @@ struct streaming {
 	const struct k3_model *m;
 	uint32_t layer, ids[64], distinct[64];
 	size_t n, n_distinct, next;
-	long requests, awaited, releases;
+	long requests, awaited, releases, acquires;
 	bool held;
 	/* would_block / prefetch, for the partial lookahead */
 	bool block;                  /* what would_block answers */
@@ -102,6 +106,7 @@ static int st_acquire_layer(void *ctx, uint32_t layer, const uint32_t *ids, size
 	for (size_t i = 0; i < n; i++)
 		out[i] = span_of(c->m, layer, ids[i]);
 	c->held = true;
+	c->acquires++;
 	return 0;
 }
 
@@ -269,6 +274,27 @@ int main(void)
 			T_EQ_INT(sc.bad_partial, 0);
 			T_OK(!sc.held);
 			k3_engine_seq_free(s4);
+		}
+		/* a cache of top_k experts: groups of positions, each requested
+		 * and awaited, the same bits */
+		{
+			struct k3_engine_seq *s5 = NULL;
+			ss.would_block = NULL;
+			ss.prefetch = NULL;
+			ss.max_experts = K;
+			sc.requests = sc.releases = sc.acquires = sc.awaited = 0;
+			memset(l3, 0, V * sizeof(float));
+			T_OK(k3_engine_seq_new(e, 16, &s5, &err) == 0);
+			k3_engine_set_expert_source(e, &ss);
+			T_OK(k3_engine_forward(e, s5, ids, T, &o4, &err) == 0);
+			T_OK(memcmp(l1, l3, V * sizeof(float)) == 0);
+			T_OK(memcmp(r1, r3, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
+			T_OK(memcmp(w1, w3, (size_t)T * nm * K * sizeof(float)) == 0);
+			T_OK(sc.requests > 2 * (long)nm);    /* more than one group a chunk */
+			T_EQ_INT(sc.acquires, 0);
+			T_EQ_INT(sc.releases, sc.requests);
+			T_OK(!sc.held);
+			k3_engine_seq_free(s5);
 		}
 		k3_engine_set_expert_source(e, &src);   /* the counting source again */
 		k3_engine_seq_free(s3);

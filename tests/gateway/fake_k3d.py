@@ -113,6 +113,8 @@ class Proto:
                     b = v.encode() if isinstance(v, str) else bytes(v)
                 elif kind == "IDS":
                     b = b"".join(struct.pack("<I", x) for x in v)
+                elif kind == "U64S":
+                    b = b"".join(struct.pack("<Q", x) for x in v)
                 out += struct.pack("<HI", tag, len(b)) + b
         return HDR.pack(MAGIC, VERSION, self.types[msg], 0, 0, rid, len(out)) + bytes(out)
 
@@ -481,7 +483,10 @@ class Daemon:
                               prefetch_issued=4, prefetch_issued_bytes=40960, prefetch_used=3,
                               prefetch_wasted_bytes=10240, expert_cache_bytes=1048576,
                               io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64,
-                              spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152)
+                              spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152,
+                              expert_demand_bytes=100000, prefetch_used_bytes=13216, hedges=5,
+                              hedges_won=2, drive_expert_bytes_read=[100000, 23456],
+                              drive_hedges=[5, 0], drive_p95_ns=[2500000, 0])
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)
                 elif name == "CANCEL":

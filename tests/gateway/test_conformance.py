@@ -897,7 +897,19 @@ def test_metrics(st):
         "k3_spine_bytes_read_per_token": ("gauge", "10000.0"),
         "k3_spine_loads_total": ("counter", "40"),
         "k3_spine_memory_bytes": ("gauge", "2097152"),
+        # several drives (issue 19): totals and one series per drive
+        "k3_expert_demand_bytes_total": ("counter", "100000"),
+        "k3_expert_prefetch_used_bytes_total": ("counter", "13216"),
+        "k3_expert_hedges_total": ("counter", "5"),
+        "k3_expert_hedges_won_total": ("counter", "2"),
     }
+    for name, kind, series in (
+            ("k3_drive_expert_bytes_read_total", "counter", ['{drive="0"} 100000', '{drive="1"} 23456']),
+            ("k3_drive_hedges_total", "counter", ['{drive="0"} 5', '{drive="1"} 0']),
+            ("k3_drive_read_p95_seconds", "gauge", ['{drive="0"} 0.002500', '{drive="1"} 0.000000'])):
+        assert "# TYPE %s %s" % (name, kind) in text.splitlines(), name
+        for sv in series:
+            assert name + sv in text.splitlines(), (name, sv)
     lines = text.splitlines()
     # spine and expert bytes of this gateway's generations, from their DONEs
     # (fake: 1000 expert and 5000 spine bytes per DONE)

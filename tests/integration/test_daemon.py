@@ -445,7 +445,9 @@ def test_notify(k3d):
     msgs = []
     try:
         deadline = time.time() + 5
-        while time.time() < deadline and sum("WATCHDOG=1" in m for m in msgs) < 2:
+        # two pings, and the load done (a loaded machine loads slower)
+        while time.time() < deadline and (sum("WATCHDOG=1" in m for m in msgs) < 2 or
+                                          not any("READY=1" in m for m in msgs)):
             msgs.append(ns.recv(4096).decode())
         check(any("READY=1" in m for m in msgs), f"READY=1 sent: {msgs}")
         check(any("STATUS=Loading model" in m for m in msgs) and

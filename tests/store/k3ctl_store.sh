@@ -40,6 +40,17 @@ echo "$out" | grep -q "layer 5: .*fails its SHA-256 check" || fail "damage messa
 if "$k3ctl" pack --model "$model" 2>"$t/err"; then fail "wrote into the model dir"; fi
 grep -q "read-only" "$t/err" || fail "read-only message: $(cat "$t/err")"
 
+# A copy for another drive: only the named layers' packs, no spine pack;
+# layers without routed experts, out of range, or no --out are refused.
+out=$("$k3ctl" pack --model "$model" --out "$t/copy" --layers 1-2,5)
+echo "$out" | grep -q "3 packs written, 0 kept" || fail "--layers: $out"
+[ "$(ls "$t/copy" | tr '\n' ' ')" = "experts-L001.k3pack experts-L002.k3pack experts-L005.k3pack " ] ||
+	fail "--layers files: $(ls "$t/copy")"
+"$k3ctl" pack --model "$model" --out "$t/copy" --layers 0 2>"$t/err" && fail "--layers 0 accepted"
+grep -q "layer 0 has no routed experts" "$t/err" || fail "--layers 0 message: $(cat "$t/err")"
+"$k3ctl" pack --model "$model" --out "$t/copy" --layers 3-99 2>/dev/null && fail "--layers 3-99 accepted"
+"$k3ctl" pack --model "$model" --layers 3 2>/dev/null && fail "--layers without --out accepted"
+
 # warm-expert-cache ranks a trace.
 for pos in 0 1 2; do
 	echo "{\"request\":1,\"position\":$pos,\"layer\":2,\"ids\":[7,3],\"weights\":[\"3f000000\",\"3f000000\"]}"
@@ -52,6 +63,12 @@ out=$("$k3ctl" --json warm-expert-cache --trace "$t/trace.jsonl" --show 1)
 [ "$out" = '{"records":6,"experts":6,"top":[{"layer":2,"expert":3,"uses":3,"weight_sum":1.5}]}' ] ||
 	fail "json: $out"
 "$k3ctl" warm-expert-cache --trace "$t/nope.jsonl" 2>/dev/null && fail "missing trace accepted"
+# --hot-experts N --trace FILE: packs of the N experts the trace used most
+out=$("$k3ctl" pack --model "$model" --out "$t/hot" --hot-experts 3 --trace "$t/trace.jsonl")
+echo "$out" | grep -q "hot experts: 3 of 6 used in 6 trace records" || fail "--hot-experts: $out"
+echo "$out" | grep -q "layer   2: wrote 2 experts" || fail "--hot-experts layer 2: $out"
+echo "$out" | grep -q "layer   3: wrote 1 experts" || fail "--hot-experts layer 3: $out"
+"$k3ctl" pack --model "$model" --out "$t/hot" --hot-experts 3 2>/dev/null && fail "--hot-experts without --trace"
 
 # bench: offline generation through the store; the greedy ids do not depend
 # on the cache budget (floor = 6 x 16384 bytes here) or on prefetch, and
@@ -84,6 +101,39 @@ gd=$(echo "$d" | grep -o '"greedy":\[[0-9,]*\]')
 [ "$ga" = "$gd" ] || fail "bench greedy with a streamed spine differs: $ga vs $gd"
 [ "$(json_field "$d" spine_bytes_read)" -gt 0 ] || fail "bench streamed no spine: $d"
 [ "$(json_field "$a" spine_bytes_read)" = 0 ] || fail "bench read spine bytes when mapped: $a"
+# several drives: the copy on drive 1 (written above, layers 1-2 and 5),
+# emulated at 1 and 2 GB/s with drive 0 stalling, hedged: the same ids,
+# and the bytes add up per drive and in all
+e=$("$k3ctl" --json bench --model "$model" --max-new 6 --prompt-len 5 --prefetch off --disk-mib 1 \
+	--expert-dir "$t/copy" --io-rate 1,2 --io-stall 5:0.3,0 --hedge 1.5 --prefill-chunk 2 2>/dev/null)
+ge=$(echo "$e" | grep -o '"greedy":\[[0-9,]*\]')
+[ "$ga" = "$ge" ] || fail "bench greedy over two drives differs: $ga vs $ge"
+echo "$e" | python3 -c '
+import json, sys
+o = json.load(sys.stdin)
+d = o["drives"]
+assert len(d) == 2 and d[1]["experts"] == 96 and d[0]["experts"] == 384, d
+for x in d:
+    assert x["bytes_read"] == x["demand_bytes"] + x["prefetch_used_bytes"] + x["prefetch_wasted_bytes"], x
+total = o["prefill"]["bytes_read"] + o["decode"]["bytes_read"]
+assert sum(x["bytes_read"] for x in d) == total, (d, total)
+assert d[1]["bytes_read"] > 0 and d[0]["emulated_gbps"] == 1.0 and d[1]["emulated_gbps"] == 2.0, d
+assert o["prefill_distinct_experts"] > 0 and o["prefill_bytes_per_distinct_span"] > 0, o
+' || fail "bench drives: $e"
+# a cache of exactly one group of experts (6 slots + 2 hedge buffers) while
+# drive 0 stalls: a slot whose read lost to its hedge and still runs is
+# waited for, never taken for a full cache (it once failed with -ENOSPC)
+"$k3ctl" pack --model "$model" --out "$t/full" --layers all >/dev/null || fail "pack --layers all"
+h=$("$k3ctl" --json bench --model "$model" --max-new 12 --prompt-len 24 --prefetch off --disk-mib 1 \
+	--expert-cache-gb 0.000132 --expert-dir "$t/full" --io-rate 0.02,0.02 --io-stall 20:0.3,0 \
+	--hedge 1.5 --prefill-chunk 24 2>"$t/err") || fail "bench, a full cache and hedges: $(tail -1 "$t/err")"
+echo "$h" | python3 -c '
+import json, sys
+o = json.load(sys.stdin)
+assert o["hedge_buffers"] == 2 and sum(x["hedges_won"] for x in o["drives"]) > 0, o["drives"]
+' || fail "bench, a full cache and hedges: no hedge won: $h"
+"$k3ctl" bench --model "$model" --expert-dir "$t" 2>/dev/null && fail "bench --expert-dir without packs"
+"$k3ctl" bench --model "$model" --io-rate 1,2 2>/dev/null && fail "two rates for one drive"
 "$k3ctl" bench --model "$model" --spine-resident 99 2>/dev/null && fail "more resident layers than the model"
 "$k3ctl" bench --model "$model" --prefetch 3 --prefetch-gate 0.5 2>/dev/null && fail "gate without auto"
 "$k3ctl" bench --model "$model" --direct maybe 2>/dev/null && fail "bad --direct"

@@ -4,7 +4,12 @@
  * spine job leaves free), a queued job can be taken back (no callback), a
  * running job with pieces stops at the next piece, the check callback's
  * error completes the job, per-class counters add up, and the usual
- * source read lands the file's bytes. */
+ * source read lands the file's bytes. Drives: each drive's readers take
+ * only its jobs; a guess starts only in idle capacity and pauses between
+ * pieces while demand uses its drive (not once promoted); the emulated
+ * drive keeps each drive to its own rate and stalls the fraction of
+ * requests its seed draws; the measured rate, the prediction and the
+ * hedge deadline follow what was read. */
 #include "t.h"
 
 #include <errno.h>
@@ -55,7 +60,7 @@ static void wait_blocked(int n)
 
 /* What the client saw, written by the callbacks (under the pool lock). */
 struct client {
-	char order[32];       /* job names in start order */
+	char order[256];      /* job names in start order (the first 255) */
 	int n_started, n_done, running, max_running_prefetch, running_prefetch;
 	int rc[8];
 	uint64_t bytes[8];
@@ -75,7 +80,9 @@ struct tjob {
 static void job_started(struct k3_store_io_job *job)
 {
 	struct tjob *t = job->owner;
-	t->c->order[t->c->n_started++] = t->name;
+	if (t->c->n_started < (int)sizeof(t->c->order) - 1)
+		t->c->order[t->c->n_started] = t->name;
+	t->c->n_started++;
 	if (job->cls == K3_STORE_IO_PREFETCH &&
 	    ++t->c->running_prefetch > t->c->max_running_prefetch)
 		t->c->max_running_prefetch = t->c->running_prefetch;
@@ -114,6 +121,17 @@ static void tjob_init(struct tjob *t, struct client *c, char name, int idx, uint
 					   .piece_bytes = piece, .ops = &t_ops, .owner = t };
 }
 
+static struct k3_store_io *pool_drives(unsigned drives, unsigned threads, unsigned prefetch_cap)
+{
+	struct k3_store_io_config cfg = { .threads = threads, .n_drives = drives };
+	struct k3_store_io *io = NULL;
+	struct k3_err err = { 0 };
+
+	cfg.class_readers[K3_STORE_IO_PREFETCH] = prefetch_cap;
+	T_EQ_INT(k3_store_io_new(&cfg, &io, &err), 0);
+	return io;
+}
+
 static struct k3_store_io *pool(unsigned threads, unsigned prefetch_cap)
 {
 	struct k3_store_io_config cfg = { .threads = threads };
@@ -148,12 +166,12 @@ static void test_order_and_cancel(void)
 	T_EQ_INT(k3_store_io_queued(&j[1].job), K3_STORE_IO_PREFETCH);
 	T_EQ_INT(k3_store_io_queued(&j[3].job), K3_STORE_IO_DEMAND);
 	T_OK(k3_store_io_first(io, K3_STORE_IO_PREFETCH) == &j[0].job);
-	T_OK(k3_store_io_next(&j[0].job) == &j[1].job);
+	T_OK(k3_store_io_next(io, &j[0].job) == &j[1].job);
 	/* b taken back: never started, never called back */
 	T_OK(k3_store_io_cancel(io, &j[1].job));
 	T_EQ_INT(k3_store_io_queued(&j[1].job), -1);
 	T_OK(!k3_store_io_cancel(io, &j[1].job));
-	T_OK(k3_store_io_next(&j[0].job) == &j[2].job);
+	T_OK(k3_store_io_next(io, &j[0].job) == &j[2].job);
 	/* held: a drain does not wait for held jobs */
 	k3_store_io_drain(io);
 	T_EQ_INT(c.n_started, 0);
@@ -391,6 +409,380 @@ static void test_source_read(void)
 	fx_release(&fx);
 }
 
+static void sleep_ms(int ms)
+{
+	nanosleep(&(struct timespec){ ms / 1000, (long)(ms % 1000) * 1000000 }, NULL);
+}
+
+/* Two drives of one reader each: a job of drive 1 waits for drive 1's
+ * reader even while drive 0's is idle, and the queues are walked drive
+ * after drive. */
+static void test_drives(void)
+{
+	struct k3_store_io *io = pool_drives(2, 1, 0);
+	struct client c = { 0 };
+	struct tjob j[3];
+
+	if (!io)
+		return;
+	for (int i = 0; i < 3; i++) {
+		tjob_init(&j[i], &c, "abc"[i], i, 0);
+		j[i].job.drive = i < 2 ? 1 : 0;
+	}
+	T_EQ_INT(k3_store_io_threads(io), 2);
+	T_EQ_INT(k3_store_io_drives(io), 2);
+	gate(true);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_DEMAND);
+	k3_store_io_unlock(io);
+	wait_blocked(1);
+	k3_store_io_lock(io);
+	k3_store_io_hold_class(io, K3_STORE_IO_PREFETCH, true);
+	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_DEMAND);
+	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_PREFETCH);
+	T_OK(k3_store_io_first(io, K3_STORE_IO_PREFETCH) == &j[2].job);
+	T_OK(k3_store_io_next(io, &j[2].job) == NULL);
+	k3_store_io_unlock(io);
+	sleep_ms(20);   /* time for a wrong start */
+	k3_store_io_lock(io);
+	T_EQ_INT(c.n_started, 1);   /* b waits for drive 1; drive 0 has only a held guess */
+	struct k3_store_io_drive_info di;
+	k3_store_io_drive_info_get(io, 1, &di);
+	T_EQ_INT(di.running, 1);
+	T_EQ_INT(di.queued, 1);
+	T_EQ_U64(di.queued_bytes, 5 * 4096);
+	k3_store_io_hold_class(io, K3_STORE_IO_PREFETCH, false);
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+	T_EQ_INT(c.n_done, 3);
+	struct k3_store_io_stats st;
+	k3_store_io_stats_get(io, &st);
+	T_EQ_U64(st.drive[1].jobs[K3_STORE_IO_DEMAND], 2);
+	T_EQ_U64(st.drive[0].jobs[K3_STORE_IO_PREFETCH], 1);
+	T_EQ_U64(st.drive[0].jobs[K3_STORE_IO_DEMAND], 0);
+	T_EQ_U64(st.jobs[K3_STORE_IO_DEMAND], 2);
+	T_EQ_U64(st.bytes[K3_STORE_IO_PREFETCH], 5 * 4096);
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+	for (int i = 0; i < 3; i++)
+		free(j[i].buf);
+}
+
+/* A guess only in idle capacity: not while demand runs on its drive, not
+ * while demand is queued on any drive; on a drive free of demand when no
+ * demand waits anywhere, it starts. */
+static void test_idle_capacity(void)
+{
+	struct k3_store_io *io = pool_drives(2, 2, 0);
+	struct client c = { 0 };
+	struct tjob j[6];
+
+	if (!io)
+		return;
+	for (int i = 0; i < 6; i++)
+		tjob_init(&j[i], &c, "DpqEFr"[i], i, 0);
+	j[2].job.drive = 1;
+	j[5].job.drive = 1;
+	gate(true);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_DEMAND);    /* D on drive 0 */
+	k3_store_io_unlock(io);
+	wait_blocked(1);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_PREFETCH);  /* p on drive 0: D runs there */
+	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_PREFETCH);  /* q on drive 1: idle */
+	k3_store_io_unlock(io);
+	wait_blocked(2);
+	sleep_ms(20);
+	k3_store_io_lock(io);
+	T_EQ_STR(c.order, "Dq");
+	/* E takes drive 0's second reader, F waits for one: demand queued,
+	 * so r (drive 1, one reader free there) does not start */
+	k3_store_io_submit(io, &j[3].job, K3_STORE_IO_DEMAND);
+	k3_store_io_submit(io, &j[4].job, K3_STORE_IO_DEMAND);
+	k3_store_io_unlock(io);
+	wait_blocked(3);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[5].job, K3_STORE_IO_PREFETCH);
+	k3_store_io_unlock(io);
+	sleep_ms(20);
+	k3_store_io_lock(io);
+	T_EQ_STR(c.order, "DqE");
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+	T_EQ_INT(c.n_done, 6);
+	/* F before the guesses waiting behind demand: p and r last */
+	T_OK(strchr(c.order, 'F') < strchr(c.order, 'p'));
+	T_OK(strchr(c.order, 'F') < strchr(c.order, 'r'));
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+	for (int i = 0; i < 6; i++)
+		free(j[i].buf);
+}
+
+/* A guess read in pieces pauses before its next piece while a demand job
+ * runs on its drive and resumes after it; one promoted while paused reads
+ * on at once. Its bytes are exactly the whole read's. */
+static void test_pause(void)
+{
+	for (int promote = 0; promote < 2; promote++) {
+		struct k3_store_io *io = pool(2, 0);
+		struct client c = { 0 };
+		struct tjob j[2];
+		struct k3_store_io_stats st;
+
+		if (!io)
+			return;
+		tjob_init(&j[0], &c, 'p', 0, 4096);
+		tjob_init(&j[1], &c, 'D', 1, 0);
+		k3_store_io_lock(io);
+		k3_store_io_hold_pieces(io, true);
+		k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
+		wait_started(io, &c, 1);   /* p read its first piece, held before the next */
+		k3_store_io_unlock(io);
+		gate(true);
+		k3_store_io_lock(io);
+		k3_store_io_submit(io, &j[1].job, K3_STORE_IO_DEMAND);
+		k3_store_io_unlock(io);
+		wait_blocked(1);           /* D runs */
+		k3_store_io_lock(io);
+		k3_store_io_hold_pieces(io, false);
+		if (promote)
+			k3_store_io_promote(io, &j[0].job);
+		k3_store_io_unlock(io);
+		if (promote) {
+			wait_blocked(2);   /* p reads on beside D */
+			k3_store_io_lock(io);
+		} else {
+			sleep_ms(30);
+			k3_store_io_lock(io);
+			T_OK(!j[0].done);  /* paused while D runs */
+			k3_store_io_stats_get(io, &st);
+			T_EQ_U64(st.drive[0].pauses, 1);
+		}
+		k3_store_io_unlock(io);
+		gate(false);
+		k3_store_io_lock(io);
+		k3_store_io_drain(io);
+		T_EQ_INT(c.n_done, 2);
+		T_OK(!c.stopped[0]);
+		T_EQ_U64(c.bytes[0], 5 * 4096);
+		k3_store_io_stats_get(io, &st);
+		T_EQ_U64(st.drive[0].pauses, promote ? 0 : 1);
+		k3_store_io_unlock(io);
+		k3_store_io_free(io);
+		free(j[0].buf);
+		free(j[1].buf);
+	}
+}
+
+/* A paused guess whose stop flag is set ends at once (not after demand). */
+static void test_pause_stop(void)
+{
+	struct k3_store_io *io = pool(2, 0);
+	struct client c = { 0 };
+	struct tjob j[2];
+
+	if (!io)
+		return;
+	tjob_init(&j[0], &c, 'p', 0, 4096);
+	tjob_init(&j[1], &c, 'D', 1, 0);
+	k3_store_io_lock(io);
+	k3_store_io_hold_pieces(io, true);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
+	wait_started(io, &c, 1);
+	k3_store_io_unlock(io);
+	gate(true);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_DEMAND);
+	k3_store_io_unlock(io);
+	wait_blocked(1);
+	k3_store_io_lock(io);
+	k3_store_io_hold_pieces(io, false);
+	k3_store_io_unlock(io);
+	sleep_ms(10);
+	k3_store_io_lock(io);
+	k3_store_io_set_stop(io, &j[0].job, true);
+	while (!j[0].done)
+		k3_store_io_wait(io);
+	T_OK(c.stopped[0]);
+	T_EQ_U64(c.bytes[0], 4096);
+	T_OK(!j[1].done);            /* D still at the gate */
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+	free(j[0].buf);
+	free(j[1].buf);
+}
+
+static struct k3_store_read big_rd = { .file = 0, .offset = 0, .length = 1 << 20, .slot_offset = 0 };
+
+/* A read that costs nothing itself: the emulation alone sets its time. */
+static int64_t instant_read(void *ctx, const struct k3_store_read *rd, uint8_t *dst)
+{
+	(void)ctx;
+	(void)dst;
+	return (int64_t)rd->length;
+}
+
+/* The emulated drives: each keeps its own rate (N bytes never before
+ * N / rate), the measured rate follows it, the prediction of a read there
+ * grows with what is queued; the stalls hit the fraction of requests the
+ * seed draws, the same for the same seed. */
+static void test_emulated(void)
+{
+	struct k3_store_io_config cfg = { .threads = 2, .n_drives = 2 };
+	struct k3_store_io *io = NULL;
+	struct k3_err err = { 0 };
+	struct client c = { 0 };
+	struct tjob j[8];
+
+	cfg.drive[0].rate_bytes_per_s = 50000000;     /* 50 MB/s: 1 MiB in 21 ms */
+	cfg.drive[1].rate_bytes_per_s = 200000000;    /* 200 MB/s: 5.2 ms */
+	T_EQ_INT(k3_store_io_new(&cfg, &io, &err), 0);
+	if (!io)
+		return;
+	for (int i = 0; i < 8; i++) {
+		tjob_init(&j[i], &c, 'x', i, 0);
+		free(j[i].buf);
+		T_OK(posix_memalign((void **)&j[i].buf, K3_STORE_ALIGN, 1 << 20) == 0);
+		j[i].job.dst = j[i].buf;
+		j[i].job.rd = &big_rd;
+		j[i].job.read = instant_read;
+		j[i].job.drive = i % 2;
+	}
+	uint64_t t0 = k3_store_io_now_ns();
+	k3_store_io_lock(io);
+	for (int i = 0; i < 8; i++)
+		k3_store_io_submit(io, &j[i].job, K3_STORE_IO_DEMAND);
+	/* 4 MiB queued on the slow drive against 4 MiB on the fast one */
+	uint64_t p0 = k3_store_io_predict(io, 0, 1 << 20), p1 = k3_store_io_predict(io, 1, 1 << 20);
+	T_OK(p0 > p1);
+	k3_store_io_drain(io);
+	uint64_t dt = k3_store_io_now_ns() - t0;
+	/* 4 MiB at 50 MB/s */
+	T_OK(dt >= (uint64_t)(4.0 * 1048576 / 50e6 * 1e9));
+	struct k3_store_io_stats st;
+	k3_store_io_stats_get(io, &st);
+	T_OK(st.drive[0].emulated_wait_ns > 0 && st.drive[1].emulated_wait_ns > 0);
+	T_EQ_U64(st.drive[0].bytes[K3_STORE_IO_DEMAND], 4 << 20);
+	struct k3_store_io_drive_info d0, d1;
+	k3_store_io_drive_info_get(io, 0, &d0);
+	k3_store_io_drive_info_get(io, 1, &d1);
+	printf("measured: drive 0 %.1f MB/s, drive 1 %.1f MB/s\n", d0.rate_bytes_per_s / 1e6,
+	       d1.rate_bytes_per_s / 1e6);
+	/* never faster than the emulation (how much slower is the machine's load) */
+	T_OK(d0.rate_bytes_per_s > 0 && d0.rate_bytes_per_s <= 51000000);
+	T_OK(d1.rate_bytes_per_s > 0 && d1.rate_bytes_per_s <= 204000000);
+	/* idle now: a read on the fast drive is predicted sooner */
+	T_OK(k3_store_io_predict(io, 1, 1 << 20) < k3_store_io_predict(io, 0, 1 << 20));
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+
+	/* stalls: half the requests of drive 0, 5 ms each, the same draw twice */
+	uint64_t stalls[2];
+	for (int run = 0; run < 2; run++) {
+		struct k3_store_io_config sc = { .threads = 1 };
+		sc.drive[0].stall_fraction = 0.5;
+		sc.drive[0].stall_ns = 5000000;
+		sc.drive[0].stall_seed = 7;
+		T_EQ_INT(k3_store_io_new(&sc, &io, &err), 0);
+		if (!io)
+			break;
+		t0 = k3_store_io_now_ns();
+		k3_store_io_lock(io);
+		for (int r = 0; r < 3; r++) {
+			for (int i = 0; i < 8; i++) {
+				j[i].job.drive = 0;
+				j[i].job.rd = &t_rd;
+				k3_store_io_submit(io, &j[i].job, K3_STORE_IO_DEMAND);
+			}
+			k3_store_io_drain(io);
+		}
+		k3_store_io_stats_get(io, &st);
+		stalls[run] = st.drive[0].stalls;
+		/* one reader: the stalls add up in time */
+		T_OK(k3_store_io_now_ns() - t0 >= stalls[run] * 5000000);
+		k3_store_io_unlock(io);
+		k3_store_io_free(io);
+	}
+	printf("stalls: %llu of 24 requests\n", (unsigned long long)stalls[0]);
+	T_OK(stalls[0] >= 4 && stalls[0] <= 20);
+	T_EQ_U64(stalls[0], stalls[1]);
+	for (int i = 0; i < 8; i++)
+		free(j[i].buf);
+	struct k3_store_io_config bad = { .threads = 1 };
+	bad.drive[0].stall_fraction = 1.5;
+	T_EQ_INT(k3_store_io_new(&bad, &io, &err), -EINVAL);
+	bad.drive[0].stall_fraction = 0;
+	bad.n_drives = K3_STORE_IO_MAX_DRIVES + 1;
+	T_EQ_INT(k3_store_io_new(&bad, &io, &err), -EINVAL);
+}
+
+/* The hedge deadline: none before the drive has its minimum of timed
+ * samples, none for an untimed job or a job not running; then start +
+ * factor x p95 for the job's size. An untimed job's time is not sampled. */
+static void test_hedge_after(void)
+{
+	struct k3_store_io *io = pool(1, 0);
+	struct client c = { 0 };
+	struct tjob j[K3_STORE_IO_TIME_MIN_SAMPLES + 1];
+	const int n = K3_STORE_IO_TIME_MIN_SAMPLES;
+
+	if (!io)
+		return;
+	for (int i = 0; i <= n; i++) {
+		tjob_init(&j[i], &c, 'h', i % 8, 0);
+		j[i].job.timed = true;
+	}
+	gate(true);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_DEMAND);
+	wait_started(io, &c, 1);
+	T_EQ_U64(k3_store_io_hedge_after(io, &j[0].job, 1.5), 0);   /* no samples yet */
+	k3_store_io_untime(io, &j[0].job);
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+	for (int i = 1; i < n; i++)
+		k3_store_io_submit(io, &j[i].job, K3_STORE_IO_DEMAND);
+	k3_store_io_drain(io);
+	struct k3_store_io_drive_info di;
+	k3_store_io_drive_info_get(io, 0, &di);
+	T_EQ_U64(di.p95_ns, 0);          /* n - 1 timed samples: the untimed one left out */
+	k3_store_io_submit(io, &j[n - 1].job, K3_STORE_IO_DEMAND);
+	k3_store_io_drain(io);
+	k3_store_io_drive_info_get(io, 0, &di);
+	T_OK(di.p95_ns > 0);
+	T_EQ_U64(di.p95_bytes, 5 * 4096);
+	k3_store_io_unlock(io);
+	gate(true);
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &j[n].job, K3_STORE_IO_DEMAND);
+	T_EQ_U64(k3_store_io_hedge_after(io, &j[n].job, 1.5), 0);   /* queued, not running */
+	wait_started(io, &c, n + 2);   /* j[n - 1] ran twice */
+	uint64_t t = k3_store_io_hedge_after(io, &j[n].job, 2.0);
+	T_OK(t > j[n].job.t_start_ns);
+	T_OK(t - j[n].job.t_start_ns <= 2 * di.p95_ns + 2);
+	T_EQ_U64(k3_store_io_hedge_after(io, &j[n].job, 0), 0);     /* hedging off */
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+	for (int i = 0; i <= n; i++)
+		free(j[i].buf);
+}
+
 int main(void)
 {
 	struct k3_store_io_config bad = { .threads = K3_STORE_IO_MAX_THREADS + 1 };
@@ -404,5 +796,11 @@ int main(void)
 	test_spine_class();
 	test_stop_and_check();
 	test_source_read();
+	test_drives();
+	test_idle_capacity();
+	test_pause();
+	test_pause_stop();
+	test_emulated();
+	test_hedge_after();
 	return t_done();
 }
