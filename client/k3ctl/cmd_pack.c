@@ -1,8 +1,12 @@
-/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify]`: writes one
- * expert pack per MoE layer and the spine pack (store_pack.h), keeps packs
- * that are already up to date, compares a pack whose shards changed (and
- * with --verify every pack) span by span with the shards, and rewrites the
- * stale ones. */
+/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify] [--spine
+ * bf16|int8] [--spine-int8-dir DIR]`: writes one expert pack per MoE layer
+ * and the spine pack (store_pack.h) of the chosen spine: spine.k3pack
+ * (BF16, the checkpoint's) or spine-int8.k3pack (the int8 spine overlay's
+ * spine, store_int8.h, whose sources are the shards and the overlay's
+ * files; the other spine's pack is left as it is); keeps packs that are
+ * already up to date, compares a pack whose sources changed (and with
+ * --verify every pack) span by span with them, and rewrites the stale
+ * ones. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +16,7 @@
 
 #include "k3ctl.h"
 #include "model/model.h"
+#include "store/store_int8.h"
 #include "store/store_model.h"
 
 static void count(const struct k3_store_pack_result *res, uint32_t *written, uint32_t *kept,
@@ -38,8 +43,9 @@ static void report(const struct k3_store_pack_result *res, const char *what)
 
 int k3ctl_cmd_pack(int argc, char **argv)
 {
-	const char *model_dir = NULL, *out_dir = NULL;
+	const char *model_dir = NULL, *out_dir = NULL, *int8_dir = NULL;
 	unsigned flags = 0;
+	bool int8 = false;
 	struct k3_model *m = NULL;
 	struct k3_store_pack_ident *id = NULL;
 	struct k3_err err = { 0, "" };
@@ -56,13 +62,26 @@ int k3ctl_cmd_pack(int argc, char **argv)
 			out_dir = argv[++i];
 		else if (strcmp(argv[i], "--verify") == 0)
 			flags |= K3_STORE_PACK_VERIFY;
+		else if (strcmp(argv[i], "--spine") == 0 && i + 1 < argc) {
+			const char *v = argv[++i];
+			if (strcmp(v, "bf16") && strcmp(v, "int8"))
+				return k3ctl_usage("pack", "--spine: '%s' is not bf16 or int8", v);
+			int8 = strcmp(v, "int8") == 0;
+		} else if (strcmp(argv[i], "--spine-int8-dir") == 0 && i + 1 < argc)
+			int8_dir = argv[++i];
 		else
 			return k3ctl_usage("pack", "usage: k3ctl pack --model DIR [--out DIR] [--verify]"
-					   " (unexpected '%s')", argv[i]);
+					   " [--spine bf16|int8] [--spine-int8-dir DIR] (unexpected"
+					   " '%s')", argv[i]);
 	}
 	if (!model_dir)
 		return k3ctl_usage("pack", "--model DIR is required");
-	rc = k3_model_open(model_dir, &m, &err);
+	if (int8_dir && !int8)
+		return k3ctl_usage("pack", "--spine-int8-dir needs --spine int8");
+	/* the int8 spine as k3d --spine int8 runs it: the overlay checked
+	 * against the shards (a stale one is refused, saying what to run) */
+	rc = int8 ? k3_store_int8_open_model(model_dir, int8_dir, 0, &m, &err)
+		  : k3_model_open(model_dir, &m, &err);
 	if (rc)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 	if (out_dir) {
@@ -116,28 +135,37 @@ int k3ctl_cmd_pack(int argc, char **argv)
 			report(&res, "experts");
 		}
 	}
-	/* The spine: one span per layer, the embedding, the head. */
+	/* The spine: one span per layer, the embedding, the head; its
+	 * sources are the files the spine lies in (the int8 spine: the
+	 * shards, then the overlay's shards). */
 	{
 		struct k3_store_pack_result res;
-		rc = k3_store_spine_pack_path(path, sizeof(path), packdir);
+		struct k3_store_pack_ident *sid = NULL;
+		size_t n_sid = 0;
+		rc = k3_store_spine_pack_path(path, sizeof(path), packdir, m);
 		if (rc == 0)
-			rc = k3_store_spine_pack_write(m, path, id, n_id, flags, &res, &err);
+			rc = k3_store_spine_idents(m, &sid, &n_sid, &err);
+		if (rc == 0)
+			rc = k3_store_spine_pack_write(m, path, sid, n_sid, flags, &res, &err);
+		free(sid);
 		if (rc) {
-			k3ctl_fail(K3CTL_EXIT_ERROR, "spine: %s", err.msg);
+			k3ctl_fail(K3CTL_EXIT_ERROR, "spine%s: %s", int8 ? " (int8)" : "", err.msg);
 			goto out;
 		}
 		count(&res, &written, &kept, &reverified, &bytes, &verified);
 		spine_bytes = res.payload_bytes;
 		if (!k3ctl_g.json) {
-			printf("spine    : ");
-			report(&res, "spans (layers, embedding, head)");
+			printf(int8 ? "spine int8: " : "spine    : ");
+			report(&res, int8 ? "spans (layers, embedding, head; int8 spine, not"
+				     " weight-exact)" : "spans (layers, embedding, head)");
 		}
 	}
 	if (k3ctl_g.json)
-		printf("{\"ok\":true,\"dir\":\"%s\",\"written\":%" PRIu32 ",\"kept\":%" PRIu32
-		       ",\"reverified\":%" PRIu32 ",\"payload_bytes\":%" PRIu64
+		printf("{\"ok\":true,\"dir\":\"%s\",\"spine\":\"%s\",\"written\":%" PRIu32
+		       ",\"kept\":%" PRIu32 ",\"reverified\":%" PRIu32 ",\"payload_bytes\":%" PRIu64
 		       ",\"spine_bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64 "}\n",
-		       packdir, written, kept, reverified, bytes, spine_bytes, verified);
+		       packdir, int8 ? "int8" : "bf16", written, kept, reverified, bytes,
+		       spine_bytes, verified);
 	else
 		printf("%s: %" PRIu32 " packs written, %" PRIu32 " kept, %" PRIu64
 		       " expert bytes, %" PRIu64 " spine bytes, %" PRIu64 " bytes verified\n",

@@ -91,7 +91,8 @@ static const struct {
 	{ "tokenize", "k3ctl tokenize [--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-" },
 	{ "detokenize", "k3ctl detokenize [--model DIR | --vocab FILE] IDS...|-" },
 	{ "render-chat", "k3ctl render-chat FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]" },
-	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify]" },
+	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify] [--spine bf16|int8]\n"
+		  "  [--spine-int8-dir DIR]" },
 	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]" },
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
