@@ -619,6 +619,25 @@ static uint32_t unit_of_span(uint32_t n_layers, size_t i)
 	return i < n_layers ? (uint32_t)i : i == n_layers ? n_layers + 1 : n_layers;
 }
 
+/* The pack's messages name `k3ctl pack --model DIR`, which writes the
+ * BF16 spine's pack; for the int8 spine each such command gets the option
+ * that writes its pack. Copies msg into buf (truncating). */
+static void copy_rejection(char *buf, size_t size, const char *msg, bool int8)
+{
+	static const char cmd[] = "k3ctl pack --model DIR";
+	size_t o = 0;
+
+	while (*msg && o + 1 < size) {
+		if (int8 && strncmp(msg, cmd, sizeof(cmd) - 1) == 0) {
+			int n = snprintf(buf + o, size - o, "%s --spine int8", cmd);
+			o = n < 0 || (size_t)n >= size - o ? size - 1 : o + (size_t)n;
+			msg += sizeof(cmd) - 1;
+		} else
+			buf[o++] = *msg++;
+	}
+	buf[o] = '\0';
+}
+
 /* The pack at path, if it is valid for m (store_pack.h's start-up check)
  * and holds exactly in's tensors; NULL otherwise, the reason in rep. */
 static struct k3_store_pack *open_pack(const struct k3_model *m, const char *path,
@@ -664,14 +683,8 @@ static struct k3_store_pack *open_pack(const struct k3_model *m, const char *pat
 	k3_store_pack_free(pack);
 	rep->pack_rejected = true;
 	struct k3_model_int8_info i8;
-	struct k3_err i8err = { 0 };
 	k3_model_int8_info_get(m, &i8);
-	/* the pack messages say `k3ctl pack --model DIR`, which writes the
-	 * BF16 spine's pack: the int8 one needs the option */
-	if (i8.on)
-		k3_err_set(&i8err, rc, "%s; the int8 spine's pack is written by k3ctl pack --model"
-			   " DIR --spine int8", perr.msg);
-	snprintf(rep->rejection, sizeof(rep->rejection), "%s", i8.on ? i8err.msg : perr.msg);
+	copy_rejection(rep->rejection, sizeof(rep->rejection), perr.msg, i8.on);
 	return NULL;
 }
 

@@ -275,14 +275,18 @@ def run_int8():
         layers = 6
         out = k3ctl("pack", "--model", model)
         check("spine    : wrote" in out, f"int8: the BF16 spine pack written: {out}")
+        ref_ids, ref_routes, _ = ids_routes("mapped", [])
+        check(len(ref_ids) == n_new and len(ref_routes) > 0, f"int8 mapped: {ref_ids}")
+        # only the BF16 spine's pack: the int8 spine is read from the files
+        ids, rs, _ = ids_routes("no int8 pack", ["--spine-resident", "none"], 0, "the shards",
+                                warn="`k3ctl pack --model DIR --spine int8` writes it")
+        check(ids == ref_ids and rs == ref_routes, f"int8 no int8 pack: ids {ids} == {ref_ids}")
         out = k3ctl("pack", "--model", model, "--spine", "int8")
         check("spine int8: wrote" in out, f"int8: the int8 spine pack written: {out}")
         bf16_pack = os.path.join(packs, "spine.k3pack")
         i8_pack = os.path.join(packs, "spine-int8.k3pack")
         check(os.path.exists(bf16_pack) and os.path.exists(i8_pack), "int8: both spine packs")
         bf16_stat = os.stat(bf16_pack)
-        ref_ids, ref_routes, _ = ids_routes("mapped", [])
-        check(len(ref_ids) == n_new and len(ref_routes) > 0, f"int8 mapped: {ref_ids}")
         have_direct = direct_ok(glob.glob(os.path.join(model, "spine-int8", "*.safetensors"))[0])
         mid = layers // 2
         variants = [
@@ -325,7 +329,8 @@ def run_int8():
         # a reconverted overlay: the int8 pack is stale, the shards are read
         k3ctl("convert-spine-int8", "--model", model, "--force")
         ids, rs, _ = ids_routes("reconverted overlay", ["--spine-resident", "none"], 0,
-                                "the shards", warn="spine pack was rejected")
+                                "the shards",
+                                warn="k3ctl pack --model DIR --spine int8 compares")
         check(ids == ref_ids and rs == ref_routes, f"int8 reconverted: ids {ids} == {ref_ids}")
         out = k3ctl("pack", "--model", model, "--spine", "int8")
         # the conversion is deterministic: the same bytes, so the pack is
