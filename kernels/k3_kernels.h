@@ -1,5 +1,5 @@
 /*
- * k3_kernels.h - compute kernels for the K3 text forward pass (k3-model.md).
+ * k3_kernels.h - compute kernels for the K3 text forward pass (docs/model.md).
  *
  * Everything here is fp32 arithmetic over caller-owned buffers: no
  * allocation, no logging, no global state except the ISA choice, which is
@@ -24,7 +24,7 @@
  *
  * Shapes are in elements unless a name says bytes. Matrices are row-major
  * as stored in safetensors: W[rows][cols], y = W x, rows = output features,
- * cols = input features (k3-model.md §3.2). The "[rb]" bf16 roundings of
+ * cols = input features (docs/model.md §3.2). The "[rb]" bf16 roundings of
  * the reference (§11) are not applied here; the caller decides (see
  * k3_kern_round_bf16).
  */

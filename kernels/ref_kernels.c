@@ -1,6 +1,6 @@
 /*
  * ref_kernels.c - the scalar reference ISA: plain loops in the order the
- * spec writes them (k3-model.md §3, §5.4, §9). It is the oracle the SIMD
+ * spec writes them (docs/model.md §3, §5.4, §9). It is the oracle the SIMD
  * files are tested against and the path K3_KERNELS=ref selects.
  *
  * Reduction order: every sum runs in ascending index with one fp32

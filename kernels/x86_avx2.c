@@ -114,7 +114,7 @@ static const int8_t e2m1x2[16] = { 0, 1, 2, 3, 4, 6, 8, 12,
 
 /* 2^(s-128) for every E8M0 byte s, so a group's scale is one broadcast
  * load (no integer-to-vector move on the hot path). Exact powers of two,
- * subnormal for s < 2 (k3-model.md §9: do not flush to zero). */
+ * subnormal for s < 2 (docs/model.md §9: do not flush to zero). */
 static float scale_tab[257];
 static pthread_once_t scale_once = PTHREAD_ONCE_INIT;
 

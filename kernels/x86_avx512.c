@@ -27,7 +27,7 @@
  *    zero-padded (codes and x); its absent groups get scale 2^-127, which
  *    only ever multiplies +0. S is exact: s << 23 is 2^(s-127) for s in
  *    1..255 (255 gives inf, as the AVX2 table does), and s = 0 is set to
- *    the subnormal 2^-127 by an unsigned max (k3-model.md §9: no flush to
+ *    the subnormal 2^-127 by an unsigned max (docs/model.md §9: no flush to
  *    zero).
  *  The same inline row kernel serves every (rows x tokens) block size, so
  *  a y element is the same bits whether T = 1 or T = 64 and however the

@@ -5,8 +5,8 @@
  * The engine owns the schedule (which layer, which experts, which
  * snapshots feed which mix); a provider owns the weights' in-memory form and
  * every floating-point operation, as coarse sub-layer operations
- * (architecture.md, "Providers"). Math references are to
- * design/k3-model.md ("spec §n").
+ * (docs/architecture.md, "Providers"). Math references are to
+ * docs/model.md ("spec §n").
  *
  * ABI rules (version 1):
  *  - Every struct crossing the ABI starts with its size (struct_size) or is
@@ -18,10 +18,10 @@
  *    `struct k3_prov_status` (may be NULL) with a message for a person.
  *  - Activations cross as host fp32 arrays, row-major [T][width] for T
  *    positions. A device provider keeps its own mirrors.
- *  - Batch invariance (architecture.md): the result for position t of every
- *    operation is bit-identical whatever T is, whichever other positions
- *    share the call, and whatever the thread count. Providers fix each
- *    output element's reduction order.
+ *  - Batch invariance (docs/architecture.md, "Generation"): the result for
+ *    position t of every operation is bit-identical whatever T is,
+ *    whichever other positions share the call, and whatever the thread
+ *    count. Providers fix each output element's reduction order.
  *  - Weights are borrowed: tensors handed to open() must outlive the model
  *    handle (they are normally mmapped checkpoint bytes). Expert spans
  *    handed to routed_experts() need only live for that call. A streamed

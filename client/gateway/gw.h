@@ -52,6 +52,7 @@ struct gw_metrics {
 };
 
 struct gw_req;
+struct gw_chunk_slot;
 
 struct gw {
 	struct gw_config cfg;
@@ -63,10 +64,16 @@ struct gw {
 	unsigned writing;            /* replies handed to evhttp, not yet written or lost */
 	bool stopping;               /* SIGTERM/SIGINT: new requests get 503; exit at writing 0 */
 	struct event *stop_timer;    /* bounds the wait for the replies being written */
+	/* gw_http.c: the chunked-body check of each client connection, by socket */
+	struct gw_chunk_slot *chunk_slots;
+	size_t n_chunk_slots;
 };
 
-/* Installs the routing callback and server limits on g->http. */
+/* Installs the routing callback, the chunked-body check and the server
+ * limits on g->http. One gateway per process: the check keeps g. */
 void gw_http_setup(struct gw *g);
+/* Frees what gw_http_setup allocated; after evhttp_free(g->http). */
+void gw_http_release(struct gw *g);
 
 /*
  * The gateway stops (the first SIGTERM or SIGINT). Every open reply ends

@@ -228,12 +228,9 @@ struct gw_daemon *gw_daemon_open(struct event_base *base, const char *path, unsi
 		return d;
 	}
 	bufferevent_enable(d->bev, EV_READ | EV_WRITE);
-	hello.client = k3_proto_str_of("k3-gateway");
-	hello.has_client = true;
-	hello.version = K3_PROTO_VERSION;
-	hello.has_version = true;
-	hello.caps = K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS;
-	hello.has_caps = true;
+	k3_msg_hello_set_client(&hello, k3_proto_str_of("k3-gateway"));
+	k3_msg_hello_set_version(&hello, K3_PROTO_VERSION);
+	k3_msg_hello_set_caps(&hello, K3_PROTO_CAP_CHAT | K3_PROTO_CAP_TOOLS | K3_PROTO_CAP_PROGRESS);
 	if (gw_daemon_send(d, K3_MSG_HELLO, 0, &hello) < 0)
 		fail_later(d, "cannot encode HELLO");
 	return d;

@@ -22,6 +22,7 @@
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 
+#include "gw_chunked.h"
 #include "gw_openai.h"
 #include "gw_openai_reply.h"
 #include "k3_proto.h"
@@ -440,6 +441,150 @@ static void handle_generate(struct gw_req *r, enum gw_endpoint ep)
 	start_k3d(r);
 }
 
+/* ---- malformed chunked bodies (gw_chunked.h) ------------------------------ */
+
+/*
+ * Every byte a client sends passes gw_chunked_feed in the input buffer's
+ * callback, which libevent runs as the bytes arrive and before it parses
+ * them. The checker of a connection lives in g->chunk_slots at the index
+ * of its socket, which the kernel recycles with the connection: a slot
+ * belongs to the bufferevent reading on that socket, and is let go when a
+ * new connection's bufferevent is made at the same address (http_bevcb).
+ * The buffer callback gets one pointer, the bufferevent, so the gateway
+ * it belongs to is kept here (one per process, one thread).
+ */
+struct gw_chunk_slot {
+	struct bufferevent *bev;         /* NULL: free */
+	struct gw_chunked chk;
+	uint32_t dispatched;             /* requests gencb has seen on this connection */
+	bool editing;                    /* chunk_edit is changing the buffer */
+};
+
+static struct gw *chunk_gw;
+
+/* The slot of bev's connection; with claim, taken (and grown) for it. */
+static struct gw_chunk_slot *chunk_slot(struct gw *g, struct bufferevent *bev, bool claim)
+{
+	evutil_socket_t fd = bufferevent_getfd(bev);
+	struct gw_chunk_slot *s;
+
+	if (fd < 0)
+		return NULL;
+	if ((size_t)fd >= g->n_chunk_slots) {
+		size_t n = (size_t)fd + 64;
+
+		if (!claim || !(s = realloc(g->chunk_slots, n * sizeof(*s))))
+			return NULL;
+		memset(s + g->n_chunk_slots, 0, (n - g->n_chunk_slots) * sizeof(*s));
+		g->chunk_slots = s;
+		g->n_chunk_slots = n;
+	}
+	s = &g->chunk_slots[fd];
+	if (s->bev != bev) {
+		if (!claim)
+			return NULL;
+		memset(s, 0, sizeof(*s));
+		s->bev = bev;
+		gw_chunked_init(&s->chk);
+	}
+	return s;
+}
+
+/* Replaces bytes [a, b) of in by z. Returns 0, or -1 (out of memory:
+ * in may have lost bytes, so the connection is beyond checking). */
+static int chunk_edit(struct gw_chunk_slot *s, struct evbuffer *in, size_t a, size_t b, const char *z)
+{
+	struct evbuffer *head = evbuffer_new();
+	int rc = -1;
+
+	if (!head)
+		return -1;
+	s->editing = true;
+	if (evbuffer_remove_buffer(in, head, a) == (int)a && evbuffer_drain(in, b - a) == 0 &&
+	    evbuffer_add(head, z, strlen(z)) == 0 && evbuffer_add_buffer(head, in) == 0 &&
+	    evbuffer_add_buffer(in, head) == 0)
+		rc = 0;
+	s->editing = false;
+	evbuffer_free(head);
+	return rc;
+}
+
+static void chunk_input_cb(struct evbuffer *in, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct gw_chunk_slot *s;
+	size_t todo = info->n_added;
+
+	if (!todo)
+		return;   /* libevent took bytes out */
+	s = chunk_slot(chunk_gw, arg, true);
+	if (!s || s->editing || gw_chunked_passive(&s->chk))
+		return;
+	if (info->n_deleted || todo > evbuffer_get_length(in)) {
+		gw_chunked_stop(&s->chk);   /* the new bytes are not where they should be */
+		return;
+	}
+	while (todo) {
+		size_t len = evbuffer_get_length(in), n, r;
+		struct evbuffer_ptr at;
+		struct evbuffer_iovec vec;
+		struct gw_chunked_verdict v;
+
+		/* the new bytes are the last todo of the buffer */
+		if (evbuffer_ptr_set(in, &at, len - todo, EVBUFFER_PTR_SET) < 0 ||
+		    evbuffer_peek(in, -1, &at, &vec, 1) < 1) {
+			gw_chunked_stop(&s->chk);
+			return;
+		}
+		n = vec.iov_len < todo ? vec.iov_len : todo;
+		r = gw_chunked_feed(&s->chk, vec.iov_base, n, &v);
+		todo -= r;
+		if (v.event == GW_CHUNKED_STRIP) {
+			size_t end = len - todo;
+
+			if (chunk_edit(s, in, end - v.line_len + v.digits, end, "\r\n") < 0)
+				gw_chunked_stop(&s->chk);
+		} else if (v.event == GW_CHUNKED_BAD) {
+			/* libevent ends the body at end and hands the request to
+			 * gencb, which answers 400 (chunk_malformed); the cut is
+			 * in bytes libevent has not taken: it reads whole lines */
+			if (v.back <= len - todo)
+				chunk_edit(s, in, len - todo - v.back, len, v.end);
+			return;
+		}
+	}
+}
+
+/* libevent asks for each client connection's bufferevent here: the one
+ * it would make itself, plus the input callback. */
+static struct bufferevent *http_bevcb(struct event_base *base, void *arg)
+{
+	struct gw *g = arg;
+	struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+
+	if (!bev)
+		return NULL;   /* libevent makes one itself, unchecked */
+	for (size_t i = 0; i < g->n_chunk_slots; i++)
+		if (g->chunk_slots[i].bev == bev)
+			g->chunk_slots[i].bev = NULL;   /* a closed connection's, at this address */
+	evbuffer_add_cb(bufferevent_get_input(bev), chunk_input_cb, bev);
+	return bev;
+}
+
+/* Counts req on its connection; returns what is wrong with its chunked
+ * body when it is the request the checker cut, else NULL. Called once per
+ * request, by gencb before anything else. */
+static const char *chunk_malformed(struct gw *g, struct evhttp_request *req)
+{
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+	struct gw_chunk_slot *s = bev ? chunk_slot(g, bev, false) : NULL;
+
+	if (!s)
+		return NULL;
+	s->dispatched++;
+	return s->chk.bad_request && s->dispatched == s->chk.bad_request ? s->chk.why : NULL;
+}
+
 /* ---- routing ------------------------------------------------------------- */
 
 static bool authorized(struct gw_req *r)
@@ -505,6 +650,7 @@ static void gencb(struct evhttp_request *req, void *arg)
 	 * host "v1" and path "/models". */
 	const char *raw = evhttp_request_get_uri(req);
 	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+	const char *malformed = chunk_malformed(g, req);
 	const struct route *rt = NULL;
 	char path[1024];
 
@@ -536,6 +682,15 @@ static void gencb(struct evhttp_request *req, void *arg)
 			rt = &routes[i];
 			break;
 		}
+	}
+	if (malformed) {
+		/* libevent read the body only up to the fault: what follows on
+		 * the connection is not a request */
+		r->mep = rt ? rt->mep : GW_M_OTHER;
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+		gw_http_send_error(r, 400, "invalid_request_error", NULL, NULL,
+				   "The request body's chunked framing is malformed: %s.", malformed);
+		goto out;
 	}
 	if (!rt) {
 		gw_http_send_error(r, 404, "invalid_request_error", NULL, NULL, "Invalid URL (%s %s)", method_name(cmd),
@@ -660,6 +815,8 @@ void gw_http_setup(struct gw *g)
 	uint64_t backstop = g->cfg.max_body * 2 + (1u << 20);
 
 	evhttp_set_gencb(g->http, gencb, g);
+	chunk_gw = g;
+	evhttp_set_bevcb(g->http, http_bevcb, g);
 	/* Every method reaches gencb, so a wrong one gets our JSON 405 rather
 	 * than libevent's HTML 501. */
 	evhttp_set_allowed_methods(g->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
@@ -676,4 +833,12 @@ void gw_http_setup(struct gw *g)
 	/* Past the backstop libevent drains the body before its 413, so the
 	 * client still reads the status instead of a reset. */
 	evhttp_set_flags(g->http, EVHTTP_SERVER_LINGERING_CLOSE);
+}
+
+void gw_http_release(struct gw *g)
+{
+	free(g->chunk_slots);
+	g->chunk_slots = NULL;
+	g->n_chunk_slots = 0;
+	chunk_gw = NULL;
 }

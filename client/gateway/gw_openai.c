@@ -2,7 +2,7 @@
  * gw_openai.c - request parsing and field policy of the OpenAI endpoints
  * (see gw_openai.h and the FIELD POLICY table of docs/k3-gateway.8, which
  * must agree with the tables below). Error texts follow OpenAI's wording
- * where clients match on it (openai-gateway.md §1.6).
+ * where clients match on it (docs/k3-gateway.md, "Errors").
  */
 #include "gw_openai.h"
 
@@ -65,7 +65,8 @@ static int bad_type(struct gw_openai_error *e, const char *param, const char *wa
 		    "Invalid type for '%s': expected %s, but got %s instead.", param, want, type_word(v));
 }
 
-/* null means absent for every optional field (openai-gateway.md §1.2). */
+/* null means absent for every optional field (docs/k3-gateway.md,
+ * "Request fields"). */
 static json_t *opt(json_t *body, const char *key)
 {
 	json_t *v = json_object_get(body, key);
@@ -114,6 +115,17 @@ static int get_bool(json_t *body, const char *key, bool *out, struct gw_openai_e
 	return 0;
 }
 
+/* A boolean this server can honour only as false (or absent): true is
+ * refused with msg. */
+static int only_false(json_t *body, const char *key, const char *msg, struct gw_openai_error *e)
+{
+	bool on = false;
+
+	if (get_bool(body, key, &on, e))
+		return -1;
+	return on ? fail(e, key, "unsupported_value", "%s", msg) : 0;
+}
+
 /* Positive token count (max_tokens and friends). */
 static int get_count(json_t *body, const char *key, bool *has, json_int_t *out,
 		     struct gw_openai_error *e)
@@ -132,6 +144,31 @@ static int get_count(json_t *body, const char *key, bool *has, json_int_t *out,
 			    key, (long long)*out);
 	*has = true;
 	return 0;
+}
+
+/* Whether v is the JSON string w. Length-aware: bodies may carry U+0000
+ * (a history that resends model output does), and "user\u0000x" is not
+ * "user". */
+static bool is_word(json_t *v, const char *w)
+{
+	size_t n = strlen(w);
+
+	return json_is_string(v) && json_string_length(v) == n && memcmp(json_string_value(v), w, n) == 0;
+}
+
+/* A copy of the JSON string v, U+0000 included, NUL-terminated; its
+ * length in *len. NULL when out of memory. */
+static char *dup_string(json_t *v, uint32_t *len)
+{
+	size_t n = json_string_length(v);
+	char *s = malloc(n + 1);
+
+	if (s) {
+		memcpy(s, json_string_value(v), n);
+		s[n] = 0;
+		*len = (uint32_t)n;
+	}
+	return s;
 }
 
 static int dup_json(json_t *v, char **out, struct gw_openai_error *e, const char *param)
@@ -154,7 +191,7 @@ static int parse_stop(json_t *body, struct gw_openai_request *r, struct gw_opena
 	if (json_is_string(v)) {
 		if (json_string_length(v) == 0)
 			return fail(e, "stop", "invalid_value", "Invalid 'stop': empty string.");
-		r->stop[0] = strdup(json_string_value(v));
+		r->stop[0] = dup_string(v, &r->stop_len[0]);
 		r->n_stop = 1;
 	} else if (json_is_array(v)) {
 		if (json_array_size(v) > K3_LIM_STOP_COUNT)
@@ -171,15 +208,17 @@ static int parse_stop(json_t *body, struct gw_openai_request *r, struct gw_opena
 			if (json_string_length(s) == 0)
 				return fail(e, "stop", "invalid_value", "Invalid 'stop': empty string.");
 		}
-		json_array_foreach(v, i, s)
-			r->stop[r->n_stop++] = strdup(json_string_value(s));
+		json_array_foreach(v, i, s) {
+			r->stop[r->n_stop] = dup_string(s, &r->stop_len[r->n_stop]);
+			r->n_stop++;
+		}
 	} else {
 		return bad_type(e, "stop", "a string or an array of strings", v);
 	}
 	for (uint32_t k = 0; k < r->n_stop; k++) {
 		if (!r->stop[k])
 			return fail(e, "stop", NULL, "Out of memory.");
-		if (strlen(r->stop[k]) > K3_LIM_STOP_BYTES)
+		if (r->stop_len[k] > K3_LIM_STOP_BYTES)
 			return fail(e, "stop", "string_above_max_length",
 				    "Invalid 'stop': each stop sequence may have at most %u bytes.", K3_LIM_STOP_BYTES);
 	}
@@ -318,7 +357,7 @@ static int content_parts(json_t *content, size_t mi, bool allow_refusal, json_t 
 				    "Missing required parameter: '%s'.", p);
 		}
 		t = json_string_value(type);
-		if (strcmp(t, "text") == 0 || (allow_refusal && strcmp(t, "refusal") == 0)) {
+		if (is_word(type, "text") || (allow_refusal && is_word(type, "refusal"))) {
 			const char *field = t[0] == 't' ? "text" : "refusal";
 			json_t *txt = json_object_get(part, field);
 
@@ -329,8 +368,8 @@ static int content_parts(json_t *content, size_t mi, bool allow_refusal, json_t 
 			}
 			if (t[0] == 't')
 				json_array_append_new(arr, json_pack("{s:s,s:O}", "type", "text", "text", txt));
-		} else if (strcmp(t, "image_url") == 0 || strcmp(t, "input_audio") == 0 ||
-			   strcmp(t, "file") == 0 || strcmp(t, "image") == 0 || strcmp(t, "video_url") == 0) {
+		} else if (is_word(type, "image_url") || is_word(type, "input_audio") || is_word(type, "file") ||
+			   is_word(type, "image") || is_word(type, "video_url")) {
 			json_decref(arr);
 			/* OpenAI's text-only model answer, word for word. */
 			fail(e, p, NULL, "Invalid content type. %s is only supported by certain models.", t);
@@ -355,33 +394,51 @@ static int tool_calls_canon(json_t *tcs, size_t mi, json_t **out, struct gw_open
 	json_array_foreach(tcs, j, tc) {
 		json_t *id = json_object_get(tc, "id"), *fn = json_object_get(tc, "function");
 		json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-		json_t *type = json_object_get(tc, "type");
-		char *args_s = NULL;
+		json_t *type = json_object_get(tc, "type"), *args_v = NULL;
 
 		snprintf(p, sizeof(p), "messages.[%zu].tool_calls.[%zu]", mi, j);
 		if (!json_is_object(tc) || !json_is_string(id) || !json_is_object(fn) || !json_is_string(name) ||
-		    (type && !json_is_null(type) && !(json_is_string(type) &&
-						      strcmp(json_string_value(type), "function") == 0))) {
+		    (type && !json_is_null(type) && !is_word(type, "function"))) {
 			json_decref(arr);
 			return fail(e, p, "invalid_value",
 				    "Invalid '%s': expected {\"id\", \"type\": \"function\", \"function\": {\"name\", "
 				    "\"arguments\"}}.", p);
 		}
-		if (json_is_string(args))
-			args_s = strdup(json_string_value(args));
-		else if (json_is_object(args))
-			args_s = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		else if (!args || json_is_null(args))
-			args_s = strdup("{}");
-		if (!args_s) {
+		/* the string as sent, U+0000 included; an object as its JSON text */
+		if (json_is_string(args)) {
+			args_v = json_incref(args);
+		} else if (json_is_object(args)) {
+			char *s = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+
+			args_v = s ? json_string(s) : NULL;
+			free(s);
+		} else if (!args || json_is_null(args)) {
+			args_v = json_string("{}");
+		}
+		if (!args_v) {
 			json_decref(arr);
 			return fail(e, p, "invalid_value", "Invalid '%s.function.arguments': expected a JSON string.", p);
 		}
-		json_array_append_new(arr, json_pack("{s:O,s:s,s:{s:O,s:s}}", "id", id, "type", "function",
-						     "function", "name", name, "arguments", args_s));
-		free(args_s);
+		json_array_append_new(arr, json_pack("{s:O,s:s,s:{s:O,s:o}}", "id", id, "type", "function",
+						     "function", "name", name, "arguments", args_v));
 	}
 	*out = arr;
+	return 0;
+}
+
+/* An optional string field of message i, copied as key into c, its
+ * canonical form; -1 (e filled) when it is not a string. */
+static int copy_string(json_t *c, const char *key, json_t *v, size_t i, struct gw_openai_error *e)
+{
+	char p[128];
+
+	if (!v)
+		return 0;
+	if (!json_is_string(v)) {
+		snprintf(p, sizeof(p), "messages.[%zu].%s", i, key);
+		return bad_type(e, p, "a string", v);
+	}
+	json_object_set(c, key, v);
 	return 0;
 }
 
@@ -411,20 +468,21 @@ static int parse_messages(json_t *body, struct gw_openai_request *r, struct gw_o
 			return fail(e, p, "missing_required_parameter", "Missing required parameter: '%s'.", p);
 		}
 		ro = json_string_value(role);
-		is_asst = strcmp(ro, "assistant") == 0;
-		is_tool = strcmp(ro, "tool") == 0;
-		if (strcmp(ro, "function") == 0) {
+		is_asst = is_word(role, "assistant");
+		is_tool = is_word(role, "tool");
+		if (is_word(role, "function")) {
 			json_decref(canon);
 			return fail(e, p, "unsupported_value",
 				    "Unsupported value: role 'function' is deprecated; use tool calls and role 'tool'.");
 		}
-		if (!is_asst && !is_tool && strcmp(ro, "user") && strcmp(ro, "system") && strcmp(ro, "developer")) {
+		if (!is_asst && !is_tool && !is_word(role, "user") && !is_word(role, "system") &&
+		    !is_word(role, "developer")) {
 			json_decref(canon);
 			return fail(e, p, "invalid_value",
 				    "Invalid value: '%s'. Supported values are: 'system', 'assistant', 'user', "
 				    "'function', 'tool', and 'developer'.", ro);
 		}
-		json_object_set_new(c, "role", json_string(strcmp(ro, "developer") == 0 ? "system" : ro));
+		json_object_set_new(c, "role", json_string(is_word(role, "developer") ? "system" : ro));
 		content = json_object_get(m, "content");
 		snprintf(p, sizeof(p), "messages.[%zu].content", i);
 		if (!content || json_is_null(content)) {
@@ -447,26 +505,15 @@ static int parse_messages(json_t *body, struct gw_openai_request *r, struct gw_o
 			json_decref(canon);
 			return bad_type(e, p, "a string or an array of content parts", content);
 		}
-		v = opt(m, "name");
-		if (v) {
-			if (!json_is_string(v)) {
-				json_decref(canon);
-				snprintf(p, sizeof(p), "messages.[%zu].name", i);
-				return bad_type(e, p, "a string", v);
-			}
-			json_object_set(c, "name", v);
+		if (copy_string(c, "name", opt(m, "name"), i, e)) {
+			json_decref(canon);
+			return -1;
 		}
 		if (is_asst) {
 			v = opt(m, "reasoning_content");
-			if (!v)
-				v = opt(m, "reasoning");
-			if (v) {
-				if (!json_is_string(v)) {
-					json_decref(canon);
-					snprintf(p, sizeof(p), "messages.[%zu].reasoning_content", i);
-					return bad_type(e, p, "a string", v);
-				}
-				json_object_set(c, "reasoning_content", v);
+			if (copy_string(c, "reasoning_content", v ? v : opt(m, "reasoning"), i, e)) {
+				json_decref(canon);
+				return -1;
 			}
 			v = opt(m, "tool_calls");
 			if (v) {
@@ -520,8 +567,7 @@ static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_open
 			char p[64];
 
 			snprintf(p, sizeof(p), "tools.[%zu]", i);
-			if (!json_is_object(t) || !json_is_string(type) ||
-			    strcmp(json_string_value(type), "function") != 0)
+			if (!json_is_object(t) || !is_word(type, "function"))
 				return fail(e, p, "unsupported_value",
 					    "Invalid '%s': only tools of type 'function' are supported.", p);
 			if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
@@ -545,8 +591,7 @@ static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_open
 				    "'none' or 'required'.");
 		if (!json_is_string(tc))
 			return bad_type(e, "tool_choice", "a string", tc);
-		if (strcmp(json_string_value(tc), "auto") && strcmp(json_string_value(tc), "none") &&
-		    strcmp(json_string_value(tc), "required"))
+		if (!is_word(tc, "auto") && !is_word(tc, "none") && !is_word(tc, "required"))
 			return fail(e, "tool_choice", "invalid_value",
 				    "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.",
 				    json_string_value(tc));
@@ -581,15 +626,15 @@ static int parse_response_format(json_t *body, struct gw_openai_request *r, stru
 		return fail(e, "response_format.type", "missing_required_parameter",
 			    "Missing required parameter: 'response_format.type'.");
 	t = json_string_value(type);
-	if (strcmp(t, "text") == 0)
+	if (is_word(type, "text"))
 		return 0;
-	if (strcmp(t, "json_schema") == 0) {
+	if (is_word(type, "json_schema")) {
 		json_t *js = json_object_get(rf, "json_schema");
 
 		if (!json_is_object(js) || !json_is_string(json_object_get(js, "name")))
 			return fail(e, "response_format.json_schema", "missing_required_parameter",
 				    "Missing required parameter: 'response_format.json_schema' with a 'name'.");
-	} else if (strcmp(t, "json_object") != 0) {
+	} else if (!is_word(type, "json_object")) {
 		return fail(e, "response_format.type", "invalid_value",
 			    "Invalid value: '%s'. Supported values are: 'text', 'json_object', and 'json_schema'.", t);
 	}
@@ -610,7 +655,7 @@ static int parse_effort(json_t *body, struct gw_openai_request *r, struct gw_ope
 	if (!json_is_string(v))
 		return bad_type(e, "reasoning_effort", "a string", v);
 	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
-		if (strcmp(json_string_value(v), map[i].name) == 0) {
+		if (is_word(v, map[i].name)) {
 			r->effort = map[i].effort;
 			return 0;
 		}
@@ -633,32 +678,19 @@ static int chat_refusals(json_t *body, struct gw_openai_error *e)
 			return fail(e, unsupported[i], "unsupported_parameter",
 				    "Unsupported parameter: '%s' is not supported by this server.", unsupported[i]);
 	}
-	v = opt(body, "logprobs");
-	if (v) {
-		if (!json_is_boolean(v))
-			return bad_type(e, "logprobs", "a boolean", v);
-		if (json_is_true(v))
-			return fail(e, "logprobs", "unsupported_value",
-				    "Unsupported value: 'logprobs' true is not supported by this server.");
-	}
+	if (only_false(body, "logprobs", "Unsupported value: 'logprobs' true is not supported by this server.", e))
+		return -1;
 	if (opt(body, "top_logprobs"))
 		return fail(e, "top_logprobs", "unsupported_parameter",
 			    "Unsupported parameter: 'top_logprobs' needs 'logprobs', which this server does not "
 			    "support.");
-	v = opt(body, "store");
-	if (v) {
-		if (!json_is_boolean(v))
-			return bad_type(e, "store", "a boolean", v);
-		if (json_is_true(v))
-			return fail(e, "store", "unsupported_value",
-				    "Unsupported value: 'store' true: this server stores nothing.");
-	}
+	if (only_false(body, "store", "Unsupported value: 'store' true: this server stores nothing.", e))
+		return -1;
 	v = opt(body, "modalities");
 	if (v) {
 		if (!json_is_array(v))
 			return bad_type(e, "modalities", "an array", v);
-		if (json_array_size(v) != 1 || !json_is_string(json_array_get(v, 0)) ||
-		    strcmp(json_string_value(json_array_get(v, 0)), "text") != 0)
+		if (json_array_size(v) != 1 || !is_word(json_array_get(v, 0), "text"))
 			return fail(e, "modalities", "unsupported_value",
 				    "Unsupported value: 'modalities' must be [\"text\"].");
 	}
@@ -666,7 +698,7 @@ static int chat_refusals(json_t *body, struct gw_openai_error *e)
 	if (v) {
 		if (!json_is_string(v))
 			return bad_type(e, "service_tier", "a string", v);
-		if (strcmp(json_string_value(v), "auto") && strcmp(json_string_value(v), "default"))
+		if (!is_word(v, "auto") && !is_word(v, "default"))
 			return fail(e, "service_tier", "unsupported_value",
 				    "Unsupported value: 'service_tier' must be 'auto' or 'default'.");
 	}
@@ -760,20 +792,15 @@ static int parse_completions(json_t *body, struct gw_openai_request *r, struct g
 	if (!json_is_string(prompt))
 		return fail(e, "prompt", "unsupported_value",
 			    "Unsupported value: 'prompt' must be a string; token-id prompts are not supported.");
-	r->prompt = strdup(json_string_value(prompt));
+	r->prompt = dup_string(prompt, &r->prompt_len);
 	if (!r->prompt)
 		return fail(e, "prompt", NULL, "Out of memory.");
 	v = opt(body, "logprobs");
 	if (v && !(json_is_integer(v) && json_integer_value(v) == 0))
 		return fail(e, "logprobs", "unsupported_value",
 			    "Unsupported value: 'logprobs' is not supported by this server.");
-	v = opt(body, "echo");
-	if (v) {
-		if (!json_is_boolean(v))
-			return bad_type(e, "echo", "a boolean", v);
-		if (json_is_true(v))
-			return fail(e, "echo", "unsupported_value", "Unsupported value: 'echo' true is not supported.");
-	}
+	if (only_false(body, "echo", "Unsupported value: 'echo' true is not supported.", e))
+		return -1;
 	if (opt(body, "suffix"))
 		return fail(e, "suffix", "unsupported_parameter",
 			    "Unsupported parameter: 'suffix' is not supported by this server.");
@@ -823,7 +850,11 @@ int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, stru
 			 struct gw_openai_error *e)
 {
 	json_error_t je;
-	json_t *v = json_loadb(len ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+	/* JSON_ALLOW_NUL: "\u0000" is text like any other (model output holds
+	 * it, and a client resends its history); every string is taken with
+	 * its length from here on. */
+	json_t *v = json_loadb(len ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL,
+			       &je);
 	int rc;
 
 	if (!v)
@@ -851,42 +882,32 @@ void gw_openai_request_release(struct gw_openai_request *r)
 	memset(r, 0, sizeof(*r));
 }
 
-static void set_str(struct k3_proto_str *s, bool *has, const char *v)
-{
-	if (!v)
-		return;
-	*s = k3_proto_str_of(v);
-	*has = true;
-}
-
 void gw_openai_to_generate(const struct gw_openai_request *r, struct k3_msg_generate *g)
 {
 	memset(g, 0, sizeof(*g));
-	g->has_mode = true;
 	if (r->ep == GW_EP_CHAT) {
-		g->mode = K3_MODE_CHAT;
-		set_str(&g->messages, &g->has_messages, r->messages);
-		set_str(&g->tools, &g->has_tools, r->tools);
-		set_str(&g->tool_choice, &g->has_tool_choice, r->tool_choice);
-		set_str(&g->response_format, &g->has_response_format, r->response_format);
-		if (r->effort == K3_EFFORT_NONE) {
-			g->thinking = false;
-			g->has_thinking = true;
-		}
-		if (r->effort != K3_EFFORT_UNSET) {
-			g->reasoning_effort = r->effort;
-			g->has_reasoning_effort = true;
-		}
+		k3_msg_generate_set_mode(g, K3_MODE_CHAT);
+		if (r->messages)
+			k3_msg_generate_set_messages(g, k3_proto_str_of(r->messages));
+		if (r->tools)
+			k3_msg_generate_set_tools(g, k3_proto_str_of(r->tools));
+		if (r->tool_choice)
+			k3_msg_generate_set_tool_choice(g, k3_proto_str_of(r->tool_choice));
+		if (r->response_format)
+			k3_msg_generate_set_response_format(g, k3_proto_str_of(r->response_format));
+		if (r->effort == K3_EFFORT_NONE)
+			k3_msg_generate_set_thinking(g, false);
+		if (r->effort != K3_EFFORT_UNSET)
+			k3_msg_generate_set_reasoning_effort(g, r->effort);
 	} else {
-		g->mode = K3_MODE_RAW;
-		set_str(&g->prompt, &g->has_prompt, r->prompt);
+		k3_msg_generate_set_mode(g, K3_MODE_RAW);
+		if (r->prompt)
+			k3_msg_generate_set_prompt(g, (struct k3_proto_str){ r->prompt, r->prompt_len });
 	}
-	if (r->has_max_new) {
-		g->max_new = r->max_new;
-		g->has_max_new = true;
-	}
+	if (r->has_max_new)
+		k3_msg_generate_set_max_new(g, r->max_new);
 	for (uint32_t i = 0; i < r->n_stop; i++)
-		g->stop.v[i] = k3_proto_str_of(r->stop[i]);
+		g->stop.v[i] = (struct k3_proto_str){ r->stop[i], r->stop_len[i] };
 	g->stop.n = r->n_stop;
 	g->has_stop = r->n_stop > 0;
 }

@@ -46,7 +46,8 @@ struct gw_openai_error {
 };
 
 /* What a valid request asks for. Strings are owned (freed by
- * gw_openai_request_release). */
+ * gw_openai_request_release) and NUL-terminated; prompt and stop may hold
+ * U+0000 too, hence their lengths. The JSON texts escape it. */
 struct gw_openai_request {
 	enum gw_endpoint ep;
 	bool stream;
@@ -56,8 +57,10 @@ struct gw_openai_request {
 	char *tool_choice;      /* CHAT: JSON or NULL */
 	char *response_format;  /* CHAT: JSON or NULL */
 	char *prompt;           /* RAW */
+	uint32_t prompt_len;
 	uint32_t n_stop;
 	char *stop[K3_LIM_STOP_COUNT];
+	uint32_t stop_len[K3_LIM_STOP_COUNT];
 	bool has_max_new;
 	uint32_t max_new;
 	const char *max_param;  /* the field max_new came from (static string) */

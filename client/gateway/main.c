@@ -62,6 +62,17 @@ static int parse_uint(const char *flag, const char *s, uint64_t min, uint64_t ma
 	return -1;
 }
 
+/* A number of seconds, at most an hour. */
+static int parse_secs(const char *flag, const char *s, uint64_t min, unsigned *out)
+{
+	uint64_t v;
+
+	if (parse_uint(flag, s, min, 3600, &v) < 0)
+		return -1;
+	*out = (unsigned)v;
+	return 0;
+}
+
 static char *read_key(const char *path)
 {
 	FILE *f = fopen(path, "r");
@@ -168,7 +179,7 @@ int main(int argc, char **argv)
 	};
 	static struct gw g;
 	uint64_t v;
-	int c, nfds;
+	int c, nfds, bad = 0;
 	char host[256];
 	uint16_t port;
 
@@ -179,7 +190,7 @@ int main(int argc, char **argv)
 	g.cfg.keepalive_s = 15;
 	g.cfg.retry_after_s = 1;
 	g.cfg.daemon_timeout_s = 10;
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case O_LISTEN: g.cfg.listen = optarg; break;
 		case O_REMOTE: g.cfg.allow_remote = true; break;
@@ -201,32 +212,18 @@ int main(int argc, char **argv)
 				return 2;
 			g.cfg.max_body = v;
 			break;
-		case O_RTO:
-			if (parse_uint("--read-timeout", optarg, 1, 3600, &v))
-				return 2;
-			g.cfg.read_timeout_s = (unsigned)v;
-			break;
-		case O_KA:
-			if (parse_uint("--keepalive", optarg, 1, 3600, &v))
-				return 2;
-			g.cfg.keepalive_s = (unsigned)v;
-			break;
-		case O_RA:
-			if (parse_uint("--retry-after", optarg, 0, 3600, &v))
-				return 2;
-			g.cfg.retry_after_s = (unsigned)v;
-			break;
-		case O_DTO:
-			if (parse_uint("--daemon-timeout", optarg, 1, 3600, &v))
-				return 2;
-			g.cfg.daemon_timeout_s = (unsigned)v;
-			break;
+		case O_RTO: bad = parse_secs("--read-timeout", optarg, 1, &g.cfg.read_timeout_s); break;
+		case O_KA: bad = parse_secs("--keepalive", optarg, 1, &g.cfg.keepalive_s); break;
+		case O_RA: bad = parse_secs("--retry-after", optarg, 0, &g.cfg.retry_after_s); break;
+		case O_DTO: bad = parse_secs("--daemon-timeout", optarg, 1, &g.cfg.daemon_timeout_s); break;
 		case O_QUIET: g.cfg.quiet = true; break;
 		case O_VER: printf("k3-gateway %s\n", K3_VERSION); return 0;
 		case O_HELP: usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
+	if (bad)
+		return 2;
 	if (optind < argc) {
 		fprintf(stderr, "k3-gateway: unexpected argument '%s'\n", argv[optind]);
 		return 2;
@@ -321,6 +318,7 @@ int main(int argc, char **argv)
 	if (g.stop_timer)
 		event_free(g.stop_timer);
 	evhttp_free(g.http);
+	gw_http_release(&g);
 	event_base_free(g.base);
 	free(g.cfg.api_key);
 	return 0;

@@ -8,25 +8,20 @@
 
 int k3ctl_cmd_cancel(int argc, char **argv)
 {
-	struct k3ctl_client c;
 	struct k3_msg_cancel req;
-	struct k3_proto_header h;
-	union k3_proto_body reply;
-	struct k3_err err = { 0, "" };
+	struct k3ctl_reply rep;
 	uint64_t id;
-	uint32_t status = 0;
 	int r;
 
 	if (argc != 2 || k3_parse_u64(argv[1], 1, UINT64_MAX, &id, NULL) < 0)
 		return k3ctl_usage("cancel", "takes one job id (shown by 'k3ctl run --stats' and --json)");
-	if ((r = k3ctl_connect(&c)) != 0)
-		return r;
 	memset(&req, 0, sizeof(req));
 	k3_msg_cancel_set_job_id(&req, id);
-	r = k3ctl_client_call(&c, K3_MSG_CANCEL, &req, 10000, &h, &reply, &status, &err);
-	k3ctl_client_close(&c);
+	if ((r = k3ctl_request(&rep, K3_MSG_CANCEL, &req)) > 0)
+		return r;
 	if (r < 0)
-		return k3ctl_fail(K3CTL_EXIT_ERROR, "cancel %llu: %s", (unsigned long long)id, err.msg);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "cancel %llu: %s", (unsigned long long)id, rep.err.msg);
+	k3ctl_client_close(&rep.c);
 	if (k3ctl_g.json)
 		printf("{\"ok\":true,\"job_id\":%llu}\n", (unsigned long long)id);
 	else

@@ -15,11 +15,8 @@ static const char *state_name(uint32_t s)
 
 int k3ctl_cmd_ping(int argc, char **argv)
 {
-	struct k3ctl_client c;
 	struct k3_msg_ping ping;
-	struct k3_proto_header h;
-	union k3_proto_body reply;
-	struct k3_err err = { 0, "" };
+	struct k3ctl_reply rep;
 	struct timespec t0, t1;
 	double ms;
 	int r;
@@ -27,19 +24,19 @@ int k3ctl_cmd_ping(int argc, char **argv)
 	(void)argv;
 	if (argc > 1)
 		return k3ctl_usage("ping", "takes no arguments");
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if ((r = k3ctl_connect(&c)) != 0)
-		return r;
 	memset(&ping, 0, sizeof(ping));
-	r = k3ctl_client_call(&c, K3_MSG_PING, &ping, 10000, &h, &reply, NULL, &err);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	r = k3ctl_request(&rep, K3_MSG_PING, &ping);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	k3ctl_client_close(&c);
+	if (r > 0)
+		return r;
 	if (r < 0)
-		return k3ctl_fail(K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
+		return k3ctl_fail(K3CTL_EXIT_UNAVAILABLE, "%s", rep.err.msg);
+	k3ctl_client_close(&rep.c);
 	ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
 	if (k3ctl_g.json)
-		printf("{\"ok\":true,\"state\":\"%s\",\"ms\":%.3f}\n", state_name(reply.pong.state), ms);
+		printf("{\"ok\":true,\"state\":\"%s\",\"ms\":%.3f}\n", state_name(rep.body.pong.state), ms);
 	else
-		printf("k3d answered in %.2f ms (%s)\n", ms, state_name(reply.pong.state));
+		printf("k3d answered in %.2f ms (%s)\n", ms, state_name(rep.body.pong.state));
 	return K3CTL_EXIT_OK;
 }

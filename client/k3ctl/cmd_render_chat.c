@@ -85,11 +85,7 @@ int k3ctl_cmd_render_chat(int argc, char **argv)
 		} else if (k3_chat_encode(tok, &chat, &ids, &err)) {
 			rc = k3ctl_fail(K3CTL_EXIT_ERROR, "render-chat: %s", err.msg);
 		} else {
-			if (k3ctl_g.json)
-				putchar('[');
-			for (size_t i = 0; i < ids.n; i++)
-				printf(i ? (k3ctl_g.json ? ",%u" : " %u") : "%u", ids.v[i]);
-			puts(k3ctl_g.json ? "]" : "");
+			text_cli_print_ids(&ids);
 		}
 		k3_tok_ids_release(&ids);
 		k3_tok_free(tok);

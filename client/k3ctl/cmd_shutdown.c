@@ -11,35 +11,33 @@
 
 int k3ctl_cmd_shutdown(int argc, char **argv)
 {
-	struct k3ctl_client c;
 	struct k3_msg_shutdown req;
-	struct k3_proto_header h;
-	union k3_proto_body reply;
-	struct k3_err err = { 0, "" };
+	struct k3ctl_reply rep;
 	int r;
 
 	(void)argv;
 	if (argc > 1)
 		return k3ctl_usage("shutdown", "takes no arguments");
-	if ((r = k3ctl_connect(&c)) != 0)
-		return r;
 	memset(&req, 0, sizeof(req));
-	r = k3ctl_client_call(&c, K3_MSG_SHUTDOWN, &req, 10000, &h, &reply, NULL, &err);
-	if (r < 0 || h.type != K3_MSG_OK) {
-		k3ctl_client_close(&c);
+	if ((r = k3ctl_request(&rep, K3_MSG_SHUTDOWN, &req)) > 0)
+		return r;
+	if (r < 0 || rep.h.type != K3_MSG_OK) {
+		if (r == 0)
+			k3ctl_client_close(&rep.c);
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "shutdown refused: %s",
-				  r < 0 ? err.msg : "unexpected reply");
+				  r < 0 ? rep.err.msg : "unexpected reply");
 	}
 	/* k3d's OK says what the request did: "draining" for the first one;
 	 * during a drain, whether it cancelled the running work. */
-	const struct k3_proto_str *m = &reply.ok.message;
-	bool first = !reply.ok.has_message || (m->len == 8 && memcmp(m->p, "draining", 8) == 0);
+	const struct k3_msg_ok *ok = &rep.body.ok;
+	const struct k3_proto_str *m = &ok->message;
+	bool first = !ok->has_message || (m->len == 8 && memcmp(m->p, "draining", 8) == 0);
 	if (k3ctl_g.json) {
 		json_t *o = json_object();
 		char *text;
 
 		json_object_set_new(o, "ok", json_true());
-		if (reply.ok.has_message)
+		if (ok->has_message)
 			json_object_set_new(o, "message", json_stringn(m->p ? m->p : "", m->len));
 		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		puts(text ? text : "{\"ok\":true}");
@@ -50,6 +48,6 @@ int k3ctl_cmd_shutdown(int argc, char **argv)
 	} else {
 		printf("k3d is draining and will exit (%.*s)\n", (int)m->len, m->p);
 	}
-	k3ctl_client_close(&c);
+	k3ctl_client_close(&rep.c);
 	return K3CTL_EXIT_OK;
 }

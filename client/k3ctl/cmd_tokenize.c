@@ -80,11 +80,7 @@ int k3ctl_cmd_tokenize(int argc, char **argv)
 	if (rc) {
 		k3ctl_fail(K3CTL_EXIT_ERROR, "tokenize: %s", err.msg);
 	} else if (!pieces) {
-		if (k3ctl_g.json)
-			putchar('[');
-		for (size_t i = 0; i < ids.n; i++)
-			printf(i ? (k3ctl_g.json ? ",%u" : " %u") : "%u", ids.v[i]);
-		puts(k3ctl_g.json ? "]" : "");
+		text_cli_print_ids(&ids);
 	}
 	k3_tok_ids_release(&ids);
 	free(text);

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 
+#include "client.h"
 #include "k3_client_socket.h"
 
 enum k3ctl_exit {
@@ -31,10 +32,27 @@ struct k3ctl_globals {
 };
 extern struct k3ctl_globals k3ctl_g;
 
-struct k3ctl_client;
 /* Connects to the daemon named by the globals. Returns 0, or the exit
  * code to use after printing why (3 when no daemon answers). */
 int k3ctl_connect(struct k3ctl_client *c);
+
+/* One request and its reply, on a connection of their own (the commands
+ * that send one request: cancel, ping, shutdown). */
+struct k3ctl_reply {
+	struct k3ctl_client c;
+	struct k3_proto_header h;
+	union k3_proto_body body;    /* the reply; its strings live in c's buffer */
+	uint32_t status;             /* ERROR's status, when the call got one */
+	struct k3_err err;
+};
+/*
+ * Connects (k3ctl_connect), sends type with body and waits up to 10 s for
+ * the reply (k3ctl_client_call). Returns 0 with the reply in r and the
+ * connection open for its strings (close it with k3ctl_client_close(&r->c)),
+ * the exit code to use when no daemon was reached (why is printed), or a
+ * negative errno with r->err saying why the call failed (closed then).
+ */
+int k3ctl_request(struct k3ctl_reply *r, uint32_t type, const void *body);
 
 /* Prints "k3ctl <cmd>: message" to stderr and returns K3CTL_EXIT_USAGE. */
 int k3ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

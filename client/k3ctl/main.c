@@ -63,6 +63,19 @@ int k3ctl_connect(struct k3ctl_client *c)
 	return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 }
 
+int k3ctl_request(struct k3ctl_reply *r, uint32_t type, const void *body)
+{
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	if ((rc = k3ctl_connect(&r->c)) != 0)
+		return rc;
+	rc = k3ctl_client_call(&r->c, type, body, 10000, &r->h, &r->body, &r->status, &r->err);
+	if (rc < 0)
+		k3ctl_client_close(&r->c);
+	return rc;
+}
+
 /* Synopses for `k3ctl CMD --help` and `k3ctl help CMD` (k3ctl.1 has the
  * full text). A command without a row here still runs; it just has no
  * extra help. */

@@ -1,7 +1,8 @@
 /*
  * text_cli.h - what the offline text commands (tokenize, detokenize,
  * render-chat) share: finding the tokenizer (--model DIR, --vocab FILE
- * [--config FILE], else $K3_MODEL_DIR) and reading a whole input.
+ * [--config FILE], else $K3_MODEL_DIR), reading a whole input, printing
+ * ids.
  */
 #ifndef K3CTL_TEXT_CLI_H
 #define K3CTL_TEXT_CLI_H
@@ -73,6 +74,16 @@ static inline int text_cli_read(const char *path, char **out, size_t *len)
 	if (rc)
 		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 	return rc;
+}
+
+/* Prints ids on one line: space-separated, or a JSON array with --json. */
+static inline void text_cli_print_ids(const struct k3_tok_ids *ids)
+{
+	if (k3ctl_g.json)
+		putchar('[');
+	for (size_t i = 0; i < ids->n; i++)
+		printf(i ? (k3ctl_g.json ? ",%u" : " %u") : "%u", ids->v[i]);
+	puts(k3ctl_g.json ? "]" : "");
 }
 
 #endif

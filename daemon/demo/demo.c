@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/array.h"
 #include "base/path.h"
 #include "model/model.h"
 
@@ -191,15 +192,9 @@ static struct tdesc *add(struct dlist *l, uint32_t shard, enum k3_dtype dt, enum
 
 	if (l->err)
 		return NULL;
-	if (l->n == l->cap) {
-		size_t nc = l->cap ? l->cap * 2 : 256;
-		struct tdesc *nv = realloc(l->v, nc * sizeof(*nv));
-		if (!nv) {
-			l->err = -ENOMEM;
-			return NULL;
-		}
-		l->v = nv;
-		l->cap = nc;
+	if (k3_array_reserve(&l->v, &l->cap, l->n + 1, sizeof(*l->v), 256)) {
+		l->err = -ENOMEM;
+		return NULL;
 	}
 	struct tdesc *t = &l->v[l->n++];
 	memset(t, 0, sizeof(*t));

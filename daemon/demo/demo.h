@@ -1,6 +1,6 @@
 /*
  * demo.h - synthetic Kimi K3 checkpoints in the exact Hugging Face layout
- * of the release (k3-model.md §1, §2, §9): config.json with text_config,
+ * of the release (docs/model.md §1, §2, §9): config.json with text_config,
  * model.safetensors.index.json, >= 2 shards with the release's dtypes (BF16
  * matrices and norms; F32 A_log, dt_bias, conv taps, o_norm and routing
  * bias; U8 MXFP4 experts), tokenizer_config.json and a synthetic
@@ -76,7 +76,7 @@ int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *
 int k3_demo_write_tokenizer(const char *dir, uint32_t vocab_size, struct k3_err *err);
 
 /* Name of the special token at offset k (0..255) after the ranks, as in
- * the real K3 tokenizer (k3-text-and-draft.md §1.6), or NULL for a
+ * the real K3 tokenizer (docs/text-and-draft.md §1.6), or NULL for a
  * reserved slot (<|reserved_token_ID|>). */
 const char *k3_demo_special_name(uint32_t k);
 

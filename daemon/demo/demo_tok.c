@@ -1,6 +1,6 @@
 /*
  * demo_tok.c - the synthetic tokenizer of demo checkpoints: tiktoken.model
- * (base64 token, space, rank per line; k3-text-and-draft.md §1.2) and
+ * (base64 token, space, rank per line; docs/text-and-draft.md §1.2) and
  * tokenizer_config.json with the 256 special ids after the ranks (§1.6).
  *
  * Ranks 0..255 are the single bytes in the order the real file uses (the
@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "base/array.h"
 
 /* Ranks learned from the sample at most; the rest are filler tokens. */
 #define LEARN_MAX 4096u
@@ -81,14 +83,8 @@ struct sbuf { char *p; size_t n, cap; };
 
 static int sb_put(struct sbuf *b, const char *s, size_t n)
 {
-	if (b->n + n + 1 > b->cap) {
-		size_t nc = (b->cap ? b->cap * 2 : 4096) + n;
-		char *np = realloc(b->p, nc);
-		if (!np)
-			return -ENOMEM;
-		b->p = np;
-		b->cap = nc;
-	}
+	if (k3_array_reserve(&b->p, &b->cap, b->n + n + 1, 1, 4096))
+		return -ENOMEM;
 	memcpy(b->p + b->n, s, n);
 	b->n += n;
 	b->p[b->n] = '\0';
@@ -183,14 +179,8 @@ static int toks_add(struct toks *t, const uint8_t *p, size_t n)
 {
 	if (t->n >= t->cap)
 		return -ENOSPC;
-	if (t->arena_n + n > t->arena_cap) {
-		size_t nc = t->arena_cap * 2 + n;
-		uint8_t *na = realloc(t->arena, nc);
-		if (!na)
-			return -ENOMEM;
-		t->arena = na;
-		t->arena_cap = nc;
-	}
+	if (k3_array_reserve(&t->arena, &t->arena_cap, t->arena_n + n, 1, 4096))
+		return -ENOMEM;
 	memcpy(t->arena + t->arena_n, p, n);
 	t->off[t->n] = t->arena_n;
 	t->len[t->n] = (uint32_t)n;

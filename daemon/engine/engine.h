@@ -1,5 +1,5 @@
 /*
- * engine.h - the Kimi K3 layer program (design/k3-model.md §4.3) driving a
+ * engine.h - the Kimi K3 layer program (docs/model.md §4.3) driving a
  * provider (providers/k3_provider.h), and the per-sequence state it
  * advances.
  *

@@ -1,6 +1,6 @@
 /*
  * model.h - the Kimi K3 checkpoint as k3d sees it: the parsed config
- * (k3-model.md §1), every tensor of the safetensors shards (§2), and a typed
+ * (docs/model.md §1), every tensor of the safetensors shards (§2), and a typed
  * plan that hands the forward pass one pointer per tensor role.
  *
  * A model is opened from a directory in the Hugging Face layout:
@@ -52,7 +52,7 @@
  * span: call k3_mxfp4_check_scales() on the bytes read (store's job). */
 #define K3_MODEL_SCALE_SCAN_MAX  (256ull << 20)
 
-/* ---- config (k3-model.md §1) ---- */
+/* ---- config (docs/model.md §1) ---- */
 
 enum k3_hidden_act {
 	K3_ACT_SILU = 0,   /* "silu": plain SwiGLU (Kimi-Linear-48B) */
@@ -200,7 +200,7 @@ struct k3_tensor {
 	                              * that shard file (for pread / O_DIRECT) */
 };
 
-/* ---- the plan (k3-model.md §2, role names as in the checkpoint) ----
+/* ---- the plan (docs/model.md §2, role names as in the checkpoint) ----
  *
  * dtypes, checked at open: every matrix role (Linear weights, embedding,
  * lm_head, unquantized experts) is BF16, so GEMM kernels may assume it

@@ -1,5 +1,5 @@
 /*
- * model_config.c - config.json -> struct k3_model_config (k3-model.md §1).
+ * model_config.c - config.json -> struct k3_model_config (docs/model.md §1).
  *
  * Every field is read by value with its JSON type checked: a boolean must be
  * true/false (never "present means true"), integers must be integers in a

@@ -1,5 +1,5 @@
 /*
- * model_plan.c - the typed tensor plan (k3-model.md §2): every tensor the
+ * model_plan.c - the typed tensor plan (docs/model.md §2): every tensor the
  * forward pass needs, located by name, with the dtype and shape the config
  * implies. All problems are collected and reported in one message, so a
  * user fixing a checkpoint sees everything at once.

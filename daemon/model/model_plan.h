@@ -13,7 +13,7 @@
 #include "model/model.h"
 
 /*
- * Locates every tensor the forward pass needs (k3-model.md §2) in
+ * Locates every tensor the forward pass needs (docs/model.md §2) in
  * tensors[0..n_tensors) (sorted by k3_tensors_sort) and checks its dtype
  * and shape against cfg. Fills *plan, whose pointers point into tensors,
  * *layers (cfg->num_hidden_layers entries) and *experts (every MoE layer's

@@ -1,4 +1,5 @@
-/* mxfp4.c - scalar MXFP4 decode/encode and bf16 rows (see mxfp4.h, k3-model.md §9). */
+/* mxfp4.c - scalar MXFP4 decode/encode and bf16 rows (see mxfp4.h,
+ * docs/model.md §9). */
 #include "model/mxfp4.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
 /*
  * mxfp4.h - scalar reference decode of the compressed-tensors
- * "mxfp4-pack-quantized" expert format (k3-model.md §9) and the bf16 -> fp32
+ * "mxfp4-pack-quantized" expert format (docs/model.md §9) and the bf16 -> fp32
  * conversion. These are the oracles for tests and the loader's validation;
  * the fast kernels decode in registers elsewhere.
  *
@@ -65,7 +65,7 @@ static inline float k3_bf16_to_f32(uint16_t h)
 	return f;
 }
 
-/* fp32 -> bfloat16 bits, round to nearest even (k3-model.md "rb()");
+/* fp32 -> bfloat16 bits, round to nearest even (docs/model.md "rb()");
  * NaN stays a quiet NaN. */
 static inline uint16_t k3_f32_to_bf16(float f)
 {

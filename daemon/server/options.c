@@ -69,20 +69,32 @@ static const char usage[] =
 	"\n"
 	"The daemon's own uid and root are always allowed. See k3d(8).\n";
 
-static int parse_uid(const char *opt, const char *s, uid_t *out, struct k3_err *err)
+/* A number, or a name: a user's (its uid) or, with group, a group's (its
+ * gid). */
+static int parse_id(const char *opt, const char *s, bool group, uint32_t *out, struct k3_err *err)
 {
 	uint64_t v;
-	struct passwd *pw;
 
 	if (k3_parse_u64(s, 0, UINT32_MAX - 1, &v, NULL) == 0) {
-		*out = (uid_t)v;
+		*out = (uint32_t)v;
 		return 0;
 	}
-	pw = getpwnam(s);
-	if (!pw)
-		return k3_err_set(err, -EINVAL, "%s: no user '%s'", opt, s);
-	*out = pw->pw_uid;
-	return 0;
+	if (group) {
+		const struct group *gr = getgrnam(s);
+
+		if (gr) {
+			*out = gr->gr_gid;
+			return 0;
+		}
+	} else {
+		const struct passwd *pw = getpwnam(s);
+
+		if (pw) {
+			*out = pw->pw_uid;
+			return 0;
+		}
+	}
+	return k3_err_set(err, -EINVAL, "%s: no %s '%s'", opt, group ? "group" : "user", s);
 }
 
 /* A count option: k3_parse_u64 within [min, max], named in the error. */
@@ -100,29 +112,14 @@ static int parse_count(const char *opt, const char *s, uint64_t min, uint64_t ma
 /* Appends a uid or user name to one of the K3_OPTIONS_MAX_IDS lists. */
 static int add_uid(const char *opt, const char *s, uid_t *list, unsigned *n, struct k3_err *err)
 {
+	uint32_t id = 0;
 	int r;
 
 	if (*n == K3_OPTIONS_MAX_IDS)
 		return k3_err_set(err, -EINVAL, "%s: at most %d", opt, K3_OPTIONS_MAX_IDS);
-	if ((r = parse_uid(opt, s, &list[*n], err)) < 0)
+	if ((r = parse_id(opt, s, false, &id, err)) < 0)
 		return r;
-	(*n)++;
-	return 0;
-}
-
-static int parse_gid(const char *s, gid_t *out, struct k3_err *err)
-{
-	uint64_t v;
-	struct group *gr;
-
-	if (k3_parse_u64(s, 0, UINT32_MAX - 1, &v, NULL) == 0) {
-		*out = (gid_t)v;
-		return 0;
-	}
-	gr = getgrnam(s);
-	if (!gr)
-		return k3_err_set(err, -EINVAL, "--allow-gid: no group '%s'", s);
-	*out = gr->gr_gid;
+	list[(*n)++] = (uid_t)id;
 	return 0;
 }
 
@@ -230,14 +227,16 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			if ((r = add_uid("--allow-uid", optarg, opts->allow_uid, &opts->n_allow_uid, err)) < 0)
 				return r;
 			break;
-		case O_GID:
+		case O_GID: {
+			uint32_t id = 0;
+
 			if (opts->n_allow_gid == K3_OPTIONS_MAX_IDS)
 				return k3_err_set(err, -EINVAL, "--allow-gid: at most %d", K3_OPTIONS_MAX_IDS);
-			r = parse_gid(optarg, &opts->allow_gid[opts->n_allow_gid], err);
-			if (r < 0)
+			if ((r = parse_id("--allow-gid", optarg, true, &id, err)) < 0)
 				return r;
-			opts->n_allow_gid++;
+			opts->allow_gid[opts->n_allow_gid++] = (gid_t)id;
 			break;
+		}
 		case O_QUEUE:
 			if ((r = parse_count("--queue", optarg, 0, K3_LIM_QUEUE_MAX, &opts->queue_max, err)) < 0)
 				return r;

@@ -3,7 +3,7 @@
  * in sched_internal.h): the engine thread's loop over the job queue, the
  * engine -> loop inbox, what happens to a job after it ran (totals, and
  * publishing its state once its DONE reached the kernel), CANCEL, and the
- * hooks through which server.c hands over requests, STATUS and the drain.
+ * hooks through which server*.c hands over requests, STATUS and the drain.
  *
  * Ownership. A job is created and freed on the loop thread. The engine
  * thread reads its inputs and writes its results (finish reason, counters,
@@ -353,12 +353,11 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 		struct k3_msg_done d;
 
 		memset(&d, 0, sizeof(d));
-		d.finish = K3_FINISH_CANCELLED; d.has_finish = true;
-		d.cancel_reason = j->conn == c ? K3_CANCEL_CLIENT : K3_CANCEL_BY_ID;
-		d.has_cancel_reason = true;
-		d.prompt_tokens = (uint32_t)j->prompt.n; d.has_prompt_tokens = true;
-		d.completion_tokens = 0; d.has_completion_tokens = true;
-		d.queued_s = sched_since(&j->t_submit); d.has_queued_s = true;
+		k3_msg_done_set_finish(&d, K3_FINISH_CANCELLED);
+		k3_msg_done_set_cancel_reason(&d, j->conn == c ? K3_CANCEL_CLIENT : K3_CANCEL_BY_ID);
+		k3_msg_done_set_prompt_tokens(&d, (uint32_t)j->prompt.n);
+		k3_msg_done_set_completion_tokens(&d, 0);
+		k3_msg_done_set_queued_s(&d, sched_since(&j->t_submit));
 		sched_done_spine(s, &d);
 		if (j->kind == K3_JOB_WARM_EXPERTS && k3_conn_is_open(j->conn))
 			k3_conn_send_error(j->conn, j->rid, K3_STATUS_CANCELLED, NULL,
@@ -392,9 +391,7 @@ static int detokenize(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 				   err.msg[0] ? err.msg : "out of memory");
 	} else {
 		memset(&r, 0, sizeof(r));
-		r.bytes.p = text;
-		r.bytes.len = (uint32_t)len;
-		r.has_bytes = true;
+		k3_msg_detokenize_reply_set_bytes(&r, (struct k3_proto_str){ text, (uint32_t)len });
 		k3_conn_send(c, K3_MSG_DETOKENIZE_REPLY, rid, &r);
 	}
 	free(text);
@@ -408,26 +405,23 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	struct k3_msg_model_info_reply r;
 
 	memset(&r, 0, sizeof(r));
-	r.id = k3_proto_str_of(s->model_id); r.has_id = true;
-	r.path = k3_proto_str_of(s->opts->model_dir); r.has_path = true;
-	r.provider = k3_proto_str_of("cpu"); r.has_provider = true;
-	r.context_length = (uint32_t)(mc->max_position_embeddings > UINT32_MAX ? UINT32_MAX :
-				      mc->max_position_embeddings);
-	r.has_context_length = true;
-	r.vocab_size = k3_engine_vocab(s->engine); r.has_vocab_size = true;
-	r.n_layers = mc->num_hidden_layers; r.has_n_layers = true;
-	r.hidden_size = mc->hidden_size; r.has_hidden_size = true;
-	r.n_experts = mc->num_experts; r.has_n_experts = true;
-	r.experts_per_token = mc->num_experts_per_token; r.has_experts_per_token = true;
-	r.spine = s->spine_kind; r.has_spine = true;
-	if (s->spine_kind == K3_SPINE_INT8) {
-		r.spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
-		r.has_spine_label = true;
-	}
+	k3_msg_model_info_reply_set_id(&r, k3_proto_str_of(s->model_id));
+	k3_msg_model_info_reply_set_path(&r, k3_proto_str_of(s->opts->model_dir));
+	k3_msg_model_info_reply_set_provider(&r, k3_proto_str_of("cpu"));
+	k3_msg_model_info_reply_set_context_length(&r, (uint32_t)(mc->max_position_embeddings > UINT32_MAX
+								  ? UINT32_MAX : mc->max_position_embeddings));
+	k3_msg_model_info_reply_set_vocab_size(&r, k3_engine_vocab(s->engine));
+	k3_msg_model_info_reply_set_n_layers(&r, mc->num_hidden_layers);
+	k3_msg_model_info_reply_set_hidden_size(&r, mc->hidden_size);
+	k3_msg_model_info_reply_set_n_experts(&r, mc->num_experts);
+	k3_msg_model_info_reply_set_experts_per_token(&r, mc->num_experts_per_token);
+	k3_msg_model_info_reply_set_spine(&r, s->spine_kind);
+	if (s->spine_kind == K3_SPINE_INT8)
+		k3_msg_model_info_reply_set_spine_label(&r, k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL));
 	k3_conn_send(c, K3_MSG_MODEL_INFO_REPLY, rid, &r);
 }
 
-/* ---- hooks into server.c ----------------------------------------------------------------- */
+/* ---- hooks into server*.c ---------------------------------------------------------------- */
 
 static int hook_request(void *ctx, struct k3_conn *c, const struct k3_proto_header *h,
 			const union k3_proto_body *body)
@@ -516,12 +510,12 @@ static void status_jobs(struct k3_sched *s, const struct k3_conn *c, struct k3_m
 	for (const struct sched_link *l = s->queue.head; l; l = l->next)
 		status_job(t, c, sched_entry(l, const struct sched_job, link), K3_JOB_QUEUED);
 	pthread_mutex_unlock(&s->lock);
-	r->job_ids.n = t->n; r->job_ids.v = t->ids; r->has_job_ids = true;
-	r->job_states.n = t->n; r->job_states.v = t->states; r->has_job_states = true;
-	r->job_kinds.n = t->n; r->job_kinds.v = t->kinds; r->has_job_kinds = true;
-	r->job_uids.n = t->n; r->job_uids.v = t->uids; r->has_job_uids = true;
-	r->job_pids.n = t->n; r->job_pids.v = t->pids; r->has_job_pids = true;
-	r->job_ages_ms.n = t->n; r->job_ages_ms.v = t->ages_ms; r->has_job_ages_ms = true;
+	k3_msg_status_reply_set_job_ids(r, (struct k3_proto_u64s){ .n = t->n, .v = t->ids });
+	k3_msg_status_reply_set_job_states(r, (struct k3_proto_ids){ .n = t->n, .v = t->states });
+	k3_msg_status_reply_set_job_kinds(r, (struct k3_proto_ids){ .n = t->n, .v = t->kinds });
+	k3_msg_status_reply_set_job_uids(r, (struct k3_proto_ids){ .n = t->n, .v = t->uids });
+	k3_msg_status_reply_set_job_pids(r, (struct k3_proto_ids){ .n = t->n, .v = t->pids });
+	k3_msg_status_reply_set_job_ages_ms(r, (struct k3_proto_u64s){ .n = t->n, .v = t->ages_ms });
 }
 
 static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_info *info,
@@ -536,24 +530,20 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 	/* Only a peer that said it decodes the list gets it (docs/protocol.md). */
 	if (k3_conn_caps(c) & K3_PROTO_CAP_JOBS)
 		status_jobs(s, c, r);
-	r->requests_total = s->totals.requests_total; r->has_requests_total = true;
-	r->prompt_tokens_total = s->totals.prompt_tokens_total; r->has_prompt_tokens_total = true;
-	r->completion_tokens_total = s->totals.completion_tokens_total;
-	r->has_completion_tokens_total = true;
-	r->reasoning_tokens_total = s->totals.reasoning_tokens_total;
-	r->has_reasoning_tokens_total = true;
-	r->positions_total = s->totals.positions_total; r->has_positions_total = true;
-	r->prefill_s_total = s->totals.prefill_s_total; r->has_prefill_s_total = true;
-	r->decode_s_total = s->totals.decode_s_total; r->has_decode_s_total = true;
+	k3_msg_status_reply_set_requests_total(r, s->totals.requests_total);
+	k3_msg_status_reply_set_prompt_tokens_total(r, s->totals.prompt_tokens_total);
+	k3_msg_status_reply_set_completion_tokens_total(r, s->totals.completion_tokens_total);
+	k3_msg_status_reply_set_reasoning_tokens_total(r, s->totals.reasoning_tokens_total);
+	k3_msg_status_reply_set_positions_total(r, s->totals.positions_total);
+	k3_msg_status_reply_set_prefill_s_total(r, s->totals.prefill_s_total);
+	k3_msg_status_reply_set_decode_s_total(r, s->totals.decode_s_total);
 	/* honest split of the engine's time (DONE io_wait_s / compute_s, summed) */
-	r->io_wait_s_total = s->totals.io_wait_s_total; r->has_io_wait_s_total = true;
-	r->compute_s_total = s->totals.compute_s_total; r->has_compute_s_total = true;
+	k3_msg_status_reply_set_io_wait_s_total(r, s->totals.io_wait_s_total);
+	k3_msg_status_reply_set_compute_s_total(r, s->totals.compute_s_total);
 	if (s->ready) {
-		r->spine = s->spine_kind; r->has_spine = true;
-		if (s->spine_kind == K3_SPINE_INT8) {
-			r->spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
-			r->has_spine_label = true;
-		}
+		k3_msg_status_reply_set_spine(r, s->spine_kind);
+		if (s->spine_kind == K3_SPINE_INT8)
+			k3_msg_status_reply_set_spine_label(r, k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL));
 	}
 	/* s->store is set before MSG_LOADED and never changes; its stats are
 	 * mutex-protected and monotonic since start. */
@@ -562,15 +552,14 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		struct k3_store_info in;
 		k3_store_stats_get(s->store, &st);
 		k3_store_info_get(s->store, &in);
-		r->expert_bytes_read = st.bytes_read; r->has_expert_bytes_read = true;
-		r->expert_hits = st.demand_hits; r->has_expert_hits = true;
-		r->expert_misses = st.demand_misses; r->has_expert_misses = true;
-		r->prefetch_issued = st.prefetch_issued; r->has_prefetch_issued = true;
-		r->prefetch_issued_bytes = st.prefetch_issued_bytes; r->has_prefetch_issued_bytes = true;
-		r->prefetch_used = st.prefetch_used; r->has_prefetch_used = true;
-		r->prefetch_wasted_bytes = st.prefetch_wasted_bytes; r->has_prefetch_wasted_bytes = true;
-		r->expert_cache_bytes = (uint64_t)in.n_slots * in.slot_bytes;
-		r->has_expert_cache_bytes = true;
+		k3_msg_status_reply_set_expert_bytes_read(r, st.bytes_read);
+		k3_msg_status_reply_set_expert_hits(r, st.demand_hits);
+		k3_msg_status_reply_set_expert_misses(r, st.demand_misses);
+		k3_msg_status_reply_set_prefetch_issued(r, st.prefetch_issued);
+		k3_msg_status_reply_set_prefetch_issued_bytes(r, st.prefetch_issued_bytes);
+		k3_msg_status_reply_set_prefetch_used(r, st.prefetch_used);
+		k3_msg_status_reply_set_prefetch_wasted_bytes(r, st.prefetch_wasted_bytes);
+		k3_msg_status_reply_set_expert_cache_bytes(r, (uint64_t)in.n_slots * in.slot_bytes);
 	}
 	/* s->spine likewise; its counters are under the reader pool's lock. */
 	if (s->ready && s->spine) {

@@ -98,9 +98,9 @@ void sched_enqueue(struct k3_sched *s, struct k3_conn *c, struct sched_job *j)
 		return;   /* WARM_EXPERTS answers only at its end */
 	j->queue_pos_sent = ahead;
 	memset(&a, 0, sizeof(a));
-	a.job_id = j->id; a.has_job_id = true;
-	a.queue_position = ahead; a.has_queue_position = true;
-	a.prompt_tokens = (uint32_t)j->prompt.n; a.has_prompt_tokens = true;
+	k3_msg_accepted_set_job_id(&a, j->id);
+	k3_msg_accepted_set_queue_position(&a, ahead);
+	k3_msg_accepted_set_prompt_tokens(&a, (uint32_t)j->prompt.n);
 	k3_conn_send(c, K3_MSG_ACCEPTED, j->rid, &a);
 }
 
@@ -117,8 +117,8 @@ void sched_send_positions(struct k3_sched *s)
 			struct k3_msg_accepted a;
 
 			memset(&a, 0, sizeof(a));
-			a.job_id = j->id; a.has_job_id = true;
-			a.queue_position = pos; a.has_queue_position = true;
+			k3_msg_accepted_set_job_id(&a, j->id);
+			k3_msg_accepted_set_queue_position(&a, pos);
 			k3_conn_send(j->conn, K3_MSG_ACCEPTED, j->rid, &a);
 			j->queue_pos_sent = pos;
 		}

@@ -5,7 +5,7 @@
  * Where each behaviour lives:
  *   sched.c        the engine thread, the engine -> loop inbox, a job's
  *                  life after it ran (publishing its state), CANCEL, and
- *                  the hooks server.c calls (requests, STATUS, drain)
+ *                  the hooks server*.c calls (requests, STATUS, drain)
  *   sched_queue.c  the one queue type (struct sched_fifo)
  *   sched_admit.c  the one admission decision (BUSY, duplicate request
  *                  id, draining) for every kind of job, and ACCEPTED
@@ -430,12 +430,9 @@ void sched_warm_run(struct k3_sched *s, struct sched_job *j);
  * (docs/protocol.md, DONE). */
 static inline void sched_done_spine(const struct k3_sched *s, struct k3_msg_done *d)
 {
-	d->spine = s->spine_kind;
-	d->has_spine = true;
-	if (s->spine_kind == K3_SPINE_INT8) {
-		d->spine_label = k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL);
-		d->has_spine_label = true;
-	}
+	k3_msg_done_set_spine(d, s->spine_kind);
+	if (s->spine_kind == K3_SPINE_INT8)
+		k3_msg_done_set_spine_label(d, k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL));
 }
 
 #endif

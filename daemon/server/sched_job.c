@@ -123,8 +123,8 @@ static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
 		pos += c;
 		q->prefill_end = pos;
 		memset(&p, 0, sizeof(p));
-		p.done = pos; p.has_done = true;
-		p.total = n; p.has_total = true;
+		k3_msg_progress_set_done(&p, pos);
+		k3_msg_progress_set_total(&p, n);
 		sched_post_frame(j, K3_MSG_PROGRESS, &p);
 	}
 	for (uint32_t i = 0; i < n; i++)
@@ -256,48 +256,42 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 	struct sched_job *j = q->job;
 	const double prefill_s = q->prefill_s, decode_s = q->decode_s;
 	struct k3_msg_done done;
+	double compute_s;
 
 	memset(&done, 0, sizeof(done));
-	done.finish = j->finish; done.has_finish = true;
-	if (j->finish == K3_FINISH_CANCELLED && atomic_load(&j->cancel_reason)) {
-		done.cancel_reason = atomic_load(&j->cancel_reason);
-		done.has_cancel_reason = true;
-	}
-	done.prompt_tokens = q->n_prompt; done.has_prompt_tokens = true;
-	done.completion_tokens = j->n_gen; done.has_completion_tokens = true;
-	done.reasoning_tokens = j->n_reasoning; done.has_reasoning_tokens = true;
-	done.cached_tokens = j->n_cached; done.has_cached_tokens = true;
-	done.queued_s = q->queued_s; done.has_queued_s = true;
-	done.prefill_s = prefill_s; done.has_prefill_s = true;
-	done.decode_s = decode_s; done.has_decode_s = true;
-	done.prefill_tps = prefill_s > 0 ? (double)(q->prefill_end - q->start) / prefill_s : 0;
-	done.has_prefill_tps = true;
-	done.decode_tps = decode_s > 0 ? (double)j->n_gen / decode_s : 0;
-	done.has_decode_tps = true;
+	k3_msg_done_set_finish(&done, j->finish);
+	if (j->finish == K3_FINISH_CANCELLED && atomic_load(&j->cancel_reason))
+		k3_msg_done_set_cancel_reason(&done, atomic_load(&j->cancel_reason));
+	k3_msg_done_set_prompt_tokens(&done, q->n_prompt);
+	k3_msg_done_set_completion_tokens(&done, j->n_gen);
+	k3_msg_done_set_reasoning_tokens(&done, j->n_reasoning);
+	k3_msg_done_set_cached_tokens(&done, j->n_cached);
+	k3_msg_done_set_queued_s(&done, q->queued_s);
+	k3_msg_done_set_prefill_s(&done, prefill_s);
+	k3_msg_done_set_decode_s(&done, decode_s);
+	k3_msg_done_set_prefill_tps(&done, prefill_s > 0 ? (double)(q->prefill_end - q->start) / prefill_s
+						       : 0);
+	k3_msg_done_set_decode_tps(&done, decode_s > 0 ? (double)j->n_gen / decode_s : 0);
 	/* Honest split of the engine's time: waiting for expert and spine
 	 * reads vs everything else (compute_s + io_wait_s = prefill + decode). */
-	done.io_wait_s = (double)(xd->io_wait_ns + sd->io_wait_ns) * 1e-9; done.has_io_wait_s = true;
-	done.compute_s = prefill_s + decode_s - done.io_wait_s;
-	if (done.compute_s < 0)
-		done.compute_s = 0;
-	done.has_compute_s = true;
+	k3_msg_done_set_io_wait_s(&done, (double)(xd->io_wait_ns + sd->io_wait_ns) * 1e-9);
+	compute_s = prefill_s + decode_s - done.io_wait_s;
+	k3_msg_done_set_compute_s(&done, compute_s < 0 ? 0 : compute_s);
 	if (s->store) {
 		/* hits exclude same-step prefetches (docs/store.md, counters) */
-		done.expert_bytes_read = xd->bytes_read; done.has_expert_bytes_read = true;
-		done.expert_hits = xd->demand_hits; done.has_expert_hits = true;
-		done.expert_misses = xd->demand_misses; done.has_expert_misses = true;
-		done.prefetch_issued = xd->prefetch_issued; done.has_prefetch_issued = true;
-		done.prefetch_issued_bytes = xd->prefetch_issued_bytes;
-		done.has_prefetch_issued_bytes = true;
-		done.prefetch_used = xd->prefetch_used; done.has_prefetch_used = true;
-		done.prefetch_wasted_bytes = xd->prefetch_wasted_bytes;
-		done.has_prefetch_wasted_bytes = true;
+		k3_msg_done_set_expert_bytes_read(&done, xd->bytes_read);
+		k3_msg_done_set_expert_hits(&done, xd->demand_hits);
+		k3_msg_done_set_expert_misses(&done, xd->demand_misses);
+		k3_msg_done_set_prefetch_issued(&done, xd->prefetch_issued);
+		k3_msg_done_set_prefetch_issued_bytes(&done, xd->prefetch_issued_bytes);
+		k3_msg_done_set_prefetch_used(&done, xd->prefetch_used);
+		k3_msg_done_set_prefetch_wasted_bytes(&done, xd->prefetch_wasted_bytes);
 	}
 	if (s->spine) {
-		done.spine_bytes_read = sd->bytes_read; done.has_spine_bytes_read = true;
-		done.spine_loads = sd->loads; done.has_spine_loads = true;
-		done.spine_rows_read = sd->rows_read; done.has_spine_rows_read = true;
-		done.spine_io_wait_s = (double)sd->io_wait_ns * 1e-9; done.has_spine_io_wait_s = true;
+		k3_msg_done_set_spine_bytes_read(&done, sd->bytes_read);
+		k3_msg_done_set_spine_loads(&done, sd->loads);
+		k3_msg_done_set_spine_rows_read(&done, sd->rows_read);
+		k3_msg_done_set_spine_io_wait_s(&done, (double)sd->io_wait_ns * 1e-9);
 	}
 	sched_done_spine(s, &done);
 	return sched_encode_frame(j, K3_MSG_DONE, &done);
@@ -341,9 +335,9 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 
 		k3_log_err("job %llu failed: %s", (unsigned long long)j->id, q->err.msg);
 		memset(&e, 0, sizeof(e));
-		e.status = K3_STATUS_INTERNAL; e.has_status = true;
-		e.message = k3_proto_str_of(q->err.msg[0] ? q->err.msg : "engine failure");
-		e.has_message = true;
+		k3_msg_error_set_status(&e, K3_STATUS_INTERNAL);
+		k3_msg_error_set_message(&e, k3_proto_str_of(q->err.msg[0] ? q->err.msg
+									  : "engine failure"));
 		j->final = sched_encode_frame(j, K3_MSG_ERROR, &e);
 		k3_engine_seq_free(q->seq);
 		q->seq = NULL;

@@ -316,17 +316,16 @@ static void tokenize_reply(const struct k3_sched *s, uint32_t rid, const char *t
 		struct k3_msg_error e;
 
 		memset(&e, 0, sizeof(e));
-		e.status = K3_STATUS_INVALID_ARGUMENT; e.has_status = true;
-		e.message = k3_proto_str_of(err.msg); e.has_message = true;
-		e.param = k3_proto_str_of("text"); e.has_param = true;
+		k3_msg_error_set_status(&e, K3_STATUS_INVALID_ARGUMENT);
+		k3_msg_error_set_message(&e, k3_proto_str_of(err.msg));
+		k3_msg_error_set_param(&e, k3_proto_str_of("text"));
 		k3_proto_encode(out, K3_MSG_ERROR, rid, &e, NULL);
 	} else {
 		struct k3_msg_tokenize_reply r;
 
 		memset(&r, 0, sizeof(r));
-		r.ids.n = (uint32_t)ids.n;
-		r.ids.v = ids.v;
-		r.has_ids = true;
+		k3_msg_tokenize_reply_set_ids(&r, (struct k3_proto_ids){ .n = (uint32_t)ids.n,
+									 .v = ids.v });
 		k3_proto_encode(out, K3_MSG_TOKENIZE_REPLY, rid, &r, NULL);
 	}
 	k3_tok_ids_release(&ids);
@@ -417,9 +416,9 @@ void sched_prep_done(struct k3_sched *s, struct sched_prep *t)
 		struct k3_msg_done d;
 
 		memset(&d, 0, sizeof(d));
-		d.finish = K3_FINISH_CANCELLED; d.has_finish = true;
-		d.prompt_tokens = (uint32_t)t->job->prompt.n; d.has_prompt_tokens = true;
-		d.completion_tokens = 0; d.has_completion_tokens = true;
+		k3_msg_done_set_finish(&d, K3_FINISH_CANCELLED);
+		k3_msg_done_set_prompt_tokens(&d, (uint32_t)t->job->prompt.n);
+		k3_msg_done_set_completion_tokens(&d, 0);
 		sched_done_spine(s, &d);
 		k3_conn_send(t->conn, K3_MSG_DONE, t->rid, &d);
 	} else if (s->draining) {

@@ -48,20 +48,13 @@ static void post_tool(struct sched_job *j, unsigned index, const char *id, const
 	struct k3_msg_tool_call t;
 
 	memset(&t, 0, sizeof(t));
-	t.index = index; t.has_index = true;
-	if (id) {
-		t.id = k3_proto_str_of(id);
-		t.has_id = true;
-	}
-	if (name) {
-		t.name = (struct k3_proto_str){ name, (uint32_t)name_len };
-		t.has_name = true;
-	}
-	if (args) {
-		t.arguments.p = args;
-		t.arguments.len = (uint32_t)args_len;
-		t.has_arguments = true;
-	}
+	k3_msg_tool_call_set_index(&t, index);
+	if (id)
+		k3_msg_tool_call_set_id(&t, k3_proto_str_of(id));
+	if (name)
+		k3_msg_tool_call_set_name(&t, (struct k3_proto_str){ name, (uint32_t)name_len });
+	if (args)
+		k3_msg_tool_call_set_arguments(&t, (struct k3_proto_str){ args, (uint32_t)args_len });
 	sched_post_frame(j, K3_MSG_TOOL_CALL, &t);
 }
 
@@ -118,23 +111,17 @@ static void stage_post(struct sched_stage *st, const uint32_t *id)
 		if (!bufs[i]->n)
 			continue;
 		memset(&t, 0, sizeof(t));
-		t.ids.n = id && !sent ? 1 : 0;
-		t.ids.v = id;
-		t.has_ids = true;
-		t.text.p = bufs[i]->p;
-		t.text.len = (uint32_t)bufs[i]->n;
-		t.has_text = true;
-		t.channel = chans[i]; t.has_channel = true;
+		k3_msg_token_set_ids(&t, (struct k3_proto_ids){ .n = id && !sent ? 1 : 0, .v = id });
+		k3_msg_token_set_text(&t, (struct k3_proto_str){ bufs[i]->p, (uint32_t)bufs[i]->n });
+		k3_msg_token_set_channel(&t, chans[i]);
 		sched_post_frame(st->j, K3_MSG_TOKEN, &t);
 		sent = true;
 		bufs[i]->n = 0;
 	}
 	if (!sent && id) {
 		memset(&t, 0, sizeof(t));
-		t.ids.n = 1;
-		t.ids.v = id;
-		t.has_ids = true;
-		t.channel = st->channel; t.has_channel = true;
+		k3_msg_token_set_ids(&t, (struct k3_proto_ids){ .n = 1, .v = id });
+		k3_msg_token_set_channel(&t, st->channel);
 		sched_post_frame(st->j, K3_MSG_TOKEN, &t);
 	}
 }

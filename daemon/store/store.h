@@ -1,7 +1,7 @@
 /*
  * store.h - the expert streaming store: a bounded RAM cache of routed
  * experts, filled by a pool of reader threads, with router-lookahead
- * prefetch and honest counters (architecture.md, "Model store", "Honest
+ * prefetch and honest counters (docs/architecture.md, "Model store", "Honest
  * numbers").
  *
  * The cache is `cache_bytes / slot_bytes` fixed slots; slot_bytes is the
@@ -90,7 +90,7 @@ struct k3_store_config {
 	 * middle of a generation; costs about 1 s per 10 GB at start. */
 	bool prefault;
 	/* Check the three E8M0 scale arrays of every expert read for the
-	 * forbidden byte 255 (k3-model.md 9; model.h leaves this to the store
+	 * forbidden byte 255 (docs/model.md §9; model.h leaves this to the store
 	 * for checkpoints too big to scan at open). A bad expert fails its
 	 * acquire with -EBADMSG naming it. */
 	bool check_scales;

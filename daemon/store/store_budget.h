@@ -1,6 +1,6 @@
 /*
  * store_budget.h - how many bytes the RAM expert cache may use
- * (architecture.md, "Honest numbers"): derived from min(physical RAM, the
+ * (docs/architecture.md, "Honest numbers"): derived from min(physical RAM, the
  * cgroup memory limit), never from free memory, and refused below the floor
  * one token needs instead of swapping.
  *

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
+
 static int src_acquire(void *vctx, uint32_t layer, uint32_t expert,
 		       struct k3_prov_expert *out, struct k3_err *err)
 {
@@ -12,14 +14,8 @@ static int src_acquire(void *vctx, uint32_t layer, uint32_t expert,
 	struct k3_store_view v;
 	int rc;
 
-	if (c->n_held == c->cap_held) {
-		size_t cap = c->cap_held ? c->cap_held * 2 : 64;
-		struct k3_store_view *nh = realloc(c->held, cap * sizeof(*nh));
-		if (!nh)
-			return k3_err_set(err, -ENOMEM, "out of memory");
-		c->held = nh;
-		c->cap_held = cap;
-	}
+	if (k3_array_reserve(&c->held, &c->cap_held, c->n_held + 1, sizeof(*c->held), 64))
+		return k3_err_set(err, -ENOMEM, "out of memory");
 	if (c->n_held == 0 || layer != c->layer) {
 		k3_store_step_begin(c->store);
 		c->layer = layer;

@@ -1,7 +1,7 @@
 /*
  * store_pack.h - packs: weight bytes copied, byte for byte, into contiguous
  * spans aligned to 4 KiB, so what the engine needs at once costs one
- * O_DIRECT pread instead of many scattered ones (architecture.md, "Model
+ * O_DIRECT pread instead of many scattered ones (docs/architecture.md, "Model
  * store"). Two kinds share one format, one reader and one writer:
  *
  *   expert packs ("K3XPACK\n", k3ctl pack, one file per MoE layer): a span

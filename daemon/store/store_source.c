@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/array.h"
+
 struct source_file {
 	char *path;
 	int fd;
@@ -143,15 +145,9 @@ int k3_store_source_add_file(struct k3_store_source *src, const char *path,
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto out_close;
 	}
-	if (src->n_files == src->cap_files) {
-		size_t cap = src->cap_files ? src->cap_files * 2 : 8;
-		struct source_file *nf = realloc(src->files, cap * sizeof(*nf));
-		if (!nf) {
-			rc = k3_err_set(err, -ENOMEM, "out of memory");
-			goto out_free;
-		}
-		src->files = nf;
-		src->cap_files = cap;
+	if (k3_array_reserve(&src->files, &src->cap_files, src->n_files + 1, sizeof(*src->files), 8)) {
+		rc = k3_err_set(err, -ENOMEM, "out of memory");
+		goto out_free;
 	}
 	src->files[src->n_files] = f;
 	*file = (uint32_t)src->n_files++;
@@ -227,14 +223,8 @@ int k3_store_source_add_expert(struct k3_store_source *src,
 	if (k3_store_source_find(src, e->layer, e->expert) >= 0)
 		return k3_err_set(err, -EEXIST, "expert (%" PRIu32 ", %" PRIu32 ") added twice",
 				  e->layer, e->expert);
-	if (src->n_experts == src->cap_experts) {
-		size_t cap = src->cap_experts ? src->cap_experts * 2 : 64;
-		struct k3_store_expert *ne = realloc(src->experts, cap * sizeof(*ne));
-		if (!ne)
-			return k3_err_set(err, -ENOMEM, "out of memory");
-		src->experts = ne;
-		src->cap_experts = cap;
-	}
+	if (k3_array_reserve(&src->experts, &src->cap_experts, src->n_experts + 1, sizeof(*src->experts), 64))
+		return k3_err_set(err, -ENOMEM, "out of memory");
 	if (e->layer >= src->idx_layers || e->expert >= src->idx_experts) {
 		/* Grow geometrically so a layer-by-layer fill rebuilds rarely. */
 		uint32_t nl = grow_dim(src->idx_layers, e->layer, K3_STORE_MAX_LAYERS);

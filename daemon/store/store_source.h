@@ -1,7 +1,7 @@
 /*
  * store_source.h - where each routed expert's bytes live on disk.
  *
- * An expert is six arrays (k3-model.md 2.6, 9): w1/w2/w3 `weight_packed`
+ * An expert is six arrays (docs/model.md §2.6, §9): w1/w2/w3 `weight_packed`
  * (uint8, two E2M1 codes per byte) and `weight_scale` (uint8 E8M0). A source
  * maps (layer, expert) to six extents (file, byte offset, byte length). From
  * safetensors shards each array is its own extent; from a pack (store_pack.h)

@@ -1,5 +1,5 @@
 /*
- * text_chat.c - K3 XTML renderer (see text_chat.h; k3-text-and-draft.md
+ * text_chat.c - K3 XTML renderer (see text_chat.h; docs/text-and-draft.md
  * §3). The order of operations follows build_chat_segments: re-sort tool
  * results, normalize tool-call arguments, tool declaration, effort message,
  * messages, tool_choice, response_format, generation prompt.
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "text/text_json.h"
 #include "text/text_sbuf.h"
 
@@ -44,15 +45,9 @@ static void seg(struct render *r, const char *s, size_t n, bool special)
 
 	if (n == 0 || r->rc)
 		return;   /* empty texts produce no segment (_segment) */
-	if (c->n_segs == c->cap_segs) {
-		size_t cap = c->cap_segs ? c->cap_segs * 2 : 64;
-		struct k3_chat_seg *v = realloc(c->segs, cap * sizeof(*v));
-		if (!v) {
-			r->text.oom = true;
-			return;
-		}
-		c->segs = v;
-		c->cap_segs = cap;
+	if (k3_array_reserve(&c->segs, &c->cap_segs, c->n_segs + 1, sizeof(*c->segs), 64)) {
+		r->text.oom = true;
+		return;
 	}
 	c->segs[c->n_segs++] = (struct k3_chat_seg){ r->text.n, n, special };
 	k3_sbuf_add(&r->text, s, n);

@@ -1,5 +1,5 @@
 /*
- * text_chat.h - the Kimi K3 XTML chat renderer (k3-text-and-draft.md §3,
+ * text_chat.h - the Kimi K3 XTML chat renderer (docs/text-and-draft.md §3,
  * encoding_k3.py of the latest release: four segments per attribute,
  * assistant `name`, think channel kept on every assistant turn).
  *

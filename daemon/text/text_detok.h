@@ -1,6 +1,6 @@
 /*
  * text_detok.h - streaming detokenizer: ids in, UTF-8 text out
- * (k3-text-and-draft.md §1.8).
+ * (docs/text-and-draft.md §1.8).
  *
  *   - Never emits part of a UTF-8 sequence: bytes of a character split
  *     across tokens (emoji, CJK) are held until the character is complete.

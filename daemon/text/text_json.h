@@ -1,7 +1,7 @@
 /*
  * text_json.h - Python `json.dumps` and `str()` for values parsed by
  * jansson, byte for byte, because the K3 renderer feeds their output to the
- * tokenizer (k3-text-and-draft.md §3.6): ensure_ascii=False, escapes for
+ * tokenizer (docs/text-and-draft.md §3.6): ensure_ascii=False, escapes for
  * `"`, backslash, \n \r \t \b \f and other C0 controls as \u00xx (lower-case
  * hex), no escape for `/`, DEL or U+2028/2029; integers exact; floats as
  * Python repr (shortest round-trip digits; exponent form below 1e-4 and from

@@ -1,5 +1,5 @@
 /*
- * text_parse.h - incremental parser of K3 output (k3-text-and-draft.md §3.9,
+ * text_parse.h - incremental parser of K3 output (docs/text-and-draft.md §3.9,
  * §5): splits generated ids into reasoning (think channel), content
  * (response channel) and tool calls (tools channel), as vLLM's
  * kimi_k3 reasoning + tool parsers do, but on ids, so text the model writes

@@ -1,61 +1,25 @@
 /*
- * text_tok.c - Kimi K3 tokenizer (see text_tok.h and k3-text-and-draft.md §1).
- *
- * Layout: every id's bytes live in one arena (off[id]..off[id+1]); ranks are
- * found by an open-addressing hash of their bytes, with a direct 64 Ki table
- * for the two-byte strings the first BPE round asks about. Special names sit
- * in the same arena after the ranks and in a byte trie for longest match.
+ * text_tok.c - Kimi K3 tokenizer (see text_tok.h and docs/text-and-draft.md
+ * §1; text_tok_internal.h says which tokenizer file does what): loading
+ * the rank file (bounded, checked, the release's by SHA-256) and the
+ * special names, id arrays, encoding a string (chunks, same-class runs,
+ * special tokens; the pieces and their merges are text_pretok.c's and
+ * text_bpe.c's) and decoding ids back to bytes.
  */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include "text/text_tok.h"
+#include "text/text_tok_internal.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <openssl/evp.h>
-#include <pcre2.h>
 
+#include "base/array.h"
 #include "base/file.h"
 #include "base/parse.h"
 #include "k3_limits.h"
-#include "text/text_ucd.h"
-
-#define NO_RANK UINT32_MAX
-
-struct tok_re {
-	pcre2_code *code;
-	bool jit;                  /* JIT-compiled: call pcre2_jit_match */
-};
-
-struct trie_node {
-	uint32_t child;     /* first child index, 0 = none (root is 0) */
-	uint32_t next;      /* next sibling, 0 = none */
-	uint32_t id;        /* special id ending here, NO_RANK = none */
-	uint8_t byte;
-};
-
-struct k3_tok {
-	uint32_t n_ranks;
-	uint32_t n_vocab;
-	uint8_t *arena;
-	uint32_t *off;             /* n_vocab + 1 */
-	uint32_t *ht;              /* id + 1, 0 = empty */
-	uint32_t ht_mask;
-	uint32_t *pair;            /* 65536: rank of a two-byte string */
-	uint32_t byte_rank[256];
-	struct trie_node *trie;
-	uint32_t n_trie;
-	uint8_t special_first[256];
-	struct tok_re re;          /* the pre-tokenizer regex */
-	struct tok_re re_new;      /* for text with code points of k3_ucd_new[];
-				    * no code when re is exact for all text */
-	uint8_t new_block[0x1100 / 8]; /* bit b: k3_ucd_new[] has a code point in
-					* U+bb00..U+bbFF (b = c >> 8) */
-};
 
 /* ---- id arrays ---------------------------------------------------------- */
 
@@ -73,759 +37,32 @@ void k3_tok_ids_release(struct k3_tok_ids *ids)
 	k3_tok_ids_init(ids);
 }
 
-static int ids_reserve(struct k3_tok_ids *ids, size_t extra)
+int tok_ids_reserve(struct k3_tok_ids *ids, size_t extra)
 {
-	size_t need, cap;
-	uint32_t *v;
-
 	if (extra > SIZE_MAX / 4 - ids->n)
 		return -ENOMEM;
-	need = ids->n + extra;
-	if (need <= ids->cap)
-		return 0;
-	cap = ids->cap ? ids->cap : 64;
-	while (cap < need)
-		cap = cap > SIZE_MAX / 8 ? need : cap * 2;
-	v = realloc(ids->v, cap * sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	ids->v = v;
-	ids->cap = cap;
-	return 0;
+	return k3_array_reserve(&ids->v, &ids->cap, ids->n + extra, sizeof(*ids->v), 64);
 }
 
 int k3_tok_ids_push(struct k3_tok_ids *ids, uint32_t id)
 {
-	if (ids->n == ids->cap && ids_reserve(ids, 1))
+	if (ids->n == ids->cap && tok_ids_reserve(ids, 1))
 		return -ENOMEM;
 	ids->v[ids->n++] = id;
 	return 0;
 }
 
-/* ---- UTF-8 -------------------------------------------------------------- */
-
-/* k3_tok_utf8_valid_prefix, and, when blocks is not NULL, whether some
- * code point falls in a 256-code-point block whose bit is set (*hit): the
- * tokenizer's cheap first look for k3_ucd_new[] code points, in the pass
- * that decodes every character anyway. */
-static size_t utf8_valid_prefix_blocks(const char *s, size_t len, const uint8_t *blocks, bool *hit)
-{
-	const uint8_t *p = (const uint8_t *)s;
-	size_t i = 0;
-
-	while (i < len) {
-		uint8_t c = p[i];
-		size_t n;
-		uint32_t cp, min;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if (c >= 0xc2 && c <= 0xdf) {
-			n = 2; cp = c & 0x1f; min = 0x80;
-		} else if (c >= 0xe0 && c <= 0xef) {
-			n = 3; cp = c & 0x0f; min = 0x800;
-		} else if (c >= 0xf0 && c <= 0xf4) {
-			n = 4; cp = c & 0x07; min = 0x10000;
-		} else {
-			return i;
-		}
-		if (len - i < n)
-			return i;
-		for (size_t k = 1; k < n; k++) {
-			if ((p[i + k] & 0xc0) != 0x80)
-				return i;
-			cp = (cp << 6) | (p[i + k] & 0x3f);
-		}
-		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-			return i;
-		if (blocks && (blocks[cp >> 11] >> (cp >> 8 & 7) & 1))
-			*hit = true;
-		i += n;
-	}
-	return len;
-}
-
-size_t k3_tok_utf8_valid_prefix(const char *s, size_t len)
-{
-	return utf8_valid_prefix_blocks(s, len, NULL, NULL);
-}
-
-/* Decodes the code point at p (valid UTF-8 assumed); returns its length. */
-static inline size_t utf8_next(const uint8_t *p, uint32_t *cp)
-{
-	if (p[0] < 0x80) {
-		*cp = p[0];
-		return 1;
-	}
-	if (p[0] < 0xe0) {
-		*cp = ((uint32_t)(p[0] & 0x1f) << 6) | (p[1] & 0x3f);
-		return 2;
-	}
-	if (p[0] < 0xf0) {
-		*cp = ((uint32_t)(p[0] & 0x0f) << 12) | ((uint32_t)(p[1] & 0x3f) << 6) | (p[2] & 0x3f);
-		return 3;
-	}
-	*cp = ((uint32_t)(p[0] & 0x07) << 18) | ((uint32_t)(p[1] & 0x3f) << 12) |
-	      ((uint32_t)(p[2] & 0x3f) << 6) | (p[3] & 0x3f);
-	return 4;
-}
-
-/* Python str.isspace(): bidirectional class WS/B/S or category Zs. Differs
- * from the regex \s (White_Space) by U+001C..U+001F (§1.5). */
-static bool py_isspace(uint32_t c)
-{
-	if (c < 0x80)
-		return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20);
-	return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
-	       c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-bool k3_tok_py_isblank(const char *s, size_t len)
-{
-	const uint8_t *u = (const uint8_t *)s;
-
-	for (size_t i = 0; i < len;) {
-		uint32_t cp;
-		i += utf8_next(u + i, &cp);
-		if (!py_isspace(cp))
-			return false;
-	}
-	return true;
-}
-
-/* ---- hashing ------------------------------------------------------------ */
-
-static uint64_t hash_bytes(const uint8_t *p, size_t n)
-{
-	uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
-
-	while (n >= 8) {
-		uint64_t w;
-		memcpy(&w, p, 8);
-		h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
-		h ^= h >> 31;
-		p += 8;
-		n -= 8;
-	}
-	if (n) {
-		uint64_t w = 0;
-		memcpy(&w, p, n);
-		h = (h ^ w) * 0x94d049bb133111ebull;
-	}
-	h ^= h >> 29;
-	h *= 0xbf58476d1ce4e5b9ull;
-	return h ^ (h >> 32);
-}
-
-static uint32_t rank_of(const struct k3_tok *tok, const uint8_t *p, size_t n)
-{
-	uint32_t i;
-
-	if (n == 1)
-		return tok->byte_rank[p[0]];
-	if (n == 2)
-		return tok->pair[(uint32_t)p[0] << 8 | p[1]];
-	i = (uint32_t)hash_bytes(p, n) & tok->ht_mask;
-	for (;;) {
-		uint32_t e = tok->ht[i];
-		if (!e)
-			return NO_RANK;
-		e--;
-		if (tok->off[e + 1] - tok->off[e] == n && memcmp(tok->arena + tok->off[e], p, n) == 0)
-			return e;
-		i = (i + 1) & tok->ht_mask;
-	}
-}
-
-/* ---- BPE (§1.4) ---------------------------------------------------------- */
-
-/* tiktoken's merge loop for short pieces: parts[i] is a boundary; rk[i] the
- * rank of the string from parts[i] to parts[i+2]. Always merges the lowest
- * rank, leftmost on ties. O(n^2), fastest for the usual short pieces. */
-static int bpe_small(const struct k3_tok *tok, const uint8_t *s, size_t n, struct k3_tok_ids *out)
-{
-	uint32_t parts[130], rk[130];
-	size_t np = n + 1;
-
-	for (size_t i = 0; i < np; i++) {
-		parts[i] = (uint32_t)i;
-		rk[i] = i + 2 < np ? rank_of(tok, s + i, 2) : NO_RANK;
-	}
-	for (;;) {
-		uint32_t best = NO_RANK;
-		size_t bi = 0;
-
-		for (size_t i = 0; i + 1 < np; i++) {
-			if (rk[i] < best) {
-				best = rk[i];
-				bi = i;
-			}
-		}
-		if (best == NO_RANK)
-			break;
-		/* remove boundary bi+1 */
-		memmove(parts + bi + 1, parts + bi + 2, (np - bi - 2) * sizeof(parts[0]));
-		memmove(rk + bi + 1, rk + bi + 2, (np - bi - 2) * sizeof(rk[0]));
-		np--;
-		rk[bi] = bi + 2 < np ? rank_of(tok, s + parts[bi], parts[bi + 2] - parts[bi]) : NO_RANK;
-		if (bi > 0)
-			rk[bi - 1] = rank_of(tok, s + parts[bi - 1], parts[bi + 1] - parts[bi - 1]);
-	}
-	if (ids_reserve(out, np - 1))
-		return -ENOMEM;
-	for (size_t i = 0; i + 1 < np; i++)
-		out->v[out->n++] = rank_of(tok, s + parts[i], parts[i + 1] - parts[i]);
-	return 0;
-}
-
-/* Same result for long pieces in O(n log n): a min-heap of (rank, left
- * start) over a linked list of parts. An entry is stale when its left part
- * is gone or its pair rank changed; pair strings only grow, so a rank value
- * never returns to a position. */
-struct heap_ent { uint32_t rank, pos; };
-
-static bool heap_less(struct heap_ent a, struct heap_ent b)
-{
-	return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
-}
-
-static void heap_push(struct heap_ent *h, size_t *n, struct heap_ent e)
-{
-	size_t i = (*n)++;
-
-	while (i > 0) {
-		size_t p = (i - 1) / 2;
-		if (!heap_less(e, h[p]))
-			break;
-		h[i] = h[p];
-		i = p;
-	}
-	h[i] = e;
-}
-
-static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
-{
-	struct heap_ent top = h[0], last = h[--(*n)];
-	size_t i = 0;
-
-	for (;;) {
-		size_t c = 2 * i + 1;
-		if (c >= *n)
-			break;
-		if (c + 1 < *n && heap_less(h[c + 1], h[c]))
-			c++;
-		if (!heap_less(h[c], last))
-			break;
-		h[i] = h[c];
-		i = c;
-	}
-	if (*n)
-		h[i] = last;
-	return top;
-}
-
-static int bpe_large(const struct k3_tok *tok, const uint8_t *s, size_t n, struct k3_tok_ids *out)
-{
-	/* per byte position: end of the part starting here (0 = not a part
-	 * start), previous part start, current pair rank */
-	uint32_t *end = malloc(n * sizeof(uint32_t));
-	uint32_t *prev = malloc(n * sizeof(uint32_t));
-	uint32_t *prk = malloc(n * sizeof(uint32_t));
-	struct heap_ent *h = malloc(2 * n * sizeof(*h));
-	size_t hn = 0;
-	int rc = -ENOMEM;
-
-	if (!end || !prev || !prk || !h)
-		goto out;
-	for (size_t i = 0; i < n; i++) {
-		end[i] = (uint32_t)i + 1;
-		prev[i] = i ? (uint32_t)i - 1 : NO_RANK;
-		prk[i] = i + 1 < n ? rank_of(tok, s + i, 2) : NO_RANK;
-		if (prk[i] != NO_RANK)
-			heap_push(h, &hn, (struct heap_ent){ prk[i], (uint32_t)i });
-	}
-	while (hn) {
-		struct heap_ent e = heap_pop(h, &hn);
-		uint32_t a = e.pos, b, c;
-
-		if (!end[a] || prk[a] != e.rank)
-			continue;
-		b = end[a];            /* right part start */
-		c = end[b];            /* right part end */
-		end[a] = c;
-		end[b] = 0;
-		if (c < n)
-			prev[c] = a;
-		/* new pair with the right neighbour */
-		prk[a] = c < n ? rank_of(tok, s + a, end[c] - a) : NO_RANK;
-		if (prk[a] != NO_RANK)
-			heap_push(h, &hn, (struct heap_ent){ prk[a], a });
-		if (prev[a] != NO_RANK) {
-			uint32_t p = prev[a];
-			prk[p] = rank_of(tok, s + p, c - p);
-			if (prk[p] != NO_RANK)
-				heap_push(h, &hn, (struct heap_ent){ prk[p], p });
-		}
-		if (hn + 2 > 2 * n) {
-			/* compact: drop stale entries (cannot grow unbounded) */
-			size_t k = 0;
-			for (size_t i = 0; i < hn; i++)
-				if (end[h[i].pos] && prk[h[i].pos] == h[i].rank)
-					h[k++] = h[i];
-			hn = 0;
-			for (size_t i = 0; i < k; i++)
-				heap_push(h, &hn, h[i]);
-		}
-	}
-	rc = 0;
-	for (size_t i = 0; i < n; i = end[i]) {
-		if ((rc = k3_tok_ids_push(out, rank_of(tok, s + i, end[i] - i))))
-			break;
-	}
-out:
-	free(end);
-	free(prev);
-	free(prk);
-	free(h);
-	return rc;
-}
-
-int k3_tok_bpe(const struct k3_tok *tok, const uint8_t *piece, size_t len, struct k3_tok_ids *out)
-{
-	uint32_t r;
-
-	if (len == 0)
-		return 0;
-	r = rank_of(tok, piece, len);
-	if (r != NO_RANK)
-		return k3_tok_ids_push(out, r);
-	if (len <= 128)
-		return bpe_small(tok, piece, len, out);
-	return bpe_large(tok, piece, len, out);
-}
-
-/* ---- the pre-tokenizer regex (§1.3) ------------------------------------- */
-
-/* Rust regex semantics, spelled for PCRE2:
- *  - the Unicode classes follow UCD 16.0.0, the tables of tiktoken's regex
- *    engine (text_ucd.h, from gen_text_ucd.py), not the Unicode version of
- *    the PCRE2 build (14.0.0 in 10.42), to which every letter and digit
- *    assigned since is unassigned (docs/text.md, "Unicode version");
- *  - \s is Unicode White_Space, written out (PCRE2's \s differs on U+0085;
- *    White_Space has not changed since Unicode 6.0);
- *  - \p{Han} in Rust is Script=Han; PCRE2's bare \p{Han} is
- *    Script_Extensions (it would take U+3001), hence \p{sc:Han};
- *  - the class intersections [X&&[^\p{Han}]] have no PCRE2 10.42 syntax: a
- *    negative lookahead before the class is the same set, char by char
- *    (the explicit-range classes have Han removed already). */
-#define WS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-#define CONTR "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-#define K3_TOK_PATTERN(HAN, UPPER, LOWER, N, NOT_LN)              \
-	HAN "+"                                                   \
-	"|" NOT_LN("\\r\\n") "?" UPPER "*" LOWER "+" CONTR         \
-	"|" NOT_LN("\\r\\n") "?" UPPER "+" LOWER "*" CONTR         \
-	"|" N "{1,3}"                                             \
-	"|\\x{20}?" NOT_LN(WS) "+[\\r\\n]*"                         \
-	"|[" WS "]*[\\r\\n]+"                                     \
-	"|[" WS "]+(?![^" WS "])"                                 \
-	"|[" WS "]+"
-/* The three spellings of text_ucd.h (text_tok.h, k3_tok_pattern). With
- * PCRE2 tables of K3_UCD_PCRE2_BASE (Debian 12) the tokenizer matches with
- * _PCRE2, the pattern as it was before the table and as fast, and switches
- * to _PCRE2_NEW (about 25% slower on non-ASCII text: alternations tried per
- * character) only for the segments that hold a code point of
- * k3_ucd_new[], which its UTF-8 check already looks for. */
-static const char k3_tok_pattern_pcre2[] =
-	K3_TOK_PATTERN(K3_UCD_HAN_PCRE2, K3_UCD_UPPER_PCRE2, K3_UCD_LOWER_PCRE2, K3_UCD_N_PCRE2,
-		       K3_UCD_NOT_LN_PCRE2);
-static const char k3_tok_pattern_pcre2_new[] =
-	K3_TOK_PATTERN(K3_UCD_HAN_PCRE2_NEW, K3_UCD_UPPER_PCRE2_NEW, K3_UCD_LOWER_PCRE2_NEW,
-		       K3_UCD_N_PCRE2_NEW, K3_UCD_NOT_LN_PCRE2_NEW);
-static const char k3_tok_pattern_explicit[] =
-	K3_TOK_PATTERN(K3_UCD_HAN, K3_UCD_UPPER, K3_UCD_LOWER, K3_UCD_N, K3_UCD_NOT_LN);
-
-const char *k3_tok_pattern(enum k3_tok_regex which)
-{
-	switch (which) {
-	case K3_TOK_REGEX_PCRE2: return k3_tok_pattern_pcre2;
-	case K3_TOK_REGEX_PCRE2_NEW: return k3_tok_pattern_pcre2_new;
-	default: return k3_tok_pattern_explicit;
-	}
-}
-
-enum k3_tok_regex k3_tok_regex_for_pcre2(bool *needs_new)
-{
-	char v[32];
-
-	*needs_new = false;
-	if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, v) < 0)
-		return K3_TOK_REGEX_EXPLICIT;
-	if (strcmp(v, K3_UCD_VERSION) == 0)
-		return K3_TOK_REGEX_PCRE2;
-	if (strcmp(v, K3_UCD_PCRE2_BASE) == 0) {
-		*needs_new = true;
-		return K3_TOK_REGEX_PCRE2;
-	}
-	return K3_TOK_REGEX_EXPLICIT;
-}
-
-static int compile_one(struct tok_re *re, const char *pattern, struct k3_err *err)
-{
-	int ec;
-	PCRE2_SIZE eo;
-
-	re->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-				 PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &ec, &eo, NULL);
-	if (!re->code) {
-		PCRE2_UCHAR msg[256];
-		pcre2_get_error_message(ec, msg, sizeof(msg));
-		return k3_err_set(err, -EINVAL, "pre-tokenizer regex: %s at offset %zu", (char *)msg, (size_t)eo);
-	}
-	/* JIT is an optimisation: without it (unsupported CPU) the
-	 * interpreter gives the same matches. */
-	re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
-	return 0;
-}
-
-static int compile_regex(struct k3_tok *tok, struct k3_err *err)
-{
-	bool needs_new;
-	int rc = compile_one(&tok->re, k3_tok_pattern(k3_tok_regex_for_pcre2(&needs_new)), err);
-
-	if (rc == 0 && needs_new)
-		rc = compile_one(&tok->re_new, k3_tok_pattern(K3_TOK_REGEX_PCRE2_NEW), err);
-	for (size_t i = 0; i < sizeof(k3_ucd_new) / sizeof(k3_ucd_new[0]); i++)
-		for (uint32_t b = k3_ucd_new[i][0] >> 8; b <= k3_ucd_new[i][1] >> 8; b++)
-			tok->new_block[b / 8] |= (uint8_t)(1u << b % 8);
-	return rc;
-}
-
-/* True when s[0..len) (valid UTF-8) holds a code point of k3_ucd_new[]:
- * then only tok->re_new classes it as the release does. Runs only on text
- * where utf8_valid_prefix_blocks saw a code point in one of their blocks. */
-static bool has_new_code_point(const struct k3_tok *tok, const char *s, size_t len)
-{
-	const uint8_t *u = (const uint8_t *)s;
-	const size_t n_new = sizeof(k3_ucd_new) / sizeof(k3_ucd_new[0]);
-
-	for (size_t i = 0; i < len;) {
-		uint32_t c;
-		size_t lo = 0, hi = n_new;
-
-		i += utf8_next(u + i, &c);
-		if (!(tok->new_block[c >> 11] >> (c >> 8 & 7) & 1))
-			continue;
-		while (lo < hi) {   /* first range ending at or after c */
-			size_t mid = (lo + hi) / 2;
-			if (k3_ucd_new[mid][1] < c)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
-		if (lo < n_new && k3_ucd_new[lo][0] <= c)
-			return true;
-	}
-	return false;
-}
-
-struct matcher {
-	pcre2_match_data *md;
-	pcre2_match_context *mc;
-	pcre2_jit_stack *js;
-	const struct tok_re *re;   /* tok->re or tok->re_new, by matcher_pick */
-	bool maybe_new;            /* the text may hold k3_ucd_new[] code points */
-};
-
-/* Picks the regex for the text m will split next: pieces never cross a
- * slice or a special token, so one choice per such segment is exact. */
-static void matcher_pick(struct matcher *m, const struct k3_tok *tok, const char *s, size_t len)
-{
-	bool new_re = m->maybe_new && tok->re_new.code && has_new_code_point(tok, s, len);
-
-	m->re = new_re ? &tok->re_new : &tok->re;
-}
-
-static void matcher_release(struct matcher *m)
-{
-	pcre2_match_data_free(m->md);
-	pcre2_match_context_free(m->mc);
-	pcre2_jit_stack_free(m->js);
-}
-
-/* Finds the next piece at or after off. Returns 1 with [*a, *b), 0 when
- * none, or a negative errno. */
-static int next_piece(struct matcher *m, const char *s, size_t len, size_t off, size_t *a,
-		      size_t *b)
-{
-	int rc;
-
-	if (!m->md) {
-		m->md = pcre2_match_data_create(2, NULL);
-		if (!m->md)
-			return -ENOMEM;
-	}
-	/* the JIT fast path skips pcre2_match's option checks */
-	if (m->re->jit)
-		rc = pcre2_jit_match(m->re->code, (PCRE2_SPTR)s, len, off, 0, m->md, m->mc);
-	else
-		rc = pcre2_match(m->re->code, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
-	if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->js) {
-		/* Long word runs recurse per character in the lookahead
-		 * groups; slices are at most 25,000 characters. */
-		m->mc = pcre2_match_context_create(NULL);
-		m->js = pcre2_jit_stack_create(64 << 10, 64 << 20, NULL);
-		if (!m->mc || !m->js)
-			return -ENOMEM;
-		pcre2_jit_stack_assign(m->mc, NULL, m->js);
-		rc = pcre2_match(m->re->code, (PCRE2_SPTR)s, len, off, PCRE2_NO_UTF_CHECK, m->md, m->mc);
-	}
-	if (rc == PCRE2_ERROR_NOMATCH)
-		return 0;
-	if (rc < 0)
-		return rc == PCRE2_ERROR_NOMEMORY ? -ENOMEM : -EOVERFLOW;
-	PCRE2_SIZE *ov = pcre2_get_ovector_pointer(m->md);
-	*a = ov[0];
-	*b = ov[1];
-	return 1;
-}
-
-/* ---- ASCII fast path ------------------------------------------------------ */
-
-/* A hand-written scanner for the same regex, used while every character
- * the match depends on is ASCII (where the classes are trivial: letters
- * A-Z/a-z, digits 0-9, \s = \t\n\v\f\r and space). It tries the eight
- * alternatives in order with the regex's greedy/backtracking outcome; the
- * moment a decision would need to classify a non-ASCII character it gives
- * up (returns 0) and PCRE2 matches that piece instead. Proven equal to the
- * PCRE2 path on random text by test_tok (k3_tok_split_pieces_ref). */
-enum { A_END, A_NA, A_UP, A_LO, A_DIG, A_NL, A_WS, A_OTH };
-
-static uint8_t ascii_class(uint8_t c)
-{
-	if (c >= 'A' && c <= 'Z') return A_UP;
-	if (c >= 'a' && c <= 'z') return A_LO;
-	if (c >= '0' && c <= '9') return A_DIG;
-	if (c == '\r' || c == '\n') return A_NL;
-	if (c == ' ' || c == '\t' || c == '\v' || c == '\f') return A_WS;
-	return A_OTH;
-}
-
-struct ascan {
-	const uint8_t *s;
-	size_t n;       /* end of the slice */
-	size_t e;       /* first non-ASCII byte at or after the match start */
-	bool bail;
-};
-
-static int acl(struct ascan *a, size_t q)
-{
-	if (q >= a->n)
-		return A_END;
-	if (q >= a->e) {
-		a->bail = true;   /* the regex would look at a non-ASCII char */
-		return A_NA;
-	}
-	return ascii_class(a->s[q]);
-}
-
-/* (?i:'s|'t|'re|'ve|'m|'ll|'d)? at q: extra length. 'ſ (U+017F) folds to
- * 's, so a non-ASCII char after the apostrophe needs PCRE2. */
-static size_t contraction(struct ascan *a, size_t q)
-{
-	uint8_t c1, c2;
-
-	if (q >= a->n || q >= a->e || a->s[q] != '\'')
-		return 0;
-	if (acl(a, q + 1) == A_END || a->bail)
-		return 0;
-	c1 = a->s[q + 1] | 0x20;
-	if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
-		return 2;
-	if (q + 2 >= a->n || q + 2 >= a->e)
-		return 0;   /* no non-ASCII char folds to e or l */
-	c2 = a->s[q + 2] | 0x20;
-	if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
-		return 3;
-	return 0;
-}
-
-/* U* W+ contraction? from t (alternative 2 after its prefix); 0 = no match */
-static size_t word_a(struct ascan *a, size_t t)
-{
-	size_t q = t, k;
-	int c;
-
-	while ((c = acl(a, q)) == A_UP)
-		q++;
-	if (c != A_LO)
-		return 0;
-	while ((c = acl(a, q)) == A_LO)
-		q++;
-	if (a->bail)
-		return 0;
-	k = contraction(a, q);
-	return a->bail ? 0 : q + k - t;
-}
-
-/* U+ W* contraction? from t (alternative 3) */
-static size_t word_b(struct ascan *a, size_t t)
-{
-	size_t q = t, k;
-	int c;
-
-	if (acl(a, q) != A_UP)
-		return 0;
-	while ((c = acl(a, q)) == A_UP)
-		q++;
-	while ((c = acl(a, q)) == A_LO)
-		q++;
-	if (a->bail)
-		return 0;
-	k = contraction(a, q);
-	return a->bail ? 0 : q + k - t;
-}
-
-static size_t ascii_piece(const uint8_t *s, size_t n, size_t p, size_t e)
-{
-	struct ascan a = { s, n, e, false };
-	int c = acl(&a, p);
-	bool prefix = c == A_WS || c == A_OTH;   /* [^\r\n\p{L}\p{N}] */
-	size_t k, q;
-
-	/* 2: word with lower-case tail, with then without the prefix */
-	if (prefix && (k = word_a(&a, p + 1)))
-		return 1 + k;
-	if (a.bail)
-		return 0;
-	if ((k = word_a(&a, p)))
-		return k;
-	if (a.bail)
-		return 0;
-	/* 3: upper-case word */
-	if (prefix && (k = word_b(&a, p + 1)))
-		return 1 + k;
-	if (a.bail)
-		return 0;
-	if ((k = word_b(&a, p)))
-		return k;
-	if (a.bail)
-		return 0;
-	/* 4: \p{N}{1,3} */
-	if (c == A_DIG) {
-		for (q = p; q < p + 3 && acl(&a, q) == A_DIG; q++)
-			;
-		return a.bail ? 0 : q - p;
-	}
-	/* 5:  ?[^\s\p{L}\p{N}]+[\r\n]* */
-	q = p;
-	if (s[p] == ' ' && acl(&a, p + 1) == A_OTH)
-		q = p + 1;
-	if (a.bail)
-		return 0;
-	if (acl(&a, q) == A_OTH) {
-		while (acl(&a, q) == A_OTH)
-			q++;
-		if (a.bail)
-			return 0;
-		while (q < n && q < e && (s[q] == '\r' || s[q] == '\n'))
-			q++;
-		return q - p;
-	}
-	if (c != A_WS && c != A_NL)
-		return 0;   /* unreachable for ASCII; PCRE2 decides */
-	/* 6, 7, 8: a whitespace run */
-	size_t last_nl = SIZE_MAX;
-	for (q = p; (c = acl(&a, q)) == A_WS || c == A_NL; q++)
-		if (c == A_NL)
-			last_nl = q;
-	if (a.bail)
-		return 0;
-	if (last_nl != SIZE_MAX)
-		return last_nl + 1 - p;                 /* \s*[\r\n]+ */
-	if (c == A_END)
-		return q - p;                           /* \s+(?!\S) at the end */
-	if (q - p >= 2)
-		return q - p - 1;                       /* give back one */
-	return 1;                                       /* \s+ */
-}
-
-/* Next piece at or after off; ASCII fast path, else PCRE2. *na caches the
- * first non-ASCII byte at or after off. */
-static int find_piece(struct matcher *m, const char *s, size_t len, size_t off, size_t *na, size_t *a,
-		      size_t *b)
-{
-	const uint8_t *u = (const uint8_t *)s;
-
-	if (*na < off || *na == SIZE_MAX) {
-		size_t q = off;
-		while (q < len && u[q] < 0x80)
-			q++;
-		*na = q;
-	}
-	if (u[off] < 0x80) {
-		size_t k = ascii_piece(u, len, off, *na);
-		if (k) {
-			*a = off;
-			*b = off + k;
-			return 1;
-		}
-	}
-	return next_piece(m, s, len, off, a, b);
-}
-
-static int split_pieces(const struct k3_tok *tok, const char *text, size_t len, bool fast,
-			k3_tok_piece_fn fn, void *ud, struct k3_err *err)
-{
-	struct matcher m = { 0 };
-	size_t off = 0, na = SIZE_MAX;
-	size_t bad = utf8_valid_prefix_blocks(text, len, tok->re_new.code ? tok->new_block : NULL,
-					      &m.maybe_new);
-	int rc = 0;
-
-	if (bad != len)
-		return k3_err_set(err, -EILSEQ, "invalid UTF-8 at byte %zu", bad);
-	matcher_pick(&m, tok, text, len);
-	while (off < len) {
-		size_t a, b;
-		rc = fast ? find_piece(&m, text, len, off, &na, &a, &b)
-			  : next_piece(&m, text, len, off, &a, &b);
-		if (rc <= 0)
-			break;
-		if ((rc = fn(ud, a, b - a)))
-			break;
-		off = b;
-	}
-	matcher_release(&m);
-	if (rc < 0)
-		return k3_err_set(err, rc, "pre-tokenizer failed (%d)", rc);
-	return rc;
-}
-
-int k3_tok_split_pieces(const struct k3_tok *tok, const char *text, size_t len,
-			k3_tok_piece_fn fn, void *ud, struct k3_err *err)
-{
-	return split_pieces(tok, text, len, true, fn, ud, err);
-}
-
-int k3_tok_split_pieces_ref(const struct k3_tok *tok, const char *text, size_t len,
-			    k3_tok_piece_fn fn, void *ud, struct k3_err *err)
-{
-	return split_pieces(tok, text, len, false, fn, ud, err);
-}
-
 /* ---- encoding ------------------------------------------------------------ */
 
-static int encode_ordinary(const struct k3_tok *tok, struct matcher *m, const char *s, size_t len,
+static int encode_ordinary(const struct k3_tok *tok, struct tok_matcher *m, const char *s, size_t len,
 			   struct k3_tok_ids *out)
 {
 	size_t off = 0, na = SIZE_MAX;
 
-	matcher_pick(m, tok, s, len);
+	tok_matcher_pick(m, tok, s, len);
 	while (off < len) {
 		size_t a, b;
-		int rc = find_piece(m, s, len, off, &na, &a, &b);
+		int rc = tok_find_piece(m, s, len, off, &na, &a, &b);
 		if (rc < 0)
 			return rc;
 		if (rc == 0)
@@ -859,7 +96,7 @@ static size_t special_at(const struct k3_tok *tok, const uint8_t *p, size_t n, u
 	return best;
 }
 
-static int encode_slice(const struct k3_tok *tok, struct matcher *m, const char *s, size_t len,
+static int encode_slice(const struct k3_tok *tok, struct tok_matcher *m, const char *s, size_t len,
 			bool allow_special, struct k3_tok_ids *out)
 {
 	const uint8_t *u = (const uint8_t *)s;
@@ -890,13 +127,13 @@ int k3_tok_encode(const struct k3_tok *tok, const char *text, size_t len, bool a
 		  struct k3_tok_ids *out, struct k3_err *err)
 {
 	const uint8_t *u = (const uint8_t *)text;
-	struct matcher m = { 0 };
+	struct tok_matcher m = { 0 };
 	size_t n0 = out->n, bad, i = 0;
 	int rc = 0;
 
 	if (len > K3_LIM_TEXT_MAX)
 		return k3_err_set(err, -E2BIG, "text of %zu bytes exceeds the %u-byte limit", len, K3_LIM_TEXT_MAX);
-	bad = utf8_valid_prefix_blocks(text, len, tok->re_new.code ? tok->new_block : NULL,
+	bad = tok_utf8_valid_prefix_blocks(text, len, tok->re_new.code ? tok->new_block : NULL,
 				       &m.maybe_new);
 	if (bad != len)
 		return k3_err_set(err, -EILSEQ, "invalid UTF-8 at byte %zu", bad);
@@ -915,8 +152,8 @@ int k3_tok_encode(const struct k3_tok *tok, const char *text, size_t len, bool a
 
 		while (i < len && chunk_chars < K3_TOK_CHUNK_CHARS) {
 			uint32_t cp;
-			size_t k = utf8_next(u + i, &cp);
-			bool sp = py_isspace(cp);
+			size_t k = tok_utf8_next(u + i, &cp);
+			bool sp = tok_py_isspace(cp);
 
 			if (chunk_chars == 0)
 				run_space = sp;
@@ -936,7 +173,7 @@ int k3_tok_encode(const struct k3_tok *tok, const char *text, size_t len, bool a
 		if (rc == 0)
 			rc = encode_slice(tok, &m, text + slice_start, i - slice_start, allow_special, out);
 	}
-	matcher_release(&m);
+	tok_matcher_release(&m);
 	if (rc) {
 		out->n = n0;
 		if (rc == -ENOMEM)
@@ -1284,7 +521,7 @@ pass2_done:
 	for (uint32_t r = 0; r < n; r++) {
 		const uint8_t *b = tok->arena + tok->off[r];
 		uint32_t len = tok->off[r + 1] - tok->off[r];
-		uint32_t i = (uint32_t)hash_bytes(b, len) & tok->ht_mask;
+		uint32_t i = (uint32_t)tok_hash_bytes(b, len) & tok->ht_mask;
 		while (tok->ht[i]) {
 			uint32_t e = tok->ht[i] - 1;
 			if (tok->off[e + 1] - tok->off[e] == len && memcmp(tok->arena + tok->off[e], b, len) == 0) {
@@ -1298,7 +535,7 @@ pass2_done:
 	for (int b = 0; b < 256; b++) {
 		uint8_t c = (uint8_t)b;
 		tok->byte_rank[b] = NO_RANK;
-		uint32_t i = (uint32_t)hash_bytes(&c, 1) & tok->ht_mask;
+		uint32_t i = (uint32_t)tok_hash_bytes(&c, 1) & tok->ht_mask;
 		while (tok->ht[i]) {
 			uint32_t e = tok->ht[i] - 1;
 			if (tok->off[e + 1] - tok->off[e] == 1 && tok->arena[tok->off[e]] == c) {
@@ -1380,7 +617,7 @@ pass2_done:
 			tok->special_first[(uint8_t)nm[0]] = 1;
 		}
 	}
-	if ((rc = compile_regex(tok, err)))
+	if ((rc = tok_compile_regex(tok, err)))
 		goto fail;
 	json_decref(cfg);
 	free(line_rank);

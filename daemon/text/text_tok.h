@@ -1,6 +1,6 @@
 /*
  * text_tok.h - the exact Kimi K3 tokenizer: tiktoken ranks + the Kimi
- * pre-tokenizer regex + 256 special ids (k3-text-and-draft.md §1).
+ * pre-tokenizer regex + 256 special ids (docs/text-and-draft.md §1).
  *
  * Encoding of one string (§1.5, tokenization_kimi.py `encode`):
  *   1. cut into 400,000-code-point chunks;
@@ -26,7 +26,7 @@
 
 #include "base/err.h"
 
-/* The real release file (k3-text-and-draft.md §0, §1.1). A rank file with
+/* The real release file (docs/text-and-draft.md §0, §1.1). A rank file with
  * exactly this many ranks claims to be the release and must match the
  * SHA-256 below; any other count is a synthetic vocabulary (tests, demo). */
 #define K3_TOK_REAL_RANKS      163584u

@@ -4,7 +4,7 @@
  * against. Plain C, provider-agnostic: a device handle, device memory,
  * expert upload, batched products, and a status for every failure.
  *
- * Arithmetic is fp32 with the weights decoded in registers (k3-model.md
+ * Arithmetic is fp32 with the weights decoded in registers (docs/model.md
  * §9: E2M1 codes, E8M0 scales 2^(s-127), subnormal for s = 0, never
  * flushed); no fp16/bf16/tensor-core math, no dequantized copy of W.
  *
@@ -35,7 +35,7 @@
  *            ...): the context is lost, the handle is dead and every later
  *            call fails with -EIO and the first message. The caller should
  *            fail queued work and exit non-zero so its supervisor restarts
- *            the process (style.md item 12).
+ *            the process (docs/kernels.md, "CUDA kernels").
  * Nothing here aborts, prints or exits.
  *
  * Threads: a handle owns one CUDA stream; calls on one handle must not run
@@ -124,7 +124,7 @@ int k3_cuda_sync(struct k3_cuda_dev *d, struct k3_cuda_status *st);
 /* ------------------------------------------------------------------ */
 /* Weights                                                             */
 
-/* A device MXFP4 matrix W[rows][cols] (k3-model.md §9): packed rows x
+/* A device MXFP4 matrix W[rows][cols] (docs/model.md §9): packed rows x
  * cols/2 bytes (low nibble = even column), scales rows x cols/32 E8M0
  * bytes; cols % 32 == 0; packed 16-byte aligned. */
 struct k3_cuda_mxfp4 {
@@ -140,7 +140,7 @@ struct k3_cuda_bf16 {
 };
 
 /* One routed expert in device memory (one allocation, `mem`): w1 gate and
- * w3 up [inter][latent], w2 down [latent][inter] (k3-model.md §8.2). */
+ * w3 up [inter][latent], w2 down [latent][inter] (docs/model.md §8.2). */
 struct k3_cuda_expert {
 	struct k3_cuda_mxfp4 w1, w3, w2;
 	void *mem;

@@ -1,5 +1,5 @@
 /*
- * mxfp4.cu - the exact MXFP4 matrix-product kernel (k3-model.md §9) for
+ * mxfp4.cu - the exact MXFP4 matrix-product kernel (docs/model.md §9) for
  * T = 1..64 positions, in the fixed reduction order of k3_cuda.h.
  *
  * One warp item = K3_CUDA_RPW rows x up to TT positions of one job. Lane l

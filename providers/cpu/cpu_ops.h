@@ -1,7 +1,7 @@
 /*
  * cpu_ops.h - the cpu provider's per-position math (internal to
  * providers/cpu). Every function here is the scalar reference of one op of
- * design/k3-model.md ("spec §n"): plain fp32 loops with one fixed reduction
+ * docs/model.md ("spec §n"): plain fp32 loops with one fixed reduction
  * order (sequential over the reduced index), so a result never depends on
  * the batch it was computed in or on the thread that computed it. The fast
  * paths in cpu_provider.c are checked against these in tests/engine.

@@ -1,6 +1,6 @@
 /*
  * cpu_provider.c - the "cpu" provider: the complete Kimi K3 text forward
- * in fp32 on the host (design/k3-model.md, "spec §n"), behind the ABI of
+ * in fp32 on the host (docs/model.md, "spec §n"), behind the ABI of
  * providers/k3_provider.h.
  *
  * Weights stay where the loader mapped them (bf16 / MXFP4 bytes, read in

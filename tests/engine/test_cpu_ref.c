@@ -1,6 +1,6 @@
 /*
  * test_cpu_ref.c - the cpu provider's scalar reference ops against the
- * worked examples of design/k3-model.md §13 (computed there in double
+ * worked examples of docs/model.md §13 (computed there in double
  * precision) and the tie rule of §8.1.
  */
 #include "t.h"

@@ -157,6 +157,15 @@ static void st_release_layer(void *ctx, uint32_t layer)
 	c->releases++;
 }
 
+/* Two forward outputs agree to the bit: V logits, n route ids and weights. */
+static void same_bits(const float *l1, const uint32_t *r1, const float *w1, const float *l2, const uint32_t *r2,
+		      const float *w2, size_t V, size_t n)
+{
+	T_OK(memcmp(l1, l2, V * sizeof(float)) == 0);
+	T_OK(memcmp(r1, r2, n * sizeof(uint32_t)) == 0);
+	T_OK(memcmp(w1, w2, n * sizeof(float)) == 0);
+}
+
 int main(void)
 {
 	struct k3_err err = { 0 };
@@ -195,9 +204,7 @@ int main(void)
 	k3_engine_set_expert_source(e, &src);
 	struct k3_engine_out o2 = { K3_ENGINE_LOGITS_LAST, l2, r2, w2 };
 	T_OK(k3_engine_forward(e, s2, ids, T, &o2, &err) == 0);
-	T_OK(memcmp(l1, l2, V * sizeof(float)) == 0);
-	T_OK(memcmp(r1, r2, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
-	T_OK(memcmp(w1, w2, (size_t)T * nm * K * sizeof(float)) == 0);
+	same_bits(l1, r1, w1, l2, r2, w2, V, (size_t)T * nm * K);
 	T_EQ_INT(c.acquired, (long)T * nm * K);
 	T_EQ_INT(c.released, c.acquired);
 	/* chunks of 4 then 2 positions; within a chunk, layer by layer,
@@ -231,9 +238,7 @@ int main(void)
 		k3_engine_set_expert_source(e, &ss);
 		struct k3_engine_out o4 = { K3_ENGINE_LOGITS_LAST, l3, r3, w3 };
 		T_OK(k3_engine_forward(e, s3, ids, T, &o4, &err) == 0);
-		T_OK(memcmp(l1, l3, V * sizeof(float)) == 0);
-		T_OK(memcmp(r1, r3, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
-		T_OK(memcmp(w1, w3, (size_t)T * nm * K * sizeof(float)) == 0);
+		same_bits(l1, r1, w1, l3, r3, w3, V, (size_t)T * nm * K);
 		T_EQ_INT(sc.requests, 2 * (long)nm);   /* chunks of 4 and 2 */
 		T_EQ_INT(sc.releases, sc.requests);
 		T_OK(sc.awaited > 0 && sc.awaited <= (long)T * nm * K);
@@ -255,9 +260,7 @@ int main(void)
 			T_OK(k3_engine_seq_new(e, 16, &s4, &err) == 0);
 			k3_engine_set_expert_source(e, &ss);
 			T_OK(k3_engine_forward(e, s4, ids, T, &o4, &err) == 0);
-			T_OK(memcmp(l1, l3, V * sizeof(float)) == 0);
-			T_OK(memcmp(r1, r3, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
-			T_OK(memcmp(w1, w3, (size_t)T * nm * K * sizeof(float)) == 0);
+			same_bits(l1, r1, w1, l3, r3, w3, V, (size_t)T * nm * K);
 			T_OK(sc.asked > 0);
 			/* two chunks; per chunk one partial lookahead per MoE layer
 			 * but the last, and nm late ones (embedding + after each) */

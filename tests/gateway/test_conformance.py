@@ -1,7 +1,8 @@
 """Conformance of k3-gateway with real OpenAI clients (the official `openai`
 SDK and `langchain-openai`) and raw bytes, against the scripted fake k3d.
-Case numbers refer to openai-gateway.md §3."""
+Case numbers refer to docs/k3-gateway.md, "Conformance cases"."""
 import json
+import select
 import socket
 import threading
 import time
@@ -142,19 +143,127 @@ def test_oversized_body(st):                                     # T14
     assert chat(st).choices[0].message.content == "Hello from fake k3d."
 
 
-@pytest.mark.xfail(strict=True, reason="libevent 2.1 answers a corrupt chunk size with its own HTML 413 "
-                                       "(docs/k3-gateway.md, Decisions: known limitation)")
-def test_malformed_chunked_body_is_400(st):                      # issue 16
-    """A chunked body whose chunk size is not hex is malformed (400), not
-    too large (413). Strict: it fails loudly once libevent gets this right."""
-    for bad in (b"zz\r\nabc\r\n0\r\n\r\n", b"1G\r\n{\r\n0\r\n\r\n"):
-        s = socket.create_connection(("127.0.0.1", st.port), timeout=10)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Transfer-Encoding: chunked\r\n\r\n" + bad)
-        reply = read_until(s, b"\x00")
-        s.close()
-        assert reply.startswith(b"HTTP/1.1 400"), reply[:80]
+CHUNKED_POST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n")
+CHAT_BODY = json.dumps({"model": "m", "messages": HI}).encode()
+
+
+def chunk_encode(data, pieces=3, ext=b"", eol=b"\r\n", trailers=b""):
+    """data as a chunked body in `pieces` chunks, each size line followed
+    by ext (e.g. b";a=1"), lines ended by eol, then the trailer lines."""
+    step = -(-len(data) // pieces)
+    out = b""
+    for i in range(0, len(data), step):
+        part = data[i:i + step]
+        out += b"%x" % len(part) + ext + eol + part + eol
+    return out + b"0" + ext + eol + trailers + eol
+
+
+def http_replies(buf):
+    """The HTTP/1.1 responses in buf (each with Content-Length), in order:
+    (status, lower-case headers, body)."""
+    out = []
+    while buf:
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        hd = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        n = int(hd["content-length"])
+        out.append((int(lines[0].split()[1]), hd, rest[:n]))
+        buf = rest[n:]
+    return out
+
+
+def send_and_read(st, data, bytewise=False):
+    """Sends data on one connection (at once, or a byte at a time so the
+    gateway reads it in as many pieces) and reads every reply to EOF."""
+    s = socket.create_connection(("127.0.0.1", st.port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = b""
+    try:
+        if bytewise:
+            for i in range(len(data)):
+                while select.select([s], [], [], 0)[0]:
+                    got = s.recv(65536)
+                    buf += got
+                    if not got:
+                        break
+                if b"HTTP/1.1 400 " in buf:
+                    break   # it closes after a 400: the rest is never read
+                s.sendall(data[i:i + 1])
+                time.sleep(0.001)
+        else:
+            s.sendall(data)
+        buf += read_until(s, b"\x00", timeout=15)
+    except (BrokenPipeError, ConnectionResetError):
+        pass   # only after the 400 (the assertions see what had arrived)
+    s.close()
+    return http_replies(buf)
+
+
+def assert_chunked_400(reply):
+    status, hd, body = reply
+    e = assert_error_shape(status, hd, body, 400)
+    assert e["type"] == "invalid_request_error" and e["param"] is None
+    assert "chunked framing is malformed" in e["message"]
+    assert hd["connection"] == "close"
+    return e
+
+
+MALFORMED_CHUNKED = [                                            # T73
+    (b"zz\r\nabc\r\n0\r\n\r\n", "not a hexadecimal number"),
+    (b"1G\r\n{\r\n0\r\n\r\n", "not a hexadecimal number"),
+    (b"-1\r\n{\r\n0\r\n\r\n", "not a hexadecimal number"),
+    (b"0x1\r\n{\r\n0\r\n\r\n", "not a hexadecimal number"),
+    (b"1 x\r\n{\r\n0\r\n\r\n", "not a ';' extension"),
+    (b"3\r\nabcXY0\r\n\r\n", "longer than its chunk size"),
+    (b"3\r\nabc\rX0\r\n\r\n", "CR without LF"),
+    (b"8000000000000000\r\n", "63 bits"),
+    (b"1;" + b"a" * 4096 + b"\r\n{\r\n0\r\n\r\n", "longer than 4096 bytes"),
+    (b"0\r\nBad Name: v\r\n\r\n", "without ':'"),
+    (b"0\r\nA: b\r\n c\r\n\r\n", "folded trailer"),
+]
+
+
+@pytest.mark.parametrize("body,why", MALFORMED_CHUNKED, ids=lambda x: repr(x)[:24])
+def test_malformed_chunked_body_is_400(st, body, why):           # T73
+    """A malformed chunked body is a 400 with the gateway's JSON error (not
+    libevent's HTML 413), then the connection closes; k3d never hears of it."""
+    n = len(st.fake.events("generate"))
+    replies = send_and_read(st, CHUNKED_POST + b"\r\n" + body)
+    assert len(replies) == 1
+    assert why in assert_chunked_400(replies[0])["message"]
+    assert len(st.fake.events("generate")) == n
     assert chat(st).choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kw", [{}, {"pieces": 1}, {"ext": b";a=1;b=\"x;y\""}, {"ext": b" "},
+                                {"eol": b"\n"}, {"trailers": b"X-Trailer: 1\r\nEmpty:\r\n"}],
+                         ids=["chunks", "one", "extensions", "blank", "lf", "trailers"])
+def test_chunked_body_accepted(st, kw):                          # T73
+    """Well-formed chunked bodies reach k3d whole, chunk extensions too
+    (libevent refuses those on its own: the gateway cuts them first)."""
+    data = CHUNKED_POST + b"Connection: close\r\n\r\n" + chunk_encode(CHAT_BODY, **kw)
+    replies = send_and_read(st, data)
+    assert [r[0] for r in replies] == [200]
+    assert json.loads(replies[0][2])["choices"][0]["message"]["content"] == "Hello from fake k3d."
+    assert last_generate(st)["messages"] == HI
+
+
+@pytest.mark.parametrize("bytewise", [False, True], ids=["one-read", "byte-by-byte"])
+def test_chunked_keep_alive_pipelined(st, bytewise):             # T73
+    """Pipelined on one keep-alive connection: two good chunked requests
+    (one with extensions) are answered in order, then the malformed third
+    gets its 400 and the connection closes; whether the gateway reads it
+    all at once or a byte at a time."""
+    good = CHUNKED_POST + b"\r\n" + chunk_encode(CHAT_BODY)
+    ext = CHUNKED_POST + b"\r\n" + chunk_encode(CHAT_BODY, ext=b";x=1")
+    bad = CHUNKED_POST + b"\r\n" + chunk_encode(CHAT_BODY)[:20] + b"zz\r\n"
+    after = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    replies = send_and_read(st, good + ext + bad + after, bytewise=bytewise)
+    assert [r[0] for r in replies] == [200, 200, 400]
+    assert_chunked_400(replies[2])
+    for status, hd, body in replies[:2]:
+        assert json.loads(body)["choices"][0]["message"]["content"] == "Hello from fake k3d."
 
 
 def test_unknown_parameter(st):                                  # T22
@@ -446,6 +555,46 @@ def test_model_output_is_bytes_nul_included(st):                 # T48, issue 16
     assert c.choices[0].message.tool_calls[0].function.arguments == args
     with st.client().chat.completions.stream(model="m", messages=calls, tools=TOOLS) as s:
         assert s.get_final_completion().choices[0].message.tool_calls[0].function.arguments == args
+
+
+def test_history_with_nul_reaches_k3d(st):                      # T48, issue 16
+    """The second turn resends the first turn's reply, U+0000 and all: its
+    content, reasoning and tool-call arguments, the tool's answer and a new
+    user message reach k3d byte for byte, and so do a stop string and a
+    legacy prompt holding one (the body is parsed with "\\u0000" allowed,
+    and no field is cut at it)."""
+    args = '{"city": "x\u0000y"}'
+    first = fake_msg({"finish": "tool_calls", "tokens": [
+        {"r": "r\u0000"}, "c\u0000", {"tool": {"index": 0, "id": "call_n", "name": "get_weather",
+                                             "arguments": args}}]})
+    m = chat(st, messages=first, tools=TOOLS).choices[0].message
+    assert (m.content, m.model_extra["reasoning_content"]) == ("c\u0000", "r\u0000")
+    assert m.tool_calls[0].function.arguments == args
+    turn1 = {"role": "assistant", "content": m.content, "reasoning_content": m.model_extra["reasoning_content"],
+             "tool_calls": [{"id": m.tool_calls[0].id, "type": "function",
+                             "function": {"name": "get_weather", "arguments": m.tool_calls[0].function.arguments}}]}
+    history = first + [turn1, {"role": "tool", "tool_call_id": "call_n", "content": "sunny\u0000"},
+                       {"role": "user", "content": "and\u0000 then?"}]
+    c = chat(st, messages=history, tools=TOOLS, stop=["\u0000end"])
+    assert c.choices[0].message.content == "Hello from fake k3d."
+    sent = last_generate(st)
+    assert sent["messages"][1:] == [
+        {"role": "assistant", "content": "c\u0000", "reasoning_content": "r\u0000",
+         "tool_calls": [{"id": "call_n", "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+        {"role": "tool", "content": "sunny\u0000", "tool_call_id": "call_n"},
+        {"role": "user", "content": "and\u0000 then?"}], sent["messages"]
+    assert sent["stop"] == ["\u0000end"]
+    # the arguments also as an object (sent as its JSON text), and a raw prompt
+    history[1]["tool_calls"][0]["function"]["arguments"] = {"city": "x\u0000y"}
+    chat(st, messages=history, tools=TOOLS)
+    assert last_generate(st)["messages"][1]["tool_calls"][0]["function"]["arguments"] == \
+        '{"city":"x\\u0000y"}'
+    st.client().completions.create(model="m", prompt="p\u0000q")
+    assert last_generate(st)["prompt"] == "p\u0000q"
+    # a role is a word: "user\u0000x" is none of them
+    e = assert_error_shape(*st.raw("POST", "/v1/chat/completions",
+                                   {"model": "m", "messages": [{"role": "user\u0000x", "content": "a"}]}), 400)
+    assert e["param"] == "messages.[0].role"
 
 
 def test_invalid_utf8_from_k3d_is_an_error(st):

@@ -179,6 +179,71 @@ static void test_legacy_mapping(void)
 	gw_openai_request_release(&r);
 }
 
+/* U+0000 is text: a history that resends model output holding it (the
+ * replies carry it as "\u0000") reaches k3d byte for byte, in content,
+ * reasoning, tool-call arguments and tool results, and in stop strings and
+ * prompts; but "user\u0000x" is no role, nor "auto\u0000" a tool_choice. */
+static void test_nul_is_text(void)
+{
+	static const char chat[] =
+		"{\"model\":\"m\",\"stop\":[\"s\\u0000t\"],\"messages\":["
+		"{\"role\":\"user\",\"content\":\"a\\u0000b\"},"
+		"{\"role\":\"assistant\",\"content\":\"c\\u0000\",\"reasoning_content\":\"\\u0000r\","
+		"\"tool_calls\":[{\"id\":\"t\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+		"\"arguments\":\"{\\\"q\\\": \\\"x\\u0000y\\\"}\"}}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"t\",\"content\":[{\"type\":\"text\",\"text\":\"ok\\u0000\"}]}],"
+		"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\\u0000\"}}]}";
+	static const char legacy[] = "{\"model\":\"m\",\"prompt\":\"p\\u0000q\"}";
+	static const struct { enum gw_endpoint ep; const char *body, *param; } refused[] = {
+		{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\\u0000x\",\"content\":\"a\"}]}",
+		  "messages.[0].role" },
+		{ GW_EP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		  "\"text\\u0000\",\"text\":\"a\"}]}]}", "messages.[0].content.[0].type" },
+		{ GW_EP_CHAT, "{" M ",\"reasoning_effort\":\"low\\u0000\"}", "reasoning_effort" },
+		{ GW_EP_CHAT, "{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+		  "\"tool_choice\":\"auto\\u0000\"}", "tool_choice" },
+		{ GW_EP_CHAT, "{" M ",\"tools\":[{\"type\":\"function\\u0000\",\"function\":{\"name\":\"f\"}}]}",
+		  "tools.[0]" },
+	};
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+	struct k3_msg_generate g;
+
+	memset(&r, 0, sizeof(r));
+	if (!T_OK(gw_openai_parse_body(GW_EP_CHAT, chat, sizeof(chat) - 1, &r, &e) == 0)) {
+		printf("     %s\n", e.message);
+		return;
+	}
+	T_EQ_STR(r.messages,
+		 "[{\"role\":\"user\",\"content\":\"a\\u0000b\"},"
+		 "{\"role\":\"assistant\",\"content\":\"c\\u0000\",\"reasoning_content\":\"\\u0000r\","
+		 "\"tool_calls\":[{\"id\":\"t\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+		 "\"arguments\":\"{\\\"q\\\": \\\"x\\u0000y\\\"}\"}}]},"
+		 "{\"role\":\"tool\",\"content\":[{\"type\":\"text\",\"text\":\"ok\\u0000\"}],\"tool_call_id\":\"t\"}]");
+	T_EQ_STR(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\\u0000\"}}]");
+	gw_openai_to_generate(&r, &g);
+	T_EQ_INT(g.stop.n, 1);
+	T_EQ_INT(g.stop.v[0].len, 3);
+	T_EQ_MEM(g.stop.v[0].p, "s\0t", 3);
+	gw_openai_request_release(&r);
+
+	memset(&r, 0, sizeof(r));
+	if (!T_OK(gw_openai_parse_body(GW_EP_COMPLETIONS, legacy, sizeof(legacy) - 1, &r, &e) == 0))
+		return;
+	gw_openai_to_generate(&r, &g);
+	T_EQ_INT(g.prompt.len, 3);
+	T_EQ_MEM(g.prompt.p, "p\0q", 3);
+	gw_openai_request_release(&r);
+
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		memset(&r, 0, sizeof(r));
+		if (!T_OK(gw_openai_parse_body(refused[i].ep, refused[i].body, strlen(refused[i].body), &r, &e) == -1))
+			fprintf(stderr, "  accepted: %s\n", refused[i].body);
+		T_EQ_STR(e.param, refused[i].param);
+		gw_openai_request_release(&r);
+	}
+}
+
 /* head, then n e-acutes (2 bytes each), then tail, into body. */
 static void with_e_acutes(char *body, size_t cap, const char *head, int n, const char *tail)
 {
@@ -231,6 +296,7 @@ int main(void)
 	test_image_message();
 	test_chat_mapping();
 	test_legacy_mapping();
+	test_nul_is_text();
 	test_cut_texts_stay_utf8();
 	return t_done();
 }

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int t_checks, t_failures;
 
@@ -66,15 +67,23 @@ static inline bool t_report(bool ok, const char *file, int line, const char *exp
 		printf("     got %.9g, want %.9g (tol %g)\n", t_a_, t_b_, (double)(tol)); \
 } while (0)
 
-static inline const char *t_shared_path(const char *rel)
+/* dir/name, in one of four buffers used in turn: up to four such paths
+ * may be live at once (one call's arguments, say). */
+static inline const char *t_join(const char *dir, const char *name)
 {
 	static char buf[4][4096];
-	static int slot;
-	const char *root = getenv("K3_SHARED");
+	static unsigned slot;
 	char *out = buf[slot++ & 3];
 
-	snprintf(out, sizeof(buf[0]), "%s/%s", root ? root : "../shared", rel);
+	snprintf(out, sizeof(buf[0]), "%s/%s", dir, name);
 	return out;
+}
+
+static inline const char *t_shared_path(const char *rel)
+{
+	const char *root = getenv("K3_SHARED");
+
+	return t_join(root ? root : "../shared", rel);
 }
 
 /* Reads a whole file into a malloc'ed, NUL-terminated buffer (the NUL is
@@ -108,6 +117,15 @@ static inline int t_skip(const char *why)
 	return 77;
 }
 
+/* Makes a fresh directory $TMPDIR/name.XXXXXX (/tmp without TMPDIR) into
+ * dir[cap]. Returns false when it cannot. */
+static inline bool t_tempdir(char *dir, size_t cap, const char *name)
+{
+	const char *tmp = getenv("TMPDIR");
+
+	return (size_t)snprintf(dir, cap, "%s/%s.XXXXXX", tmp ? tmp : "/tmp", name) < cap && mkdtemp(dir);
+}
+
 static inline int t_done(void)
 {
 	printf("%d checks, %d failed\n", t_checks, t_failures);
@@ -116,6 +134,22 @@ static inline int t_done(void)
 		return 1;
 	}
 	return t_failures ? 1 : 0;
+}
+
+/* main() of a test that runs each golden checkpoint (k3tiny_a, then
+ * k3tiny_b) through run, with a fresh temporary directory in dir[cap]
+ * (t_tempdir(name); run leaves it empty, and it is removed). SKIPs without
+ * the checkpoints. */
+static inline int t_golden_main(char *dir, size_t cap, const char *name, void (*run)(const char *model))
+{
+	if (access(t_shared_path("golden/forward/k3tiny_a/model/config.json"), R_OK) != 0)
+		return t_skip("golden checkpoints not found");
+	if (!t_tempdir(dir, cap, name))
+		return t_skip("no temp dir");
+	run("k3tiny_a");
+	run("k3tiny_b");
+	rmdir(dir);
+	return t_done();
 }
 
 #endif

@@ -148,6 +148,18 @@ def generate_ids(sock_path, ids, max_new):
     return out, done
 
 
+def terminate(proc, timeout=10):
+    """SIGTERM, then SIGKILL after timeout seconds; waits for the exit."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class Daemon:
     """Starts the real k3d in a private temporary directory."""
 
@@ -183,13 +195,7 @@ class Daemon:
         return 0
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         if os.path.exists(self.log):
             self.final_log = self.log_text()
         shutil.rmtree(self.dir, ignore_errors=True)

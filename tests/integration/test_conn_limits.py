@@ -31,7 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from k3proto import T, STATUS, Daemon, connect, field, frame, make_model, read_frame, u32  # noqa: E402
+from k3proto import T, STATUS, Daemon, connect, field, frame, make_model, read_frame, terminate, u32  # noqa: E402
 
 K3D, K3CTL, GATEWAY = sys.argv[1], sys.argv[2], sys.argv[3]
 STATUS_IDLE_TIMEOUT = 15          # proto/k3_proto.h K3_STATUS_IDLE_TIMEOUT
@@ -128,12 +128,7 @@ class Gateway:
         return r.status, data
 
     def stop(self):
-        self.p.terminate()
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        terminate(self.p)
 
 
 def stop_clean(d):

@@ -182,7 +182,7 @@ static void check_kda(const struct k3_kern_ops *simd, size_t dk, size_t dv)
 }
 
 /*
- * MXFP4 with E8M0 scales across the whole range (k3-model.md §9): s = 0
+ * MXFP4 with E8M0 scales across the whole range (docs/model.md §9): s = 0
  * must give the subnormal 2^-127, never 0 (no flush to zero), and large
  * scales must not overflow (up to 252: above it 6 * 2^(s-127) itself is
  * not a finite fp32 weight, and the reference dequantizes to fp32). One row per scale byte, every group of

@@ -1,5 +1,5 @@
 /*
- * test_kern_spec.c - the worked examples of k3-model.md §13 through the
+ * test_kern_spec.c - the worked examples of docs/model.md §13 through the
  * public kernels API (whatever ISA this process chose), plus MXFP4 decode of
  * the known bytes of §9.
  */

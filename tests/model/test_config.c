@@ -1,5 +1,5 @@
 /*
- * test_config.c - config.json parsing (k3-model.md §1): the real K3
+ * test_config.c - config.json parsing (docs/model.md §1): the real K3
  * text_config gives the §1.3 layer typing (24 MLA layers incl. 91 and 92,
  * layer 0 dense, AttnRes starts every 12), booleans are read by value, null
  * means the class default, a bare kimi_linear config parses, and each bad

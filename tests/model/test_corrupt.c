@@ -60,16 +60,25 @@ static const char *fresh(const char *name)
 	return dir;
 }
 
+/* A shard's bytes (*b, malloc'ed; *n of them) and its parsed JSON
+ * header, *hl bytes after the 8-byte length. */
+static json_t *read_header(const char *path, unsigned char **b, size_t *n, uint64_t *hl)
+{
+	*b = t_read_file(path, n);
+	*hl = 0;
+	for (int i = 7; i >= 0; i--)
+		*hl = (*hl << 8) | (*b)[i];
+	return json_loadb((const char *)*b + 8, (size_t)*hl, 0, NULL);
+}
+
 /* Rewrites a shard's JSON header through edit(), keeping the data section. */
 static void edit_header(const char *path, void (*edit)(json_t *h))
 {
+	unsigned char *b;
 	size_t n;
-	unsigned char *b = t_read_file(path, &n);
-	uint64_t hl = 0;
+	uint64_t hl;
+	json_t *h = read_header(path, &b, &n, &hl);
 
-	for (int i = 7; i >= 0; i--)
-		hl = (hl << 8) | b[i];
-	json_t *h = json_loadb((const char *)b + 8, (size_t)hl, 0, NULL);
 	edit(h);
 	char *s = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	size_t sl = strlen(s), pad = (8 - sl % 8) % 8;
@@ -170,19 +179,40 @@ static void set_config(const char *dir, const char *field, json_t *value, bool t
 /* Byte offset of a tensor's payload in a shard file. */
 static long payload_off(const char *path, const char *name)
 {
+	unsigned char *b;
 	size_t n;
-	unsigned char *b = t_read_file(path, &n);
-	uint64_t hl = 0;
-
-	for (int i = 7; i >= 0; i--)
-		hl = (hl << 8) | b[i];
-	json_t *h = json_loadb((const char *)b + 8, (size_t)hl, 0, NULL);
+	uint64_t hl;
+	json_t *h = read_header(path, &b, &n, &hl);
 	json_t *t = json_object_get(h, name);
 	long off = t ? (long)(8 + hl + json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0))) : -1;
 	json_decref(h);
 	free(b);
 	return off;
 }
+
+/* Writes n bytes over path at off. */
+static void overwrite(const char *path, long off, const unsigned char *bytes, size_t n)
+{
+	int fd = open(path, O_WRONLY);
+
+	T_EQ_INT(pwrite(fd, bytes, n, off), (long)n);
+	close(fd);
+}
+
+/* Cases that are one edit of the first shard's header: the numbers are
+ * those of the catalogue in main. */
+static const struct {
+	const char *name;
+	void (*edit)(json_t *h);
+	const char *n1, *n2;          /* what the error must say */
+} header_cases[] = {
+	{ "overlap", ed_overlap, "overlapping data_offsets", "k_conv1d" },                 /* 3 */
+	{ "dtype-size", ed_dtype_size, "dtype/shape mismatch", "mlp.down_proj" },          /* 4: byte length */
+	{ "dtype-unknown", ed_unknown_dtype, "unknown dtype 'Q4_K'", NULL },               /* 4b */
+	{ "index-only", ed_remove, "missing tensor", "listed in the index" },              /* 6b: not in its shard */
+	{ "plan-dtype", ed_dtype_plan, "has dtype F16, expected BF16", "mlp.down_proj" },  /* 6c: plan errors */
+	{ "plan-shape", ed_shape_plan, "has shape [96, 160], expected [160, 96]", "gate_proj" },
+};
 
 int main(void)
 {
@@ -213,46 +243,25 @@ int main(void)
 
 	/* 2. header length past EOF */
 	d = fresh("hdrlen");
-	{
-		int fd = open(at(d, SH1), O_WRONLY);
-		unsigned char len[8] = { 0x00, 0x00, 0x10, 0x00, 0, 0, 0, 0 };   /* 1 MiB > file */
-		T_EQ_INT(pwrite(fd, len, 8, 0), 8);
-		close(fd);
-	}
+	overwrite(at(d, SH1), 0, (const unsigned char[8]){ 0x00, 0x00, 0x10, 0x00 }, 8);   /* 1 MiB > file */
 	expect_fail(d, -EINVAL, "header length 1048576 runs past the end", SH1);
 	d = fresh("hdrhuge");
-	{
-		int fd = open(at(d, SH1), O_WRONLY);
-		unsigned char len[8] = { 0, 0, 0, 0, 0, 0, 0, 0x7f };
-		T_EQ_INT(pwrite(fd, len, 8, 0), 8);
-		close(fd);
-	}
+	overwrite(at(d, SH1), 0, (const unsigned char[8]){ 0, 0, 0, 0, 0, 0, 0, 0x7f }, 8);
 	expect_fail(d, -EINVAL, "exceeds the", "byte limit");
 
-	/* 3. overlapping offsets */
-	d = fresh("overlap");
-	edit_header(at(d, SH1), ed_overlap);
-	expect_fail(d, -EINVAL, "overlapping data_offsets", "k_conv1d");
-
-	/* 4. dtype/shape mismatch (byte length) */
-	d = fresh("dtype-size");
-	edit_header(at(d, SH1), ed_dtype_size);
-	expect_fail(d, -EINVAL, "dtype/shape mismatch", "mlp.down_proj");
-
-	/* 4b. unknown dtype */
-	d = fresh("dtype-unknown");
-	edit_header(at(d, SH1), ed_unknown_dtype);
-	expect_fail(d, -EINVAL, "unknown dtype 'Q4_K'", NULL);
+	/* 3, 4, 4b, 6b, 6c: one edit of the first shard's header each */
+	for (size_t i = 0; i < sizeof(header_cases) / sizeof(header_cases[0]); i++) {
+		d = fresh(header_cases[i].name);
+		edit_header(at(d, SH1), header_cases[i].edit);
+		expect_fail(d, -EINVAL, header_cases[i].n1, header_cases[i].n2);
+	}
 
 	/* 5. MXFP4 scale byte 255 */
 	d = fresh("scale255");
 	{
 		long off = payload_off(at(d, SH2), "language_model.model.layers.5.block_sparse_moe.experts.3.w3.weight_scale");
 		T_OK(off > 0);
-		int fd = open(at(d, SH2), O_WRONLY);
-		unsigned char ff = 0xff;
-		T_EQ_INT(pwrite(fd, &ff, 1, off + 7), 1);
-		close(fd);
+		overwrite(at(d, SH2), off + 7, (const unsigned char[1]){ 0xff }, 1);
 	}
 	expect_fail(d, -EINVAL, "scale byte 255", "experts.3.w3.weight_scale");
 
@@ -262,19 +271,6 @@ int main(void)
 	ix_remove(d);
 	expect_fail(d, -EINVAL, "3 problems", "missing tensor 'language_model.model.layers.2.self_attn.dt_bias'");
 	expect_fail(d, -EINVAL, "layers.3.self_attn.kv_b_proj.weight", "experts.5.w2.weight_scale");
-
-	/* 6b. tensor listed in the index but absent from its shard */
-	d = fresh("index-only");
-	edit_header(at(d, SH1), ed_remove);
-	expect_fail(d, -EINVAL, "missing tensor", "listed in the index");
-
-	/* 6c. wrong dtype and wrong shape for a role (plan errors) */
-	d = fresh("plan-dtype");
-	edit_header(at(d, SH1), ed_dtype_plan);
-	expect_fail(d, -EINVAL, "has dtype F16, expected BF16", "mlp.down_proj");
-	d = fresh("plan-shape");
-	edit_header(at(d, SH1), ed_shape_plan);
-	expect_fail(d, -EINVAL, "has shape [96, 160], expected [160, 96]", "gate_proj");
 
 	/* 7. wrong config type */
 	d = fresh("config-type");

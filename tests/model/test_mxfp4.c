@@ -1,5 +1,5 @@
 /*
- * test_mxfp4.c - MXFP4 decode against the worked bytes of k3-model.md §9 and
+ * test_mxfp4.c - MXFP4 decode against the worked bytes of docs/model.md §9 and
  * §13.5, the full E2M1 table, E8M0 edge scales, the 255 rule, an
  * encode/decode round trip, and bf16 conversion.
  */

@@ -32,6 +32,17 @@ static void mk(const char *rel)
 	T_EQ_INT(mkdir(path, 0700), 0);
 }
 
+/* The cgroup memory limit read through proc and root (fake /proc/self and
+ * cgroup file systems) is want. */
+static void want_limit(const char *proc, const char *root, uint64_t want)
+{
+	struct k3_err err = { 0 };
+	uint64_t v = 0;
+
+	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), 0);
+	T_EQ_U64(v, want);
+}
+
 int main(void)
 {
 	struct k3_store_budget_in in = {
@@ -102,9 +113,7 @@ int main(void)
 	T_EQ_INT(k3_store_budget_parse_limit("", &v), -EINVAL);
 	T_EQ_INT(k3_store_budget_parse_limit("-1", &v), -EINVAL);
 
-	const char *tmp = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/k3budget.XXXXXX", tmp ? tmp : "/tmp");
-	if (!mkdtemp(dir))
+	if (!t_tempdir(dir, sizeof(dir), "k3budget"))
 		return t_skip("no temp dir");
 	char proc[600], root[600];
 	snprintf(proc, sizeof(proc), "%s/cgroup", dir);
@@ -117,11 +126,9 @@ int main(void)
 	put("fs/a/memory.max", "8589934592\n");
 	put("fs/a/b/memory.max", "max\n");
 	put("cgroup", "0::/a/b\n");
-	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), 0);
-	T_EQ_U64(v, 8 * GIB);
+	want_limit(proc, root, 8 * GIB);
 	put("fs/a/b/memory.max", "4294967296\n");
-	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), 0);
-	T_EQ_U64(v, 4 * GIB);
+	want_limit(proc, root, 4 * GIB);
 	put("fs/a/b/memory.max", "lots\n");
 	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), -EINVAL);
 
@@ -131,11 +138,9 @@ int main(void)
 	put("fs/memory/memory.limit_in_bytes", "9223372036854771712\n");
 	put("fs/memory/job/memory.limit_in_bytes", "2147483648\n");
 	put("cgroup", "5:cpu,cpuacct:/\n4:memory:/job\n0::/\n");
-	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), 0);
-	T_EQ_U64(v, 2 * GIB);
+	want_limit(proc, root, 2 * GIB);
 	put("cgroup", "4:memory:/gone\n");
-	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), 0);
-	T_EQ_U64(v, UINT64_MAX);
+	want_limit(proc, root, UINT64_MAX);
 
 	/* No cgroup file: no limit. */
 	T_EQ_INT(k3_store_budget_cgroup_limit("/nonexistent/cgroup", root, &v, &err), 0);

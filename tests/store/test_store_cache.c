@@ -52,6 +52,53 @@ static int view_errors(const struct k3_store_view *v, size_t n)
 	return bad;
 }
 
+/* Acquires n experts of layer (at most 4), checks their bytes, releases. */
+static void use(struct k3_store *s, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+	struct k3_store_view v[4];
+	struct k3_err err = { 0 };
+
+	T_EQ_INT(k3_store_acquire(s, layer, ids, n, v, &err), 0);
+	T_EQ_INT(view_errors(v, n), 0);
+	k3_store_release(s, v, n);
+}
+
+/* One step that uses one expert. */
+static void touch(struct k3_store *s, uint32_t layer, uint32_t expert)
+{
+	k3_store_step_begin(s);
+	use(s, layer, &expert, 1);
+}
+
+/* In a new step, after counting into *a: one prefetch of (layer, e),
+ * read to the end. */
+static void prefetched(struct k3_store *s, struct k3_store_stats *a, uint32_t layer, uint32_t e)
+{
+	k3_store_stats_get(s, a);
+	k3_store_step_begin(s);
+	T_EQ_U64(k3_store_prefetch(s, layer, &e, 1), 1);
+	k3_store_drain(s);
+}
+
+/* Prefetches issued and used, demand hits and misses, in d. */
+static void want_counts(const struct k3_store_stats *d, uint64_t issued, uint64_t used, uint64_t hits,
+			uint64_t misses)
+{
+	T_EQ_U64(d->prefetch_issued, issued);
+	T_EQ_U64(d->prefetch_used, used);
+	T_EQ_U64(d->demand_hits, hits);
+	T_EQ_U64(d->demand_misses, misses);
+}
+
+/* The counters since a, into d. */
+static void since(struct k3_store *s, const struct k3_store_stats *a, struct k3_store_stats *d)
+{
+	struct k3_store_stats b;
+
+	k3_store_stats_get(s, &b);
+	k3_store_stats_sub(&b, a, d);
+}
+
 /* Every expert, layer by layer, through a store: O_DIRECT on/off, 1 or 2
  * threads, shards or pack; all must give the shard bytes. */
 static void test_identical_bytes(struct k3_store_source *src, unsigned threads)
@@ -117,15 +164,14 @@ static void test_pinning(struct k3_store_source *src)
 	k3_store_release(s, w, 2);
 
 	/* Duplicates share one slot and one read. */
-	struct k3_store_stats a, b, d;
+	struct k3_store_stats a, d;
 	uint32_t dup[4] = { 15, 15, 15, 15 };
 	k3_store_stats_get(s, &a);
 	k3_store_step_begin(s);
 	T_EQ_INT(k3_store_acquire(s, 3, dup, 4, v, &err), 0);
 	T_EQ_INT(view_errors(v, 4), 0);
 	T_OK(v[0].array[0] == v[3].array[0]);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.reads, 1);
 	T_EQ_U64(d.demand_misses, 1);
 	T_EQ_U64(d.demand_hits, 0);
@@ -137,17 +183,6 @@ static void test_pinning(struct k3_store_source *src)
 	uint32_t nope = 4;
 	T_EQ_INT(k3_store_acquire(s, 1, &nope, 1, v, &err), -ENOENT);
 	k3_store_free(s);
-}
-
-static void touch(struct k3_store *s, uint32_t layer, uint32_t expert)
-{
-	struct k3_store_view v;
-	struct k3_err err = { 0 };
-
-	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_acquire(s, layer, &expert, 1, &v, &err), 0);
-	T_EQ_INT(view_errors(&v, 1), 0);
-	k3_store_release(s, &v, 1);
 }
 
 static void test_eviction(struct k3_store_source *src)
@@ -236,11 +271,8 @@ static void test_prefetch(struct k3_store_source *src)
 	T_EQ_U64(k3_store_prefetch(s, 2, guess, 3), 3);
 	k3_store_stats_get(s, &a);
 	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_acquire(s, 2, real, 2, v, &err), 0);
-	T_EQ_INT(view_errors(v, 2), 0);
-	k3_store_release(s, v, 2);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	use(s, 2, real, 2);
+	since(s, &a, &d);
 	T_EQ_U64(d.prefetch_cancelled, 2);
 	T_EQ_U64(d.prefetch_issued, 0);
 	T_EQ_U64(d.prefetch_used, 0);
@@ -264,50 +296,31 @@ static void test_prefetch(struct k3_store_source *src)
 	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
 	k3_store_drain(s);
 	T_OK(k3_store_resident(s, 1, 0));
-	T_EQ_INT(k3_store_acquire(s, 1, &e, 1, v, &err), 0);
-	T_EQ_INT(view_errors(v, 1), 0);
-	k3_store_release(s, v, 1);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
-	T_EQ_U64(d.prefetch_issued, 1);
-	T_EQ_U64(d.prefetch_used, 0);
+	use(s, 1, &e, 1);
+	since(s, &a, &d);
+	want_counts(&d, 1, 0, 0, 1);
 	T_EQ_U64(d.prefetch_late, 1);
-	T_EQ_U64(d.demand_hits, 0);
-	T_EQ_U64(d.demand_misses, 1);
 	T_EQ_U64(d.bytes_read, cost(src, 1, 0));
 
 	/* Prefetch in step t, acquire in step t+1: used, and a hit. */
-	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
 	e = 3;
-	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
-	k3_store_drain(s);
+	prefetched(s, &a, 1, e);
 	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_acquire(s, 1, &e, 1, v, &err), 0);
-	T_EQ_INT(view_errors(v, 1), 0);
-	k3_store_release(s, v, 1);
+	use(s, 1, &e, 1);
 	/* Prefetching what is resident does nothing. */
 	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 0);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
-	T_EQ_U64(d.prefetch_issued, 1);
-	T_EQ_U64(d.prefetch_used, 1);
-	T_EQ_U64(d.demand_hits, 1);
-	T_EQ_U64(d.demand_misses, 0);
+	since(s, &a, &d);
+	want_counts(&d, 1, 1, 1, 0);
 	T_EQ_U64(d.bytes_read, cost(src, 1, 3));
 
 	/* A wrong guess that was read and then evicted: wasted bytes. */
-	k3_store_stats_get(s, &a);
-	k3_store_step_begin(s);
 	e = 9;
-	T_EQ_U64(k3_store_prefetch(s, 1, &e, 1), 1);
-	k3_store_drain(s);
+	prefetched(s, &a, 1, e);
 	for (uint32_t l = 2; l <= 3; l++)
 		for (uint32_t x = 0; x < FX_EXPERTS; x++)
 			touch(s, l, x * 3);
 	T_OK(!k3_store_resident(s, 1, 9));
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.prefetch_issued, 1);
 	T_EQ_U64(d.prefetch_used, 0);
 	T_EQ_U64(d.prefetch_wasted_bytes, cost(src, 1, 9));
@@ -333,9 +346,7 @@ static void test_prefetch(struct k3_store_source *src)
 		T_OK(k3_store_resident(s, 2, 0));
 		T_EQ_U64(k3_store_prefetch(s, 1, &y, 1), 1);
 		T_OK(!k3_store_resident(s, 2, 0));
-		T_EQ_INT(k3_store_acquire(s, 1, &y, 1, v, &err), 0);
-		T_EQ_INT(view_errors(v, 1), 0);
-		k3_store_release(s, v, 1);
+		use(s, 1, &y, 1);
 		k3_store_stats_get(s, &b);
 		T_EQ_U64(b.demand_misses, 2);
 		T_EQ_U64(b.reads, 2);
@@ -357,7 +368,7 @@ static void test_prefetch(struct k3_store_source *src)
 static void test_prefetch_cold_end(struct k3_store_source *src, enum k3_store_policy pol)
 {
 	struct k3_store *s = mk(src, 5, 2, pol);
-	struct k3_store_stats a, b, d;
+	struct k3_store_stats a, d;
 	struct k3_store_view v[2];
 	struct k3_err err = { 0 };
 
@@ -383,8 +394,7 @@ static void test_prefetch_cold_end(struct k3_store_source *src, enum k3_store_po
 	T_OK(!k3_store_resident(s, 1, 9));
 	T_OK(k3_store_resident(s, 2, 0) && k3_store_resident(s, 2, 3) && k3_store_resident(s, 2, 6) &&
 	     k3_store_resident(s, 1, 12) && k3_store_resident(s, 3, 0));
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.prefetch_issued, 1);
 	T_EQ_U64(d.prefetch_used, 0);
 	T_EQ_U64(d.prefetch_wasted_bytes, cost(src, 1, 9));
@@ -523,7 +533,7 @@ static void test_prefetch_gate(struct k3_store_source *src)
 static void test_prefetch_supersede(struct k3_store_source *src)
 {
 	struct k3_store *s = mk(src, 12, 1, K3_STORE_POLICY_LRU);   /* 6 guesses may wait */
-	struct k3_store_stats a, b, d;
+	struct k3_store_stats a, d;
 	uint32_t r0[3] = { 0, 1, 2 };
 
 	if (!s)
@@ -541,8 +551,7 @@ static void test_prefetch_supersede(struct k3_store_source *src)
 	T_EQ_U64(k3_store_prefetch_ranked(s, 1, after, r0, 2, true, K3_STORE_GUESS_AFTER), 1);
 	k3_store_hold_prefetch(s, false);
 	k3_store_drain(s);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.prefetch_cancelled, 1);   /* 3, unread */
 	T_EQ_U64(d.prefetch_issued, 3);      /* 6, 9 of layer 2, 12 */
 	T_OK(!k3_store_resident(s, 1, 3));
@@ -682,7 +691,7 @@ static void test_prefetch_abort(struct k3_store_source *src)
 static void test_prefetch_huge_piece(struct k3_store_source *src)
 {
 	struct k3_store *s;
-	struct k3_store_stats a, b, d;
+	struct k3_store_stats a, d;
 	struct k3_store_view v;
 	struct k3_err err = { 0 };
 	uint32_t three = 3;
@@ -700,8 +709,7 @@ static void test_prefetch_huge_piece(struct k3_store_source *src)
 	T_EQ_INT(k3_store_acquire(s, 2, &three, 1, &v, &err), 0);
 	T_EQ_INT(view_errors(&v, 1), 0);
 	k3_store_release(s, &v, 1);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.prefetch_issued_bytes, cost(src, 2, 3));
 	T_EQ_U64(d.prefetch_used, 1);
 	k3_store_free(s);
@@ -761,7 +769,7 @@ static void test_random(struct k3_store_source *src, enum k3_store_policy pol, u
 static void test_request(struct k3_store_source *src, unsigned threads)
 {
 	struct k3_store *s = mk(src, 6, threads, K3_STORE_POLICY_LRU);
-	struct k3_store_stats a, b, d;
+	struct k3_store_stats a, d;
 	struct k3_store_info info;
 	struct k3_store_view v[4];
 	struct k3_err err = { 0 };
@@ -772,8 +780,7 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 	k3_store_stats_get(s, &a);
 	k3_store_step_begin(s);
 	T_EQ_INT(k3_store_request(s, 2, ids, 3, v, &err), 0);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.demand_misses, 2);   /* 12 twice: one count */
 	T_EQ_U64(d.demand_hits, 0);
 	T_EQ_U64(d.prefetch_issued, 0);
@@ -785,8 +792,7 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 	T_EQ_INT(k3_store_wait(s, v, 3, &err), 0);
 	T_EQ_INT(view_errors(v, 3), 0);
 	k3_store_release(s, v, 3);
-	k3_store_stats_get(s, &b);
-	k3_store_stats_sub(&b, &a, &d);
+	since(s, &a, &d);
 	T_EQ_U64(d.reads, 2);
 	if (!k3_store_source_file_direct(src, 0))   /* O_DIRECT rounds to 4 KiB */
 		T_EQ_U64(d.demand_bytes, cost(src, 2, 12) + cost(src, 2, 3));
@@ -801,9 +807,7 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 	k3_store_info_get(s, &info);
 	T_EQ_INT((int)info.pinned, 0);
 	k3_store_step_begin(s);
-	T_EQ_INT(k3_store_acquire(s, 3, other, 2, v, &err), 0);
-	T_EQ_INT(view_errors(v, 2), 0);
-	k3_store_release(s, v, 2);
+	use(s, 3, other, 2);
 
 	/* The engine adapter: request_layer then acquire_layer with the same
 	 * ids only waits (one step); different ids give the request up and
@@ -825,8 +829,7 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 			    fx_len[K3_STORE_W3_PACKED]) == 0);
 		T_OK(sp[2].w1_packed == sp[0].w1_packed);
 		es.release_layer(es.ctx, 1);
-		k3_store_stats_get(s, &b);
-		k3_store_stats_sub(&b, &a, &d);
+		since(s, &a, &d);
 		T_EQ_U64(d.steps, 1);
 		T_EQ_U64(d.demand_misses, 2);
 
@@ -856,8 +859,7 @@ static void test_request(struct k3_store_source *src, unsigned threads)
 		k3_store_info_get(s, &info);
 		T_EQ_INT((int)info.pinned, 3);   /* held until release_layer */
 		es.release_layer(es.ctx, 2);
-		k3_store_stats_get(s, &b);
-		k3_store_stats_sub(&b, &a, &d);
+		since(s, &a, &d);
 		T_EQ_U64(d.steps, 1);
 		T_EQ_U64(d.demand_hits + d.demand_misses, 3);
 

@@ -345,15 +345,5 @@ static void run_case(const char *name)
 
 int main(void)
 {
-	const char *tmp = getenv("TMPDIR");
-
-	if (access(t_shared_path("golden/forward/k3tiny_a/model/config.json"), R_OK) != 0)
-		return t_skip("golden checkpoints not found");
-	snprintf(packdir, sizeof(packdir), "%s/k3engpacks.XXXXXX", tmp ? tmp : "/tmp");
-	if (!mkdtemp(packdir))
-		return t_skip("no temp dir");
-	run_case("k3tiny_a");
-	run_case("k3tiny_b");
-	rmdir(packdir);
-	return t_done();
+	return t_golden_main(packdir, sizeof(packdir), "k3engpacks", run_case);
 }

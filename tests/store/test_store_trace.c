@@ -12,11 +12,7 @@ static char dir[256];
 
 static const char *p(const char *name)
 {
-	static char buf[4][512];
-	static int i;
-	char *b = buf[i++ & 3];
-	snprintf(b, sizeof(buf[0]), "%s/%s", dir, name);
-	return b;
+	return t_join(dir, name);
 }
 
 static struct k3_store_trace_rec mkrec(uint64_t pos, uint32_t layer, uint32_t base)
@@ -49,10 +45,8 @@ int main(void)
 	struct k3_store_trace_rec r, back;
 	struct k3_err err = { 0 };
 	char line[K3_STORE_TRACE_LINE_MAX];
-	const char *tmp = getenv("TMPDIR");
 
-	snprintf(dir, sizeof(dir), "%s/k3trace.XXXXXX", tmp ? tmp : "/tmp");
-	if (!mkdtemp(dir))
+	if (!t_tempdir(dir, sizeof(dir), "k3trace"))
 		return t_skip("no temp dir");
 	{
 		/* The writer refuses a symlink anywhere in its path: work under

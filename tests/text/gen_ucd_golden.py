@@ -5,7 +5,7 @@ Unicode 14.0.0 (the Unicode version of Debian 12's PCRE2 10.42) up to
 16.0.0 (the version of tiktoken's regex tables), for test_tok.
 
 The splits come from the release's own engine: tiktoken (Rust fancy-regex
-over regex-syntax) running the pattern of k3-text-and-draft.md section 1.3,
+over regex-syntax) running the pattern of docs/text-and-draft.md §1.3,
 as tokenization_kimi.py does. tiktoken does not expose regex pieces, so the
 vocabulary given to it holds every single byte and every substring of the
 probe strings: a piece is then always one id (tiktoken looks a whole piece

@@ -2,7 +2,7 @@
 """Differential check of the K3 pre-tokenizer: random strings split by
 `k3ctl tokenize --pieces` versus Python `regex` (V1 syntax, which has the
 `&&` class intersection) running the original pattern of
-k3-text-and-draft.md §1.3. Not part of the test suite (needs python3-regex);
+docs/text-and-draft.md §1.3. Not part of the test suite (needs python3-regex);
 run by hand after touching the pattern:
 
     tests/text/regex_diff.py build/plain/client/k3ctl/k3ctl VOCAB_DIR [N] [SEED]

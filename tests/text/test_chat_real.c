@@ -31,14 +31,18 @@ static void check_line(json_t *line, void *ud)
 	k3_chat_release(&c);
 }
 
-int main(void)
+/* Every golden chat, rendered and encoded with the real rank file. */
+static void test_golden(void)
 {
-	const char *why = NULL;
-	g_tok = tg_real(&why);
-	if (!g_tok)
-		return t_failures ? 1 : t_skip(why);
 	tg_each_line("golden/text/chat.jsonl", check_line, NULL);
 	T_EQ_INT(n_cases, 23);
-	k3_tok_free(g_tok);
-	return t_done();
+}
+
+int main(void)
+{
+	static void (*const tests[])(void) = { test_golden, NULL };
+	const char *why = NULL;
+	struct k3_tok *tok = tg_real(&why);
+
+	return tg_main(&g_tok, tok, why, tests);
 }

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 
+#include "parse_collect.h"
 #include "text_golden.h"
 #include "text/text_chat.h"
 #include "text/text_json.h"
@@ -27,33 +28,6 @@ static void add_bytes(struct k3_tok_ids *ids, const char *b, size_t n)
 		T_EQ_INT(k3_tok_ids_push(ids, (unsigned char)b[i]), 0);
 }
 
-struct seen {
-	struct k3_sbuf reasoning, content, args[2], names[2];
-	unsigned n_calls;
-};
-
-static int on_event(void *ud, const struct k3_parse_event *ev)
-{
-	struct seen *s = ud;
-
-	switch (ev->type) {
-	case K3_PARSE_REASONING: k3_sbuf_add(&s->reasoning, ev->text, ev->len); break;
-	case K3_PARSE_CONTENT: k3_sbuf_add(&s->content, ev->text, ev->len); break;
-	case K3_PARSE_TOOL_START:
-		if (s->n_calls < 2)
-			k3_sbuf_add(&s->names[s->n_calls], ev->name, ev->name_len);
-		s->n_calls++;
-		break;
-	case K3_PARSE_TOOL_ARGS:
-		if (ev->tool_index < 2)
-			k3_sbuf_add(&s->args[ev->tool_index], ev->text, ev->len);
-		break;
-	default:
-		break;
-	}
-	return 0;
-}
-
 #define T_BYTES(buf, lit) do { \
 	T_EQ_U64((buf).n, sizeof(lit) - 1); \
 	if ((buf).n == sizeof(lit) - 1) \
@@ -64,7 +38,7 @@ static void test_parser(void)
 {
 	struct k3_tok_ids ids = { 0 };
 	struct k3_parse *p;
-	struct seen s;
+	struct tg_collect s;
 	uint32_t fourbyte_head;
 
 	memset(&s, 0, sizeof(s));
@@ -96,7 +70,7 @@ static void test_parser(void)
 	add_text(&ids, "\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
 		 "<|close|>message<|sep|><|end_of_msg|>");
 
-	T_EQ_INT(k3_parse_new(tok, NULL, on_event, &s, &p, NULL), 0);
+	T_EQ_INT(k3_parse_new(tok, NULL, tg_collect_event, &s, &p, NULL), 0);
 	for (size_t i = 0; i < ids.n; i++)
 		T_EQ_INT(k3_parse_feed_id(p, ids.v[i]), 0);
 	T_EQ_INT(k3_parse_finish(p), 0);
@@ -111,12 +85,7 @@ static void test_parser(void)
 	T_BYTES(s.args[0], "{\"s\": \"x\\u0000\xef\xbf\xbdy\"}");
 	T_BYTES(s.names[1], "j");
 	T_BYTES(s.args[1], "{\"k\": \"\0\"}");
-	k3_sbuf_release(&s.reasoning);
-	k3_sbuf_release(&s.content);
-	for (int i = 0; i < 2; i++) {
-		k3_sbuf_release(&s.args[i]);
-		k3_sbuf_release(&s.names[i]);
-	}
+	tg_collect_release(&s);
 	k3_tok_ids_release(&ids);
 }
 
@@ -176,12 +145,7 @@ int main(void)
 {
 	static const char *const merges[] = { "\xf0\x9f", "th", "in", "nk", NULL };
 
-	tok = tg_synth(merges, 0, NULL, NULL);
-	if (!tok)
-		return t_done();
-	test_parser();
-	test_json();
-	test_render();
-	k3_tok_free(tok);
-	return t_done();
+	static void (*const tests[])(void) = { test_parser, test_json, test_render, NULL };
+
+	return tg_main(&tok, tg_synth(merges, 0, NULL, NULL), NULL, tests);
 }

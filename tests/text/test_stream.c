@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 
+#include "parse_collect.h"
 #include "text_golden.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
@@ -130,47 +131,8 @@ static void test_detok(void)
 	k3_sbuf_release(&o);
 }
 
-struct collect {
-	struct k3_sbuf reasoning, content, args[4];
-	char names[4][64], ids[4][40];
-	unsigned n_calls, n_end, n_tool_end;
-	bool bad_order;
-};
-
-static int on_event(void *ud, const struct k3_parse_event *ev)
-{
-	struct collect *c = ud;
-	switch (ev->type) {
-	case K3_PARSE_REASONING: k3_sbuf_add(&c->reasoning, ev->text, ev->len); break;
-	case K3_PARSE_CONTENT: k3_sbuf_add(&c->content, ev->text, ev->len); break;
-	case K3_PARSE_TOOL_START:
-		c->bad_order |= ev->tool_index != c->n_calls;
-		if (c->n_calls < 4) {
-			snprintf(c->names[c->n_calls], 64, "%s", ev->name);
-			snprintf(c->ids[c->n_calls], 40, "%s", ev->id);
-		}
-		c->n_calls++;
-		break;
-	case K3_PARSE_TOOL_ARGS:
-		if (ev->tool_index < 4)
-			k3_sbuf_add(&c->args[ev->tool_index], ev->text, ev->len);
-		break;
-	case K3_PARSE_TOOL_END: c->n_tool_end++; break;
-	case K3_PARSE_END: c->n_end++; break;
-	}
-	return 0;
-}
-
-static void collect_release(struct collect *c)
-{
-	k3_sbuf_release(&c->reasoning);
-	k3_sbuf_release(&c->content);
-	for (int i = 0; i < 4; i++)
-		k3_sbuf_release(&c->args[i]);
-}
-
 /* parses the output by ids (encode with specials on) */
-static void parse_ids(const char *out, bool thinking, struct collect *c)
+static void parse_ids(const char *out, bool thinking, struct tg_collect *c)
 {
 	struct k3_parse_opts o;
 	struct k3_parse *p;
@@ -179,7 +141,7 @@ static void parse_ids(const char *out, bool thinking, struct collect *c)
 	memset(c, 0, sizeof(*c));
 	k3_parse_opts_init(&o);
 	o.thinking = thinking;
-	T_EQ_INT(k3_parse_new(tok, &o, on_event, c, &p, NULL), 0);
+	T_EQ_INT(k3_parse_new(tok, &o, tg_collect_event, c, &p, NULL), 0);
 	encode(out, true, &ids);
 	for (size_t i = 0; i < ids.n; i++)
 		T_EQ_INT(k3_parse_feed_id(p, ids.v[i]), 0);
@@ -194,7 +156,7 @@ static void parse_ids(const char *out, bool thinking, struct collect *c)
 
 static void test_parse(void)
 {
-	struct collect c;
+	struct tg_collect c;
 
 	parse_ids("I think \xf0\x9f\x91\x8b<|close|>think<|sep|><|open|>response<|sep|>Hello \xe6\x9d\xb1!"
 		  "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>ignored", true, &c);
@@ -202,7 +164,7 @@ static void test_parse(void)
 	T_EQ_STR(c.content.p, "Hello \xe6\x9d\xb1!");
 	T_EQ_INT(c.n_calls, 0);
 	T_EQ_INT(c.n_end, 1);
-	collect_release(&c);
+	tg_collect_release(&c);
 
 	parse_ids("plan<|close|>think<|sep|><|open|>response<|sep|>Running.<|close|>response<|sep|>"
 		  "<|open|>tools<|sep|><|open|>call tool=\"bash\" index=\"1\"<|sep|>"
@@ -220,20 +182,20 @@ static void test_parse(void)
 	T_EQ_INT(c.n_calls, 3);
 	T_EQ_INT(c.n_tool_end, 3);
 	T_OK(!c.bad_order);
-	T_EQ_STR(c.names[0], "bash");
+	T_EQ_STR(c.names[0].p, "bash");
 	T_EQ_STR(c.args[0].p, "{\"command\": \"ls \\\"-la\\\"\\n\", \"n\": 3, \"o\": {\"k\": [1, 2.5]}, \"k&\\\"\": \"x1\"}");
-	T_EQ_STR(c.names[1], "we&ird\"");
+	T_EQ_STR(c.names[1].p, "we&ird\"");
 	T_EQ_STR(c.args[1].p, "{}");
-	T_EQ_STR(c.names[2], "j");
+	T_EQ_STR(c.names[2].p, "j");
 	T_EQ_STR(c.args[2].p, "{\"a\": 1}");
 	T_OK(strncmp(c.ids[0], "call_", 5) == 0 && strlen(c.ids[0]) == 29 && strcmp(c.ids[0], c.ids[1]) != 0);
-	collect_release(&c);
+	tg_collect_release(&c);
 
 	/* thinking off: output starts in the response channel */
 	parse_ids("Just this.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>", false, &c);
 	T_EQ_STR(c.reasoning.p, "");
 	T_EQ_STR(c.content.p, "Just this.");
-	collect_release(&c);
+	tg_collect_release(&c);
 
 	/* malformed: unknown tags, stray specials, unterminated header, no
 	 * end marker; no marker spelling reaches the text */
@@ -242,13 +204,13 @@ static void test_parse(void)
 	T_EQ_STR(c.reasoning.p, "r");
 	T_EQ_STR(c.content.p, "abcderespo");
 	T_EQ_INT(c.n_end, 1);
-	collect_release(&c);
+	tg_collect_release(&c);
 
 	/* text interface: a marker split between two feeds is still a marker */
 	{
 		struct k3_parse *p;
 		memset(&c, 0, sizeof(c));
-		T_EQ_INT(k3_parse_new(tok, NULL, on_event, &c, &p, NULL), 0);
+		T_EQ_INT(k3_parse_new(tok, NULL, tg_collect_event, &c, &p, NULL), 0);
 		T_EQ_INT(k3_parse_feed_text(p, "reason \xe6\x9d", 9), 0);
 		T_EQ_INT(k3_parse_feed_text(p, "\xb1<|clo", 6), 0);
 		T_EQ_INT(k3_parse_feed_text(p, "se|>think<|sep|><|open|>response<|sep|>ans<", 43), 0);
@@ -258,7 +220,7 @@ static void test_parse(void)
 		k3_sbuf_add(&c.content, "", 0);
 		T_EQ_STR(c.reasoning.p, "reason \xe6\x9d\xb1");
 		T_EQ_STR(c.content.p, "ans<");
-		collect_release(&c);
+		tg_collect_release(&c);
 	}
 }
 
@@ -268,12 +230,7 @@ int main(void)
 	 * 東 = e6 9d b1, 京 = e4 ba ac */
 	static const char *const merges[] = { "\xf0\x9f", "\x91\x8b\xf0", "\x9f\x8f", "\xbd ",
 					      "\xe6\x9d", "\xb1\xe4", "\xba\xac", "lo", "hel", NULL };
-	tok = tg_synth(merges, 0, NULL, NULL);
-	if (!tok)
-		return t_done();
-	test_utf8_split();
-	test_detok();
-	test_parse();
-	k3_tok_free(tok);
-	return t_done();
+	static void (*const tests[])(void) = { test_utf8_split, test_detok, test_parse, NULL };
+
+	return tg_main(&tok, tg_synth(merges, 0, NULL, NULL), NULL, tests);
 }

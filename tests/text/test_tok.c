@@ -425,22 +425,21 @@ static void test_loader_errors(void)
 	}
 }
 
-int main(void)
+/* Every golden piece list, round trip and special-id case. */
+static void test_golden(void)
 {
-	static const char *const none[] = { NULL };
-	g_tok = tg_synth(none, 0, NULL, NULL);
-	if (!g_tok)
-		return t_done();
-	int n = tg_each_line("golden/text/tokenizer.jsonl", check_pieces, NULL);
-	T_EQ_INT(n, 152);
+	T_EQ_INT(tg_each_line("golden/text/tokenizer.jsonl", check_pieces, NULL), 152);
 	T_EQ_INT(n_piece_lines, 76);
 	tg_each_line("golden/text/tokenizer.jsonl", check_roundtrip, NULL);
 	tg_each_line("golden/text/tokenizer.jsonl", check_special_ids, NULL);
 	T_EQ_INT(n_special_lines, 135);
-	test_bpe_random();
-	test_fast_path();
-	test_synthetic();
-	test_loader_errors();
-	k3_tok_free(g_tok);
-	return t_done();
+}
+
+int main(void)
+{
+	static const char *const none[] = { NULL };
+	static void (*const tests[])(void) = { test_golden, test_bpe_random, test_fast_path, test_synthetic,
+					       test_loader_errors, NULL };
+
+	return tg_main(&g_tok, tg_synth(none, 0, NULL, NULL), NULL, tests);
 }

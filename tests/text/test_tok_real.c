@@ -92,18 +92,21 @@ static void check_post_unicode14(void)
 	k3_tok_ids_release(&ids);
 }
 
-int main(void)
+/* The release's vocabulary, then every golden id case. */
+static void test_golden(void)
 {
-	const char *why = NULL;
-	g_tok = tg_real(&why);
-	if (!g_tok)
-		return t_failures ? 1 : t_skip(why);
 	T_EQ_INT(k3_tok_n_vocab(g_tok), 163840);
 	T_EQ_INT(k3_tok_special(g_tok, K3_TOK_SP_END_OF_MSG), 163586);
 	tg_each_line("golden/text/tokenizer.jsonl", check_line, NULL);
 	T_EQ_INT(n_id_lines, 137);
 	T_EQ_INT(n_long, 4);
-	check_post_unicode14();
-	k3_tok_free(g_tok);
-	return t_done();
+}
+
+int main(void)
+{
+	static void (*const tests[])(void) = { test_golden, check_post_unicode14, NULL };
+	const char *why = NULL;
+	struct k3_tok *tok = tg_real(&why);
+
+	return tg_main(&g_tok, tok, why, tests);
 }

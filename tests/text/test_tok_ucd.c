@@ -352,14 +352,8 @@ static void test_tokenizer_vs_explicit(void)
 int main(void)
 {
 	static const char *const none[] = { NULL };
+	static void (*const tests[])(void) = { test_kaktovik, test_golden, test_classes,
+					       test_tokenizer_vs_explicit, NULL };
 
-	g_tok = tg_synth(none, 0, NULL, NULL);
-	if (!g_tok)
-		return t_done();
-	test_kaktovik();
-	test_golden();
-	test_classes();
-	test_tokenizer_vs_explicit();
-	k3_tok_free(g_tok);
-	return t_done();
+	return tg_main(&g_tok, tg_synth(none, 0, NULL, NULL), NULL, tests);
 }

@@ -50,7 +50,7 @@ static inline void tg_b64(const unsigned char *s, size_t n, char *out)
 	EVP_EncodeBlock((unsigned char *)out, s, (int)n);
 }
 
-/* The K3 names at their offsets (k3-text-and-draft.md §1.6). */
+/* The K3 names at their offsets (docs/text-and-draft.md §1.6). */
 static const struct { unsigned off; const char *name; } tg_k3_names[] = {
 	{ 0, "[BOS]" }, { 1, "[EOS]" }, { 2, "<|end_of_msg|>" }, { 3, "<|open|>" },
 	{ 4, "<|close|>" }, { 5, "<|sep|>" }, { 6, "[start_header_id]" }, { 7, "[end_header_id]" },
@@ -125,6 +125,24 @@ static inline struct k3_tok *tg_real(const char **why)
 		return NULL;
 	}
 	return tok;
+}
+
+/*
+ * main() of a text test: runs each test of the NULL-terminated list with
+ * *slot = tok, then frees tok. A NULL tok ends the test at once: with why
+ * (tg_real's reason) a SKIP, or the failure tg_real already counted;
+ * without, tg_synth's failure.
+ */
+static inline int tg_main(struct k3_tok **slot, struct k3_tok *tok, const char *why, void (*const tests[])(void))
+{
+	if (!tok)
+		return why && !t_failures ? t_skip(why) : t_done();
+	*slot = tok;
+	for (size_t i = 0; tests[i]; i++)
+		tests[i]();
+	k3_tok_free(tok);
+	*slot = NULL;
+	return t_done();
 }
 
 #endif

@@ -1,5 +1,6 @@
-/* test_base.c - base/: strict number and size parsing, error messages, whole-file
- * reads, path joining and systemd socket activation, linked without the core. */
+/* test_base.c - base/: strict number and size parsing, error messages, growing
+ * arrays, whole-file reads, path joining and systemd socket activation,
+ * linked without the core. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "base/array.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "base/parse.h"
@@ -109,6 +111,32 @@ static void test_parse_size(void)
 	T_EQ_INT(k3_parse_size("1.5G", &v, &err), -EINVAL);
 	T_EQ_INT(k3_parse_size("123456789012345678901234567890123", &v, &err), -EINVAL);
 	T_EQ_U64(v, 7);
+}
+
+/* The first allocation, doubling, a need past the doubling, and refusals
+ * that leave the array as it was. */
+static void test_array_reserve(void)
+{
+	uint32_t *v = NULL;
+	size_t cap = 0;
+
+	T_EQ_INT(k3_array_reserve(&v, &cap, 0, sizeof(*v), 8), 0);
+	T_OK(v == NULL && cap == 0);
+	T_EQ_INT(k3_array_reserve(&v, &cap, 1, sizeof(*v), 8), 0);
+	T_OK(v != NULL);
+	T_EQ_U64(cap, 8);
+	v[7] = 77;
+	T_EQ_INT(k3_array_reserve(&v, &cap, 9, sizeof(*v), 8), 0);
+	T_EQ_U64(cap, 16);
+	T_EQ_INT(v[7], 77);
+	T_EQ_INT(k3_array_reserve(&v, &cap, 100, sizeof(*v), 8), 0);
+	T_EQ_U64(cap, 128);
+	T_EQ_INT(k3_array_reserve(&v, &cap, 50, sizeof(*v), 8), 0);
+	T_EQ_U64(cap, 128);
+	uint32_t *was = v;
+	T_EQ_INT(k3_array_reserve(&v, &cap, SIZE_MAX / 2, sizeof(*v), 8), -ENOMEM);
+	T_OK(v == was && cap == 128 && v[7] == 77);
+	free(v);
 }
 
 static void test_path_join(void)
@@ -299,6 +327,7 @@ int main(void)
 	test_parse_double();
 	test_parse_size();
 	test_err();
+	test_array_reserve();
 	test_path_join();
 	test_file_read();
 	test_sockact();
