@@ -20,8 +20,9 @@
  *   1  2026-11-29  first version.
  *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
  *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
- *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; spine and
- *      spine_label: DONE 40-41, STATUS_REPLY 50-51, MODEL_INFO_REPLY 20-21.)
+ *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; STATUS_REPLY 40-46:
+ *      peak RSS and the memory plan's split; spine and spine_label: DONE
+ *      40-41, STATUS_REPLY 50-51, MODEL_INFO_REPLY 20-21.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -209,7 +210,10 @@ enum k3_proto_state {
 /* Tags 29-34 are the job list: parallel arrays of one length, entry i
  * describing one job (running first, then queued in queue order), sent
  * only to peers that announced K3_PROTO_CAP_JOBS, and only the jobs that
- * peer may cancel. */
+ * peer may cancel. Tags 40-46: k3d's peak RSS (VmHWM) and the memory
+ * plan's split (docs/plan.md): the limit, the resident spine prefix of
+ * spine_layers layers and its bytes, the spine ring, the sequence state;
+ * expert_cache_bytes (20) is the plan's expert tier. */
 #define K3_PROTO_FIELDS_STATUS_REPLY(F, m) \
 	F(m, 1, STR, version, K3_LIM_NAME_MAX, 1) \
 	F(m, 2, U32, state, 0, 1) \
@@ -249,6 +253,13 @@ enum k3_proto_state {
 	F(m, 36, U64, spine_loads, 0, 0) \
 	F(m, 37, U64, spine_memory_bytes, 0, 0) \
 	F(m, 38, F64, spine_io_wait_s_total, 0, 0) \
+	F(m, 40, U64, peak_rss_bytes, 0, 0) \
+	F(m, 41, U64, memory_limit_bytes, 0, 0) \
+	F(m, 42, U32, spine_layers, 0, 0) \
+	F(m, 43, U32, spine_resident_layers, 0, 0) \
+	F(m, 44, U64, spine_resident_bytes, 0, 0) \
+	F(m, 45, U64, spine_ring_bytes, 0, 0) \
+	F(m, 46, U64, state_bytes, 0, 0) \
 	F(m, 50, U32, spine, 0, 0) \
 	F(m, 51, STR, spine_label, K3_LIM_NAME_MAX, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)

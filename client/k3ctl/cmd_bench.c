@@ -2,10 +2,12 @@
  * cmd_bench.c - `k3ctl bench --model DIR [--max-new N] [--prompt-len N]
  * [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]
  * [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]
- * [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]`:
- * offline (no daemon) greedy generation through the expert store (and with
- * --spine-resident the spine loader, store_spine.h), measured against the
- * disk it reads from (issue 7, "Benchmarks"; docs/store.md).
+ * [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]
+ * [--io-rate GBPS] [--io-latency MS]`: offline (no daemon) greedy generation
+ * through the expert store (and with --spine-resident the spine loader,
+ * store_spine.h), measured against the disk it reads from (issue 7,
+ * "Benchmarks"; docs/store.md), and with --io-rate against an emulated
+ * drive of that bandwidth (store_io.h; docs/plan.md).
  *
  * Prints tokens/s, expert bytes read per token (and the wasted part) and,
  * when the spine streams, spine bytes per token apart, demand hit rate,
@@ -43,6 +45,17 @@
  *                      (and the same against the slowest and fastest disk
  *                      sample, so the reader sees how much the disk's noise
  *                      moves it)
+ *
+ * With --io-rate R (and --io-latency) the store's readers run through the
+ * emulated drive, so over page-cached files (--direct off, the model read
+ * once before) the decode is I/O-bound at a known bandwidth, and the
+ * report adds
+ *
+ *   decode vs emulated floor = decode time per token /
+ *                              max(bytes read per token / R, compute time)
+ *
+ * next to the real-disk figures (the yardstick and the probe store read
+ * without the emulation: they measure the real disk).
  */
 #include <errno.h>
 #include <jansson.h>
@@ -62,6 +75,7 @@
 #include "store/store_budget.h"
 #include "store/store_engine.h"
 #include "store/store_model.h"
+#include "store/store_plan.h"
 #include "store/store_spine.h"
 
 enum { BENCH_MAX_NEW = 4096, BENCH_MAX_PROMPT = 4096, BENCH_MAX_SAMPLES = 64, SHOW_RANKS = 8 };
@@ -72,7 +86,8 @@ static void usage(void)
 		"usage: k3ctl bench --model DIR [--max-new N] [--prompt-len N]\n"
 		"       [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]\n"
 		"       [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]\n"
-		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident all|none|N]\n"
+		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
+		"       [--io-rate GBPS] [--io-latency MS]\n"
 		"   or: k3ctl bench --compare-spine --model DIR (--text FILE | --prompt S | --ids LIST)\n"
 		"       [--positions N] [--spine-int8-dir DIR] [--int8 CLASSES] [--per-class]\n");
 }
@@ -454,10 +469,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	bool disk_mib_set = false;
 	uint64_t cache_bytes = 0, seed = 1, n_samples = 5;
 	int64_t prefetch = -1;   /* -1 = auto */
-	double gate = 0;
+	double gate = 0, io_rate = 0, io_latency_ms = 0;
 	enum k3_store_direct direct = K3_STORE_DIRECT_AUTO;
 	bool no_packs = false;
-	int32_t spine_resident = -1;   /* not given: the spine is mapped */
+	int32_t spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 	struct k3_err err = { 0 };
 
 	/* the int8 spine against the bf16 one: its own report (cmd_bench_spine.c) */
@@ -502,9 +517,13 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		else if (!strcmp(a, "--direct"))
 			rc = k3_store_direct_parse(val, &direct, &err);
 		else if (!strcmp(a, "--spine-resident"))
-			rc = k3_store_spine_parse_resident(val, &spine_resident, &err);
+			rc = k3_store_plan_parse_resident(val, &spine_resident, &err);
 		else if (!strcmp(a, "--prefetch-gate"))
 			rc = k3_parse_double(val, 0.001, 1, &gate, &err);
+		else if (!strcmp(a, "--io-rate"))
+			rc = k3_parse_double(val, 0.001, 1000, &io_rate, &err);
+		else if (!strcmp(a, "--io-latency"))
+			rc = k3_parse_double(val, 0, 10000, &io_latency_ms, &err);
 		else if (!strcmp(a, "--prefetch")) {
 			if (!strcmp(val, "off"))
 				prefetch = 0;
@@ -533,6 +552,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	struct k3_store_engine_src ectx;
 	bool ectx_init = false;
 	struct k3_store_open_report rep = { 0 };
+	struct k3_store_plan_out *plan = NULL;
 	int32_t *ids = NULL;
 	uint32_t *gen_ids = NULL;
 	float *logits = NULL;
@@ -568,29 +588,30 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		goto fail;
 	uint64_t slot = k3_store_source_slot_bytes(src);
 	uint64_t pool = (uint64_t)k3_store_source_count(src) * slot;
-	size_t n_t = 0;
-	const struct k3_tensor *t = k3_model_tensors(model, &n_t);
-	uint64_t weights = 0;
-	for (size_t i = 0; i < n_t; i++)
-		weights += t[i].nbytes;
-	struct k3_store_budget_in bi = {
-		.spine_bytes = weights > pool ? weights - pool : 0,
-		.state_bytes = (uint64_t)512 << 20,
-		.slot_bytes = slot, .floor_slots = mc->num_experts_per_token,
-		.requested_bytes = cache_bytes,
+	/* The memory plan k3d would make for this machine: the spine mapped
+	 * when it fits, else (or with --spine-resident) the plan's resident
+	 * set through the spine loader; the expert cache what it leaves, or
+	 * --expert-cache-gb. */
+	plan = malloc(sizeof(*plan));
+	if (!plan) {
+		rc = k3_err_set(&err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	struct k3_store_plan_in pi = {
+		.spine_resident = spine_resident, .expert_cache_bytes = cache_bytes,
+		.context_tokens = (uint32_t)(prompt_len + max_new + 1), .slot_bytes = slot,
 	};
+	bool streams;
+	if ((rc = k3_store_plan_model(model, &pi, plan, &streams, &err)))
+		goto fail;
 	bool pf_auto = prefetch < 0;
 	uint32_t per_position = pf_auto ? mc->num_experts_per_token : (uint32_t)prefetch;
-	struct k3_store_budget_out b;
-	if ((rc = k3_store_budget(&bi, &b, &err)))
-		goto fail;
-	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
-	if (cache < b.floor_bytes)
-		cache = b.floor_bytes;
 	struct k3_store_config cfg = {
-		.cache_bytes = cache, .io_threads = (unsigned)io_threads,
+		.cache_bytes = plan->expert_cache_bytes, .io_threads = (unsigned)io_threads,
 		.prefetch_slots = per_position ? -1 : 0, .prefetch_auto = pf_auto,
 		.prefetch_min_precision = gate, .check_scales = true, .prefault = true,
+		.io_rate_bytes_per_s = (uint64_t)(io_rate * 1e9),
+		.io_latency_ns = (uint64_t)(io_latency_ms * 1e6),
 	};
 	if ((rc = k3_store_new(src, &cfg, &store, &err)))
 		goto fail;
@@ -614,21 +635,14 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	struct k3_spine_source ss;
 	struct k3_store_spine_info sinfo = { 0 };
 	struct k3_store_spine_report srep = { 0 };
-	if (spine_resident != -1) {
-		/* auto is all here: bench has no memory limit to plan against */
-		uint32_t L = k3_model_plan(model)->n_layers;
+	if (streams) {
 		struct k3_store_spine_config scfg = {
-			.resident_layers = spine_resident < 0 ? L : (uint32_t)spine_resident,
-			.head_resident = spine_resident != 0, .direct = direct,
+			.resident_layers = plan->resident_layers, .head_resident = plan->head_resident,
+			.ring_arenas = plan->ring_arenas, .direct = direct,
 			.io = k3_store_reader_pool(store),
 		};
 		char spath[4200];
 		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
-		if (scfg.resident_layers > L) {
-			rc = k3_err_set(&err, -EINVAL, "--spine-resident %d: the model has %u layers",
-					(int)spine_resident, L);
-			goto fail;
-		}
 		if ((rc = k3_store_spine_new(model, have_packs ? spath : NULL, &scfg, &spine, &srep,
 					     &err)))
 			goto fail;
@@ -678,7 +692,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	       info.files_direct, info.files_buffered, k3_store_direct_name(direct), info.n_slots,
 	       (double)info.n_slots * (double)info.slot_bytes / 1e9,
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
-	       (double)b.floor_bytes / 1e9, info.io_threads, pfs);
+	       (double)plan->expert_floor_bytes / 1e9, info.io_threads, pfs);
 	if (rep.packs_rejected)
 		fprintf(hdr, "note: %u packs rejected, those layers read from the shards; first: %s\n",
 			rep.packs_rejected, rep.first_rejection);
@@ -693,6 +707,11 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if (info.files_buffered)
 		fprintf(hdr, "note: buffered store reads may be served from the page cache; bytes "
 			"counted are bytes asked of the kernel\n");
+	if (io_rate > 0 || io_latency_ms > 0)
+		fprintf(hdr, "emulated drive: store reads limited to %.3f GB/s in all, %.3f ms per "
+			"request%s\n", io_rate, io_latency_ms, info.files_direct ? " (O_DIRECT reads: "
+			"the real disk also limits them; --direct off over page-cached files isolates "
+			"the emulation)" : "");
 	if (d_buffered)
 		fprintf(hdr, "note: the disk yardstick could not use O_DIRECT on %u files: its figure "
 			"may include the page cache\n", d_buffered);
@@ -787,6 +806,9 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	double r_fast = disk.max > 0 ? bytes_tok / (disk.max * 1e9) : 0;
 	double f_slow = r_slow > compute_tok ? r_slow : compute_tok;
 	double f_fast = r_fast > compute_tok ? r_fast : compute_tok;
+	/* The emulated drive's floor: its bandwidth, not the disk's. */
+	double emu_read = io_rate > 0 ? bytes_tok / (io_rate * 1e9) : 0;
+	double emu_floor = emu_read > compute_tok ? emu_read : compute_tok;
 	uint64_t dacc = dec.st.demand_hits + dec.st.demand_misses;
 	uint64_t scored[K3_STORE_GUESS_KINDS][K3_STORE_GUESS_RANKS];
 	uint64_t right[K3_STORE_GUESS_KINDS][K3_STORE_GUESS_RANKS];
@@ -822,6 +844,15 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		json_object_set_new(o, "decode_vs_floor_range",
 				    json_pack("{s:f, s:f}", "slowest_disk", f_slow > 0 ? per_tok / f_slow : 0,
 					      "fastest_disk", f_fast > 0 ? per_tok / f_fast : 0));
+		if (io_rate > 0 || io_latency_ms > 0) {
+			json_object_set_new(o, "io_rate_gbps", json_real(io_rate));
+			json_object_set_new(o, "io_latency_ms", json_real(io_latency_ms));
+			json_object_set_new(o, "emulated_wait_s",
+					    json_real((double)dec.st.emulated_wait_ns * 1e-9));
+			json_object_set_new(o, "emulated_floor_s_per_token", json_real(emu_floor));
+			json_object_set_new(o, "decode_vs_emulated_floor",
+					    json_real(emu_floor > 0 ? per_tok / emu_floor : 0));
+		}
 		json_object_set_new(o, "prefetch_unused_resident_bytes",
 				    json_integer((json_int_t)info_end.prefetch_unused_bytes));
 		json_object_set_new(o, "prefetch_precision",
@@ -894,12 +925,19 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		       "disk sample) (target <= 1.2)\n", per_tok, read_tok, compute_tok, floor_tok,
 		       floor_tok > 0 ? per_tok / floor_tok : 0, f_slow > 0 ? per_tok / f_slow : 0,
 		       f_fast > 0 ? per_tok / f_fast : 0);
+		if (io_rate > 0 || io_latency_ms > 0)
+			printf("emulated drive %.3f GB/s + %.3f ms per request (readers slept %.3f s of the "
+			       "decode for it): decode time/token %.4f s vs floor max(read %.4f s at %.3f "
+			       "GB/s, compute %.4f s) = %.4f s: %.2f x floor\n", io_rate, io_latency_ms,
+			       (double)dec.st.emulated_wait_ns * 1e-9, per_tok, emu_read, io_rate,
+			       compute_tok, emu_floor, emu_floor > 0 ? per_tok / emu_floor : 0);
 	}
 	code = K3CTL_EXIT_OK;
 	rc = 0;
 fail:
 	if (rc)
 		fprintf(stderr, "k3ctl bench: %s\n", err.msg);
+	free(plan);
 	free(ids);
 	free(gen_ids);
 	free(logits);

@@ -1,13 +1,16 @@
 /*
- * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset nano|small|bench]
- * [--seed N] [overrides]`: writes a synthetic K3 checkpoint in the exact
- * Hugging Face layout (see daemon/demo/demo.h and docs/formats.md).
- * `--preset trained` instead installs the trained demo checkpoint embedded
- * in k3ctl (demo_trained.h, tools/train_demo/): fixed bytes, no options.
+ * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset
+ * nano|small|bench|k3-sparse|trained] [--seed N] [overrides]`: writes a
+ * synthetic K3 checkpoint in the exact Hugging Face layout (see
+ * daemon/demo/demo.h and docs/formats.md); k3-sparse is the release's
+ * layout at full size as sparse files (docs/plan.md). `--preset trained`
+ * instead installs the trained demo checkpoint embedded in k3ctl
+ * (demo_trained.h, tools/train_demo/): fixed bytes, no options.
  */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "base/parse.h"
@@ -34,7 +37,7 @@ static const struct {
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench|trained] [--seed N]\n"
+		"usage: k3ctl demo-model --out DIR [--preset nano|small|bench|k3-sparse|trained] [--seed N]\n"
 		"       [--layers N] [--hidden N] [--vocab N] [--intermediate N] [--experts N]\n"
 		"       [--top-k N] [--moe-intermediate N] [--latent N] [--shared-experts N]\n"
 		"       [--kda-heads N] [--kda-head-dim N] [--mla-heads N] [--q-lora N]\n"
@@ -65,8 +68,8 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		} else if (strcmp(a, "--preset") == 0) {
 			trained = strcmp(val, "trained") == 0;
 			if (!trained && k3_demo_preset_parse(val, &o.preset))
-				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small, bench or trained",
-						   val);
+				return k3ctl_usage("demo-model", "--preset '%s': expected nano, small, bench, "
+						   "k3-sparse or trained", val);
 		} else if (strcmp(a, "--seed") == 0) {
 			other = true;
 			if (k3_parse_u64(val, 0, UINT64_MAX, &o.seed, &err))
@@ -89,7 +92,7 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 	if (trained && other)
 		return k3ctl_usage("demo-model", "--preset trained is a fixed checkpoint: it takes no --seed or dimension option");
 
-	struct k3_demo_dims d;
+	struct k3_demo_dims d = { 0 };
 	if (!trained && k3_demo_resolve(&o, &d, &err))
 		return k3ctl_usage("demo-model", "%s", err.msg);
 	struct timespec t0, t1;
@@ -109,10 +112,28 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 	for (size_t i = 0; i < n; i++)
 		bytes += t[i].nbytes;
 	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	/* What the shards cost on disk (k3-sparse: the headers; the rest are holes). */
+	bool sparse = !trained && d.sparse;
+	uint64_t apparent = 0, disk = 0;
+	for (uint32_t i = 0; i < k3_model_shard_count(m); i++) {
+		struct stat st;
+		if (stat(k3_model_shard_path(m, i), &st) == 0) {
+			apparent += (uint64_t)st.st_size;
+			disk += (uint64_t)st.st_blocks * 512;
+		}
+	}
 	if (k3ctl_g.json)
 		printf("{\"out\":\"%s\",\"trained\":%s,\"tensors\":%zu,\"bytes\":%llu,\"shards\":%u,\"layers\":%u,"
-		       "\"seconds\":%.3f}\n", out, trained ? "true" : "false", n, (unsigned long long)bytes,
-		       k3_model_shard_count(m), c->num_hidden_layers, s);
+		       "\"seconds\":%.3f,\"apparent_bytes\":%llu,\"disk_bytes\":%llu,\"sparse\":%s}\n", out,
+		       trained ? "true" : "false", n, (unsigned long long)bytes, k3_model_shard_count(m),
+		       c->num_hidden_layers, s, (unsigned long long)apparent, (unsigned long long)disk,
+		       sparse ? "true" : "false");
+	else if (sparse)
+		printf("wrote %s: Kimi K3's layout, %u layers, %u experts/layer (top-%u), %zu tensors, "
+		       "%.3f TB apparent in %u shards, %.1f MB on disk (%.2f s)\n%s\n", out,
+		       c->num_hidden_layers, c->num_experts, c->num_experts_per_token, n,
+		       (double)apparent / 1e12, k3_model_shard_count(m), (double)disk / 1e6, s,
+		       K3_DEMO_SPARSE_NOTE);
 	else
 		printf("wrote %s%s: %u layers, hidden %u, %u experts/layer (top-%u), vocab %u, %zu tensors, %.1f MB in %u shards (%.2f s)\n",
 		       out, trained ? " (the trained demo model, every file SHA-256 checked)" : "",

@@ -163,6 +163,21 @@ int k3ctl_cmd_status(int argc, char **argv)
 			json_object_set_new(o, "spine_io_wait_s_total",
 					    json_real(s->spine_io_wait_s_total));
 		}
+		if (s->has_peak_rss_bytes)
+			json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)s->peak_rss_bytes));
+		if (s->has_memory_limit_bytes) {
+			json_t *m = json_object();
+			json_object_set_new(m, "limit_bytes", json_integer((json_int_t)s->memory_limit_bytes));
+			json_object_set_new(m, "spine_layers", json_integer(s->spine_layers));
+			json_object_set_new(m, "spine_resident_layers", json_integer(s->spine_resident_layers));
+			json_object_set_new(m, "spine_resident_bytes",
+					    json_integer((json_int_t)s->spine_resident_bytes));
+			json_object_set_new(m, "spine_ring_bytes", json_integer((json_int_t)s->spine_ring_bytes));
+			json_object_set_new(m, "state_bytes", json_integer((json_int_t)s->state_bytes));
+			json_object_set_new(m, "expert_cache_bytes",
+					    json_integer((json_int_t)s->expert_cache_bytes));
+			json_object_set_new(o, "memory_plan", m);
+		}
 		/* null: a k3d that does not list jobs */
 		json_object_set_new(o, "jobs", s->has_job_ids ? jobs_json(s, n_jobs) : json_null());
 		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -224,6 +239,23 @@ int k3ctl_cmd_status(int argc, char **argv)
 		else if (s->has_io_wait_s_total && s->has_compute_s_total)
 			printf("engine time: %.3f s waiting for expert reads, %.3f s computing\n",
 			       s->io_wait_s_total, s->compute_s_total);
+		if (s->has_peak_rss_bytes)
+			printf("peak RSS:    %.3f GB (VmHWM)%s\n", (double)s->peak_rss_bytes / 1e9,
+			       s->has_memory_limit_bytes && s->peak_rss_bytes > s->memory_limit_bytes
+			       ? ", above the memory limit" : "");
+		if (s->has_memory_limit_bytes) {
+			char pre[48];
+			if (s->spine_resident_layers)
+				snprintf(pre, sizeof(pre), "layers 0..%u of %u", s->spine_resident_layers - 1,
+					 s->spine_layers);
+			else
+				snprintf(pre, sizeof(pre), "no layer of %u", s->spine_layers);
+			printf("memory plan: limit %.3f GB = spine %.3f GB resident (%s) + ring %.3f GB + "
+			       "expert cache %.3f GB + state %.3f GB + scratch and headroom\n",
+			       (double)s->memory_limit_bytes / 1e9, (double)s->spine_resident_bytes / 1e9,
+			       pre, (double)s->spine_ring_bytes / 1e9, (double)s->expert_cache_bytes / 1e9,
+			       (double)s->state_bytes / 1e9);
+		}
 	}
 	k3ctl_client_close(&c);
 	return K3CTL_EXIT_OK;

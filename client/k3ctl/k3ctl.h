@@ -68,6 +68,7 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(cancel,   "cancel a queued or running generation by job id") \
 	X(demo_model, "write a synthetic K3 checkpoint (HF layout) to --out DIR") \
 	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory") \
+	X(plan,     "split a RAM size between spine, ring, expert cache, state (--model DIR --ram 64G)") \
 	X(setup,    "find and validate the Kimi K3 checkpoint, or say how to fetch it") \
 	X(forward,  "run the forward pass offline on token ids (logits, greedy, routes)") \
 	X(tokenize, "encode text to K3 token ids (offline)") \

@@ -92,12 +92,14 @@ static const struct {
 		  "           [--hide-reasoning] [--stats] [--ids] [--json]\n"
 		  "  One message per line on stdin; Ctrl-C cancels a reply; Ctrl-D or /exit quits." },
 	{ "cancel", "k3ctl cancel JOB_ID" },
-	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench|trained] [--seed N] [--layers N]\n"
+	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench|k3-sparse|trained] [--seed N] [--layers N]\n"
 			"  [--hidden N] [--vocab N] [--intermediate N] [--experts N] [--top-k N]\n"
 			"  [--moe-intermediate N] [--latent N] [--shared-experts N] [--kda-heads N]\n"
 			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"
 			"  [--v-head N] [--attn-res-block N] [--shards N]" },
 	{ "inspect", "k3ctl inspect DIR [--ram SIZE] [--json]" },
+	{ "plan", "k3ctl plan --model DIR [--ram SIZE] [--context N] [--spine-resident auto|all|N|none]\n"
+		  "           [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]" },
 	{ "setup", "k3ctl setup [--model-root DIR]" },
 	{ "forward", "k3ctl forward --model DIR --ids ID[,ID...] [--steps N] [--json] [--threads N]\n"
 		     "  [--chunk N] [--reference] [--provider NAME]" },
@@ -110,7 +112,8 @@ static const struct {
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
 		   "            [--io-threads N] [--threads N] [--no-packs] [--disk-mib M]\n"
-		   "            [--disk-samples N] [--seed N]" },
+		   "            [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
+		   "            [--io-rate GBPS] [--io-latency MS]" },
 };
 
 static int command_help(const char *name)

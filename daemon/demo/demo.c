@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/array.h"
 #include "base/path.h"
@@ -49,11 +50,19 @@ static const struct k3_demo_dims presets[K3_DEMO_PRESET_COUNT] = {
 		.mla_heads = 8, .q_lora = 384, .kv_lora = 256, .nope = 128, .rope = 64, .v_head = 128,
 		.attn_res_block = 2, .random_expert_codes = true,
 	},
+	/* k3-sparse: the values of docs/model.md §1.2 */
+	[K3_DEMO_K3_SPARSE] = {
+		.layers = 93, .hidden = 7168, .vocab = 163840, .intermediate = 33792,
+		.experts = 896, .top_k = 16, .moe_intermediate = 3072, .latent = 3584, .shared_experts = 2,
+		.kda_heads = 96, .kda_head_dim = 128,
+		.mla_heads = 96, .q_lora = 1536, .kv_lora = 512, .nope = 128, .rope = 64, .v_head = 128,
+		.attn_res_block = 12, .release_layout = true, .sparse = true,
+	},
 };
 
 int k3_demo_preset_parse(const char *s, enum k3_demo_preset *out)
 {
-	static const char *names[] = { "nano", "small", "bench" };
+	static const char *names[] = { "nano", "small", "bench", "k3-sparse" };
 
 	for (int i = 0; i < K3_DEMO_PRESET_COUNT; i++)
 		if (strcmp(s, names[i]) == 0) {
@@ -70,6 +79,13 @@ int k3_demo_resolve(const struct k3_demo_opts *o, struct k3_demo_dims *d, struct
 	if ((unsigned)o->preset >= K3_DEMO_PRESET_COUNT)
 		return k3_err_set(err, -EINVAL, "unknown preset");
 	*d = presets[o->preset];
+	if (d->release_layout && (o->layers || o->hidden || o->vocab || o->intermediate || o->experts ||
+				  o->top_k || o->moe_intermediate || o->latent || o->shared_experts ||
+				  o->kda_heads || o->kda_head_dim || o->mla_heads || o->q_lora ||
+				  o->kv_lora || o->nope || o->rope || o->v_head || o->attn_res_block ||
+				  o->shards))
+		return k3_err_set(err, -EINVAL, "the k3-sparse preset is K3's real layout: it takes "
+				  "no size options");
 	OVR(layers); OVR(hidden); OVR(vocab); OVR(intermediate);
 	OVR(experts); OVR(top_k); OVR(moe_intermediate); OVR(latent); OVR(shared_experts);
 	OVR(kda_heads); OVR(kda_head_dim);
@@ -164,7 +180,7 @@ struct tdesc {
 	char name[192];
 	enum k3_dtype dtype;
 	uint32_t ndim;
-	uint64_t shape[3];
+	uint64_t shape[4];
 	uint64_t nbytes;
 	uint32_t shard;
 	enum gen gen;
@@ -251,13 +267,48 @@ static void expert_proj(struct dlist *l, uint32_t sh, uint32_t layer, uint32_t e
 	(void)p;
 }
 
+/* The release's vision tower and projector (k3d ignores them; their
+ * names, shapes and shards are the release's, docs/plan.md "Sources"):
+ * the projector in shard `sh`, the tower in the next. */
+static void describe_vision(struct dlist *l, uint32_t sh)
+{
+	const char *pre = l->prefix;
+
+	l->prefix = "";
+	add(l, sh, BF, G_NORMAL, 0, 0, 1, 7168, 0, 0, "mm_projector.post_norm.weight");
+	add(l, sh, BF, G_NORMAL, 0, 0, 2, 4096, 4096, 0, "mm_projector.proj.0.weight");
+	add(l, sh, BF, G_NORMAL, 0, 0, 2, 7168, 4096, 0, "mm_projector.proj.2.weight");
+	for (uint32_t b = 0; b < 27; b++) {
+		add(l, sh + 1, BF, G_NORMAL, 0, 0, 2, 4096, 1024, 0, "vision_tower.encoder.blocks.%u.mlp.fc0.weight", b);
+		add(l, sh + 1, BF, G_NORMAL, 0, 0, 2, 1024, 4096, 0, "vision_tower.encoder.blocks.%u.mlp.fc1.weight", b);
+		add(l, sh + 1, BF, G_NORMAL, 0, 0, 1, 1024, 0, 0, "vision_tower.encoder.blocks.%u.norm0.weight", b);
+		add(l, sh + 1, BF, G_NORMAL, 0, 0, 1, 1024, 0, 0, "vision_tower.encoder.blocks.%u.norm1.weight", b);
+		add(l, sh + 1, BF, G_NORMAL, 0, 0, 2, 1024, 1536, 0, "vision_tower.encoder.blocks.%u.wo.weight", b);
+		add(l, sh + 1, BF, G_NORMAL, 0, 0, 2, 4608, 1024, 0, "vision_tower.encoder.blocks.%u.wqkv.weight", b);
+	}
+	add(l, sh + 1, BF, G_NORMAL, 0, 0, 1, 1024, 0, 0, "vision_tower.encoder.final_layernorm.weight");
+	add(l, sh + 1, BF, G_NORMAL, 0, 0, 3, 64, 64, 1024, "vision_tower.patch_embed.pos_emb.weight");
+	struct tdesc *t = add(l, sh + 1, BF, G_NORMAL, 0, 0, 3, 1024, 3, 14,
+			      "vision_tower.patch_embed.proj.weight");
+	if (t) {   /* [1024, 3, 14, 14] */
+		t->ndim = 4;
+		t->shape[3] = 14;
+		t->nbytes *= 14;
+	}
+	l->prefix = pre;
+}
+
 static void describe(struct dlist *l, const struct k3_demo_dims *d, uint32_t n_shards)
 {
 	uint64_t D = d->hidden, P = (uint64_t)d->kda_heads * d->kda_head_dim, dk = d->kda_head_dim;
 	uint64_t H = d->mla_heads;
 	uint32_t last = n_shards - 1;
 
-	add(l, 0, BF, G_NORMAL, 0.0f, 1.0f, 2, d->vocab, D, 0, "model.embed_tokens.weight");
+	/* The release keeps the embedding with the head, after the layers. */
+	uint32_t first = 0;
+	if (d->release_layout)
+		first = last = d->layers;
+	add(l, first, BF, G_NORMAL, 0.0f, 1.0f, 2, d->vocab, D, 0, "model.embed_tokens.weight");
 	add(l, last, BF, G_NORMAL, 0.0f, 1.0f / sqrtf((float)D), 2, d->vocab, D, 0, "lm_head.weight");
 	add(l, last, BF, G_NORMAL, 1.0f, 0.05f, 1, D, 0, 0, "model.norm.weight");
 	add(l, last, BF, G_NORMAL, 1.0f, 0.05f, 1, D, 0, 0, "model.output_attn_res_norm.weight");
@@ -266,11 +317,13 @@ static void describe(struct dlist *l, const struct k3_demo_dims *d, uint32_t n_s
 	for (uint32_t y = 0; y < d->layers; y++) {
 		/* even split, the remainder to the first shards */
 		uint32_t base = d->layers / n_shards, rem = d->layers % n_shards, sh = 0, acc = 0;
-		for (sh = 0; sh < n_shards; sh++) {
+		for (sh = 0; sh < n_shards && !d->release_layout; sh++) {
 			acc += base + (sh < rem);
 			if (y < acc)
 				break;
 		}
+		if (d->release_layout)   /* one layer per shard */
+			sh = y;
 		normw(l, sh, D, y, "input_layernorm.weight");
 		normw(l, sh, D, y, "post_attention_layernorm.weight");
 		normw(l, sh, D, y, "self_attention_res_norm.weight");
@@ -336,6 +389,8 @@ static void describe(struct dlist *l, const struct k3_demo_dims *d, uint32_t n_s
 			expert_proj(l, sh, y, e, "w3", d->moe_intermediate, d->latent, false);
 		}
 	}
+	if (d->release_layout)
+		describe_vision(l, d->layers + 1);
 }
 
 /* safetensors serializer order: larger dtype first, then name */
@@ -451,7 +506,9 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 	char *hdr = NULL, *path = NULL;
 	json_t *h = NULL;
 
-	snprintf(fname, sizeof(fname), "model-%05u-of-%05u.safetensors", s + 1, n_shards);
+	/* The release numbers its shards "model-00001-of-000096". */
+	snprintf(fname, sizeof(fname), d->release_layout ? "model-%05u-of-%06u.safetensors"
+							 : "model-%05u-of-%05u.safetensors", s + 1, n_shards);
 	v = malloc((l->n ? l->n : 1) * sizeof(*v));
 	if (!v)
 		return k3_err_set(err, -ENOMEM, "out of memory");
@@ -464,9 +521,11 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 		}
 	qsort(v, m, sizeof(*v), cmp_layout);
 	h = json_object();
-	json_t *md = json_object();
-	json_object_set_new(md, "format", json_string("pt"));
-	json_object_set_new(h, "__metadata__", md);
+	if (!d->release_layout) {   /* the release's headers have no __metadata__ */
+		json_t *md = json_object();
+		json_object_set_new(md, "format", json_string("pt"));
+		json_object_set_new(h, "__metadata__", md);
+	}
 	uint64_t off = 0;
 	for (size_t i = 0; i < m; i++) {
 		json_t *e = json_object(), *sh = json_array();
@@ -483,8 +542,8 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 	}
 	hdr = json_dumps(h, JSON_COMPACT);
 	path = k3_path_join(out, fname);
-	buf = malloc(maxb ? maxb : 1);
-	if (!hdr || !path || !buf) {
+	buf = d->sparse ? NULL : malloc(maxb ? maxb : 1);
+	if (!hdr || !path || (!buf && !d->sparse)) {
 		r = k3_err_set(err, -ENOMEM, "out of memory");
 		goto done;
 	}
@@ -503,7 +562,13 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 		r = k3_err_set(err, -EIO, "%s: write failed", path);
 		goto done;
 	}
-	for (size_t i = 0; i < m; i++) {
+	/* Sparse: the data section is one hole the size of the payloads. */
+	if (d->sparse && (fflush(f) != 0 || ftruncate(fileno(f), (off_t)(8 + n + off)) != 0)) {
+		r = k3_err_set(err, -errno, "%s: cannot extend to %llu bytes: %s", path,
+			       (unsigned long long)(8 + n + off), strerror(errno));
+		goto done;
+	}
+	for (size_t i = 0; i < m && !d->sparse; i++) {
 		struct tdesc *scale = NULL;
 		if (v[i]->gen == G_MX_PACKED) {
 			/* its scale twin sorts right after it (".weight_packed" < ".weight_scale") */
@@ -622,7 +687,8 @@ static int write_config(const char *out, const struct k3_demo_dims *d, uint64_t 
 	json_object_set_new(c, "text_config", t);
 	json_object_set_new(c, "tie_word_embeddings", json_false());
 	json_object_set_new(c, "k3_demo_model", json_pack("{s:s,s:I,s:s}", "generator", "k3ctl demo-model",
-							   "seed", (json_int_t)seed, "note",
+							   "seed", (json_int_t)seed, "note", d->sparse ?
+							   K3_DEMO_SPARSE_NOTE :
 							   "synthetic weights; no vision tower weights are stored"));
 	char *p = k3_path_join(out, "config.json");
 	int r = 0;
@@ -646,14 +712,16 @@ int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *
 		return r;
 	if (mkdir(out, 0755) != 0 && errno != EEXIST)
 		return k3_err_set(err, -errno, "%s: %s", out, strerror(errno));
-	/* describe once with 2 shards to size the model, then decide */
-	uint32_t n_shards = d.shards ? d.shards : 2;
+	/* describe once with 2 shards to size the model, then decide (the
+	 * release: a shard per layer, one for the embedding and head, two for
+	 * the vision tower and projector) */
+	uint32_t n_shards = d.release_layout ? d.layers + 3 : d.shards ? d.shards : 2;
 	describe(&l, &d, n_shards);
 	if (l.err) {
 		r = k3_err_set(err, l.err, "out of memory");
 		goto out;
 	}
-	if (!d.shards) {
+	if (!d.shards && !d.release_layout) {
 		uint64_t total = 0;
 		for (size_t i = 0; i < l.n; i++)
 			total += l.v[i].nbytes;
@@ -687,7 +755,11 @@ int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *
 	}
 	r = write_config(out, &d, o->seed, err);
 	if (!r)
-		r = k3_demo_write_tokenizer(out, d.vocab, err);
+		/* k3-sparse: no tokenizer. A synthetic rank file of the release's
+		 * size is refused by the tokenizer loader, which knows the real
+		 * one's SHA-256; copy the release's tiktoken.model and
+		 * tokenizer_config.json in to serve text (docs/plan.md). */
+		r = d.release_layout ? 0 : k3_demo_write_tokenizer(out, d.vocab, err);
 out:
 	for (size_t i = 0; i < l.n; i++)
 		free(l.v[i].pending);

@@ -28,8 +28,21 @@ enum k3_demo_preset {
 	K3_DEMO_NANO = 0,    /* a few MB, every path (the default) */
 	K3_DEMO_SMALL,       /* tens of MB, speed tests */
 	K3_DEMO_BENCH,       /* real K3 expert shapes (17,547,264 B/expert), few layers */
+	/* K3's real layout at full size (docs/plan.md, "The full-size
+	 * rehearsal"): every tensor name, shape, dtype and offset of the
+	 * release in its 96 shards (~1.56 TB apparent), the data regions left
+	 * as holes (they read as zeros; the disk holds the headers). Every
+	 * weight is zero, so its output is meaningless: a rehearsal of scale,
+	 * not of numbers. No overrides, no tokenizer files (k3d serves token
+	 * ids; copy the release's tokenizer in for text). */
+	K3_DEMO_K3_SPARSE,
 	K3_DEMO_PRESET_COUNT
 };
+
+/* What a k3-sparse checkpoint's config.json (k3_demo_model.note) and
+ * `k3ctl demo-model` say about it. */
+#define K3_DEMO_SPARSE_NOTE "k3-sparse: Kimi K3's real layout at full size with every weight " \
+	"zero (sparse holes): its output is meaningless; a rehearsal of scale, not of numbers"
 
 /* Options; a 0 override keeps the preset's value. */
 struct k3_demo_opts {
@@ -51,9 +64,13 @@ struct k3_demo_dims {
 	uint32_t mla_heads, q_lora, kv_lora, nope, rope, v_head;
 	uint32_t attn_res_block, shards;
 	bool random_expert_codes;    /* bench: codes drawn directly, not quantized */
+	bool release_layout;         /* k3-sparse: the release's shards (layer l in shard l + 1,
+				      * embedding and head in shard L + 1, the vision tower and
+				      * projector after), names and headers */
+	bool sparse;                 /* k3-sparse: data regions are holes, never written */
 };
 
-/* "nano"/"small"/"bench" -> preset; 0 or -EINVAL. */
+/* "nano"/"small"/"bench"/"k3-sparse" -> preset; 0 or -EINVAL. */
 int k3_demo_preset_parse(const char *s, enum k3_demo_preset *out);
 
 /* Resolves o into *d and checks it: vocab >= 512 (256 byte ranks + 256

@@ -207,6 +207,22 @@ static int check_scales(struct k3_model *m, struct k3_err *err)
 	return r;
 }
 
+int k3_model_config_load(const char *dir, struct k3_model_config *out, struct k3_err *err)
+{
+	char *p = k3_path_join(dir, "config.json"), *text = NULL;
+	size_t len = 0;
+	int r;
+
+	if (!p)
+		return k3_err_set(err, -ENOMEM, "out of memory");
+	r = k3_file_read(p, K3_MODEL_CONFIG_MAX, 0, &text, &len, err);
+	if (r == 0)
+		r = k3_model_config_parse(text, len, out, err);
+	free(text);
+	free(p);
+	return r;
+}
+
 int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
 {
 	return k3_model_open_with(dir, NULL, out, err);
@@ -236,19 +252,7 @@ int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
 		goto fail;
 	}
 
-	if (!(p = k3_path_join(m->dir, "config.json"))) {
-		r = k3_err_set(err, -ENOMEM, "out of memory");
-		goto fail;
-	}
-	r = k3_file_read(p, K3_MODEL_CONFIG_MAX, 0, &text, &len, err);
-	if (r)
-		goto fail;
-	r = k3_model_config_parse(text, len, &m->cfg, err);
-	free(text);
-	text = NULL;
-	free(p);
-	p = NULL;
-	if (r)
+	if ((r = k3_model_config_load(m->dir, &m->cfg, err)))
 		goto fail;
 
 	if (!(p = k3_path_join(m->dir, "model.safetensors.index.json"))) {

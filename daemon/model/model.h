@@ -155,6 +155,11 @@ struct k3_model_config {
 int k3_model_config_parse(const char *json, size_t len,
 			  struct k3_model_config *out, struct k3_err *err);
 
+/* Reads dir/config.json (at most K3_MODEL_CONFIG_MAX bytes) and parses it
+ * as k3_model_config_parse does: what `k3ctl plan` needs before any shard
+ * exists. -ENOENT (and other errnos) naming the file, or -EINVAL. */
+int k3_model_config_load(const char *dir, struct k3_model_config *out, struct k3_err *err);
+
 /* ---- tensors ---- */
 
 /* safetensors dtypes. Values are stable (never renumber). */
@@ -444,6 +449,12 @@ int k3_model_int8_quantize_rows(const struct k3_tensor *t, size_t r0, size_t n, 
 
 /* What the model runs: info->on is false for the BF16 spine. */
 void k3_model_int8_info_get(const struct k3_model *m, struct k3_model_int8_info *info);
+
+/* The I8 tensors an int8 spine runs in place of BF16 matrices, in plan
+ * order (named <matrix>.weight_i8, shape [rows, cols], nbytes with the
+ * row scales): *n gets the count (0 for the BF16 spine). Valid until
+ * k3_model_free(). */
+const struct k3_tensor *k3_model_int8_views(const struct k3_model *m, size_t *n);
 
 /* NULL-safe. Unmaps everything. */
 void k3_model_free(struct k3_model *m);

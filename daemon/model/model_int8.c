@@ -409,6 +409,12 @@ int k3_model_int8_quantize_rows(const struct k3_tensor *t, size_t r0, size_t n, 
 	return rc;
 }
 
+const struct k3_tensor *k3_model_int8_views(const struct k3_model *m, size_t *n)
+{
+	*n = m->int8.n_views;
+	return m->int8.views;
+}
+
 void k3_model_int8_info_get(const struct k3_model *m, struct k3_model_int8_info *info)
 {
 	memset(info, 0, sizeof(*info));

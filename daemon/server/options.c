@@ -14,7 +14,7 @@
 #include "base/parse.h"
 #include "store/store.h"
 #include "store/store_budget.h"
-#include "store/store_spine.h"
+#include "store/store_plan.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
 
@@ -40,14 +40,22 @@ static const char usage[] =
 	"  --direct auto|on|off expert reads with O_DIRECT: auto (default) where the\n"
 	"                       file system allows it; on = required (refuse to start\n"
 	"                       otherwise); off = buffered + posix_fadvise(RANDOM)\n"
+	"  --memory-limit SIZE  plan memory for at most SIZE (64G, 512M; default and cap:\n"
+	"                       min(RAM, cgroup memory.max / memory.high))\n"
+	"  --context N          tokens of MLA cache the plan reserves per conversation, and\n"
+	"                       the most one may hold (default: reserve min(32768, the\n"
+	"                       model's), accept up to the model's)\n"
+	"  --spine-resident auto|all|N|none  stream the spine (every non-expert weight):\n"
+	"                       layers 0..N-1 stay resident, every later layer is read\n"
+	"                       per pass into a ring of layer arenas; auto = the memory\n"
+	"                       plan's prefix, all = every layer; not given: the plan's\n"
+	"                       choice, the spine mapped when it all fits (docs/plan.md)\n"
+	"  --io-rate GBPS       emulated drive: expert and spine reads limited to GBPS\n"
+	"                       GB/s in all (benchmarks over page-cached files)\n"
+	"  --io-latency MS      emulated drive: each read request takes MS more\n"
 	"  --router-trace FILE  append each routing decision as a JSON line\n"
 	"  --no-packs           read experts (and the spine) from the shards even when\n"
 	"                       packs are valid\n"
-	"  --spine-resident auto|all|none|N  stream the spine (every non-expert weight):\n"
-	"                       layers 0..N-1 stay resident, every later layer is read\n"
-	"                       per pass into a ring of layer arenas; all = every layer\n"
-	"                       resident (read once), auto = as many as the memory\n"
-	"                       budget allows; not given: the spine stays mapped\n"
 	"  --spine bf16|int8    the spine's weights: bf16 (default) = the checkpoint's,\n"
 	"                       weight-exact; int8 = the row-wise int8 overlay written by\n"
 	"                       `k3ctl convert-spine-int8` (NOT weight-exact: k3d says so in\n"
@@ -168,8 +176,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 {
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE,
-	       O_SPINE_DTYPE, O_SPINE_INT8_DIR };
+	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
+	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -191,7 +199,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
 		{ "direct", required_argument, NULL, O_DIRECT },
-		{ "spine-resident", required_argument, NULL, O_SPINE },
+		{ "memory-limit", required_argument, NULL, O_MEMLIMIT },
+		{ "context", required_argument, NULL, O_CONTEXT },
+		{ "spine-resident", required_argument, NULL, O_RESIDENT },
+		{ "io-rate", required_argument, NULL, O_IORATE },
+		{ "io-latency", required_argument, NULL, O_IOLAT },
 		{ "spine", required_argument, NULL, O_SPINE_DTYPE },
 		{ "spine-int8-dir", required_argument, NULL, O_SPINE_INT8_DIR },
 		{ "help", no_argument, NULL, 'h' },
@@ -209,7 +221,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->idle_timeout_s = K3_LIM_IDLE_TIMEOUT_DEFAULT_S;
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
-	opts->spine_resident = K3_OPTIONS_SPINE_MAPPED;
+	opts->spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -320,9 +332,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
-		case O_SPINE:
-			if ((r = k3_store_spine_parse_resident(optarg, &opts->spine_resident, err)) < 0)
-				return k3_err_prefix(err, "--spine-resident");
+		case O_MEMLIMIT:
+			if ((r = k3_parse_size(optarg, &opts->memory_limit_bytes, err)) < 0)
+				return k3_err_prefix(err, "--memory-limit");
+			if (!opts->memory_limit_bytes)
+				return k3_err_set(err, -EINVAL, "--memory-limit: a size above 0 (64G, 512M)");
 			break;
 		case O_SPINE_DTYPE:
 			if (strcmp(optarg, "bf16") && strcmp(optarg, "int8"))
@@ -336,6 +350,29 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 				return k3_err_set(err, -EINVAL, "--spine-int8-dir: empty path");
 			opts->spine_int8_dir = optarg;
 			break;
+		case O_CONTEXT:
+			if ((r = k3_parse_u64(optarg, 1, 1u << 24, &v, err)) < 0)
+				return k3_err_prefix(err, "--context");
+			opts->context_tokens = (uint32_t)v;
+			break;
+		case O_RESIDENT:
+			if ((r = k3_store_plan_parse_resident(optarg, &opts->spine_resident, err)) < 0)
+				return r;
+			break;
+		case O_IORATE: {
+			double g;
+			if ((r = k3_parse_double(optarg, 0.001, 1000, &g, err)) < 0)
+				return k3_err_prefix(err, "--io-rate (GB/s)");
+			opts->io_rate_bytes_per_s = (uint64_t)(g * 1e9);
+			break;
+		}
+		case O_IOLAT: {
+			double ms;
+			if ((r = k3_parse_double(optarg, 0, 10000, &ms, err)) < 0)
+				return k3_err_prefix(err, "--io-latency (ms)");
+			opts->io_latency_ns = (uint64_t)(ms * 1e6);
+			break;
+		}
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -412,21 +449,31 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(pf, sizeof(pf), "off");
 	else
 		snprintf(pf, sizeof(pf), "%d", opts->prefetch);
-	char sp[32];
-	if (opts->spine_resident == K3_OPTIONS_SPINE_MAPPED)
-		snprintf(sp, sizeof(sp), "mapped");
-	else if (opts->spine_resident == K3_STORE_SPINE_AUTO)
-		snprintf(sp, sizeof(sp), "auto");
-	else if (opts->spine_resident == K3_STORE_SPINE_ALL)
-		snprintf(sp, sizeof(sp), "all");
-	else
-		snprintf(sp, sizeof(sp), "%d", (int)opts->spine_resident);
+	char num[16];
+	const char *sp = opts->spine_resident == K3_STORE_PLAN_RESIDENT_DEFAULT
+			 ? "mapped (streamed when it does not fit)"
+			 : k3_store_plan_resident_name(opts->spine_resident, num, sizeof(num));
 	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
 		    " packs=%s spine-resident=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid", sp);
+	char mem[32], ctx[32], rate[48];
+	if (opts->memory_limit_bytes)
+		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);
+	else
+		snprintf(mem, sizeof(mem), "none");
+	if (opts->context_tokens)
+		snprintf(ctx, sizeof(ctx), "%u", opts->context_tokens);
+	else
+		snprintf(ctx, sizeof(ctx), "auto");
+	if (opts->io_rate_bytes_per_s || opts->io_latency_ns)
+		snprintf(rate, sizeof(rate), "%.3fGB/s+%.3fms", (double)opts->io_rate_bytes_per_s / 1e9,
+			 (double)opts->io_latency_ns / 1e6);
+	else
+		snprintf(rate, sizeof(rate), "off");
+	k3_log_info("config: memory-limit=%s context=%s emulated-drive=%s", mem, ctx, rate);
 	if (opts->spine_int8)
 		k3_log_info("config: spine=int8 (NOT weight-exact) spine-int8-dir=%s",
 			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");

@@ -43,15 +43,23 @@ struct k3_options {
 				       * whose measured precision passes the gate) */
 	const char *router_trace;     /* --router-trace FILE; NULL = none */
 	bool no_packs;                /* --no-packs: read experts (and the spine) from the shards */
-	/* --spine-resident: K3_OPTIONS_SPINE_MAPPED (not given: the spine is
-	 * the mmapped shards), K3_STORE_SPINE_AUTO / _ALL, or N >= 0 layers
-	 * resident and the rest streamed (docs/store.md, "Spine streaming") */
+	/* --spine-resident: K3_STORE_PLAN_RESIDENT_DEFAULT when not given (the
+	 * plan's choice, the spine mapped when it all fits), _AUTO, _ALL,
+	 * _NONE, or N >= 0 layers resident and the rest streamed (docs/plan.md,
+	 * docs/store.md "Spine streaming") */
 	int32_t spine_resident;
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 	/* --spine int8: the int8 spine overlay (NOT weight-exact), never chosen
 	 * by k3d itself; --spine-int8-dir: where it is (NULL = MODEL/spine-int8) */
 	bool spine_int8;
 	const char *spine_int8_dir;
+	/* The memory planner (docs/plan.md, store_plan.h) */
+	uint64_t memory_limit_bytes;  /* --memory-limit: 0 = min(RAM, cgroup) alone */
+	uint32_t context_tokens;      /* --context: 0 = plan for min(32768, max_position_embeddings),
+				       * accept up to max_position_embeddings */
+	/* The emulated drive (store_io.h): 0 = off */
+	uint64_t io_rate_bytes_per_s; /* --io-rate GBPS */
+	uint64_t io_latency_ns;       /* --io-latency MS */
 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,
@@ -59,10 +67,6 @@ struct k3_options {
  * reads a rank ahead only while its measured precision is >= 0.9: every
  * wrong guess costs a read (docs/store.md, "Prefetch", measured). */
 enum { K3_OPTIONS_PREFETCH_MAX = 64 };
-
-/* --spine-resident not given; given, it holds a layer count or
- * K3_STORE_SPINE_AUTO / K3_STORE_SPINE_ALL (store_spine.h). */
-enum { K3_OPTIONS_SPINE_MAPPED = -1 };
 
 /*
  * Parses argv into opts (defaults first). Returns 0; 1 when --help or

@@ -408,8 +408,8 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	k3_msg_model_info_reply_set_id(&r, k3_proto_str_of(s->model_id));
 	k3_msg_model_info_reply_set_path(&r, k3_proto_str_of(s->opts->model_dir));
 	k3_msg_model_info_reply_set_provider(&r, k3_proto_str_of("cpu"));
-	k3_msg_model_info_reply_set_context_length(&r, (uint32_t)(mc->max_position_embeddings > UINT32_MAX
-								  ? UINT32_MAX : mc->max_position_embeddings));
+	uint64_t ctx = sched_context_tokens(s);
+	k3_msg_model_info_reply_set_context_length(&r, (uint32_t)(ctx > UINT32_MAX ? UINT32_MAX : ctx));
 	k3_msg_model_info_reply_set_vocab_size(&r, k3_engine_vocab(s->engine));
 	k3_msg_model_info_reply_set_n_layers(&r, mc->num_hidden_layers);
 	k3_msg_model_info_reply_set_hidden_size(&r, mc->hidden_size);
@@ -573,6 +573,7 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		r->spine_io_wait_s_total = s->totals.spine_io_wait_s_total;
 		r->has_spine_io_wait_s_total = true;
 	}
+	sched_status_memory(s, r);
 }
 
 static unsigned hook_drain(void *ctx)

@@ -40,6 +40,7 @@
 #include "engine/engine.h"
 #include "store/store.h"
 #include "store/store_engine.h"
+#include "store/store_plan.h"
 #include "store/store_spine.h"
 #include "text/text_detok.h"
 #include "text/text_parse.h"
@@ -234,6 +235,9 @@ struct k3_sched {
 	struct k3_store_source *xsrc;
 	struct k3_store *store;
 	struct k3_store_engine_src xctx;
+	/* the memory plan (store_plan.h); valid when have_plan */
+	struct k3_store_plan_out plan;
+	bool have_plan;
 	/* the spine loader (NULL: the spine is the mmapped shards) */
 	struct k3_store_spine *spine;
 	/* --router-trace, engine thread only */
@@ -413,6 +417,13 @@ void sched_job_run(struct k3_sched *s, struct sched_job *j);
 /* Loads the model, tokenizer, engine, router trace and expert store, then
  * posts MSG_LOADED (ok, or the error text). Engine thread. */
 void sched_load(struct k3_sched *s);
+/* Tokens one conversation may hold: the model's max_position_embeddings,
+ * capped at --context when it is given (the plan then reserves state for
+ * exactly that). Any thread. */
+uint64_t sched_context_tokens(const struct k3_sched *s);
+/* STATUS_REPLY's memory fields: peak RSS (VmHWM of this process) and,
+ * once loaded, the memory plan's split. Loop thread. */
+void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r);
 /* Appends the routes of the last forward call (c positions from pos) to
  * --router-trace; a write error stops tracing with one log line. */
 void sched_trace_routes(struct k3_sched *s, const struct sched_job *j, uint32_t pos, uint32_t c);

@@ -1,8 +1,11 @@
 /*
  * sched_load.c - what the engine thread loads before its first job and
  * the work that uses the expert store directly: the model, tokenizer and
- * engine; the expert store behind the engine (packs or shards, the RAM
- * budget, readers, prefetch); --router-trace (opening it, appending each
+ * engine; the memory plan (store_plan.h: the limit split between spine,
+ * ring, expert cache, state, scratch and headroom, refused below the
+ * floor); the expert store behind the engine (packs or shards, readers,
+ * prefetch, the emulated drive) and the spine loader when the plan streams
+ * the spine; --router-trace (opening it, appending each
  * forward call's routes, flushing after each job); and WARM_EXPERTS
  * (validated on the loop thread, run on the engine thread between
  * generations).
@@ -22,17 +25,11 @@
 
 #include "base/log.h"
 #include "model/model.h"
-#include "store/store_budget.h"
 #include "store/store_int8.h"
 #include "store/store_model.h"
+#include "store/store_plan.h"
 #include "store/store_spine.h"
 #include "store/store_trace.h"
-
-/* Per-request state the budget reserves besides the cache: MLA caches and
- * KDA states of one sequence plus activations (small next to the experts at
- * every scale this build serves; a long-context K3 request needs more and
- * --expert-cache-gb N then sets the share explicitly). */
-#define SCHED_STATE_RESERVE ((uint64_t)512 << 20)
 
 /* ---- router trace ------------------------------------------------------------ */
 
@@ -90,31 +87,6 @@ static int open_trace(struct k3_sched *s, struct k3_err *err)
 
 /* ---- the expert store ---------------------------------------------------------- */
 
-/* Bytes of the routed experts' tensors (what the store streams). */
-static uint64_t expert_tensor_bytes(const struct k3_model *m)
-{
-	const struct k3_model_plan *plan = k3_model_plan(m);
-	uint64_t sum = 0;
-
-	for (uint32_t l = 0; l < plan->n_layers; l++) {
-		if (!plan->layers[l].is_moe)
-			continue;
-		for (uint32_t x = 0; x < plan->layers[l].moe.n_experts; x++) {
-			const struct k3_expert *e = &plan->layers[l].moe.experts[x];
-			const struct k3_expert_proj *pr[3] = { &e->w1, &e->w2, &e->w3 };
-			for (int i = 0; i < 3; i++) {
-				if (pr[i]->packed)
-					sum += pr[i]->packed->nbytes;
-				if (pr[i]->scale)
-					sum += pr[i]->scale->nbytes;
-				if (pr[i]->weight)
-					sum += pr[i]->weight->nbytes;
-			}
-		}
-	}
-	return sum;
-}
-
 /* The first expert file read without O_DIRECT (for the log). */
 static uint32_t first_buffered(const struct k3_store_source *src)
 {
@@ -169,64 +141,106 @@ static int prefetch_of(const struct k3_options *o, const struct k3_model_config 
 	return o->prefetch < 0 ? (int)mc->num_experts_per_token : o->prefetch;
 }
 
-/* The budget's input for a spine that takes spine_bytes of memory. */
-static struct k3_store_budget_in budget_in(const struct k3_sched *s, uint64_t spine_bytes)
+/* Splits the memory limit (store_plan.h) with the checkpoint's bytes (the
+ * spine loader's when it streams) and keeps the split for STATUS;
+ * slot_bytes: the expert store's slot (0: none). *streams: the spine
+ * loader serves the spine. Below the floor (or when --spine-resident or
+ * --expert-cache-gb ask for more than the limit holds) it fails with every
+ * number. */
+static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, bool *streams, struct k3_err *err)
 {
+	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
+	uint32_t ctx = o->context_tokens ? o->context_tokens : K3_STORE_PLAN_DEFAULT_CONTEXT;
 
-	return (struct k3_store_budget_in){
-		.spine_bytes = spine_bytes,
-		.state_bytes = SCHED_STATE_RESERVE,
-		.slot_bytes = s->xsrc ? k3_store_source_slot_bytes(s->xsrc) : 0,
-		.floor_slots = mc->num_experts_per_token,
-		.requested_bytes = s->opts->expert_cache_bytes,
+	if (!o->context_tokens && mc->max_position_embeddings && ctx > mc->max_position_embeddings)
+		ctx = (uint32_t)mc->max_position_embeddings;
+	struct k3_store_plan_in in = {
+		.memory_limit_bytes = o->memory_limit_bytes,
+		.context_tokens = ctx,
+		.sequences = 1,
+		.spine_resident = o->spine_resident,
+		.expert_cache_bytes = o->expert_cache_bytes,
+		.max_chunk = SCHED_PREFILL_CHUNK,
+		.slot_bytes = slot_bytes,
 	};
+	int r = k3_store_plan_model(s->model, &in, &s->plan, streams, err);
+	if (r < 0)
+		return k3_err_prefix(err, "memory plan");
+	s->have_plan = true;
+	return 0;
 }
 
-/* The spine loader's configuration from --spine-resident (docs/store.md,
- * "Spine streaming"), until the memory planner (issue 17, plan-io) takes
- * this over: N, none and all as given (the head resident unless none; the
- * embedding is never resident: its rows are read per token); auto keeps
- * every layer resident when that, the expert cache's floor, the state
- * reserve and the headroom fit the memory limit (store_budget.h), else the
- * longest prefix that fits beside the ring (the head resident while it
- * fits: it is read every pass), refusing with every number when not even
- * a streamed head fits. */
-static int spine_config(struct k3_sched *s, const struct k3_store_spine_sizes *z,
-			struct k3_store_spine_config *cfg, struct k3_err *err)
+static void log_plan(const struct k3_store_plan_out *p, bool mapped)
 {
-	int32_t want = s->opts->spine_resident;
-	uint32_t n = z->n_layers;
+	char pre[64];
 
+	if (p->resident_layers == 0)
+		snprintf(pre, sizeof(pre), "no layer");
+	else
+		snprintf(pre, sizeof(pre), "layers 0..%u", p->resident_layers - 1);
+	k3_log_info("memory plan: limit %.3f GB (%s) = headroom %.3f + state %.3f (%u tokens) + scratch "
+		    "%.3f + resident spine %.3f (%s of %u%s%s%s) + ring %u x %.3f + expert cache %.3f "
+		    "(%u slots) + unused %.3f GB; floor %.3f GB; a cold token reads %.3f GB of spine "
+		    "and %.3f GB of experts", (double)p->limit_bytes / 1e9, p->limited_by,
+		    (double)p->headroom_bytes / 1e9, (double)p->state_bytes / 1e9, p->context_tokens,
+		    (double)p->scratch_bytes / 1e9, (double)p->spine_resident_bytes / 1e9, pre,
+		    p->n_layers, p->head_resident ? ", head" : "", p->embed_resident ? ", embedding" : "",
+		    mapped ? "; mapped" : "", p->ring_arenas, (double)p->arena_bytes / 1e9,
+		    (double)p->expert_cache_bytes / 1e9, p->expert_slots, (double)p->unused_bytes / 1e9,
+		    (double)p->floor_bytes / 1e9, (double)p->cold_spine_bytes_per_pass / 1e9,
+		    (double)p->cold_expert_bytes_per_token / 1e9);
+}
+
+/* The spine loader's configuration: the plan's resident set (docs/plan.md);
+ * the embedding is gathered row by row. */
+static void spine_config(const struct k3_sched *s, struct k3_store_spine_config *cfg)
+{
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->direct = (enum k3_store_direct)s->opts->direct;
 	cfg->io_threads = s->opts->io_threads;
 	cfg->max_rows = SCHED_PREFILL_CHUNK;
-	if (want >= 0) {
-		if ((uint32_t)want > n)
-			return k3_err_set(err, -EINVAL, "--spine-resident %d: the model has %" PRIu32
-					  " layers", (int)want, n);
-		cfg->resident_layers = (uint32_t)want;
-		cfg->head_resident = want > 0;
-		return 0;
-	}
-	cfg->resident_layers = n;
-	cfg->head_resident = true;
-	if (want == K3_STORE_SPINE_ALL || !s->xsrc)
-		return 0;
-	/* auto: the longest prefix whose memory leaves the expert cache its floor */
-	for (int head = 1; head >= 0; head--) {
-		for (int64_t R = n; R >= 0; R--) {
-			struct k3_store_budget_out b;
-			struct k3_store_budget_in bi;
-			cfg->resident_layers = (uint32_t)R;
-			cfg->head_resident = head;
-			bi = budget_in(s, k3_store_spine_memory(z, cfg));
-			if (k3_store_budget(&bi, &b, err) == 0)
-				return 0;
+	cfg->resident_layers = s->plan.resident_layers;
+	cfg->head_resident = s->plan.head_resident;
+	cfg->embed_resident = false;
+	cfg->ring_arenas = s->plan.ring_arenas;
+}
+
+uint64_t sched_context_tokens(const struct k3_sched *s)
+{
+	const struct k3_model_config *mc = k3_model_config(s->model);
+	uint64_t ctx = mc->max_position_embeddings ? mc->max_position_embeddings : 4096;
+
+	/* Only an explicit --context is a cap: by default the plan reserves
+	 * state for min(32768, the model's) tokens and a longer conversation
+	 * grows its MLA cache past the plan (docs/plan.md, "Options and where
+	 * the plan shows"). */
+	return s->opts->context_tokens && s->opts->context_tokens < ctx ? s->opts->context_tokens : ctx;
+}
+
+void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r)
+{
+	char line[256];
+	uint64_t kb;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %" SCNu64, &kb) == 1) {
+			r->peak_rss_bytes = kb * 1024; r->has_peak_rss_bytes = true;
+			break;
 		}
-	}
-	return k3_err_prefix(err, "--spine-resident auto: not even a streamed spine fits");
+	if (f)
+		fclose(f);
+	/* The plan is written before MSG_LOADED and never again. */
+	if (!s->ready || !s->have_plan)
+		return;
+	const struct k3_store_plan_out *p = &s->plan;
+	r->memory_limit_bytes = p->limit_bytes; r->has_memory_limit_bytes = true;
+	r->spine_layers = p->n_layers; r->has_spine_layers = true;
+	r->spine_resident_layers = p->resident_layers; r->has_spine_resident_layers = true;
+	r->spine_resident_bytes = p->spine_resident_bytes; r->has_spine_resident_bytes = true;
+	r->spine_ring_bytes = p->spine_ring_bytes; r->has_spine_ring_bytes = true;
+	r->state_bytes = p->state_bytes; r->has_state_bytes = true;
 }
 
 /* The spine loader (--spine-resident): the pack of the spine that runs
@@ -276,34 +290,27 @@ static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cf
 }
 
 /* Creates the expert store over s->xsrc (docs/store.md, "For the engine"):
- * the RAM budget (limit - spine_bytes - state - headroom, refused below
- * one token's floor) and the reader threads. */
-static int open_store(struct k3_sched *s, uint64_t spine_bytes, struct k3_err *err)
+ * the memory plan's expert cache, the reader threads (through the emulated
+ * drive when --io-rate / --io-latency ask for it). */
+static int open_store(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
-	struct k3_store_budget_out b;
 	int r;
 
 	uint64_t slot = k3_store_source_slot_bytes(s->xsrc);
 	uint64_t pool = (uint64_t)k3_store_source_count(s->xsrc) * slot;
-	struct k3_store_budget_in bi = budget_in(s, spine_bytes);
-	r = k3_store_budget(&bi, &b, err);
-	if (r < 0)
-		return k3_err_prefix(err, "--expert-cache-gb");
-	/* More than every expert buys nothing. */
-	uint64_t cache = b.cache_bytes < pool ? b.cache_bytes : pool;
-	if (cache < b.floor_bytes)
-		cache = b.floor_bytes;
 	bool pf_auto = o->prefetch < 0;
 	int prefetch = prefetch_of(o, mc);
 	struct k3_store_config cfg = {
-		.cache_bytes = cache,
+		.cache_bytes = s->plan.expert_cache_bytes,
 		.io_threads = o->io_threads,
 		.policy = K3_STORE_POLICY_FREQ,
 		.prefetch_slots = prefetch ? -1 : 0,
 		.prefetch_auto = pf_auto,
 		.check_scales = true,
+		.io_rate_bytes_per_s = o->io_rate_bytes_per_s,
+		.io_latency_ns = o->io_latency_ns,
 	};
 	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
 	if (r < 0)
@@ -318,12 +325,15 @@ static int open_store(struct k3_sched *s, uint64_t spine_bytes, struct k3_err *e
 		snprintf(pfs, sizeof(pfs), "%d guesses per position", prefetch);
 	else
 		snprintf(pfs, sizeof(pfs), "off");
-	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; limit %.1f GB%s, "
-		    "spine %.3f GB, floor %.3f GB, experts %.3f GB); %u reader threads; prefetch %s",
+	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; floor %.3f GB, "
+		    "experts %.3f GB); %u reader threads; prefetch %s",
 		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
-		    o->expert_cache_bytes ? "--expert-cache-gb" : "auto", (double)b.limit_bytes / 1e9,
-		    b.limited_by_cgroup ? " by cgroup" : "", (double)bi.spine_bytes / 1e9,
-		    (double)b.floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
+		    o->expert_cache_bytes ? "--expert-cache-gb" : "the memory plan",
+		    (double)s->plan.expert_floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
+	if (o->io_rate_bytes_per_s || o->io_latency_ns)
+		k3_log_notice("emulated drive: reads limited to %.3f GB/s in all, %.3f ms per request "
+			      "(--io-rate, --io-latency: for benchmarks over page-cached files)",
+			      (double)o->io_rate_bytes_per_s / 1e9, (double)o->io_latency_ns / 1e6);
 	if (info.files_buffered && o->direct == K3_STORE_DIRECT_AUTO)
 		k3_log_warning("expert reads: %u files with O_DIRECT, %u buffered + posix_fadvise(RANDOM)"
 			       " (--direct auto: the file system refused O_DIRECT for %s)",
@@ -336,21 +346,17 @@ static int open_store(struct k3_sched *s, uint64_t spine_bytes, struct k3_err *e
 	return 0;
 }
 
-/* Everything between the model and the engine's first job (docs/store.md):
- * the expert source, the spine's configuration (its memory counts in the
- * expert cache's budget), the expert store, the spine loader sharing its
- * readers, the engine over the spine source, the expert source behind the
- * engine. */
+/* Everything between the model and the engine's first job (docs/store.md,
+ * docs/plan.md): the expert source, the memory plan, the expert store, the spine loader sharing its readers, the
+ * engine over the spine source, the expert source behind the engine. */
 static int open_engine(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
 	struct k3_engine_opts eo = { .threads = o->threads };
 	struct k3_store_spine_config scfg;
-	struct k3_store_spine_sizes z;
 	struct k3_spine_source ss;
 	char packdir[4096];
-	bool spine = o->spine_resident != K3_OPTIONS_SPINE_MAPPED;
 	int r;
 
 	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
@@ -359,27 +365,15 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
 	if (mc->n_moe && (r = open_expert_source(s, packdir, have_packs, err)) < 0)
 		return r;
-	size_t n_t = 0;
-	const struct k3_tensor *t = k3_model_tensors(s->model, &n_t);
-	uint64_t weights = 0, xbytes = expert_tensor_bytes(s->model);
-	for (size_t i = 0; i < n_t; i++)
-		weights += t[i].nbytes;
-	/* an int8 spine weighs its int8 bytes, not the BF16 ones it replaces */
-	struct k3_model_int8_info i8;
-	k3_model_int8_info_get(s->model, &i8);
-	weights = weights - i8.bf16_bytes + i8.int8_bytes;
-	uint64_t spine_bytes = weights > xbytes ? weights - xbytes : 0;
-	if (spine) {
-		r = k3_store_spine_sizes(s->model, &z, err);
-		if (r == 0)
-			r = spine_config(s, &z, &scfg, err);
-		if (r < 0)
-			return r;
-		spine_bytes = k3_store_spine_memory(&z, &scfg);
-	}
-	if (s->xsrc && (r = open_store(s, spine_bytes, err)) < 0)
+	uint64_t slot = s->xsrc ? k3_store_source_slot_bytes(s->xsrc) : 0;
+	bool spine;
+	if ((r = plan_memory(s, slot, &spine, err)) < 0)
+		return r;
+	log_plan(&s->plan, !spine);
+	if (s->xsrc && (r = open_store(s, err)) < 0)
 		return r;
 	if (spine) {
+		spine_config(s, &scfg);
 		r = open_spine(s, &scfg, packdir, have_packs, err);
 		if (r < 0)
 			return r;

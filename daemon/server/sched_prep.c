@@ -134,8 +134,7 @@ static int prep_chat(const struct k3_sched *s, const struct k3_msg_generate *g, 
  * Touches no connection, so it may run on the prep thread. */
 static int prep_job(const struct k3_sched *s, const struct k3_msg_generate *g, struct sched_job *j)
 {
-	const struct k3_model_config *mc = k3_model_config(s->model);
-	uint64_t ctx = mc->max_position_embeddings ? mc->max_position_embeddings : 4096;
+	uint64_t ctx = sched_context_tokens(s);
 	struct k3_err err = { 0, "" };
 	int r;
 

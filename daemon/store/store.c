@@ -137,7 +137,9 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	 * behind one of them); with one reader, it may prefetch. */
 	unsigned threads = cfg->dry_run ? 0 : cfg->io_threads ? cfg->io_threads
 							  : K3_STORE_DEFAULT_IO_THREADS;
-	struct k3_store_io_config io_cfg = { .threads = threads };
+	struct k3_store_io_config io_cfg = { .threads = threads,
+					     .rate_bytes_per_s = cfg->io_rate_bytes_per_s,
+					     .latency_ns = cfg->io_latency_ns };
 	io_cfg.class_readers[K3_STORE_IO_PREFETCH] = threads > 1 ? threads - 1 : 1;
 	rc = k3_store_io_new(&io_cfg, &s->io, err);
 	if (rc)
@@ -207,8 +209,12 @@ struct k3_store_io *k3_store_reader_pool(struct k3_store *s)
 
 void k3_store_stats_get(struct k3_store *s, struct k3_store_stats *st)
 {
+	struct k3_store_io_stats ios;
+
 	k3_store_io_lock(s->io);
 	*st = s->st;
+	k3_store_io_stats_get(s->io, &ios);
+	st->emulated_wait_ns = ios.emulated_wait_ns;
 	k3_store_io_unlock(s->io);
 }
 

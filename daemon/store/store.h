@@ -94,6 +94,11 @@ struct k3_store_config {
 	 * for checkpoints too big to scan at open). A bad expert fails its
 	 * acquire with -EBADMSG naming it. */
 	bool check_scales;
+	/* The emulated drive of the reader pool (store_io.h): every read
+	 * limited to io_rate_bytes_per_s bytes per second across all readers,
+	 * each request io_latency_ns later; 0 = off. */
+	uint64_t io_rate_bytes_per_s;
+	uint64_t io_latency_ns;
 	/* Simulation: no memory, no threads, no reads; acquire completes at once
 	 * and counters count the bytes the reads would have cost. Used to
 	 * compare eviction policies on router traces (bench_store_policy). */
@@ -138,6 +143,7 @@ struct k3_store_stats {
 	uint64_t evictions;
 	uint64_t io_wait_ns;             /* time acquire spent waiting for reads */
 	uint64_t compute_ns;             /* time between acquires (the engine computing) */
+	uint64_t emulated_wait_ns;       /* readers' sleep for the emulated drive (--io-rate) */
 };
 
 /* Gauges describing the store now. */

@@ -1,16 +1,13 @@
-/* store_budget.c - the RAM expert cache budget (see store_budget.h). */
+/* store_budget.c - cgroup memory limits and budget spellings (see
+ * store_budget.h). */
 #include "store/store_budget.h"
 
 #include <errno.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/parse.h"
-
-#define GIB ((uint64_t)1 << 30)
 
 int k3_store_budget_parse_limit(const char *text, uint64_t *out)
 {
@@ -103,14 +100,14 @@ static int walk_up(const char *root, const char *rel, const char *file, uint64_t
 	}
 }
 
-int k3_store_budget_cgroup_limit(const char *proc_cgroup, const char *cgroup_root,
-				 uint64_t *out, struct k3_err *err)
+int k3_store_budget_cgroup_limits(const char *proc_cgroup, const char *cgroup_root,
+				  struct k3_store_budget_cgroup *out, struct k3_err *err)
 {
 	char line[PATH_MAX + 64], root[PATH_MAX];
 	FILE *f = fopen(proc_cgroup, "re");
 	int rc = 0;
 
-	*out = UINT64_MAX;
+	out->max_bytes = out->high_bytes = UINT64_MAX;
 	if (!f)
 		return 0;
 	while (rc == 0 && fgets(line, sizeof(line), f)) {
@@ -125,7 +122,9 @@ int k3_store_budget_cgroup_limit(const char *proc_cgroup, const char *cgroup_roo
 		const char *ctrl = c1 + 1, *rel = c2 + 1;
 		if (strcmp(line, "0") == 0 && *ctrl == '\0') {
 			/* cgroup v2: unified hierarchy at the root. */
-			rc = walk_up(cgroup_root, rel, "memory.max", out, err);
+			rc = walk_up(cgroup_root, rel, "memory.max", &out->max_bytes, err);
+			if (rc == 0)
+				rc = walk_up(cgroup_root, rel, "memory.high", &out->high_bytes, err);
 		} else {
 			/* cgroup v1: the memory controller's own hierarchy. */
 			bool mem = false;
@@ -137,76 +136,9 @@ int k3_store_budget_cgroup_limit(const char *proc_cgroup, const char *cgroup_roo
 			if (!mem || snprintf(root, sizeof(root), "%s/memory", cgroup_root) >=
 					    (int)sizeof(root))
 				continue;
-			rc = walk_up(root, rel, "memory.limit_in_bytes", out, err);
+			rc = walk_up(root, rel, "memory.limit_in_bytes", &out->max_bytes, err);
 		}
 	}
 	fclose(f);
 	return rc;
-}
-
-int k3_store_budget(const struct k3_store_budget_in *in, struct k3_store_budget_out *out,
-		    struct k3_err *err)
-{
-	uint64_t ram = in->ram_bytes, cg = in->cgroup_bytes, used, avail, cache;
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	if (in->slot_bytes == 0 || in->floor_slots == 0)
-		return k3_err_set(err, -EINVAL, "slot size and floor must be positive");
-	if (ram == 0) {
-		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-		if (pages <= 0 || page <= 0)
-			return k3_err_set(err, -EINVAL, "cannot read the physical memory size");
-		ram = (uint64_t)pages * (uint64_t)page;
-	}
-	if (cg == 0) {
-		rc = k3_store_budget_cgroup_limit("/proc/self/cgroup", "/sys/fs/cgroup", &cg, err);
-		if (rc)
-			return rc;
-	}
-	out->limited_by_cgroup = cg < ram;
-	out->limit_bytes = cg < ram ? cg : ram;
-	out->headroom_bytes = in->headroom_bytes ? in->headroom_bytes
-						 : out->limit_bytes / 10 > 2 * GIB
-						   ? out->limit_bytes / 10 : 2 * GIB;
-	if (in->floor_slots > UINT64_MAX / in->slot_bytes)
-		return k3_err_set(err, -EINVAL, "floor overflows");
-	out->floor_bytes = (uint64_t)in->floor_slots * in->slot_bytes;
-	used = in->spine_bytes;
-	if (__builtin_add_overflow(used, in->state_bytes, &used) ||
-	    __builtin_add_overflow(used, out->headroom_bytes, &used))
-		used = UINT64_MAX;
-	avail = out->limit_bytes > used ? out->limit_bytes - used : 0;
-	out->available_bytes = avail;
-
-	if (in->requested_bytes) {
-		if (in->requested_bytes < out->floor_bytes)
-			return k3_err_set(err, -ENOMEM, "expert cache of %" PRIu64 " bytes is below"
-					  " the floor of %" PRIu64 " bytes: one token pins %" PRIu32
-					  " experts of %" PRIu64 " bytes", in->requested_bytes,
-					  out->floor_bytes, in->floor_slots, in->slot_bytes);
-		if (in->requested_bytes > avail)
-			return k3_err_set(err, -ENOMEM, "expert cache of %" PRIu64 " bytes does not"
-					  " fit: the memory limit is %" PRIu64 " bytes (%s), minus"
-					  " %" PRIu64 " spine, %" PRIu64 " state and %" PRIu64
-					  " headroom leaves %" PRIu64, in->requested_bytes,
-					  out->limit_bytes, out->limited_by_cgroup ? "cgroup" : "RAM",
-					  in->spine_bytes, in->state_bytes, out->headroom_bytes, avail);
-		cache = in->requested_bytes;
-	} else {
-		if (avail < out->floor_bytes)
-			return k3_err_set(err, -ENOMEM, "not enough memory for the expert cache:"
-					  " the memory limit is %" PRIu64 " bytes (%s), minus %" PRIu64
-					  " spine, %" PRIu64 " state and %" PRIu64 " headroom leaves %"
-					  PRIu64 ", below the floor of %" PRIu64 " bytes (%" PRIu32
-					  " experts of %" PRIu64 " bytes that one token pins)",
-					  out->limit_bytes, out->limited_by_cgroup ? "cgroup" : "RAM",
-					  in->spine_bytes, in->state_bytes, out->headroom_bytes, avail,
-					  out->floor_bytes, in->floor_slots, in->slot_bytes);
-		cache = avail;
-	}
-	out->slots = (uint32_t)(cache / in->slot_bytes > UINT32_MAX ? UINT32_MAX
-								   : cache / in->slot_bytes);
-	out->cache_bytes = (uint64_t)out->slots * in->slot_bytes;
-	return 0;
 }

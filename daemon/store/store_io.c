@@ -1,14 +1,17 @@
 /*
  * store_io.c - the reader pool (see store_io.h): per-class FIFO queues of
  * jobs, reader threads that take the most urgent job their class caps
- * allow, and the piece-by-piece read that lets a guess be stopped
- * part-way. Everything but the reads runs under the one pool lock.
+ * allow, the piece-by-piece read that lets a guess be stopped part-way,
+ * and the emulated drive around each request. Everything but the reads
+ * (and the drive's one atomic timeline) runs under the one pool lock.
  */
 #include "store/store_io.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { JOB_IDLE = 0, JOB_QUEUED, JOB_RUNNING };
 
@@ -31,6 +34,10 @@ struct k3_store_io {
 	bool hold_all, hold_pieces;
 	bool held[K3_STORE_IO_CLASSES];
 	struct k3_store_io_stats st;
+	/* the emulated drive: its config, and the CLOCK_MONOTONIC ns at
+	 * which its transfer timeline is free again */
+	uint64_t rate, latency_ns;
+	_Atomic uint64_t drive_free_ns;
 };
 
 static void q_remove(struct k3_store_io *io, struct k3_store_io_job *job)
@@ -103,17 +110,48 @@ static struct k3_store_read read_piece(const struct k3_store_read *rd, uint64_t 
 				       .slot_offset = rd->slot_offset + (a - rd->offset) };
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* The emulated drive (store_io.h): a request issued at t_issue that read
+ * `bytes` from the device books its transfer on the shared timeline after
+ * its latency and sleeps until the booking ends. Returns the ns slept. */
+static uint64_t emulate(struct k3_store_io *io, uint64_t t_issue, uint64_t bytes)
+{
+	uint64_t dur = io->rate ? (uint64_t)((double)bytes * 1e9 / (double)io->rate) : 0;
+	uint64_t ready = t_issue + io->latency_ns, start, end;
+	uint64_t free_at = atomic_load(&io->drive_free_ns);
+
+	do {
+		start = ready > free_at ? ready : free_at;
+		end = start + dur;
+	} while (!atomic_compare_exchange_weak(&io->drive_free_ns, &free_at, end));
+	uint64_t t = now_ns();
+	if (t >= end)
+		return 0;
+	struct timespec ts = { (time_t)(end / 1000000000u), (long)(end % 1000000000u) };
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+	return end - t;
+}
+
 /* Reads every read of job; returns 0 or a negative errno, with the device
- * bytes in *bytes. Between two pieces, under the lock, a job whose stop
+ * bytes in *bytes and the emulated drive's sleep in *waited. Between two pieces, under the lock, a job whose stop
  * flag is set ends there: then it returns with the lock held and *stopped
  * set; otherwise without the lock. */
 static int read_job(struct k3_store_io *io, struct k3_store_io_job *job, uint64_t *bytes,
-		    bool *stopped)
+		    bool *stopped, uint64_t *waited)
 {
-	bool first = true;
+	bool first = true, drive = io->rate || io->latency_ns;
 
 	*bytes = 0;
 	*stopped = false;
+	*waited = 0;
 	for (unsigned r = 0; r < job->n_rd; r++) {
 		uint64_t n = job->piece_bytes ? read_pieces(&job->rd[r], job->piece_bytes) : 1;
 		for (uint64_t p = 0; p < n; p++) {
@@ -131,10 +169,13 @@ static int read_job(struct k3_store_io *io, struct k3_store_io_job *job, uint64_
 				pthread_mutex_unlock(&io->mu);
 			}
 			first = false;
+			uint64_t t_issue = drive ? now_ns() : 0;
 			got = job->read(job->read_ctx, &rd, job->dst);
 			if (got < 0)
 				return (int)got;
 			*bytes += (uint64_t)got;
+			if (drive)
+				*waited += emulate(io, t_issue, (uint64_t)got);
 		}
 	}
 	return 0;
@@ -148,7 +189,7 @@ static void *reader_main(void *arg)
 	for (;;) {
 		struct k3_store_io_job *job;
 		enum k3_store_io_class cls;
-		uint64_t bytes;
+		uint64_t bytes, waited;
 		bool stopped;
 		int rc;
 
@@ -165,7 +206,7 @@ static void *reader_main(void *arg)
 			job->ops->start(job);
 		pthread_mutex_unlock(&io->mu);
 
-		rc = read_job(io, job, &bytes, &stopped);
+		rc = read_job(io, job, &bytes, &stopped, &waited);
 		if (rc == 0 && !stopped && job->ops->check)
 			rc = job->ops->check(job);
 
@@ -184,6 +225,7 @@ static void *reader_main(void *arg)
 		io->st.bytes[cls] += bytes;
 		io->st.stopped[cls] += stopped;
 		io->st.failed[cls] += rc != 0;
+		io->st.emulated_wait_ns += waited;
 		job->state = JOB_IDLE;
 		job->stop = false;
 		job->ops->done(job, rc, bytes, stopped);
@@ -208,6 +250,9 @@ int k3_store_io_new(const struct k3_store_io_config *cfg, struct k3_store_io **o
 	for (int c = 0; c < K3_STORE_IO_CLASSES; c++)
 		io->cap[c] = cfg->class_readers[c] && cfg->class_readers[c] < cfg->threads
 			     ? cfg->class_readers[c] : cfg->threads;
+	io->rate = cfg->rate_bytes_per_s;
+	io->latency_ns = cfg->latency_ns;
+	atomic_init(&io->drive_free_ns, 0);
 	pthread_mutex_init(&io->mu, NULL);
 	pthread_cond_init(&io->work_cv, NULL);
 	pthread_cond_init(&io->done_cv, NULL);

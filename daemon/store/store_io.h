@@ -43,10 +43,8 @@
  *   - spine streaming (issue 17, built): the class K3_STORE_IO_SPINE; the
  *     spine loader is one more client of the store's pool, its layer
  *     arenas the destinations.
- *   - an emulated drive (--io-rate GBPS, a per-request latency): a token
- *     bucket in the reader loop around each piece's read (read_job in
- *     store_io.c), in the pool config; page-cached files then read at a
- *     fixed bandwidth. Byte counters per class are here already.
+ *   - an emulated drive (built: --io-rate GBPS, --io-latency MS): see
+ *     rate_bytes_per_s and latency_ns in struct k3_store_io_config.
  *   - several drives, hedged reads (issue 19): readers grouped per drive
  *     (a job's first read names its file, so its drive); a hedge is a
  *     second job for the same bytes in another drive's queue, and the
@@ -124,10 +122,22 @@ struct k3_store_io_job {
 
 /* Reader caps (0 = no cap): for DEMAND, most demand jobs running at once;
  * for a later class c, most jobs of the classes SPINE..c running at once
- * while a job of c starts. */
+ * while a job of c starts.
+ *
+ * The emulated drive (benchmarks and tests: I/O-bound behaviour measured
+ * at a fixed bandwidth over files the page cache serves): every request
+ * (a piece, or a whole read) of any class and reader books the drive for
+ * latency_ns after it was issued plus its device bytes / rate_bytes_per_s
+ * on one shared transfer timeline (a token bucket with no burst: requests
+ * in flight overlap their latencies, never their transfers), and its
+ * reader sleeps until the booking ends. A request the real file is slower
+ * for than the emulation ends when the real read does: the drive only ever
+ * slows reads down. Bytes counted stay the device bytes, exactly. */
 struct k3_store_io_config {
 	unsigned threads;                                  /* 0 .. K3_STORE_IO_MAX_THREADS */
 	unsigned class_readers[K3_STORE_IO_CLASSES];
+	uint64_t rate_bytes_per_s;                         /* 0 = no bandwidth limit */
+	uint64_t latency_ns;                               /* per request; 0 = none */
 };
 
 /* Monotonic counters since k3_store_io_new, per class. */
@@ -136,6 +146,7 @@ struct k3_store_io_stats {
 	uint64_t bytes[K3_STORE_IO_CLASSES];     /* device bytes read */
 	uint64_t stopped[K3_STORE_IO_CLASSES];   /* ended by their stop flag */
 	uint64_t failed[K3_STORE_IO_CLASSES];    /* completed with rc != 0 */
+	uint64_t emulated_wait_ns;               /* readers' sleep for the emulated drive, all classes */
 };
 
 struct k3_store_io;

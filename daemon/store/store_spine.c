@@ -1003,26 +1003,6 @@ void k3_store_spine_free(struct k3_store_spine *sp)
 	free(sp);
 }
 
-int k3_store_spine_parse_resident(const char *s, int32_t *out, struct k3_err *err)
-{
-	char *end;
-	unsigned long v;
-
-	if (strcmp(s, "auto") == 0)
-		*out = K3_STORE_SPINE_AUTO;
-	else if (strcmp(s, "all") == 0)
-		*out = K3_STORE_SPINE_ALL;
-	else if (strcmp(s, "none") == 0)
-		*out = 0;
-	else if (s[0] >= '0' && s[0] <= '9' && (errno = 0, v = strtoul(s, &end, 10), !*end) &&
-		 errno == 0 && v <= 4096)
-		*out = (int32_t)v;
-	else
-		return k3_err_set(err, -EINVAL, "'%s' is not 'auto', 'all', 'none' or a layer count"
-				  " (0..4096)", s);
-	return 0;
-}
-
 /* ---- queries ---- */
 
 void k3_store_spine_drain(struct k3_store_spine *sp)

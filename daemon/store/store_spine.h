@@ -54,15 +54,8 @@ enum { K3_STORE_SPINE_RING_MIN = 2 };
  * enough that a demand read waits little behind one. */
 #define K3_STORE_SPINE_CHUNK_BYTES ((uint64_t)8 << 20)
 
-/* --spine-resident (k3d, k3ctl bench): a layer count, or one of these. */
-enum {
-	K3_STORE_SPINE_AUTO = -2,    /* as many layers as the memory limit allows */
-	K3_STORE_SPINE_ALL = -3,     /* every layer (and the head) resident */
-};
-
-/* Parses "auto", "all", "none" (0) or a layer count (0..4096) into *out.
- * Returns 0 or -EINVAL with the choices in err. */
-int k3_store_spine_parse_resident(const char *s, int32_t *out, struct k3_err *err);
+/* --spine-resident (k3d, k3ctl bench) is the memory planner's
+ * (store_plan.h): it fills the resident set of the config below. */
 
 struct k3_store_spine_config {
 	uint32_t resident_layers;    /* R <= n_layers: layers 0..R-1 resident */

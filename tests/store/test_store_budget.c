@@ -1,5 +1,6 @@
-/* Cache budget: min(RAM, cgroup), spine/state/headroom, the one-token floor
- * (refused with the numbers), cgroup v1 and v2 limit discovery. */
+/* Where the memory limit comes from: cgroup v1 and v2 limit discovery
+ * (memory.max, memory.high, memory.limit_in_bytes), limit files and
+ * --expert-cache-gb spellings. The split itself: test_store_plan.c. */
 #include "t.h"
 
 #include <errno.h>
@@ -9,7 +10,6 @@
 #include "store/store_budget.h"
 
 #define GIB ((uint64_t)1 << 30)
-#define EXPERT 17547264ull
 
 static char dir[256];
 
@@ -32,62 +32,11 @@ static void mk(const char *rel)
 	T_EQ_INT(mkdir(path, 0700), 0);
 }
 
-/* The cgroup memory limit read through proc and root (fake /proc/self and
- * cgroup file systems) is want. */
-static void want_limit(const char *proc, const char *root, uint64_t want)
-{
-	struct k3_err err = { 0 };
-	uint64_t v = 0;
-
-	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), 0);
-	T_EQ_U64(v, want);
-}
-
 int main(void)
 {
-	struct k3_store_budget_in in = {
-		.ram_bytes = 128 * GIB, .cgroup_bytes = UINT64_MAX, .spine_bytes = 20 * GIB,
-		.state_bytes = 4 * GIB, .slot_bytes = EXPERT, .floor_slots = 16,
-	};
-	struct k3_store_budget_out out;
+	struct k3_store_budget_cgroup cg;
 	struct k3_err err = { 0 };
 	uint64_t v;
-
-	/* 128 GiB RAM: headroom 12.8 GiB; cache = 128 - 20 - 4 - 12.8 GiB, whole slots. */
-	T_EQ_INT(k3_store_budget(&in, &out, &err), 0);
-	T_EQ_U64(out.limit_bytes, 128 * GIB);
-	T_OK(!out.limited_by_cgroup);
-	T_EQ_U64(out.headroom_bytes, 128 * GIB / 10);
-	T_EQ_U64(out.available_bytes, 128 * GIB - 24 * GIB - 128 * GIB / 10);
-	T_EQ_U64(out.slots, out.available_bytes / EXPERT);
-	T_EQ_U64(out.cache_bytes, (uint64_t)out.slots * EXPERT);
-	T_EQ_U64(out.floor_bytes, 16 * EXPERT);
-
-	/* A cgroup limit below RAM wins; the small-machine headroom is 2 GiB. */
-	in.cgroup_bytes = 16 * GIB;
-	in.spine_bytes = 6 * GIB;
-	T_EQ_INT(k3_store_budget(&in, &out, &err), 0);
-	T_OK(out.limited_by_cgroup);
-	T_EQ_U64(out.headroom_bytes, 2 * GIB);
-	T_EQ_U64(out.available_bytes, 16 * GIB - 6 * GIB - 4 * GIB - 2 * GIB);
-
-	/* Below the floor: refused, saying why. */
-	in.spine_bytes = 13 * GIB;
-	T_EQ_INT(k3_store_budget(&in, &out, &err), -ENOMEM);
-	T_OK(strstr(err.msg, "below the floor of 280756224 bytes") != NULL);
-	T_OK(strstr(err.msg, "cgroup") != NULL);
-
-	/* Explicit budgets: below the floor, or more than fits, are refused. */
-	in.spine_bytes = 6 * GIB;
-	in.requested_bytes = 15 * EXPERT;
-	T_EQ_INT(k3_store_budget(&in, &out, &err), -ENOMEM);
-	T_OK(strstr(err.msg, "16 experts") != NULL);
-	in.requested_bytes = 5 * GIB;
-	T_EQ_INT(k3_store_budget(&in, &out, &err), -ENOMEM);
-	T_OK(strstr(err.msg, "does not fit") != NULL);
-	in.requested_bytes = 1 * GIB;
-	T_EQ_INT(k3_store_budget(&in, &out, &err), 0);
-	T_EQ_U64(out.slots, GIB / EXPERT);
 
 	/* --expert-cache-gb values. */
 	T_EQ_INT(k3_store_budget_parse_gb("auto", &v, &err), 0);
@@ -126,11 +75,27 @@ int main(void)
 	put("fs/a/memory.max", "8589934592\n");
 	put("fs/a/b/memory.max", "max\n");
 	put("cgroup", "0::/a/b\n");
-	want_limit(proc, root, 8 * GIB);
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, 8 * GIB);
+	T_EQ_U64(cg.high_bytes, UINT64_MAX);
 	put("fs/a/b/memory.max", "4294967296\n");
-	want_limit(proc, root, 4 * GIB);
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, 4 * GIB);
+	/* memory.high: its own smallest value along the path (the kernel
+	 * throttles there), reported apart from memory.max. */
+	put("fs/a/memory.high", "3221225472\n");
+	put("fs/a/b/memory.high", "max\n");
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, 4 * GIB);
+	T_EQ_U64(cg.high_bytes, 3 * GIB);
+	put("fs/a/b/memory.high", "1073741824\n");
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.high_bytes, GIB);
+	put("fs/a/b/memory.high", "soon\n");
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), -EINVAL);
+	put("fs/a/b/memory.high", "max\n");
 	put("fs/a/b/memory.max", "lots\n");
-	T_EQ_INT(k3_store_budget_cgroup_limit(proc, root, &v, &err), -EINVAL);
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), -EINVAL);
 
 	/* v1: the memory controller's hierarchy; "unlimited" is no limit. */
 	mk("fs/memory");
@@ -138,20 +103,20 @@ int main(void)
 	put("fs/memory/memory.limit_in_bytes", "9223372036854771712\n");
 	put("fs/memory/job/memory.limit_in_bytes", "2147483648\n");
 	put("cgroup", "5:cpu,cpuacct:/\n4:memory:/job\n0::/\n");
-	want_limit(proc, root, 2 * GIB);
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, 2 * GIB);
+	T_EQ_U64(cg.high_bytes, UINT64_MAX);
 	put("cgroup", "4:memory:/gone\n");
-	want_limit(proc, root, UINT64_MAX);
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, UINT64_MAX);
 
 	/* No cgroup file: no limit. */
-	T_EQ_INT(k3_store_budget_cgroup_limit("/nonexistent/cgroup", root, &v, &err), 0);
-	T_EQ_U64(v, UINT64_MAX);
-
-	/* Auto-detection on this machine works and finds some RAM. */
-	in = (struct k3_store_budget_in){ .slot_bytes = 4096, .floor_slots = 1 };
-	T_EQ_INT(k3_store_budget(&in, &out, &err), 0);
-	T_OK(out.limit_bytes > 0);
+	T_EQ_INT(k3_store_budget_cgroup_limits("/nonexistent/cgroup", root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, UINT64_MAX);
+	T_EQ_U64(cg.high_bytes, UINT64_MAX);
 
 	static const char *const files[] = { "fs/a/b/memory.max", "fs/a/memory.max",
+		"fs/a/b/memory.high", "fs/a/memory.high",
 		"fs/memory/job/memory.limit_in_bytes", "fs/memory/memory.limit_in_bytes", "cgroup" };
 	static const char *const dirs[] = { "fs/a/b", "fs/a", "fs/memory/job", "fs/memory", "fs", "" };
 	char path[700];
