@@ -6,9 +6,12 @@ k3_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Build and runtime packages, all from Debian 12. Installed only when
 # missing, so a machine that has them prints nothing here. chromium is
 # test tooling only: the gateway's CORS test drives it headless; so are the
-# aarch64 cross compiler and qemu-user, which run the NEON kernels tests.
+# aarch64 cross compiler and qemu-user, which run the NEON kernels tests,
+# and the openssl tool, which makes tests/setup's throwaway CA. libcurl
+# (OpenSSL flavour) is what k3ctl setup downloads with.
 k3_packages="build-essential meson ninja-build pkg-config \
 libevent-dev libjansson-dev libpcre2-dev libsystemd-dev libssl-dev \
+libcurl4-openssl-dev openssl \
 python3 python3-venv clang systemd curl chromium \
 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 
@@ -33,7 +36,7 @@ k3_install_deps() {
 # libevent-dev:arm64: it is not multi-arch and would remove the native one
 # (the cross build does without libevent: no k3d, no gateway).
 k3_arm64_packages="libjansson-dev:arm64 libpcre2-dev:arm64 \
-libsystemd-dev:arm64 libssl-dev:arm64"
+libsystemd-dev:arm64 libssl-dev:arm64 libcurl4-openssl-dev:arm64"
 
 k3_have_aarch64() {
 	command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 &&
@@ -41,7 +44,8 @@ k3_have_aarch64() {
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/jansson.pc ] &&
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libpcre2-8.pc ] &&
 		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libsystemd.pc ] &&
-		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libcrypto.pc ]
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libcrypto.pc ] &&
+		[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libcurl.pc ]
 }
 
 k3_install_arm64_deps() {

@@ -6,18 +6,57 @@
  * files; the other spine's pack is left as it is); keeps packs that are
  * already up to date, compares a pack whose sources changed (and with
  * --verify every pack) span by span with them, and rewrites the stale
- * ones. */
+ * ones. A shard that k3ctl setup verified gets its SHA-256 recorded
+ * in the packs; and the per-expert SHA-256 table (setup_experts.h) is
+ * written beside the shards, for mirrors whose streaming installs verify
+ * each expert before use. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "k3ctl.h"
 #include "model/model.h"
+#include "setup/setup_experts.h"
+#include "setup/setup_inventory.h"
+#include "setup/setup_publish.h"
+#include "setup/setup_remote.h"
+#include "setup/setup_state.h"
 #include "store/store_int8.h"
 #include "store/store_model.h"
+
+/* The per-expert table, in the model directory when it is writable, else
+ * beside the packs. */
+static int write_expert_table(const struct k3_model *m, const char *packdir, struct k3_err *err)
+{
+	const char *dirs[2] = { k3_model_dir(m), packdir };
+	size_t n = 0;
+	int rc = -EACCES;
+
+	for (int i = 0; i < 2 && rc; i++) {
+		int dfd;
+		if (i == 0 && access(dirs[0], W_OK) != 0)
+			continue;
+		if ((rc = k3_setup_dir_open(dirs[i], false, &dfd, err)) != 0)
+			continue;
+		rc = k3_setup_expert_table_write(m, dfd, K3_SETUP_EXPERT_TABLE_NAME, &n, err);
+		close(dfd);
+		if (rc == 0 && !k3ctl_g.json)
+			printf("%s/%s: SHA-256 of each of %zu routed experts\n", dirs[i],
+			       K3_SETUP_EXPERT_TABLE_NAME, n);
+	}
+	return rc;
+}
+
+/* Sources k3ctl setup verified: their SHA-256 goes into the packs. */
+static void record_verified(const struct k3_model *m, struct k3_store_pack_ident *id, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		id[i].has_sha256 = k3_setup_verified_sha256(k3_model_dir(m), id[i].name, id[i].sha256) == 0;
+}
 
 static void count(const struct k3_store_pack_result *res, uint32_t *written, uint32_t *kept,
 		  uint32_t *reverified, uint64_t *bytes, uint64_t *verified)
@@ -78,6 +117,17 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		return k3ctl_usage("pack", "--model DIR is required");
 	if (int8_dir && !int8)
 		return k3ctl_usage("pack", "--spine-int8-dir needs --spine int8");
+	{
+		/* a streaming install's shards hold holes where experts have not
+		 * arrived: a pack of them would be wrong */
+		bool stream = false;
+		uint64_t absent = 0;
+		if (k3_setup_stream_status(model_dir, &stream, &absent, &err) == 0 && stream && absent)
+			return k3ctl_fail(K3CTL_EXIT_ERROR, "%s is a streaming install and %" PRIu64
+					  " routed experts are not on disk yet: fetch them with 'k3ctl"
+					  " fetch-weights --model %s' before packing", model_dir, absent,
+					  model_dir);
+	}
 	/* the int8 spine as k3d --spine int8 runs it: the overlay checked
 	 * against the shards (a stale one is refused, saying what to run) */
 	rc = int8 ? k3_store_int8_open_model(model_dir, int8_dir, 0, &m, &err)
@@ -107,6 +157,7 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 		goto out;
 	}
+	record_verified(m, id, n_id);
 	const struct k3_model_plan *plan = k3_model_plan(m);
 	for (uint32_t l = 0; l < plan->n_layers; l++) {
 		struct k3_store_pack_result res;
@@ -145,8 +196,10 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		rc = k3_store_spine_pack_path(path, sizeof(path), packdir, m);
 		if (rc == 0)
 			rc = k3_store_spine_idents(m, &sid, &n_sid, &err);
-		if (rc == 0)
+		if (rc == 0) {
+			record_verified(m, sid, n_sid);
 			rc = k3_store_spine_pack_write(m, path, sid, n_sid, flags, &res, &err);
+		}
 		free(sid);
 		if (rc) {
 			k3ctl_fail(K3CTL_EXIT_ERROR, "spine%s: %s", int8 ? " (int8)" : "", err.msg);
@@ -173,6 +226,10 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	if (!k3ctl_g.json && reverified)
 		printf("%" PRIu32 " kept packs were re-verified against changed shards (their"
 		       " source records now name the files as they are)\n", reverified);
+	if (write_expert_table(m, packdir, &err) != 0) {
+		k3ctl_fail(K3CTL_EXIT_ERROR, "the per-expert SHA-256 table: %s", err.msg);
+		goto out;
+	}
 	code = K3CTL_EXIT_OK;
 out:
 	free(id);

@@ -1,8 +1,10 @@
 /* cmd_warm_expert_cache.c - `k3ctl warm-expert-cache --trace FILE [--show N]
- * [--preload [--top N]]`: ranks experts by use in a router trace
- * (store_trace.h); with --preload, sends the ranking (best first, the top N
- * or all) to the running daemon in one WARM_EXPERTS request, which reads
- * as many as its cache holds into RAM between generations. */
+ * [--preload [--top N]] [--fetch N [--model DIR ...]]`: ranks experts by use
+ * in a router trace (store_trace.h); with --preload, sends the ranking
+ * (best first, the top N or all) to the running daemon in one WARM_EXPERTS
+ * request, which reads as many as its cache holds into RAM between
+ * generations; with --fetch N, fetches the N most-used experts that a
+ * streaming install (k3ctl setup --stream) does not have on disk yet. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,34 @@
 #include "base/parse.h"
 #include "client.h"
 #include "k3ctl.h"
+#include "setup/setup_install.h"
+#include "setup_cli.h"
 #include "store/store_trace.h"
+
+/* Fetches the n most-used experts of the ranking that the streaming
+ * install lacks. */
+static int fetch_ranking(struct k3ctl_setup_cli *c, const struct k3_store_trace_rank *rk,
+			 size_t n, uint64_t want)
+{
+	struct k3_setup_fetch_sel sel = { .experts = true };
+	struct k3_err err = { 0, "" };
+	uint32_t *pairs = malloc((n ? n : 1) * 2 * sizeof(uint32_t));
+	size_t fetched = 0;
+	int rc;
+
+	if (!pairs)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		pairs[2 * i] = rk[i].layer;
+		pairs[2 * i + 1] = rk[i].expert;
+	}
+	sel.pairs = pairs;
+	sel.n_pairs = n;
+	sel.limit = (size_t)want;
+	rc = k3_setup_fetch(&c->o, &sel, &fetched, &err);
+	free(pairs);
+	return rc ? k3ctl_setup_cli_fail(&err) : K3CTL_EXIT_OK;
+}
 
 /* Sends the best min(n, top) experts to the daemon and prints its answer. */
 static int preload_ranking(const struct k3_store_trace_rank *rk, size_t n, uint64_t top)
@@ -74,10 +103,21 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 	struct k3_err err = { 0, "" };
 	size_t n = 0;
 	bool preload = false;
-	uint64_t top = UINT64_MAX;
+	uint64_t top = UINT64_MAX, fetch = 0;
+	struct k3ctl_setup_cli c;
+	int code;
 
+	k3ctl_setup_cli_init(&c);
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
+		int r = k3ctl_setup_cli_option(&c, "warm-expert-cache", argc, argv, &i);
+		if (r < 0)
+			return K3CTL_EXIT_USAGE;
+		if (r > 0)
+			continue;
+		if (strcmp(argv[i], "--fetch") == 0 && i + 1 < argc) {
+			if (k3_parse_u64(argv[++i], 1, 1u << 24, &fetch, &err) != 0)
+				return k3ctl_usage("warm-expert-cache", "--fetch: %s", err.msg);
+		} else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
 			trace = argv[++i];
 		} else if (strcmp(argv[i], "--show") == 0 && i + 1 < argc) {
 			if (k3_parse_u64(argv[++i], 0, 1u << 24, &show, &err) != 0)
@@ -89,12 +129,16 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 				return k3ctl_usage("warm-expert-cache", "--top: %s", err.msg);
 		} else {
 			return k3ctl_usage("warm-expert-cache", "usage: k3ctl warm-expert-cache"
-					   " --trace FILE [--show N] [--preload [--top N]] (unexpected '%s')",
+					   " --trace FILE [--show N] [--preload [--top N]] [--fetch N"
+					   " [--model DIR]] (unexpected '%s')",
 					   argv[i]);
 		}
 	}
 	if (!trace)
 		return k3ctl_usage("warm-expert-cache", "--trace FILE is required");
+	if (fetch && preload)
+		return k3ctl_usage("warm-expert-cache", "--fetch and --preload are separate steps:"
+				   " fetch to disk first, then preload into the running k3d");
 	if (k3_store_trace_rank(trace, &rk, &n, &records, &err) != 0)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 	for (size_t i = 0; i < n; i++)
@@ -103,6 +147,14 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 		int rc = preload_ranking(rk, n, top);
 		free(rk);
 		return rc;
+	}
+	if (fetch) {
+		code = k3ctl_setup_cli_finish(&c, false);
+		if (code == 0)
+			code = fetch_ranking(&c, rk, n, fetch);
+		k3ctl_setup_cli_release(&c);
+		free(rk);
+		return code;
 	}
 	if (k3ctl_g.json) {
 		printf("{\"records\":%" PRIu64 ",\"experts\":%zu,\"top\":[", records, n);

@@ -69,14 +69,16 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(demo_model, "write a synthetic K3 checkpoint (HF layout) to --out DIR") \
 	X(inspect,  "bytes by role, experts, RAM fit of a checkpoint directory") \
 	X(plan,     "split a RAM size between spine, ring, expert cache, state (--model DIR --ram 64G)") \
-	X(setup,    "find and validate the Kimi K3 checkpoint, or say how to fetch it") \
+	X(setup,    "fetch (--full | --stream), plan or check the Kimi K3 checkpoint, verified") \
+	X(fetch_weights, "fetch the spine or routed experts of a streaming install ahead of use") \
+	X(inventory, "print the inventory (sizes, SHA-256) of a model directory") \
 	X(forward,  "run the forward pass offline on token ids (logits, greedy, routes)") \
 	X(tokenize, "encode text to K3 token ids (offline)") \
 	X(detokenize, "decode K3 token ids to text (offline)") \
 	X(render_chat, "render a chat with the K3 XTML renderer (offline)") \
 	X(pack,     "write expert packs for a model directory (--model DIR [--verify])") \
 	X(convert_spine_int8, "write the int8 spine overlay, NOT weight-exact (--model DIR)") \
-	X(warm_expert_cache, "rank experts by use in a router trace (--trace FILE [--show N])") \
+	X(warm_expert_cache, "rank experts by use in a router trace; --preload or --fetch N them") \
 	X(bench,    "offline tokens/s and expert bytes/token vs the disk's bandwidth (--model DIR)")
 
 /* `k3ctl bench --compare-spine ...` (cmd_bench_spine.c), reached from

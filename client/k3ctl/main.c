@@ -100,15 +100,25 @@ static const struct {
 	{ "inspect", "k3ctl inspect DIR [--ram SIZE] [--json]" },
 	{ "plan", "k3ctl plan --model DIR [--ram SIZE] [--context N] [--spine-resident auto|all|N|none]\n"
 		  "           [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]" },
-	{ "setup", "k3ctl setup [--model-root DIR]" },
+	{ "setup", "k3ctl setup [--full | --stream] [--plan | --check [--rehash]]\n"
+		   "            [--model-root DIR | --model DIR] [--from URL] [--inventory FILE]\n"
+		   "            [--cacert FILE] [--token-file FILE] [--workers N] [--idle-timeout S]\n"
+		   "            [--retries N] [--retry-delay MS] [--chunk-mib N] [--reserve GB]\n"
+		   "  Without --full or --stream nothing is downloaded: a complete install is checked,\n"
+		   "  otherwise the plan is printed. A token comes from $HF_TOKEN or --token-file." },
+	{ "fetch-weights", "k3ctl fetch-weights [--spine-only | --experts-only] [--layers 1-40,45,92]\n"
+			   "            [--model-root DIR | --model DIR] [setup's transfer options]" },
+	{ "inventory", "k3ctl inventory DIR [--name N] [--repository R] [--revision REV]\n"
+		       "            [--base-url URL] > FILE" },
 	{ "forward", "k3ctl forward --model DIR --ids ID[,ID...] [--steps N] [--json] [--threads N]\n"
 		     "  [--chunk N] [--reference] [--provider NAME]" },
 	{ "tokenize", "k3ctl tokenize [--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-" },
 	{ "detokenize", "k3ctl detokenize [--model DIR | --vocab FILE] IDS...|-" },
 	{ "render-chat", "k3ctl render-chat FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]" },
 	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify] [--spine bf16|int8]\n"
-		  "  [--spine-int8-dir DIR]" },
-	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]" },
+		  "            [--spine-int8-dir DIR]" },
+	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]\n"
+			       "            [--fetch N [--model DIR | --model-root DIR] [setup's transfer options]]" },
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
 		   "            [--io-threads N] [--threads N] [--no-packs] [--disk-mib M]\n"

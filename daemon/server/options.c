@@ -61,6 +61,9 @@ static const char usage[] =
 	"                       `k3ctl convert-spine-int8` (NOT weight-exact: k3d says so in\n"
 	"                       its log, STATUS, every DONE and the model id). Never automatic\n"
 	"  --spine-int8-dir DIR the overlay's directory (default MODEL/spine-int8)\n"
+	"  --fetch-experts      a streaming install (k3ctl setup --stream): fetch routed\n"
+	"                       experts that are not on disk yet when first used, over\n"
+	"                       HTTPS (needs network: docs/setup.md, 'Streaming installs')\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -177,7 +180,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
-	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT };
+	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT, O_FETCH };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -198,6 +201,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "prefetch", required_argument, NULL, O_PREFETCH },
 		{ "router-trace", required_argument, NULL, O_TRACE },
 		{ "no-packs", no_argument, NULL, O_NOPACKS },
+		{ "fetch-experts", no_argument, NULL, O_FETCH },
 		{ "direct", required_argument, NULL, O_DIRECT },
 		{ "memory-limit", required_argument, NULL, O_MEMLIMIT },
 		{ "context", required_argument, NULL, O_CONTEXT },
@@ -373,6 +377,9 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->io_latency_ns = (uint64_t)(ms * 1e6);
 			break;
 		}
+		case O_FETCH:
+			opts->fetch_experts = true;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -454,11 +461,11 @@ void k3_options_log(const struct k3_options *opts)
 			 ? "mapped (streamed when it does not fit)"
 			 : k3_store_plan_resident_name(opts->spine_resident, num, sizeof(num));
 	k3_log_info("config: expert-cache=%s io-threads=%u prefetch=%s direct=%s router-trace=%s"
-		    " packs=%s spine-resident=%s",
+		    " packs=%s spine-resident=%s fetch-experts=%s",
 		    cache, opts->io_threads ? opts->io_threads : K3_STORE_DEFAULT_IO_THREADS, pf,
 		    k3_store_direct_name((enum k3_store_direct)opts->direct),
 		    opts->router_trace ? opts->router_trace : "(none)",
-		    opts->no_packs ? "no" : "when valid", sp);
+		    opts->no_packs ? "no" : "when valid", sp, opts->fetch_experts ? "yes" : "no");
 	char mem[32], ctx[32], rate[48];
 	if (opts->memory_limit_bytes)
 		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);

@@ -48,6 +48,8 @@ struct k3_options {
 	 * _NONE, or N >= 0 layers resident and the rest streamed (docs/plan.md,
 	 * docs/store.md "Spine streaming") */
 	int32_t spine_resident;
+	bool fetch_experts;           /* --fetch-experts: a streaming install's missing
+				       * experts are fetched on demand (docs/setup.md) */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
 	/* --spine int8: the int8 spine overlay (NOT weight-exact), never chosen
 	 * by k3d itself; --spine-int8-dir: where it is (NULL = MODEL/spine-int8) */

@@ -574,6 +574,14 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		r->has_spine_io_wait_s_total = true;
 	}
 	sched_status_memory(s, r);
+	if (s->ready && s->remote) {
+		/* a streaming install says how far its experts have come */
+		char d[200];
+		k3_setup_remote_describe(s->remote, d, sizeof(d));
+		snprintf(s->stream_text, sizeof(s->stream_text), "%s; %s",
+			 info->status_text ? info->status_text : "ready", d);
+		info->status_text = s->stream_text;
+	}
 }
 
 static unsigned hook_drain(void *ctx)
@@ -695,6 +703,7 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 		k3_store_engine_src_release(&s->xctx);
 	k3_store_spine_free(s->spine);   /* before the pool it borrows */
 	k3_store_free(s->store);
+	k3_setup_remote_close(s->remote);   /* after the readers that call it */
 	k3_store_source_free(s->xsrc);
 	k3_store_trace_close(s->trace, NULL);
 	free(s->route_ids);

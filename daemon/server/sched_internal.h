@@ -38,6 +38,7 @@
 
 #include "server/sched.h"
 #include "engine/engine.h"
+#include "setup/setup_remote.h"
 #include "store/store.h"
 #include "store/store_engine.h"
 #include "store/store_plan.h"
@@ -240,6 +241,10 @@ struct k3_sched {
 	bool have_plan;
 	/* the spine loader (NULL: the spine is the mmapped shards) */
 	struct k3_store_spine *spine;
+	/* a streaming install's expert fetcher (--fetch-experts), or NULL */
+	struct k3_setup_remote *remote;
+	struct k3_setup_remote_reader remote_reader;
+	char stream_text[256];          /* STATUS text, loop thread only */
 	/* --router-trace, engine thread only */
 	struct k3_store_trace *trace;
 	uint32_t *route_ids;            /* [SCHED_PREFILL_CHUNK][n_moe][K] */

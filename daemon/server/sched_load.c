@@ -291,8 +291,10 @@ static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cf
 
 /* Creates the expert store over s->xsrc (docs/store.md, "For the engine"):
  * the memory plan's expert cache, the reader threads (through the emulated
- * drive when --io-rate / --io-latency ask for it). */
-static int open_store(struct k3_sched *s, struct k3_err *err)
+ * drive when --io-rate / --io-latency ask for it); on a streaming install
+ * (stream, `absent` experts not on disk) the readers fetch what is missing
+ * (setup_remote.h). */
+static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
@@ -312,6 +314,21 @@ static int open_store(struct k3_sched *s, struct k3_err *err)
 		.io_rate_bytes_per_s = o->io_rate_bytes_per_s,
 		.io_latency_ns = o->io_latency_ns,
 	};
+	if (stream) {
+		struct k3_setup_opts so;
+		k3_setup_opts_default(&so);
+		so.dir = o->model_dir;
+		so.progress = K3_SETUP_PROGRESS_QUIET;
+		so.out = stderr;
+		r = k3_setup_remote_open(&so, s->model, true, &s->remote, err);
+		if (r < 0)
+			return k3_err_prefix(err, "--fetch-experts");
+		s->remote_reader = (struct k3_setup_remote_reader){ s->remote, s->xsrc };
+		cfg.read = k3_setup_remote_read;
+		cfg.read_ctx = &s->remote_reader;
+		k3_log_info("experts: streaming install, %" PRIu64 " routed experts not on disk yet are"
+			    " fetched when first used (verified as docs/setup.md says)", absent);
+	}
 	r = k3_store_new(s->xsrc, &cfg, &s->store, err);
 	if (r < 0)
 		return k3_err_prefix(err, "expert store");
@@ -362,7 +379,23 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 	if (snprintf(packdir, sizeof(packdir), "%s/%s", o->model_dir, K3_STORE_PACK_SUBDIR) >=
 	    (int)sizeof(packdir))
 		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
-	bool have_packs = !o->no_packs && access(packdir, F_OK) == 0;
+	/* A streaming install (k3ctl setup --stream) has routed experts that
+	 * are not on disk yet: reading them needs the fetcher, and packs of
+	 * such shards would hold holes. */
+	bool stream = false;
+	uint64_t absent = 0;
+	r = k3_setup_stream_status(o->model_dir, &stream, &absent, err);
+	if (r < 0)
+		return k3_err_prefix(err, "the install's state");
+	if (stream && !o->fetch_experts)
+		return k3_err_set(err, -ENOENT, "%s is a streaming install with %" PRIu64 " routed experts"
+				  " not on disk yet: start k3d with --fetch-experts (it needs network"
+				  " access: docs/setup.md, 'Streaming installs'), or fetch them first with"
+				  " 'k3ctl fetch-weights --model %s'", o->model_dir, absent, o->model_dir);
+	if (!stream && o->fetch_experts)
+		k3_log_notice("--fetch-experts: every routed expert of %s is on disk; nothing to fetch",
+			      o->model_dir);
+	bool have_packs = !o->no_packs && !stream && access(packdir, F_OK) == 0;
 	if (mc->n_moe && (r = open_expert_source(s, packdir, have_packs, err)) < 0)
 		return r;
 	uint64_t slot = s->xsrc ? k3_store_source_slot_bytes(s->xsrc) : 0;
@@ -370,7 +403,7 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 	if ((r = plan_memory(s, slot, &spine, err)) < 0)
 		return r;
 	log_plan(&s->plan, !spine);
-	if (s->xsrc && (r = open_store(s, err)) < 0)
+	if (s->xsrc && (r = open_store(s, stream, absent, err)) < 0)
 		return r;
 	if (spine) {
 		spine_config(s, &scfg);

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "store/store_io.h"
 #include "store/store_source.h"
 
 struct k3_store_io;
@@ -103,6 +104,12 @@ struct k3_store_config {
 	 * and counters count the bytes the reads would have cost. Used to
 	 * compare eviction policies on router traces (bench_store_policy). */
 	bool dry_run;
+	/* What the readers read expert bytes with: NULL = k3_store_io_read_source
+	 * on the source (pread). A streaming install passes one that first
+	 * fetches an expert that is not on disk yet (setup_remote.h); read_ctx
+	 * is its argument. */
+	k3_store_io_read_fn *read;
+	void *read_ctx;
 };
 
 /* What acquire hands the engine for one expert. Pointers stay valid until

@@ -252,8 +252,8 @@ void k3_store_cache_issue(struct k3_store *s, int32_t *slots, size_t n)
 			continue;
 		}
 		sl->job = (struct k3_store_io_job){
-			.read = k3_store_io_read_source,
-			.read_ctx = (void *)s->src,
+			.read = s->cfg.read ? s->cfg.read : k3_store_io_read_source,
+			.read_ctx = s->cfg.read ? s->cfg.read_ctx : (void *)s->src,
 			.rd = sl->plan.read,
 			.n_rd = sl->plan.n_reads,
 			.dst = sl->mem,

@@ -196,6 +196,9 @@ enum k3_store_pack_match k3_store_pack_ident_match(const struct k3_store_pack_id
 		  "header" },
 		{ was->has_sha256 && now->has_sha256 && memcmp(was->sha256, now->sha256, 32) != 0,
 		  K3_STORE_PACK_OTHER, "SHA-256" },
+		/* a verified SHA-256 the pack does not record yet: compared with
+		 * the (verified) source and then recorded (issue 20, item 6) */
+		{ now->has_sha256 && !was->has_sha256, K3_STORE_PACK_CHANGED, "verified SHA-256" },
 		{ was->dev != now->dev, K3_STORE_PACK_CHANGED, "device" },
 		{ was->ino != now->ino, K3_STORE_PACK_CHANGED, "inode" },
 		{ was->mtime_ns != now->mtime_ns, K3_STORE_PACK_CHANGED, "mtime" },

@@ -97,6 +97,8 @@ enum k3_store_pack_match {
 	 * one), but the file was written or replaced since: its bytes may
 	 * differ. Only a comparison of the spans with it can tell. */
 	K3_STORE_PACK_CHANGED = 1,
+	/* (also: `now` has a verified SHA-256 that `was` lacks: k3ctl pack
+	 * then compares the spans with the verified file and records it) */
 	K3_STORE_PACK_OTHER = 2,     /* another file: name, size, header or SHA-256 differ */
 };
 

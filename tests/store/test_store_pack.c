@@ -142,11 +142,15 @@ static void test_ident_match(const struct k3_store_pack_ident *base)
 		T_EQ_INT(k3_store_pack_ident_match(&a, &b, what, sizeof(what)), cases[i].want);
 		T_EQ_STR(what, cases[i].field);
 	}
-	/* a whole-file SHA-256 on one side only says nothing */
+	/* a whole-file SHA-256 only in the pack says nothing (k3d never
+	 * knows one); a verified one the pack lacks means "compare and
+	 * record it" (issue 20, item 6) */
 	a = b = *base;
-	b.has_sha256 = true;
-	b.sha256[3] = 9;
+	a.has_sha256 = true;
+	a.sha256[3] = 9;
 	T_EQ_INT(k3_store_pack_ident_match(&a, &b, NULL, 0), K3_STORE_PACK_SAME);
+	T_EQ_INT(k3_store_pack_ident_match(&b, &a, what, sizeof(what)), K3_STORE_PACK_CHANGED);
+	T_EQ_STR(what, "verified SHA-256");
 	/* several fields: the worst decides, all are named */
 	b = a;
 	b.mtime_ns++;

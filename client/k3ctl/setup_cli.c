@@ -1,0 +1,188 @@
+/* setup_cli.c - options shared by the commands that fetch the model (see setup_cli.h). */
+#include "setup_cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/parse.h"
+#include "k3_build_config.h"
+#include "setup/setup_transfer.h"
+#include "k3ctl.h"
+
+#define DEFAULT_INVENTORY "kimi-k3.json"
+
+void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c)
+{
+	memset(c, 0, sizeof(*c));
+	k3_setup_opts_default(&c->o);
+	c->o.progress = k3ctl_g.json ? K3_SETUP_PROGRESS_JSON : K3_SETUP_PROGRESS_AUTO;
+}
+
+int k3ctl_setup_cli_option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
+			   int *i)
+{
+	const char *a = argv[*i];
+	struct k3_err err = { 0, "" };
+	uint64_t v;
+	double d;
+	bool has = *i + 1 < argc;
+
+#define VAL() (argv[++*i])
+	if (strcmp(a, "--model-root") == 0 && has) {
+		c->model_root = VAL();
+	} else if (strcmp(a, "--model") == 0 && has) {
+		c->model_dir = VAL();
+	} else if (strcmp(a, "--inventory") == 0 && has) {
+		c->inventory_path = VAL();
+	} else if (strcmp(a, "--from") == 0 && has) {
+		c->o.from = VAL();
+		if (strncmp(c->o.from, "https://", 8) != 0) {
+			k3ctl_usage(cmd, "--from must be an https:// URL (plain HTTP is never used)");
+			return -1;
+		}
+	} else if (strcmp(a, "--cacert") == 0 && has) {
+		c->o.cacert = VAL();
+	} else if (strcmp(a, "--token-file") == 0 && has) {
+		c->token_file = VAL();
+	} else if (strcmp(a, "--workers") == 0 && has) {
+		if (k3_parse_u64(VAL(), 1, K3_SETUP_MAX_WORKERS, &v, &err) != 0)
+			goto bad;
+		c->o.workers = (unsigned)v;
+	} else if (strcmp(a, "--idle-timeout") == 0 && has) {
+		if (k3_parse_u64(VAL(), 1, 3600, &v, &err) != 0)
+			goto bad;
+		c->o.idle_timeout_s = (unsigned)v;
+	} else if (strcmp(a, "--retries") == 0 && has) {
+		if (k3_parse_u64(VAL(), 0, 99, &v, &err) != 0)
+			goto bad;
+		c->o.retries = (unsigned)v;
+	} else if (strcmp(a, "--retry-delay") == 0 && has) {
+		if (k3_parse_u64(VAL(), 0, 60000, &v, &err) != 0)
+			goto bad;
+		c->o.retry_delay_ms = (unsigned)v;
+	} else if (strcmp(a, "--chunk-mib") == 0 && has) {
+		if (k3_parse_u64(VAL(), 1, 1024, &v, &err) != 0)
+			goto bad;
+		c->o.chunk = v << 20;
+	} else if (strcmp(a, "--reserve") == 0 && has) {
+		if (k3_parse_double(VAL(), 0, 1e9, &d, &err) != 0)
+			goto bad;
+		c->o.reserve = (int64_t)(d * 1e9);
+	} else {
+		return 0;
+	}
+	return 1;
+#undef VAL
+bad:
+	k3ctl_usage(cmd, "%s: %s", a, err.msg);
+	return -1;
+}
+
+/* The shipped inventory named name: $K3_INVENTORY_DIR, the installed data
+ * directory, then the source tree this k3ctl was built from. */
+static int find_inventory(const char *name, char *buf, size_t size)
+{
+	const char *env = getenv("K3_INVENTORY_DIR");
+	const char *dirs[] = { env && *env ? env : NULL, K3_INVENTORY_DIR, K3_SOURCE_INVENTORY_DIR };
+
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		struct stat st;
+		if (!dirs[i])
+			continue;
+		snprintf(buf, size, "%s/%s", dirs[i], name);
+		if (stat(buf, &st) == 0 && S_ISREG(st.st_mode))
+			return 0;
+	}
+	return -ENOENT;
+}
+
+static int read_token(struct k3ctl_setup_cli *c)
+{
+	const char *env = getenv("HF_TOKEN"), *home = getenv("HOME"), *hf_home = getenv("HF_HOME");
+	char path[4096];
+	const char *file = c->token_file;
+	ssize_t n;
+	int fd;
+
+	if (!file && env && *env) {
+		if (strlen(env) >= sizeof(c->token) || strpbrk(env, "\r\n"))
+			return k3ctl_fail(K3CTL_EXIT_USAGE, "$HF_TOKEN is not a single line of at most 4 KiB");
+		snprintf(c->token, sizeof(c->token), "%s", env);
+		c->o.token = c->token;
+		return 0;
+	}
+	if (!file) {
+		/* where the Hugging Face tools keep it */
+		if (hf_home && *hf_home)
+			snprintf(path, sizeof(path), "%s/token", hf_home);
+		else if (home && *home)
+			snprintf(path, sizeof(path), "%s/.cache/huggingface/token", home);
+		else
+			return 0;
+		if (access(path, R_OK) != 0)
+			return 0;
+		file = path;
+	}
+	fd = open(file, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "cannot read the token file '%s': %s", file,
+				  strerror(errno));
+	n = read(fd, c->token, sizeof(c->token) - 1);
+	close(fd);
+	if (n < 0)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "cannot read the token file '%s'", file);
+	c->token[n] = '\0';
+	c->token[strcspn(c->token, "\r\n")] = '\0';
+	if (c->token[0])
+		c->o.token = c->token;
+	return 0;
+}
+
+int k3ctl_setup_cli_finish(struct k3ctl_setup_cli *c, bool need_inventory)
+{
+	struct k3_err err = { 0, "" };
+	char path[4096];
+	int rc;
+
+	if (c->inventory_path) {
+		snprintf(path, sizeof(path), "%s", c->inventory_path);
+	} else if (find_inventory(DEFAULT_INVENTORY, path, sizeof(path)) != 0) {
+		path[0] = '\0';
+		if (need_inventory || !c->model_dir)
+			return k3ctl_fail(K3CTL_EXIT_ERROR, "cannot find the shipped inventory "
+					  DEFAULT_INVENTORY " (looked in $K3_INVENTORY_DIR, " K3_INVENTORY_DIR
+					  " and " K3_SOURCE_INVENTORY_DIR "): pass --inventory FILE");
+	}
+	if (path[0] && (rc = k3_setup_inventory_load(path, &c->inv, &err)) != 0)
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
+	if (c->model_dir) {
+		snprintf(c->dir, sizeof(c->dir), "%s", c->model_dir);
+	} else {
+		const char *state = getenv("STATE_DIRECTORY");
+		if (c->model_root)
+			snprintf(c->dir, sizeof(c->dir), "%s/%s", c->model_root, c->inv->name);
+		else if (state && *state)
+			snprintf(c->dir, sizeof(c->dir), "%s/models/%s", state, c->inv->name);
+		else
+			snprintf(c->dir, sizeof(c->dir), "/var/lib/k3d/models/%s", c->inv->name);
+	}
+	c->o.dir = c->dir;
+	return read_token(c);
+}
+
+void k3ctl_setup_cli_release(struct k3ctl_setup_cli *c)
+{
+	k3_setup_inventory_free(c->inv);
+	memset(c->token, 0, sizeof(c->token));
+	c->inv = NULL;
+}
+
+int k3ctl_setup_cli_fail(const struct k3_err *err)
+{
+	return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err->msg);
+}
