@@ -20,9 +20,12 @@
  *   1  2026-11-29  first version.
  *      (additions within 1: WARM_EXPERTS; STATUS_REPLY 26-28; DONE
  *      cancel_reason; STATUS_REPLY's job list 29-34 with kind U64S, sent
- *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; STATUS_REPLY 40-46:
- *      peak RSS and the memory plan's split; spine and spine_label: DONE
- *      40-41, STATUS_REPLY 50-51, MODEL_INFO_REPLY 20-21.)
+ *      only to peers whose HELLO has K3_PROTO_CAP_JOBS; spine counters
+ *      DONE 22-25, STATUS_REPLY 35-38; GENERATE's draft_policy read,
+ *      DONE's draft statistics 26-32 and STATUS_REPLY's draft totals
+ *      52-56; STATUS_REPLY 40-46: peak RSS and the memory plan's split;
+ *      spine and spine_label: DONE 40-41, STATUS_REPLY 50-51,
+ *      MODEL_INFO_REPLY 20-21.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -162,6 +165,13 @@ enum k3_proto_cancel_reason {
 	K3_CANCEL_BY_ID = 2,      /* CANCEL by job id from another connection (k3ctl cancel) */
 	K3_CANCEL_SHUTDOWN = 3,   /* k3d stopping: drain timeout, or asked to stop again */
 };
+/* GENERATE.draft_policy and DONE.draft_policy (speculative decoding,
+ * docs/draft.md): UNSET = k3d's --draft default. The same values as enum
+ * k3_draft_policy (daemon/draft/draft.h). */
+enum k3_proto_draft_policy {
+	K3_PROTO_DRAFT_UNSET = 0, K3_PROTO_DRAFT_OFF = 1, K3_PROTO_DRAFT_AUTO = 2,
+	K3_PROTO_DRAFT_NGRAM = 3, K3_PROTO_DRAFT_DSPARK = 4, K3_PROTO_DRAFT_COUNT
+};
 /* STATUS_REPLY.job_kinds: what a job does */
 enum k3_proto_job_kind { K3_JOB_GENERATE = 0, K3_JOB_WARM_EXPERTS = 1 };
 /* STATUS_REPLY.job_states */
@@ -261,7 +271,12 @@ enum k3_proto_state {
 	F(m, 45, U64, spine_ring_bytes, 0, 0) \
 	F(m, 46, U64, state_bytes, 0, 0) \
 	F(m, 50, U32, spine, 0, 0) \
-	F(m, 51, STR, spine_label, K3_LIM_NAME_MAX, 0)
+	F(m, 51, STR, spine_label, K3_LIM_NAME_MAX, 0) \
+	F(m, 52, U64, draft_proposed_total, 0, 0) \
+	F(m, 53, U64, draft_accepted_total, 0, 0) \
+	F(m, 54, U64, decode_passes_total, 0, 0) \
+	F(m, 55, F64, draft_s_total, 0, 0) \
+	F(m, 56, F64, verify_s_total, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -345,6 +360,13 @@ enum k3_proto_state {
 	F(m, 23, U64, spine_loads, 0, 0) \
 	F(m, 24, U64, spine_rows_read, 0, 0) \
 	F(m, 25, F64, spine_io_wait_s, 0, 0) \
+	F(m, 26, U32, draft_policy, 0, 0) \
+	F(m, 27, U64, draft_proposed, 0, 0) \
+	F(m, 28, U64, draft_accepted, 0, 0) \
+	F(m, 29, U64, decode_passes, 0, 0) \
+	F(m, 30, F64, tokens_per_pass, 0, 0) \
+	F(m, 31, F64, draft_s, 0, 0) \
+	F(m, 32, F64, verify_s, 0, 0) \
 	F(m, 40, U32, spine, 0, 0) \
 	F(m, 41, STR, spine_label, K3_LIM_NAME_MAX, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
@@ -464,6 +486,11 @@ uint32_t k3_proto_type_payload_max(uint32_t type);
 /* Stable lower-case name of a status ("busy") and of an error code. */
 const char *k3_proto_status_name(uint32_t status);
 const char *k3_proto_error_name(int code);
+/* Draft policy names ("off", "auto", "ngram", "dspark"; "unset" for 0, "?"
+ * out of range), and the reverse for the four a client may ask for:
+ * 0, or -1 for any other string. */
+const char *k3_proto_draft_policy_name(uint32_t p);
+int k3_proto_draft_policy_parse(const char *s, uint32_t *out);
 
 /* ---- frames ---------------------------------------------------------- */
 

@@ -1,9 +1,10 @@
 /* proto_err.c - decoder/encoder error reports and the names of status and
- * error codes (see k3_proto.h, proto_internal.h). */
+ * error codes and of draft policies (see k3_proto.h, proto_internal.h). */
 #include "proto_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int k3_proto_fail(struct k3_proto_err *err, int code, const char *fmt, ...)
 {
@@ -54,4 +55,23 @@ const char *k3_proto_error_name(int code)
 
 	_Static_assert(sizeof(names) / sizeof(names[0]) == -K3_PROTO_E_COUNT_, "error names");
 	return i >= 0 && i < (int)(sizeof(names) / sizeof(names[0])) ? names[i] : "unknown_error";
+}
+
+static const char *const draft_names[K3_PROTO_DRAFT_COUNT] = {
+	"unset", "off", "auto", "ngram", "dspark",
+};
+
+const char *k3_proto_draft_policy_name(uint32_t p)
+{
+	return p < K3_PROTO_DRAFT_COUNT ? draft_names[p] : "?";
+}
+
+int k3_proto_draft_policy_parse(const char *s, uint32_t *out)
+{
+	for (uint32_t i = K3_PROTO_DRAFT_OFF; i < K3_PROTO_DRAFT_COUNT; i++)
+		if (strcmp(s, draft_names[i]) == 0) {
+			*out = i;
+			return 0;
+		}
+	return -1;
 }

@@ -174,6 +174,7 @@ enum k3_prov_mix_site {
 typedef struct k3_prov_model k3_prov_model;
 typedef struct k3_prov_kda_state k3_prov_kda_state;
 typedef struct k3_prov_mla_cache k3_prov_mla_cache;
+typedef struct k3_prov_kda_record k3_prov_kda_record;
 
 struct k3_provider {
 	uint32_t abi_version;        /* K3_PROVIDER_ABI_VERSION */
@@ -331,6 +332,55 @@ struct k3_provider {
 			 struct k3_prov_status *st);
 	int (*embed_rows)(k3_prov_model *m, const void *rows, uint32_t T, float *out,
 			  struct k3_prov_status *st);
+
+	/*
+	 * Optional (all four or none; present when struct_size covers them):
+	 * KDA verification without a state copy per position, for
+	 * speculative decoding (docs/text-and-draft.md §4.8, "Replay";
+	 * docs/engine.md, "Verify and commit").
+	 *
+	 * kda_record_new(m, layer, max_T): a record of up to max_T positions
+	 * of KDA layer `layer`: per position whatever the per-token step
+	 * consumes (for the cpu provider the raw q/k/v projections, which
+	 * also roll the conv windows, the decay logits f and the beta
+	 * logits: (4 P + H) floats; K3: 196,992 bytes per layer).
+	 * kda_verify(m, layer, h, T, s, rec, out, flags): writes into out
+	 * exactly what kda(m, layer, h, T, s, out, flags) would, bit for
+	 * bit, but leaves s unchanged: the recurrence runs on the provider's
+	 * scratch copy of s (one layer's state in all), and rec keeps the T
+	 * positions' inputs (T <= max_T, else -EINVAL).
+	 * kda_replay(m, layer, s, rec, n): advances s over the first n
+	 * (0..T of the last kda_verify into rec) recorded positions with the
+	 * same per-token routine kda uses, so s ends bit-identical to a kda
+	 * call over those n positions. n > T: -EINVAL, s unchanged. Neither
+	 * kda_record_new nor kda_replay needs the layer bound (a streamed
+	 * spine): replay reads only the small vectors the provider keeps of
+	 * the layer (conv taps, decay parameters), not its matrices.
+	 * Providers without these ops get a state snapshot from the engine
+	 * (kda_state_copy): correct, with more memory traffic.
+	 */
+	int (*kda_record_new)(k3_prov_model *m, uint32_t layer, uint32_t max_T,
+			      k3_prov_kda_record **out, struct k3_prov_status *st);
+	void (*kda_record_free)(k3_prov_kda_record *r);
+	int (*kda_verify)(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+			  const k3_prov_kda_state *s, k3_prov_kda_record *rec, float *out,
+			  uint32_t flags, struct k3_prov_status *st);
+	int (*kda_replay)(k3_prov_model *m, uint32_t layer, k3_prov_kda_state *s,
+			  const k3_prov_kda_record *rec, uint32_t n, struct k3_prov_status *st);
+
+	/*
+	 * Optional (both or none): the bytes of a sequence state, for tests
+	 * that compare states bit for bit (a verified-then-committed
+	 * sequence against one that decoded the same ids). *n := the bytes
+	 * the state holds (KDA: conv windows then recurrent matrices; MLA:
+	 * the rows of its len tokens); when dst is not NULL and cap >= *n
+	 * they are copied there, else -ENOSPC (with *n set). The layout is
+	 * the provider's own: compare only states of one provider.
+	 */
+	int (*kda_state_export)(const k3_prov_kda_state *s, void *dst, size_t cap, size_t *n,
+				struct k3_prov_status *st);
+	int (*mla_cache_export)(const k3_prov_mla_cache *c, void *dst, size_t cap, size_t *n,
+				struct k3_prov_status *st);
 };
 
 #endif

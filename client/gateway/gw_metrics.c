@@ -104,6 +104,28 @@ static void render_expert(const struct k3_msg_status_reply *st, struct evbuffer 
 			   st->expert_cache_bytes);
 }
 
+/* Speculative decoding since k3d started (docs/draft.md): acceptance is
+ * accepted / proposed, tokens per pass completion tokens / passes (1.0
+ * without drafting). */
+static void render_draft(const struct k3_msg_status_reply *st, struct evbuffer *out)
+{
+	counter_u64(out, "k3_daemon_draft_proposed_total", "Draft proposals the target verified.",
+		    true, st->draft_proposed_total);
+	counter_u64(out, "k3_daemon_draft_accepted_total",
+		    "Draft proposals equal to the target's own greedy id.", true, st->draft_accepted_total);
+	counter_u64(out, "k3_daemon_decode_passes_total",
+		    "Target passes that produced generated ids (plain and verification).", true,
+		    st->decode_passes_total);
+	counter_f64(out, "k3_daemon_draft_seconds_total", "Time in the draft (proposing).", true,
+		    st->draft_s_total);
+	counter_f64(out, "k3_daemon_verify_seconds_total",
+		    "Time in verification passes, commit included.", true, st->verify_s_total);
+	metric_f64(out, "k3_daemon_tokens_per_pass", "gauge",
+		   "Generated tokens per target pass since k3d started (1 without drafting).", 6,
+		   st->decode_passes_total ? (double)st->completion_tokens_total /
+					     (double)st->decode_passes_total : 0.0);
+}
+
 void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_reply *st,
 		       struct evbuffer *out)
 {
@@ -185,4 +207,6 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		metric_u64(out, "k3_spine_memory_bytes", "gauge",
 			   "k3d's spine memory: resident prefix, ring of layer arenas, row scratch.",
 			   st->spine_memory_bytes);
+	if (st->has_decode_passes_total)
+		render_draft(st, out);
 }

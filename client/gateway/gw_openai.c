@@ -332,6 +332,17 @@ static int parse_common(json_t *body, struct gw_openai_request *r, struct gw_ope
 					    "strings of at most 512.");
 		}
 	}
+	/* k3d extension: the speculative-decoding policy (docs/draft.md); the
+	 * output is the same for every value, so only the spelling is checked */
+	v = opt(body, "draft");
+	if (v) {
+		if (!json_is_string(v))
+			return bad_type(e, "draft", "a string", v);
+		if (k3_proto_draft_policy_parse(json_string_value(v), &r->draft) < 0)
+			return fail(e, "draft", "invalid_value", "Invalid 'draft': expected one of 'off', "
+				    "'auto', 'ngram', 'dspark' (a k3d extension), got '%s'.",
+				    json_string_value(v));
+	}
 	if (parse_stop(body, r, e) || parse_stream(body, r, e))
 		return -1;
 	return 0;
@@ -728,13 +739,13 @@ static const char *const chat_known[] = {
 	"top_logprobs", "seed", "user", "safety_identifier", "prompt_cache_key", "metadata",
 	"response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
 	"reasoning_effort", "verbosity", "modalities", "audio", "prediction", "web_search_options",
-	"store", "service_tier",
+	"store", "service_tier", "draft",
 };
 
 static const char *const completions_known[] = {
 	"model", "prompt", "temperature", "top_p", "n", "max_tokens", "stop", "stream", "stream_options",
 	"presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "seed", "user", "echo",
-	"suffix", "best_of", "safety_identifier", "prompt_cache_key", "metadata",
+	"suffix", "best_of", "safety_identifier", "prompt_cache_key", "metadata", "draft",
 };
 
 static int set_max_new(struct gw_openai_request *r, json_int_t n)
@@ -910,4 +921,6 @@ void gw_openai_to_generate(const struct gw_openai_request *r, struct k3_msg_gene
 		g->stop.v[i] = (struct k3_proto_str){ r->stop[i], r->stop_len[i] };
 	g->stop.n = r->n_stop;
 	g->has_stop = r->n_stop > 0;
+	if (r->draft)
+		k3_msg_generate_set_draft_policy(g, r->draft);
 }

@@ -66,6 +66,7 @@ struct gw_openai_request {
 	const char *max_param;  /* the field max_new came from (static string) */
 	long long max_asked;    /* its value as sent; above K3_LIM_MAX_NEW, max_new is the bound */
 	uint32_t effort;        /* enum k3_proto_effort */
+	uint32_t draft;         /* "draft" (a k3d extension): enum k3_proto_draft_policy, 0 = absent */
 };
 
 /*

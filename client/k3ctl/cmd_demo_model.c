@@ -1,11 +1,12 @@
 /*
  * cmd_demo_model.c - `k3ctl demo-model --out DIR [--preset
- * nano|small|bench|k3-sparse|trained] [--seed N] [overrides]`: writes a
- * synthetic K3 checkpoint in the exact Hugging Face layout (see
- * daemon/demo/demo.h and docs/formats.md); k3-sparse is the release's
- * layout at full size as sparse files (docs/plan.md). `--preset trained`
- * instead installs the trained demo checkpoint embedded in k3ctl
- * (demo_trained.h, tools/train_demo/): fixed bytes, no options.
+ * nano|small|bench|k3-sparse|trained] [--seed N] [overrides] [--draft DIR]`:
+ * writes a synthetic K3 checkpoint in the exact Hugging Face layout (see
+ * daemon/demo/demo.h and docs/formats.md), and with --draft a matching
+ * DSpark-format draft (docs/draft.md); k3-sparse is the release's layout at
+ * full size as sparse files (docs/plan.md). `--preset trained` instead
+ * installs the trained demo checkpoint embedded in k3ctl (demo_trained.h,
+ * tools/train_demo/): fixed bytes, no options but --draft.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -17,6 +18,8 @@
 #include "demo_trained.h"
 #include "k3ctl.h"
 #include "demo/demo.h"
+#include "draft/draft_dspark.h"
+#include "engine/engine.h"
 #include "model/model.h"
 
 static const struct {
@@ -34,6 +37,32 @@ static const struct {
 #undef D_
 };
 
+/* --draft DIR: the matching DSpark-format draft, then the proof that
+ * k3d's loader accepts it for this model. */
+static int write_draft(const char *dir, const struct k3_model *m, uint64_t seed)
+{
+	struct k3_err err = { 0, "" };
+	struct k3_engine_opts eo = { .threads = 1, .max_chunk = 8 };
+	struct k3_engine *e = NULL;
+	struct k3_draft *d = NULL;
+
+	if (k3_demo_write_draft(dir, m, seed, &err))
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model --draft: %s", err.msg);
+	if (k3_engine_open(m, &eo, &e, &err) || k3_draft_dspark_open(dir, e, &d, &err)) {
+		k3_engine_free(e);
+		return k3ctl_fail(K3CTL_EXIT_ERROR, "demo-model --draft: the written draft does not "
+				  "load: %s", err.msg);
+	}
+	if (k3ctl_g.json)
+		printf("{\"draft\":\"%s\",\"format\":\"dspark\",\"summary\":\"%s\"}\n", dir,
+		       k3_draft_dspark_describe(d));
+	else
+		printf("wrote %s: DSpark-format draft, %s\n", dir, k3_draft_dspark_describe(d));
+	k3_draft_free(d);
+	k3_engine_free(e);
+	return K3CTL_EXIT_OK;
+}
+
 static void usage(void)
 {
 	fprintf(stderr,
@@ -42,14 +71,16 @@ static void usage(void)
 		"       [--top-k N] [--moe-intermediate N] [--latent N] [--shared-experts N]\n"
 		"       [--kda-heads N] [--kda-head-dim N] [--mla-heads N] [--q-lora N]\n"
 		"       [--kv-lora N] [--nope N] [--rope N] [--v-head N] [--attn-res-block N]\n"
-		"       [--shards N]\n"
-		"       (--preset trained installs the shipped trained checkpoint; it takes no other option)\n");
+		"       [--shards N] [--draft DIR]\n"
+		"       (--preset trained installs the shipped trained checkpoint; it takes no other option\n"
+		"       but --draft)\n"
+		"  --draft DIR  also write a synthetic DSpark-format draft for this model\n");
 }
 
 int k3ctl_cmd_demo_model(int argc, char **argv)
 {
 	struct k3_demo_opts o = { .preset = K3_DEMO_NANO, .seed = 1 };
-	const char *out = NULL;
+	const char *out = NULL, *draft = NULL;
 	struct k3_err err = { 0, "" };
 	uint64_t v;
 	bool trained = false, other = false;
@@ -65,6 +96,8 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		const char *val = argv[++i];
 		if (strcmp(a, "--out") == 0) {
 			out = val;
+		} else if (strcmp(a, "--draft") == 0) {
+			draft = val;
 		} else if (strcmp(a, "--preset") == 0) {
 			trained = strcmp(val, "trained") == 0;
 			if (!trained && k3_demo_preset_parse(val, &o.preset))
@@ -139,6 +172,7 @@ int k3ctl_cmd_demo_model(int argc, char **argv)
 		       out, trained ? " (the trained demo model, every file SHA-256 checked)" : "",
 		       c->num_hidden_layers, c->hidden_size, c->num_experts, c->num_experts_per_token,
 		       c->vocab_size, n, (double)bytes / 1e6, k3_model_shard_count(m), s);
+	int rc = draft ? write_draft(draft, m, o.seed) : K3CTL_EXIT_OK;
 	k3_model_free(m);
-	return K3CTL_EXIT_OK;
+	return rc;
 }

@@ -83,6 +83,14 @@ static void jobs_print(const struct k3_msg_status_reply *s, int n)
 		printf("             (the first %u shown)\n", K3_LIM_STATUS_JOBS);
 }
 
+/* Generated tokens per target pass over every finished generation (1.0
+ * without drafting; docs/draft.md). */
+static double tokens_per_pass(const struct k3_msg_status_reply *s)
+{
+	return s->decode_passes_total ? (double)s->completion_tokens_total /
+					(double)s->decode_passes_total : 0.0;
+}
+
 int k3ctl_cmd_status(int argc, char **argv)
 {
 	struct k3ctl_client c;
@@ -178,6 +186,13 @@ int k3ctl_cmd_status(int argc, char **argv)
 					    json_integer((json_int_t)s->expert_cache_bytes));
 			json_object_set_new(o, "memory_plan", m);
 		}
+		if (s->has_decode_passes_total)
+			json_object_set_new(o, "draft", json_pack("{s:I,s:I,s:I,s:f,s:f,s:f}",
+					    "proposed", (json_int_t)s->draft_proposed_total,
+					    "accepted", (json_int_t)s->draft_accepted_total,
+					    "passes", (json_int_t)s->decode_passes_total,
+					    "tokens_per_pass", tokens_per_pass(s),
+					    "draft_s", s->draft_s_total, "verify_s", s->verify_s_total));
 		/* null: a k3d that does not list jobs */
 		json_object_set_new(o, "jobs", s->has_job_ids ? jobs_json(s, n_jobs) : json_null());
 		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -256,6 +271,15 @@ int k3ctl_cmd_status(int argc, char **argv)
 			       pre, (double)s->spine_ring_bytes / 1e9, (double)s->expert_cache_bytes / 1e9,
 			       (double)s->state_bytes / 1e9);
 		}
+		if (s->has_decode_passes_total)
+			printf("drafting:    %llu proposed, %llu accepted (%.1f %%); %llu passes, "
+			       "%.2f tokens/pass; draft %.3f s, verify %.3f s\n",
+			       (unsigned long long)s->draft_proposed_total,
+			       (unsigned long long)s->draft_accepted_total,
+			       s->draft_proposed_total ? 100.0 * (double)s->draft_accepted_total /
+							 (double)s->draft_proposed_total : 0.0,
+			       (unsigned long long)s->decode_passes_total, tokens_per_pass(s),
+			       s->draft_s_total, s->verify_s_total);
 	}
 	k3ctl_client_close(&c);
 	return K3CTL_EXIT_OK;

@@ -94,6 +94,8 @@ int k3ctl_gen_run(struct k3ctl_client *c, const struct k3ctl_gen_opts *o, const 
 	}
 	if (o->effort)
 		k3_msg_generate_set_reasoning_effort(&g, o->effort);
+	if (o->draft)
+		k3_msg_generate_set_draft_policy(&g, o->draft);
 	r = k3ctl_client_send(c, K3_MSG_GENERATE, &g, &rid, &err);
 	if (r < 0)   /* -EINVAL: the request does not encode (too large): not the daemon's fault */
 		return k3ctl_fail(r == -EINVAL ? K3CTL_EXIT_ERROR : K3CTL_EXIT_UNAVAILABLE, "%s", err.msg);
@@ -253,6 +255,11 @@ static void print_stats(const struct k3ctl_gen_result *r)
 			d->spine_io_wait_s);
 	else
 		fputs("\n", stderr);
+	if (d->has_decode_passes)
+		fprintf(stderr, "[draft %s] %llu proposed, %llu accepted; %llu passes, %.2f tokens/pass; "
+			"draft %.3f s, verify %.3f s\n", k3_proto_draft_policy_name(d->draft_policy),
+			(unsigned long long)d->draft_proposed, (unsigned long long)d->draft_accepted,
+			(unsigned long long)d->decode_passes, d->tokens_per_pass, d->draft_s, d->verify_s);
 }
 
 static json_t *result_json(const struct k3ctl_gen_result *r)
@@ -296,6 +303,12 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 				    "loads", (json_int_t)d->spine_loads, "rows_read",
 				    (json_int_t)d->spine_rows_read, "io_wait_s", d->spine_io_wait_s)
 			: json_null());
+	if (j && d->has_decode_passes)
+		json_object_set_new(j, "draft", json_pack("{s:s,s:I,s:I,s:I,s:f,s:f,s:f}", "policy",
+				    k3_proto_draft_policy_name(d->draft_policy), "proposed",
+				    (json_int_t)d->draft_proposed, "accepted", (json_int_t)d->draft_accepted,
+				    "passes", (json_int_t)d->decode_passes, "tokens_per_pass",
+				    d->tokens_per_pass, "draft_s", d->draft_s, "verify_s", d->verify_s));
 	return j;
 }
 
@@ -331,7 +344,8 @@ static int parse_ids(const char *s, struct k3ctl_gen_opts *o)
 
 int k3ctl_gen_parse_opts(const char *cmd, int argc, char **argv, struct k3ctl_gen_opts *o)
 {
-	enum { O_MAX_NEW = 256, O_STOP, O_EFFORT, O_STATS, O_IDS, O_CHAT, O_PROMPT_IDS, O_NO_REASONING };
+	enum { O_MAX_NEW = 256, O_STOP, O_EFFORT, O_STATS, O_IDS, O_CHAT, O_PROMPT_IDS, O_NO_REASONING,
+	       O_DRAFT };
 	static const struct option longopts[] = {
 		{ "max-new", required_argument, NULL, O_MAX_NEW },
 		{ "stop", required_argument, NULL, O_STOP },
@@ -341,6 +355,7 @@ int k3ctl_gen_parse_opts(const char *cmd, int argc, char **argv, struct k3ctl_ge
 		{ "chat", no_argument, NULL, O_CHAT },
 		{ "prompt-ids", required_argument, NULL, O_PROMPT_IDS },
 		{ "hide-reasoning", no_argument, NULL, O_NO_REASONING },
+		{ "draft", required_argument, NULL, O_DRAFT },
 		{ NULL, 0, NULL, 0 },
 	};
 	uint64_t v;
@@ -380,6 +395,10 @@ int k3ctl_gen_parse_opts(const char *cmd, int argc, char **argv, struct k3ctl_ge
 		case O_IDS: o->ids = true; break;
 		case O_CHAT: o->chat = true; break;
 		case O_NO_REASONING: o->quiet_reasoning = true; break;
+		case O_DRAFT:
+			if (k3_proto_draft_policy_parse(optarg, &o->draft) < 0)
+				return -k3ctl_usage(cmd, "--draft is one of off, auto, ngram, dspark");
+			break;
 		case O_PROMPT_IDS:
 			if (parse_ids(optarg, o) < 0)
 				return -k3ctl_usage(cmd, "--prompt-ids takes comma-separated token ids");

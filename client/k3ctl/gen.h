@@ -28,6 +28,7 @@ struct k3ctl_gen_opts {
 	bool stats, ids, json, quiet_reasoning;
 	uint32_t *prompt_ids;   /* --prompt-ids */
 	uint32_t n_prompt_ids;
+	uint32_t draft;         /* --draft: enum k3_proto_draft_policy; 0 = k3d's default */
 };
 
 /* What one generation produced. */

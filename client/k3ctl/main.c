@@ -86,17 +86,18 @@ static const struct {
 	{ "ping", "k3ctl ping [--json]" },
 	{ "shutdown", "k3ctl shutdown" },
 	{ "run", "k3ctl run [PROMPT] [--chat] [--max-new N] [--stop S]... [--reasoning-effort none|low|high|max]\n"
-		 "          [--prompt-ids ID,ID,...] [--hide-reasoning] [--stats] [--ids] [--json]\n"
+		 "          [--prompt-ids ID,ID,...] [--hide-reasoning] [--draft off|auto|ngram|dspark]\n"
+		 "          [--stats] [--ids] [--json]\n"
 		 "  PROMPT defaults to 'The capital of France is'; --max-new defaults to 128." },
 	{ "chat", "k3ctl chat [--max-new N] [--stop S]... [--reasoning-effort none|low|high|max]\n"
-		  "           [--hide-reasoning] [--stats] [--ids] [--json]\n"
+		  "           [--hide-reasoning] [--draft off|auto|ngram|dspark] [--stats] [--ids] [--json]\n"
 		  "  One message per line on stdin; Ctrl-C cancels a reply; Ctrl-D or /exit quits." },
 	{ "cancel", "k3ctl cancel JOB_ID" },
 	{ "demo-model", "k3ctl demo-model --out DIR [--preset nano|small|bench|k3-sparse|trained] [--seed N] [--layers N]\n"
 			"  [--hidden N] [--vocab N] [--intermediate N] [--experts N] [--top-k N]\n"
 			"  [--moe-intermediate N] [--latent N] [--shared-experts N] [--kda-heads N]\n"
 			"  [--kda-head-dim N] [--mla-heads N] [--q-lora N] [--kv-lora N] [--nope N] [--rope N]\n"
-			"  [--v-head N] [--attn-res-block N] [--shards N]" },
+			"  [--v-head N] [--attn-res-block N] [--shards N] [--draft DIR]" },
 	{ "inspect", "k3ctl inspect DIR [--ram SIZE] [--json]" },
 	{ "plan", "k3ctl plan --model DIR [--ram SIZE] [--context N] [--spine-resident auto|all|N|none]\n"
 		  "           [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]" },

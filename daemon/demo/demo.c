@@ -174,10 +174,12 @@ enum gen {
 	G_CONV,       /* taps N(0, std), + 0.5 on the current-token tap */
 	G_MX_PACKED,  /* MXFP4 packed (scale written from the same draw) */
 	G_MX_SCALE,
+	G_COPY,       /* bytes of another tensor (the draft's copy of the embedding) */
 };
 
 struct tdesc {
 	char name[192];
+	const void *copy_from; /* G_COPY: these bytes (nbytes of them) */
 	enum k3_dtype dtype;
 	uint32_t ndim;
 	uint64_t shape[4];
@@ -482,6 +484,9 @@ static int draw(const struct k3_demo_dims *d, uint64_t seed, struct tdesc *t, st
 			free(sc);
 		return 0;
 	}
+	case G_COPY:
+		memcpy(buf, t->copy_from, t->nbytes);
+		return 0;
 	case G_MX_SCALE:
 		if (!t->pending)
 			return -EINVAL;   /* written before its packed twin: layout bug */
@@ -493,9 +498,11 @@ static int draw(const struct k3_demo_dims *d, uint64_t seed, struct tdesc *t, st
 	return -EINVAL;
 }
 
+/* Shard s of n_shards (file model-0000s-of-0000n.safetensors, or `single`
+ * when set) with every tensor of l assigned to it. */
 static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t seed,
 		       struct dlist *l, uint32_t s, uint32_t n_shards, json_t *wmap,
-		       struct k3_err *err)
+		       const char *single, struct k3_err *err)
 {
 	char fname[64];
 	struct tdesc **v = NULL;
@@ -507,7 +514,10 @@ static int write_shard(const char *out, const struct k3_demo_dims *d, uint64_t s
 	json_t *h = NULL;
 
 	/* The release numbers its shards "model-00001-of-000096". */
-	snprintf(fname, sizeof(fname), d->release_layout ? "model-%05u-of-%06u.safetensors"
+	if (single)
+		snprintf(fname, sizeof(fname), "%s", single);
+	else
+		snprintf(fname, sizeof(fname), d->release_layout ? "model-%05u-of-%06u.safetensors"
 							 : "model-%05u-of-%05u.safetensors", s + 1, n_shards);
 	v = malloc((l->n ? l->n : 1) * sizeof(*v));
 	if (!v)
@@ -604,6 +614,18 @@ done:
 	return r;
 }
 
+/* Writes c (consumed) as out/config.json, keys sorted, 2-space indent. */
+static int dump_config(const char *out, json_t *c, struct k3_err *err)
+{
+	char *p = k3_path_join(out, "config.json");
+	int r = 0;
+	if (!p || json_dump_file(c, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+		r = k3_err_set(err, -EIO, "%s/config.json: write failed", out);
+	free(p);
+	json_decref(c);
+	return r;
+}
+
 static int write_config(const char *out, const struct k3_demo_dims *d, uint64_t seed, struct k3_err *err)
 {
 	uint32_t ranks = d->vocab - 256;
@@ -690,13 +712,7 @@ static int write_config(const char *out, const struct k3_demo_dims *d, uint64_t 
 							   "seed", (json_int_t)seed, "note", d->sparse ?
 							   K3_DEMO_SPARSE_NOTE :
 							   "synthetic weights; no vision tower weights are stored"));
-	char *p = k3_path_join(out, "config.json");
-	int r = 0;
-	if (!p || json_dump_file(c, p, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
-		r = k3_err_set(err, -EIO, "%s/config.json: write failed", out);
-	free(p);
-	json_decref(c);
-	return r;
+	return dump_config(out, c, err);
 }
 
 int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *err)
@@ -743,7 +759,7 @@ int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *
 	for (size_t i = 0; i < l.n; i++)
 		total += l.v[i].nbytes;
 	for (uint32_t s = 0; s < n_shards; s++) {
-		r = write_shard(out, &d, o->seed, &l, s, n_shards, wmap, err);
+		r = write_shard(out, &d, o->seed, &l, s, n_shards, wmap, NULL, err);
 		if (r)
 			goto out;
 	}
@@ -767,5 +783,149 @@ out:
 	free(p);
 	json_decref(ix);
 	json_decref(wmap);
+	return r;
+}
+
+/* ---- a DSpark draft for a demo target ---- */
+
+/* Taps spread over the target: layer floor((2i + 1) L / (2n)), i < n
+ * (K3's real draft taps 2, 23, 47, 71, 89 of 93). */
+static uint32_t draft_taps(uint32_t L, uint32_t *taps)
+{
+	uint32_t n = L < K3_DEMO_DRAFT_TAPS ? L : K3_DEMO_DRAFT_TAPS;
+	for (uint32_t i = 0; i < n; i++)
+		taps[i] = (uint32_t)(((uint64_t)2 * i + 1) * L / (2 * n));
+	return n;
+}
+
+static void describe_draft(struct dlist *l, const struct k3_model *target,
+			   const struct k3_demo_draft_dims *g, uint32_t n_taps)
+{
+	const struct k3_model_config *t = k3_model_config(target);
+	const struct k3_tensor *emb = k3_model_plan(target)->embed_tokens;
+	uint64_t D = t->hidden_size, H = g->heads, V = t->vocab_size;
+	float one_in = 1.0f / sqrtf((float)D);
+
+	/* the release ships a byte copy of K3's embedding (never read) */
+	struct tdesc *e = add(l, 0, emb->dtype, G_COPY, 0.0f, 0.0f, 2, V, D, 0, "embed_tokens.weight");
+	if (e)
+		e->copy_from = emb->data;
+	add(l, 0, BF, G_NORMAL, 0.0f, 1.0f / sqrtf((float)(D * n_taps)), 2, D, D * n_taps, 0,
+	    "context_proj.weight");
+	add(l, 0, BF, G_NORMAL, 1.0f, 0.05f, 1, D, 0, 0, "context_norm.weight");
+	add(l, 0, BF, G_NORMAL, 1.0f, 0.05f, 1, D, 0, 0, "final_norm.weight");
+	add(l, 0, BF, G_NORMAL, 0.0f, 1.0f, 2, V, g->markov_rank, 0, "markov_head.markov_w1.weight");
+	add(l, 0, BF, G_NORMAL, 0.0f, 0.1f / sqrtf((float)g->markov_rank), 2, V, g->markov_rank, 0,
+	    "markov_head.markov_w2.weight");
+	add(l, 0, BF, G_NORMAL, 0.0f, one_in, 2, 1, D + g->markov_rank, 0, "confidence_head.proj.weight");
+	add(l, 0, BF, G_NORMAL, 0.0f, 0.02f, 1, 1, 0, 0, "confidence_head.proj.bias");
+	for (uint32_t y = 0; y < g->layers; y++) {
+		uint64_t qh = (uint64_t)g->nope + g->rope;
+#define N(suffix, ...) add(l, 0, BF, G_NORMAL, __VA_ARGS__, "layers.%u." suffix, y)
+		N("input_layernorm.weight", 1.0f, 0.05f, 1, D, 0, 0);
+		N("post_attention_layernorm.weight", 1.0f, 0.05f, 1, D, 0, 0);
+		N("self_attn.q_a_proj.weight", 0.0f, one_in, 2, g->q_lora, D, 0);
+		N("self_attn.q_a_layernorm.weight", 1.0f, 0.05f, 1, g->q_lora, 0, 0);
+		N("self_attn.q_b_proj.weight", 0.0f, 1.0f / sqrtf((float)g->q_lora), 2, H * qh, g->q_lora, 0);
+		N("self_attn.kv_a_proj_with_mqa.weight", 0.0f, one_in, 2, (uint64_t)g->kv_lora + g->rope, D, 0);
+		N("self_attn.kv_a_layernorm.weight", 1.0f, 0.05f, 1, g->kv_lora, 0, 0);
+		N("self_attn.kv_b_proj.weight", 0.0f, 1.0f / sqrtf((float)g->kv_lora), 2,
+		  H * ((uint64_t)g->nope + g->v_head), g->kv_lora, 0);
+		/* strong enough that the context rows visibly steer a proposal */
+		N("self_attn.o_proj.weight", 0.0f, 2.0f / sqrtf((float)(H * g->v_head)), 2, D,
+		  H * g->v_head, 0);
+		N("mlp.gate_proj.weight", 0.0f, one_in, 2, g->inter, D, 0);
+		N("mlp.up_proj.weight", 0.0f, one_in, 2, g->inter, D, 0);
+		N("mlp.down_proj.weight", 0.0f, 0.5f / sqrtf((float)g->inter), 2, D, g->inter, 0);
+#undef N
+	}
+}
+
+static int write_draft_config(const char *out, const struct k3_model_config *t,
+			      const struct k3_demo_draft_dims *g, const uint32_t *taps, uint32_t n_taps,
+			      uint64_t seed, struct k3_err *err)
+{
+	uint32_t ranks = t->vocab_size - 256;
+	json_t *ids = json_array();
+	for (uint32_t i = 0; i < n_taps; i++)
+		json_array_append_new(ids, json_integer(taps[i]));
+	json_t *c = json_object();
+	json_object_set_new(c, "architectures", json_pack("[s]", "K3DSparkModel"));
+	json_object_set_new(c, "model_type", json_string("k3_dspark"));
+	json_object_set_new(c, "hidden_size", json_integer(t->hidden_size));
+	json_object_set_new(c, "intermediate_size", json_integer(g->inter));
+	json_object_set_new(c, "num_hidden_layers", json_integer(g->layers));
+	json_object_set_new(c, "num_attention_heads", json_integer(g->heads));
+	json_object_set_new(c, "num_key_value_heads", json_integer(g->heads));
+	json_object_set_new(c, "q_lora_rank", json_integer(g->q_lora));
+	json_object_set_new(c, "kv_lora_rank", json_integer(g->kv_lora));
+	json_object_set_new(c, "qk_nope_head_dim", json_integer(g->nope));
+	json_object_set_new(c, "qk_rope_head_dim", json_integer(g->rope));
+	json_object_set_new(c, "v_head_dim", json_integer(g->v_head));
+	json_object_set_new(c, "mla_use_nope", json_false());
+	json_object_set_new(c, "mla_use_output_gate", json_false());
+	json_object_set_new(c, "vocab_size", json_integer(t->vocab_size));
+	json_object_set_new(c, "draft_vocab_size", json_integer(t->vocab_size));
+	json_object_set_new(c, "rms_norm_eps", json_real(1e-5));
+	json_object_set_new(c, "max_position_embeddings", json_integer(1048576));
+	json_object_set_new(c, "rope_theta", json_real(50000.0));
+	json_object_set_new(c, "rope_parameters",
+			    json_pack("{s:s,s:f,s:i,s:f,s:f,s:f,s:f}", "rope_type", "yarn", "factor", 32.0,
+				      "original_max_position_embeddings", 32768, "beta_fast", 32.0,
+				      "beta_slow", 1.0, "mscale", 1.0, "mscale_all_dim", 1.0));
+	json_object_set_new(c, "num_target_layers", json_integer(n_taps));
+	json_object_set_new(c, "target_hidden_size", json_integer(t->hidden_size));
+	json_object_set_new(c, "target_num_hidden_layers", json_integer(t->num_hidden_layers));
+	json_object_set_new(c, "target_layer_ids", ids);
+	json_object_set_new(c, "mask_token_id", json_integer(ranks + 253));
+	json_object_set_new(c, "bos_token_id", json_integer(ranks + 0));
+	json_object_set_new(c, "eos_token_id", json_integer(ranks + 2));
+	json_object_set_new(c, "pad_token_id", json_integer(ranks + 255));
+	json_object_set_new(c, "markov_rank", json_integer(g->markov_rank));
+	json_object_set_new(c, "markov_head_type", json_string("vanilla"));
+	json_object_set_new(c, "enable_confidence_head", json_true());
+	json_object_set_new(c, "confidence_head_with_markov", json_true());
+	json_object_set_new(c, "tie_word_embeddings", json_false());
+	json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+	json_object_set_new(c, "k3_demo_model", json_pack("{s:s,s:I,s:s}", "generator",
+							   "k3ctl demo-model --draft", "seed", (json_int_t)seed,
+							   "note", "synthetic DSpark-format draft; random weights"));
+	return dump_config(out, c, err);
+}
+
+void k3_demo_draft_dims(const struct k3_model *target, struct k3_demo_draft_dims *g)
+{
+	(void)target;
+	*g = (struct k3_demo_draft_dims){ .layers = 2, .heads = 4, .q_lora = 64, .kv_lora = 32,
+		.nope = 16, .rope = 16, .v_head = 16, .inter = 256, .markov_rank = 16 };
+}
+
+int k3_demo_write_draft(const char *out, const struct k3_model *target, uint64_t seed,
+			struct k3_err *err)
+{
+	const struct k3_model_config *t = k3_model_config(target);
+	const struct k3_tensor *emb = k3_model_plan(target)->embed_tokens;
+	struct k3_demo_dims none = { 0 };
+	struct k3_demo_draft_dims g;
+	struct dlist l = { .prefix = "" };
+	uint32_t taps[K3_DEMO_DRAFT_TAPS];
+	int r = 0;
+
+	if (!emb || emb->ndim != 2 || t->vocab_size < 512)
+		return k3_err_set(err, -EINVAL, "the target has no [vocab, hidden] embedding of >= 512 rows");
+	k3_demo_draft_dims(target, &g);
+	uint32_t n_taps = draft_taps(t->num_hidden_layers, taps);
+	if (mkdir(out, 0755) != 0 && errno != EEXIST)
+		return k3_err_set(err, -errno, "%s: %s", out, strerror(errno));
+	describe_draft(&l, target, &g, n_taps);
+	if (l.err)
+		r = k3_err_set(err, l.err, "out of memory");
+	json_t *wmap = json_object();
+	if (!r)
+		r = write_shard(out, &none, seed, &l, 0, 1, wmap, "model.safetensors", err);
+	if (!r)
+		r = write_draft_config(out, t, &g, taps, n_taps, seed, err);
+	json_decref(wmap);
+	free(l.v);
 	return r;
 }

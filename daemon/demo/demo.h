@@ -87,6 +87,31 @@ int k3_demo_resolve(const struct k3_demo_opts *o, struct k3_demo_dims *d,
  * a negative errno with the path in err. */
 int k3_demo_write(const char *out, const struct k3_demo_opts *o, struct k3_err *err);
 
+/* The synthetic DSpark draft (docs/text-and-draft.md §4, docs/draft.md)
+ * written for a demo target: small MLA layers over the target's hidden
+ * size and vocabulary, K3DSparkModel's tensor names, YaRN RoPE, taps
+ * spread over the target's layers (at most K3_DEMO_DRAFT_TAPS). */
+enum { K3_DEMO_DRAFT_TAPS = 5 };
+
+struct k3_demo_draft_dims {
+	uint32_t layers, heads, q_lora, kv_lora, nope, rope, v_head, inter, markov_rank;
+};
+
+struct k3_model;
+
+/* The draft's own dimensions for a target (today the same for every one). */
+void k3_demo_draft_dims(const struct k3_model *target, struct k3_demo_draft_dims *out);
+
+/* Writes config.json and model.safetensors of a DSpark-format draft for
+ * the open checkpoint target (any demo preset, trained included: its
+ * hidden size, vocabulary and layer count; its embed_tokens copied byte
+ * for byte, as the release ships K3's) into directory out, weights drawn
+ * from seed. Weights are random: the draft loads, runs and proposes, and
+ * the target rejects nearly everything. Returns 0 or a negative errno
+ * with the path in err. */
+int k3_demo_write_draft(const char *out, const struct k3_model *target, uint64_t seed,
+			struct k3_err *err);
+
 /* Writes tiktoken.model and tokenizer_config.json for vocab_size ids
  * (vocab_size - 256 BPE ranks, then the 256 specials) into dir. Also used
  * alone by the text tests. Returns 0 or a negative errno. */

@@ -29,6 +29,8 @@ struct k3_engine {
 	const struct k3_provider *prov;
 	bool prov_pieces;            /* prov has routed_begin/expert/end */
 	bool prov_partial;           /* ... and routed_partial */
+	bool prov_verify;            /* prov has kda_record_new/free, kda_verify, kda_replay */
+	bool prov_export;            /* prov has kda_state_export, mla_cache_export */
 	k3_prov_model *pm;
 	struct k3_prov_config cfg;
 	struct k3_prov_weights weights;
@@ -65,6 +67,19 @@ struct k3_engine {
 	float *pw;                   /* [chunk][K] */
 	uint32_t *guess;             /* [chunk][K] deduplicated guesses */
 	uint32_t *guess_rank;        /* [chunk][K] each guess's rank (0 = most confident) */
+	/* target-row capture (k3_engine_set_taps) */
+	uint32_t n_taps;
+	int32_t tap_index[K3_PROV_MAX_LAYERS];   /* layer -> tap ordinal, -1 */
+	float *tap_out;              /* [T][n_taps][D] of the next calls; NULL = none */
+	/* verification (k3_engine_verify / commit); at most one pending per
+	 * engine, its records sized for vcap positions (grown on demand) */
+	struct k3_engine_seq *pending;
+	uint32_t pending_T;
+	uint32_t vcap;
+	uint32_t v_layers;           /* snapshot path: layers whose snapshot this pass took */
+	k3_prov_kda_record **vrec;   /* [L] with prov_verify, NULL for MLA layers */
+	k3_prov_kda_state **vsnap;   /* [L] without: the state before the pass */
+	float **vh;                  /* [L] without: [vcap][D] the pass's KDA inputs */
 };
 
 struct k3_engine_seq {
@@ -299,6 +314,31 @@ static void model_release(void *ctx, uint32_t layer, uint32_t expert)
 
 /* ---------------------------------------------------------------- engine */
 
+/* The verification buffers of every layer (records, or snapshots and inputs). */
+static void verify_free(struct k3_engine *e)
+{
+	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+		if (e->vrec && e->vrec[l])
+			e->prov->kda_record_free(e->vrec[l]);
+		if (e->vsnap && e->vsnap[l])
+			e->prov->kda_state_free(e->vsnap[l]);
+		if (e->vh)
+			free(e->vh[l]);
+	}
+	free(e->vrec);
+	free(e->vsnap);
+	free(e->vh);
+	e->vrec = NULL;
+	e->vsnap = NULL;
+	e->vh = NULL;
+	e->vcap = 0;
+}
+
+/* Whether prov sets the optional op `field` (struct_size covers it). */
+#define PROV_HAS(prov, field) \
+	((prov)->struct_size >= offsetof(struct k3_provider, field) + sizeof((prov)->field) && \
+	 (prov)->field)
+
 void k3_engine_free(struct k3_engine *e)
 {
 	if (!e)
@@ -324,6 +364,7 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->guess);
 	free(e->guess_rank);
 	free(e->rows);
+	verify_free(e);
 	/* what open acquired of the spine source, after the provider let go */
 	for (uint32_t l = 0; l < e->spine_opened; l++)
 		e->spine.release_layer(e->spine.ctx, l);
@@ -401,6 +442,11 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->prov_bind = prov->struct_size >= offsetof(struct k3_provider, embed_rows) +
 					     sizeof(prov->embed_rows) &&
 		       prov->bind_layer && prov->bind_head && prov->embed_rows;
+	e->prov_verify = PROV_HAS(prov, kda_record_new) && PROV_HAS(prov, kda_record_free) &&
+			 PROV_HAS(prov, kda_verify) && PROV_HAS(prov, kda_replay) && !opts->kda_snapshot;
+	e->prov_export = PROV_HAS(prov, kda_state_export) && PROV_HAS(prov, mla_cache_export);
+	for (uint32_t l = 0; l < K3_PROV_MAX_LAYERS; l++)
+		e->tap_index[l] = -1;
 	e->bound = UINT32_MAX;
 	if (opts->spine) {
 		e->spine = *opts->spine;
@@ -531,6 +577,8 @@ void k3_engine_seq_free(struct k3_engine_seq *s)
 {
 	if (!s)
 		return;
+	if (s->e->pending == s)
+		s->e->pending = NULL;
 	const struct k3_provider *p = s->e->prov;
 	for (uint32_t l = 0; l < s->e->cfg.n_layers; l++) {
 		if (s->kda)
@@ -575,6 +623,8 @@ int k3_engine_seq_clone(struct k3_engine *e, const struct k3_engine_seq *src,
 {
 	if (src->e != e)
 		return k3_err_set(err, -EINVAL, "sequence belongs to another engine");
+	if (e->pending == src)
+		return k3_err_set(err, -EBUSY, "sequence has a verification pending; commit it first");
 	struct k3_engine_seq *s;
 	int rc = k3_engine_seq_new(e, src->len, &s, err);
 	if (rc)
@@ -924,16 +974,56 @@ static int embed_chunk(struct k3_engine *e, const int32_t *ids, uint32_t n, stru
 	return 0;
 }
 
+/* The verification pass's KDA layer l without the provider's verify op:
+ * the state before the pass is kept (kda_state_copy) with the layer's
+ * inputs, then the real state advances over all n positions; commit puts
+ * the snapshot back and reruns the accepted prefix (k3_engine_commit). */
+static int verify_kda_snapshot(struct k3_engine *e, struct k3_engine_seq *s, uint32_t l,
+			       const float *hin, uint32_t n, float *P, uint32_t flags,
+			       struct k3_prov_status *st)
+{
+	int rc = e->prov->kda_state_copy(e->vsnap[l], s->kda[l], st);
+	if (rc)
+		return rc;
+	e->v_layers = l + 1;         /* from here on, l's snapshot is the one to restore */
+	memcpy(e->vh[l], hin, (size_t)n * e->D * sizeof(float));
+	return e->prov->kda(e->pm, l, hin, n, s->kda[l], P, flags, st);
+}
+
+/* Target-row capture after layer l (k3_engine_set_taps): the residual
+ * stream as a plain residual model would carry it, B[0] + ... + B[nB-1]
+ * + P (the embedding, the finished AttnRes blocks and the running sum;
+ * vLLM's "prefix_sum + hidden_states", docs/text-and-draft.md §4.4), summed
+ * in that order by the provider into taps[pos0 + t][tap][D]. */
+static int capture_tap(struct k3_engine *e, uint32_t l, uint32_t nB, uint32_t n, uint32_t pos0,
+		       float *taps, struct k3_prov_status *st)
+{
+	uint32_t D = e->D, ti = (uint32_t)e->tap_index[l];
+
+	for (uint32_t t = 0; t < n; t++) {
+		float *dst = taps + ((size_t)(pos0 + t) * e->n_taps + ti) * D;
+		memcpy(dst, e->pool[0] + (size_t)t * D, D * sizeof(float));
+		for (uint32_t j = 1; j <= nB; j++) {
+			int rc = e->prov->add(e->pm, dst, e->pool[j] + (size_t)t * D, D, st);
+			if (rc)
+				return rc;
+		}
+	}
+	return 0;
+}
+
 /* One chunk of n positions; pos0 = index of its first position in the
- * caller's output arrays; last = the call's final chunk. With a spine
+ * caller's output arrays; last = the call's final chunk; verify = a
+ * verification pass (KDA states are not advanced, see k3_engine_verify).
+ * With a spine
  * source, each streamed layer is bound right before its ops and released
  * right after them (the next one, when the router lookahead needs its
  * weights, right after that), the next one's read having been started
  * when this one started (run_chunk releases what is still bound when a
  * layer fails). */
 static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
-			    uint32_t n, uint32_t pos0, bool last, const struct k3_engine_out *out,
-			    struct k3_err *err)
+			    uint32_t n, uint32_t pos0, bool last, bool verify,
+			    const struct k3_engine_out *out, struct k3_err *err)
 {
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
@@ -978,10 +1068,16 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 		}
 		float *P = e->pool[nB];
 		/* 3) attention sub-layer, P := a or P + a */
-		if (e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA)
-			PCALL(p->kda(e->pm, l, hin, n, s->kda[l], P, flags, &st));
-		else
+		if (e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA) {
+			if (verify && e->prov_verify)
+				PCALL(p->kda_verify(e->pm, l, hin, n, s->kda[l], e->vrec[l], P, flags, &st));
+			else if (verify)
+				PCALL(verify_kda_snapshot(e, s, l, hin, n, P, flags, &st));
+			else
+				PCALL(p->kda(e->pm, l, hin, n, s->kda[l], P, flags, &st));
+		} else {
 			PCALL(p->mla(e->pm, l, hin, n, s->mla[l], P, flags, &st));
+		}
 		/* 4) FFN input: AR over the new B and P */
 		for (uint32_t j = 0; j <= nB; j++)
 			e->cands[j] = e->pool[j];
@@ -998,6 +1094,8 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 			PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
 		}
 		PCALL(p->add(e->pm, P, e->mb, nd, &st));
+		if (e->tap_index[l] >= 0 && e->tap_out)
+			PCALL(capture_tap(e, l, nB, n, pos0, e->tap_out, &st));
 		if (streamed(e, l))
 			spine_unbind(e);
 		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE &&
@@ -1031,24 +1129,26 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 }
 
 static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
-		     uint32_t n, uint32_t pos0, bool last, const struct k3_engine_out *out,
-		     struct k3_err *err)
+		     uint32_t n, uint32_t pos0, bool last, bool verify,
+		     const struct k3_engine_out *out, struct k3_err *err)
 {
-	int rc = run_chunk_layers(e, s, ids, n, pos0, last, out, err);
+	int rc = run_chunk_layers(e, s, ids, n, pos0, last, verify, out, err);
 
 	spine_unbind(e);
 	spine_unbind_head(e);
 	return rc;
 }
 
-int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
-		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
-		      struct k3_err *err)
+/* What forward and verify check before they touch s. */
+static int check_call(struct k3_engine *e, const struct k3_engine_seq *s, const int32_t *ids,
+		      uint32_t T, struct k3_err *err)
 {
 	if (s->e != e)
 		return k3_err_set(err, -EINVAL, "sequence belongs to another engine");
 	if (s->poisoned)
 		return k3_err_set(err, -EINVAL, "sequence failed earlier; start a new one");
+	if (e->pending == s)
+		return k3_err_set(err, -EBUSY, "sequence has a verification pending; commit it first");
 	if (T == 0)
 		return k3_err_set(err, -EINVAL, "forward of zero tokens");
 	if ((uint64_t)s->len + T > UINT32_MAX / 2)
@@ -1057,9 +1157,19 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		if (ids[t] < 0 || (uint32_t)ids[t] >= e->V)
 			return k3_err_set(err, -EINVAL, "token id %d at position %u not in 0..%u",
 					  ids[t], t, e->V - 1);
+	return 0;
+}
+
+int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
+		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
+		      struct k3_err *err)
+{
+	int rc0 = check_call(e, s, ids, T, err);
+	if (rc0)
+		return rc0;
 	for (uint32_t done = 0; done < T;) {
 		uint32_t n = T - done < e->chunk ? T - done : e->chunk;
-		int rc = run_chunk(e, s, ids + done, n, done, done + n == T, out, err);
+		int rc = run_chunk(e, s, ids + done, n, done, done + n == T, false, out, err);
 		if (rc) {
 			s->poisoned = true;
 			return rc;
@@ -1068,6 +1178,215 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		s->len += n;
 	}
 	return 0;
+}
+
+/* ---------------------------------------------------------------- verify / commit */
+
+/* Verification buffers for T positions: the provider's KDA records, or
+ * (without them) a state snapshot and an input buffer per KDA layer.
+ * Allocated on the first pass that needs them, then kept. */
+static int verify_reserve(struct k3_engine *e, uint32_t T, struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t L = e->cfg.n_layers;
+	int rc = 0;
+
+	if (T <= e->vcap)
+		return 0;
+	if (e->vrec) {             /* records only grow: make new ones */
+		for (uint32_t l = 0; l < L; l++) {
+			p->kda_record_free(e->vrec[l]);
+			e->vrec[l] = NULL;
+		}
+	}
+	if (e->vh)
+		for (uint32_t l = 0; l < L; l++) {
+			free(e->vh[l]);
+			e->vh[l] = NULL;
+		}
+	e->vcap = 0;
+	if (e->prov_verify) {
+		if (!e->vrec && !(e->vrec = calloc(L, sizeof(*e->vrec))))
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		for (uint32_t l = 0; !rc && l < L; l++)
+			if (e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA)
+				rc = p->kda_record_new(e->pm, l, T, &e->vrec[l], &st);
+	} else {
+		if ((!e->vsnap && !(e->vsnap = calloc(L, sizeof(*e->vsnap)))) ||
+		    (!e->vh && !(e->vh = calloc(L, sizeof(*e->vh)))))
+			return k3_err_set(err, -ENOMEM, "out of memory");
+		for (uint32_t l = 0; !rc && l < L; l++) {
+			if (e->cfg.attn_kind[l] != K3_PROV_ATTN_KDA)
+				continue;
+			if (!e->vsnap[l])
+				rc = p->kda_state_new(e->pm, l, &e->vsnap[l], &st);
+			if (!rc && !(e->vh[l] = malloc((size_t)T * e->D * sizeof(float))))
+				rc = k3_err_set(err, -ENOMEM, "out of memory for a %u-position verification", T);
+		}
+	}
+	if (rc)
+		return err && err->code ? rc : prov_err(e, err, rc, &st);
+	e->vcap = T;
+	return 0;
+}
+
+/* Puts s back where the pending pass found it: MLA caches cut to s->len,
+ * and without the provider's verify op the KDA snapshots of the first
+ * `layers` layers restored. */
+static int verify_discard(struct k3_engine *e, struct k3_engine_seq *s, uint32_t layers,
+			  struct k3_err *err)
+{
+	struct k3_prov_status st = { 0 };
+
+	for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+		if (s->mla[l]) {
+			e->prov->mla_cache_truncate(s->mla[l], s->len);
+		} else if (!e->prov_verify && l < layers) {
+			int rc = e->prov->kda_state_copy(s->kda[l], e->vsnap[l], &st);
+			if (rc)
+				return prov_err(e, err, rc, &st);
+		}
+	}
+	return 0;
+}
+
+int k3_engine_verify(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
+		     uint32_t T, const struct k3_engine_out *out, struct k3_err *err)
+{
+	int rc = check_call(e, s, ids, T, err);
+	if (rc)
+		return rc;
+	if (e->pending)
+		return k3_err_set(err, -EBUSY, "another sequence has a verification pending");
+	if (T > e->chunk)
+		return k3_err_set(err, -EINVAL, "verification of %u positions exceeds the engine's "
+				  "%u-position pass", T, e->chunk);
+	rc = verify_reserve(e, T, err);
+	if (rc)
+		return rc;
+	e->v_layers = 0;
+	rc = run_chunk(e, s, ids, T, 0, true, true, out, err);
+	if (rc) {
+		/* Nothing was published: undo the provisional rows (and, on the
+		 * snapshot path, the states advanced so far); s stays usable. */
+		struct k3_err e2 = { 0 };
+		if (verify_discard(e, s, e->v_layers, &e2))
+			s->poisoned = true;
+		return rc;
+	}
+	e->pending = s;
+	e->pending_T = T;
+	return 0;
+}
+
+int k3_engine_commit(struct k3_engine *e, struct k3_engine_seq *s, uint32_t m,
+		     struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	int rc = 0;
+
+	if (e->pending != s || s->e != e)
+		return k3_err_set(err, -EINVAL, "no verification pending on this sequence");
+	if (m > e->pending_T)
+		return k3_err_set(err, -EINVAL, "commit of %u positions; the verification ran %u",
+				  m, e->pending_T);
+	e->pending = NULL;
+	for (uint32_t l = 0; !rc && l < e->cfg.n_layers; l++) {
+		if (s->mla[l]) {
+			p->mla_cache_truncate(s->mla[l], s->len + m);
+		} else if (e->prov_verify) {
+			rc = p->kda_replay(e->pm, l, s->kda[l], e->vrec[l], m, &st);
+		} else if (m < e->pending_T) {
+			/* Snapshot path: back to the state before the pass, then
+			 * the accepted prefix again through the same op (a
+			 * streamed layer's weights are read again for it). */
+			rc = p->kda_state_copy(s->kda[l], e->vsnap[l], &st);
+			if (!rc && m) {
+				int brc = spine_bind(e, l, err);
+				if (brc) {
+					s->poisoned = true;
+					return brc;
+				}
+				rc = p->kda(e->pm, l, e->vh[l], m, s->kda[l], e->z, 0, &st);
+			}
+		}
+	}
+	spine_unbind(e);
+	if (rc) {
+		s->poisoned = true;
+		return prov_err(e, err, rc, &st);
+	}
+	s->len += m;
+	return 0;
+}
+
+bool k3_engine_verify_pending(const struct k3_engine *e, const struct k3_engine_seq *s)
+{
+	return e->pending == s;
+}
+
+size_t k3_engine_verify_record_bytes(const struct k3_engine *e, uint32_t T)
+{
+	const struct k3_prov_config *c = &e->cfg;
+	uint32_t n_kda = 0;
+
+	for (uint32_t l = 0; l < c->n_layers; l++)
+		n_kda += c->attn_kind[l] == K3_PROV_ATTN_KDA;
+	size_t P = (size_t)c->kda_heads * c->kda_head_dim;
+	if (e->prov_verify)
+		return (size_t)T * n_kda * (4 * P + c->kda_heads) * sizeof(float);
+	size_t state = (3 * (size_t)(c->conv_kernel - 1) * P + (size_t)c->kda_heads *
+			c->kda_head_dim * c->kda_head_dim) * sizeof(float);
+	return n_kda * (state + (size_t)T * e->D * sizeof(float));
+}
+
+int k3_engine_set_taps(struct k3_engine *e, const uint32_t *layers, uint32_t n,
+		       struct k3_err *err)
+{
+	if (n > K3_ENGINE_MAX_TAPS)
+		return k3_err_set(err, -EINVAL, "%u tap layers; at most %d", n, K3_ENGINE_MAX_TAPS);
+	for (uint32_t i = 0; i < n; i++) {
+		if (layers[i] >= e->cfg.n_layers)
+			return k3_err_set(err, -EINVAL, "tap layer %u: the model has %u layers",
+					  layers[i], e->cfg.n_layers);
+		if (i && layers[i] <= layers[i - 1])
+			return k3_err_set(err, -EINVAL, "tap layers must ascend (%u after %u)",
+					  layers[i], layers[i - 1]);
+	}
+	for (uint32_t l = 0; l < K3_PROV_MAX_LAYERS; l++)
+		e->tap_index[l] = -1;
+	for (uint32_t i = 0; i < n; i++)
+		e->tap_index[layers[i]] = (int32_t)i;
+	e->n_taps = n;
+	return 0;
+}
+
+void k3_engine_set_tap_out(struct k3_engine *e, float *dst)
+{
+	e->tap_out = dst;
+}
+
+uint32_t k3_engine_n_taps(const struct k3_engine *e) { return e->n_taps; }
+uint32_t k3_engine_hidden(const struct k3_engine *e) { return e->D; }
+uint32_t k3_engine_n_layers(const struct k3_engine *e) { return e->cfg.n_layers; }
+uint32_t k3_engine_max_chunk(const struct k3_engine *e) { return e->chunk; }
+const struct k3_model *k3_engine_model(const struct k3_engine *e) { return e->model; }
+
+int k3_engine_seq_export(struct k3_engine *e, const struct k3_engine_seq *s, uint32_t layer,
+			 void *dst, size_t cap, size_t *n, struct k3_err *err)
+{
+	struct k3_prov_status st = { 0 };
+	int rc;
+
+	if (!e->prov_export)
+		return k3_err_set(err, -ENOTSUP, "provider '%s' cannot export states", e->prov->name);
+	if (layer >= e->cfg.n_layers || s->e != e)
+		return k3_err_set(err, -EINVAL, "layer %u out of range", layer);
+	rc = s->kda[layer] ? e->prov->kda_state_export(s->kda[layer], dst, cap, n, &st)
+			   : e->prov->mla_cache_export(s->mla[layer], dst, cap, n, &st);
+	return rc ? prov_err(e, err, rc, &st) : 0;
 }
 
 uint32_t k3_engine_argmax(const float *logits, uint32_t n)

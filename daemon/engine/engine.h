@@ -21,6 +21,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -88,6 +89,8 @@ struct k3_engine_opts {
 	uint32_t max_chunk;          /* positions per provider call; 0 = 64 */
 	bool reference;              /* provider's scalar reference path */
 	bool split_all;              /* split even tiny ops across threads (tests) */
+	bool kda_snapshot;           /* verification snapshots KDA states even when the
+				      * provider has kda_verify (tests of the fallback) */
 	/* The spine source (copied; its ctx must outlive the engine), or NULL
 	 * for the model's mmapped tensors. An open-time choice: the provider
 	 * converts a resident layer's small vectors when it opens, and a
@@ -274,6 +277,73 @@ struct k3_engine_out {
 int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
 		      struct k3_err *err);
+
+/*
+ * Verify and commit (docs/engine.md, "Verify and commit"): speculative
+ * decoding's target pass.
+ *
+ * k3_engine_verify runs ids[0..T) (1 <= T <= the engine's max_chunk) after
+ * s's tokens in ONE pass (one sweep over the layers, each routed expert
+ * read once for the union of the positions) and fills out exactly as
+ * k3_engine_forward would: every position's logits, route and taps are
+ * bit-identical to decoding the ids one by one. It publishes nothing:
+ * s's length stays, its KDA states are not advanced (the provider runs
+ * the recurrence on scratch and records each position's inputs; without
+ * that op the engine snapshots each KDA state), and its MLA caches hold
+ * the T rows provisionally. Until k3_engine_commit, s refuses forward,
+ * verify and clone (-EBUSY), and no other sequence of e may verify. On a
+ * failure (cancel included) the provisional rows are dropped and s is as
+ * before the call, still usable.
+ *
+ * k3_engine_commit keeps the first m (0..T) positions: the MLA caches are
+ * truncated to len + m and every KDA state gets the first m recorded
+ * positions replayed with the per-token routine decode uses, so s then
+ * equals, bit for bit, a sequence that decoded exactly those m ids
+ * (tests/engine/test_engine_verify.c). m = 0 leaves s as it was. Errors:
+ * -EINVAL (no verification pending on s, m > T); a provider failure
+ * poisons s.
+ *
+ * Memory: the records are allocated on the first pass of a new width and
+ * kept (k3_engine_verify_record_bytes says how much).
+ */
+int k3_engine_verify(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
+		     uint32_t T, const struct k3_engine_out *out, struct k3_err *err);
+int k3_engine_commit(struct k3_engine *e, struct k3_engine_seq *s, uint32_t m,
+		     struct k3_err *err);
+/* Whether s has a verification waiting for its commit. */
+bool k3_engine_verify_pending(const struct k3_engine *e, const struct k3_engine_seq *s);
+/* Bytes the verification buffers of a T-position pass hold: with the
+ * provider's verify op, the per-position records ((4 P + H) floats per KDA
+ * layer and position for the cpu provider; K3: 13.0 MiB per position);
+ * without it, one state snapshot and T input rows per KDA layer. */
+size_t k3_engine_verify_record_bytes(const struct k3_engine *e, uint32_t T);
+
+enum { K3_ENGINE_MAX_TAPS = 16 };
+
+/* Target-row capture for drafts (docs/text-and-draft.md §4.4): after each
+ * of the n (<= K3_ENGINE_MAX_TAPS) layers (0-based, strictly ascending),
+ * later forward and verify calls write the residual stream B[0] + ... +
+ * P of every position into the buffer of k3_engine_set_tap_out. n = 0
+ * turns it off. -EINVAL for a layer out of range or out of order. */
+int k3_engine_set_taps(struct k3_engine *e, const uint32_t *layers, uint32_t n,
+		       struct k3_err *err);
+/* Where the next forward / verify calls put the taps: dst[T][n_taps][hidden]
+ * for the call's positions 0..T-1 (caller-owned, big enough for the
+ * call's T); NULL = capture nothing. */
+void k3_engine_set_tap_out(struct k3_engine *e, float *dst);
+uint32_t k3_engine_n_taps(const struct k3_engine *e);
+uint32_t k3_engine_hidden(const struct k3_engine *e);
+uint32_t k3_engine_n_layers(const struct k3_engine *e);
+/* The most positions one pass (a prefill chunk, a verification) holds. */
+uint32_t k3_engine_max_chunk(const struct k3_engine *e);
+const struct k3_model *k3_engine_model(const struct k3_engine *e);
+
+/* The bytes of layer `layer`'s state of s (its KDA state or its MLA
+ * cache rows), for tests comparing states bit for bit: *n := the size;
+ * copied into dst when cap >= *n. -ENOTSUP when the provider cannot
+ * export, -ENOSPC when cap is short (*n set), -EINVAL for a bad layer. */
+int k3_engine_seq_export(struct k3_engine *e, const struct k3_engine_seq *s, uint32_t layer,
+			 void *dst, size_t cap, size_t *n, struct k3_err *err);
 
 /* Index of the largest of n logits, lowest index on ties (greedy). */
 uint32_t k3_engine_argmax(const float *logits, uint32_t n);

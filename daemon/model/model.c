@@ -223,13 +223,11 @@ int k3_model_config_load(const char *dir, struct k3_model_config *out, struct k3
 	return r;
 }
 
-int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
-{
-	return k3_model_open_with(dir, NULL, out, err);
-}
-
-int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
-		       struct k3_model **out, struct k3_err *err)
+/* Opens dir; with_plan: a K3 checkpoint (config.json parsed, tensor plan
+ * built, opts as k3_model_open_with), else only the tensors
+ * (k3_model_open_tensors). */
+static int model_open(const char *dir, bool with_plan, const struct k3_model_open_opts *opts,
+		      struct k3_model **out, struct k3_err *err)
 {
 	struct k3_model *m;
 	struct k3_st_index ix = { 0 };
@@ -252,7 +250,7 @@ int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
 		goto fail;
 	}
 
-	if ((r = k3_model_config_load(m->dir, &m->cfg, err)))
+	if (with_plan && (r = k3_model_config_load(m->dir, &m->cfg, err)))
 		goto fail;
 
 	if (!(p = k3_path_join(m->dir, "model.safetensors.index.json"))) {
@@ -302,7 +300,8 @@ int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
 	if (r)
 		goto fail;
 	k3_st_index_release(&ix);
-	r = k3_model_plan_build(&m->cfg, m->tensors, m->n_tensors, &m->plan, &m->layers, &m->experts, err);
+	r = with_plan ? k3_model_plan_build(&m->cfg, m->tensors, m->n_tensors, &m->plan, &m->layers,
+					    &m->experts, err) : 0;
 	if (r)
 		goto fail;
 	r = check_scales(m, err);
@@ -318,6 +317,22 @@ fail:
 	k3_st_index_release(&ix);
 	k3_model_free(m);
 	return r;
+}
+
+int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err)
+{
+	return model_open(dir, true, NULL, out, err);
+}
+
+int k3_model_open_with(const char *dir, const struct k3_model_open_opts *opts,
+		       struct k3_model **out, struct k3_err *err)
+{
+	return model_open(dir, true, opts, out, err);
+}
+
+int k3_model_open_tensors(const char *dir, struct k3_model **out, struct k3_err *err)
+{
+	return model_open(dir, false, NULL, out, err);
 }
 
 void k3_model_free(struct k3_model *m)

@@ -422,6 +422,13 @@ struct k3_model;
  *   -ENOMEM, -EIO and other errnos from the system. */
 int k3_model_open(const char *dir, struct k3_model **out, struct k3_err *err);
 
+/* The same without config.json and the tensor plan: any architecture's
+ * safetensors directory (index or single file, every header validated,
+ * mapped read-only), for readers that check the tensor table themselves
+ * (the DSpark draft, daemon/draft). k3_model_config() is then all zero and
+ * k3_model_plan() empty; k3_model_tensor() and k3_model_tensors() work. */
+int k3_model_open_tensors(const char *dir, struct k3_model **out, struct k3_err *err);
+
 /* k3_model_open, then (opts->int8_dir set) the int8 spine overlay: its
  * index (model.safetensors.index.json) and shards, every I8 tensor checked
  * against the BF16 matrix it replaces (name, shape, the scales' place) and

@@ -12,11 +12,13 @@
 
 #include "base/log.h"
 #include "base/parse.h"
+#include "draft/draft.h"
 #include "store/store.h"
 #include "store/store_budget.h"
 #include "store/store_plan.h"
 #include "k3_build_config.h"
 #include "k3_limits.h"
+#include "k3_proto.h"
 
 static const char usage[] =
 	"usage: k3d [options]\n"
@@ -64,6 +66,16 @@ static const char usage[] =
 	"  --fetch-experts      a streaming install (k3ctl setup --stream): fetch routed\n"
 	"                       experts that are not on disk yet when first used, over\n"
 	"                       HTTPS (needs network: docs/setup.md, 'Streaming installs')\n"
+	"  --draft off|auto|ngram|dspark  speculative decoding for requests that do not\n"
+	"                       choose (default auto: DSpark with --draft-model, else\n"
+	"                       n-gram; the ids are the same either way)\n"
+	"  --draft-model DIR    a DSpark draft checkpoint matching the model\n"
+	"  --draft-max N        proposals per verification pass at most (default 7, 1-63)\n"
+	"  --draft-width N      always propose N per pass (measurements; default: the\n"
+	"                       width that maximises measured tokens per second)\n"
+	"  --draft-oracle FILE  tests only: ngram and auto propose the ids in FILE (the\n"
+	"                       reference run) instead of n-gram matches\n"
+	"  --draft-oracle-spoil P  benchmarks: make a share P (0-1) of those wrong\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -180,7 +192,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
-	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT, O_FETCH };
+	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT, O_FETCH,
+	       O_DRAFT, O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -210,6 +223,12 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "io-latency", required_argument, NULL, O_IOLAT },
 		{ "spine", required_argument, NULL, O_SPINE_DTYPE },
 		{ "spine-int8-dir", required_argument, NULL, O_SPINE_INT8_DIR },
+		{ "draft", required_argument, NULL, O_DRAFT },
+		{ "draft-model", required_argument, NULL, O_DRAFT_MODEL },
+		{ "draft-max", required_argument, NULL, O_DRAFT_MAX },
+		{ "draft-oracle", required_argument, NULL, O_DRAFT_ORACLE },
+		{ "draft-width", required_argument, NULL, O_DRAFT_WIDTH },
+		{ "draft-oracle-spoil", required_argument, NULL, O_DRAFT_SPOIL },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -226,6 +245,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->log_level = K3_LOG_INFO;
 	opts->prefetch = -1;
 	opts->spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
+	opts->draft = K3_DRAFT_POLICY_AUTO;
+	opts->draft_max = K3_OPTIONS_DRAFT_MAX_DEFAULT;
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -380,6 +401,38 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		case O_FETCH:
 			opts->fetch_experts = true;
 			break;
+		case O_DRAFT: {
+			uint32_t p;
+			if (k3_proto_draft_policy_parse(optarg, &p) < 0)
+				return k3_err_set(err, -EINVAL, "--draft: '%s' is not one of off, auto, "
+						  "ngram, dspark", optarg);
+			opts->draft = (int)p;
+			break;
+		}
+		case O_DRAFT_MODEL:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--draft-model: empty path");
+			opts->draft_model = optarg;
+			break;
+		case O_DRAFT_ORACLE:
+			if (!optarg[0])
+				return k3_err_set(err, -EINVAL, "--draft-oracle: empty path");
+			opts->draft_oracle = optarg;
+			break;
+		case O_DRAFT_SPOIL:
+			if ((r = k3_parse_double(optarg, 0, 1, &opts->draft_oracle_spoil, err)) < 0)
+				return k3_err_prefix(err, "--draft-oracle-spoil");
+			break;
+		case O_DRAFT_WIDTH:
+			if ((r = parse_count("--draft-width", optarg, 0, K3_OPTIONS_DRAFT_MAX,
+					     &opts->draft_width, err)) < 0)
+				return r;
+			break;
+		case O_DRAFT_MAX:
+			if ((r = parse_count("--draft-max", optarg, 1, K3_OPTIONS_DRAFT_MAX,
+					     &opts->draft_max, err)) < 0)
+				return r;
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -396,6 +449,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
 	if (opts->spine_int8_dir && !opts->spine_int8)
 		return k3_err_set(err, -EINVAL, "--spine-int8-dir needs --spine int8");
+	if (opts->draft_oracle_spoil > 0 && !opts->draft_oracle)
+		return k3_err_set(err, -EINVAL, "--draft-oracle-spoil needs --draft-oracle FILE");
+	if (opts->draft == K3_DRAFT_POLICY_DSPARK && !opts->draft_model)
+		return k3_err_set(err, -EINVAL, "--draft dspark needs --draft-model DIR (a DSpark "
+				  "draft checkpoint)");
 	return finish_connection_limits(opts, per_uid_set, gateway_set, err);
 }
 
@@ -486,4 +544,14 @@ void k3_options_log(const struct k3_options *opts)
 			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");
 	else
 		k3_log_info("config: spine=bf16 (the checkpoint's weights)");
+	char width[16];
+	if (opts->draft_width)
+		snprintf(width, sizeof(width), "%u", opts->draft_width);
+	else
+		snprintf(width, sizeof(width), "measured");
+	k3_log_info("config: draft=%s draft-model=%s draft-max=%u draft-width=%s%s%s",
+		    k3_proto_draft_policy_name((uint32_t)opts->draft),
+		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max, width,
+		    opts->draft_oracle ? " draft-oracle=" : "",
+		    opts->draft_oracle ? opts->draft_oracle : "");
 }

@@ -62,7 +62,21 @@ struct k3_options {
 	/* The emulated drive (store_io.h): 0 = off */
 	uint64_t io_rate_bytes_per_s; /* --io-rate GBPS */
 	uint64_t io_latency_ns;       /* --io-latency MS */
+	/* Speculative decoding (docs/draft.md) */
+	int draft;                    /* --draft: enum k3_draft_policy, the default of
+				       * requests that do not choose (auto) */
+	const char *draft_model;      /* --draft-model DIR: a DSpark draft; NULL = none */
+	unsigned draft_max;           /* --draft-max N: proposals per pass at most (7) */
+	unsigned draft_width;         /* --draft-width N: always N (measurements, tests);
+				       * 0 = chosen from the measured cost (default) */
+	const char *draft_oracle;     /* --draft-oracle FILE (tests): the n-gram draft's
+				       * place goes to the oracle over these ids */
+	double draft_oracle_spoil;    /* --draft-oracle-spoil P: share of its proposals
+				       * made wrong (benchmarks: acceptance 1 - P) */
 };
+
+/* --draft-max bounds: a verification pass is at most one prefill chunk. */
+enum { K3_OPTIONS_DRAFT_MAX_DEFAULT = 7, K3_OPTIONS_DRAFT_MAX = 63 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,
  * offers every rank of the next MoE layer's predicted experts and the store

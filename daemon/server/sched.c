@@ -240,6 +240,11 @@ static void job_finished(struct k3_sched *s, struct sched_job *j)
 	s->totals.io_wait_s_total += j->io_wait_s;
 	s->totals.compute_s_total += j->compute_s;
 	s->totals.spine_io_wait_s_total += j->spine_io_wait_s;
+	s->totals.draft_proposed_total += j->draft.proposed;
+	s->totals.draft_accepted_total += j->draft.accepted;
+	s->totals.decode_passes_total += j->decode_passes;
+	s->totals.draft_s_total += j->draft.draft_s;
+	s->totals.verify_s_total += j->draft.verify_s;
 	if (j->conn && j->done_sent) {
 		struct timeval tv = { SCHED_PUBLISH_DEADLINE_S, 0 };
 
@@ -545,6 +550,12 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 		if (s->spine_kind == K3_SPINE_INT8)
 			k3_msg_status_reply_set_spine_label(r, k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL));
 	}
+	/* speculative decoding (docs/draft.md) */
+	k3_msg_status_reply_set_draft_proposed_total(r, s->totals.draft_proposed_total);
+	k3_msg_status_reply_set_draft_accepted_total(r, s->totals.draft_accepted_total);
+	k3_msg_status_reply_set_decode_passes_total(r, s->totals.decode_passes_total);
+	k3_msg_status_reply_set_draft_s_total(r, s->totals.draft_s_total);
+	k3_msg_status_reply_set_verify_s_total(r, s->totals.verify_s_total);
 	/* s->store is set before MSG_LOADED and never changes; its stats are
 	 * mutex-protected and monotonic since start. */
 	if (s->ready && s->store) {
@@ -698,6 +709,8 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 		sched_job_free(j);
 	sched_conv_release(&s->pub[0]);
 	sched_conv_release(&s->pub[1]);
+	k3_draft_free(s->draft_ngram);
+	k3_draft_free(s->draft_dspark);
 	k3_engine_free(s->engine);
 	if (s->store)
 		k3_store_engine_src_release(&s->xctx);

@@ -37,6 +37,9 @@
 #include <time.h>
 
 #include "server/sched.h"
+#include "draft/draft.h"
+#include "draft/draft_ctl.h"
+#include "draft/draft_run.h"
 #include "engine/engine.h"
 #include "setup/setup_remote.h"
 #include "store/store.h"
@@ -140,6 +143,7 @@ struct sched_job {
 	char *stop[K3_LIM_STOP_COUNT];  /* owned copies */
 	uint32_t n_end;
 	uint32_t end_ids[SCHED_N_END_IDS];  /* ids that end generation */
+	uint32_t draft_policy;          /* enum k3_draft_policy, resolved (never UNSET) */
 	/* set by sched_prep_fail when the request cannot run */
 	uint32_t err_status;            /* enum k3_proto_status; 0 = none */
 	const char *err_param;
@@ -155,9 +159,14 @@ struct sched_job {
 	bool done_sent;
 	struct sched_msg *final;        /* DONE or ERROR, posted with the slot's release */
 	uint32_t n_gen, n_reasoning, n_cached;
-	uint64_t positions;             /* positions the engine computed */
+	uint64_t positions;             /* positions the engine committed (verified
+					 * proposals it rejected are draft.proposed -
+					 * draft.accepted) */
 	double prefill_s, decode_s, io_wait_s, compute_s;
 	double spine_io_wait_s;         /* the spine's part of io_wait_s */
+	struct k3_draft_stats draft;    /* drafting (all zero with the policy off) */
+	uint64_t decode_passes;         /* passes that produced ids: the last prefill
+					 * chunk, then every decode or verification pass */
 
 	struct event *publish_timer;    /* SCHED_PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 };
@@ -245,6 +254,11 @@ struct k3_sched {
 	struct k3_setup_remote *remote;
 	struct k3_setup_remote_reader remote_reader;
 	char stream_text[256];          /* STATUS text, loop thread only */
+	/* speculative decoding (docs/draft.md), engine thread only: the
+	 * drafts k3d offers and the measured cost of a pass of T positions */
+	struct k3_draft *draft_ngram;
+	struct k3_draft *draft_dspark;  /* NULL without --draft-model */
+	struct k3_draft_cost draft_cost;
 	/* --router-trace, engine thread only */
 	struct k3_store_trace *trace;
 	uint32_t *route_ids;            /* [SCHED_PREFILL_CHUNK][n_moe][K] */
@@ -398,6 +412,8 @@ struct sched_seq {
 	float *logits;                  /* [vocab] of the last computed position (owned) */
 	struct k3_engine_out out_last;  /* logits of the last position + routes */
 	struct k3_engine_out out_none;  /* routes only (prefill chunks but the last) */
+	struct k3_draft_run *run;       /* the draft/verify/commit loop (policy off: plain) */
+	uint32_t anchor;                /* the next id to emit (chosen, not yet run) */
 	struct sched_stage stage;
 	uint32_t n_prompt;              /* prompt positions */
 	uint32_t start;                 /* prompt positions served from a published state */
@@ -411,6 +427,11 @@ struct sched_seq {
 	struct k3_store_spine_stats ss0;   /* spine loader counters then */
 	struct k3_err err;
 };
+
+/* Creates the drafts k3d offers (n-gram; DSpark from --draft-model,
+ * validated against the engine's model) and the pass-cost fit. Engine
+ * thread, before MSG_LOADED. Returns 0 or a negative errno with err. */
+int sched_draft_load(struct k3_sched *s, struct k3_err *err);
 
 /* Runs generation j to its end on the engine thread and leaves its final
  * frame (DONE or ERROR) in j->final and its publishable branch in

@@ -22,13 +22,16 @@
  *    replaces the per-sequence forward call in seq_step() by one batched
  *    forward over the positions of all live sequences; seq_end() then runs
  *    for each sequence as it finishes, not when the pass loop ends.
- *  - "Draft, verify, commit" (issue 18): seq_step() is the one place that
- *    commits ids. With a draft it proposes N ids, runs the target over
- *    N + 1 positions in one forward call, and commits the accepted prefix
- *    plus K3's own next id, feeding each committed id to the stage in
- *    order exactly as today (so stop strings, end ids and max_new cut the
- *    run at the same id) and replaying the KDA state onto the accepted
- *    prefix. Its contract already allows it: one call commits >= 1 ids.
+ *
+ * Draft, verify, commit (issue 18, docs/draft.md): seq_step() is the one
+ * place that commits ids. Each pass goes through the request's draft run
+ * (daemon/draft/draft_run.h): the draft proposes N ids (N from the width
+ * policy; 0 = a plain decode pass), the target runs the anchor and the
+ * proposals in one verification pass, and seq_step feeds the matching
+ * proposals to the output stage in order, exactly as plain decoding
+ * would feed them, then commits only what the stage took: a stop string,
+ * end id or max_new inside an accepted run commits exactly the ids
+ * emitted, so the published conversation equals a run without drafting.
  */
 #include "server/sched_internal.h"
 
@@ -36,7 +39,92 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "base/log.h"
+#include "draft/draft_dspark.h"
+#include "draft/draft_ngram.h"
+#include "draft/draft_test.h"
+
+/* --draft-oracle FILE: the ids (decimal, any separators) of a reference
+ * run, which the oracle test draft proposes (tests only). */
+static int oracle_load(struct k3_sched *s, struct k3_err *err)
+{
+	char *text = NULL;
+	size_t len, n = 0;
+	int r = k3_file_read(s->opts->draft_oracle, 64u << 20, 0, &text, &len, err);
+	uint32_t *ids = r ? NULL : malloc((len / 2 + 1) * sizeof(uint32_t));
+
+	if (!r && !ids)
+		r = k3_err_set(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; !r && i < len;) {
+		if (text[i] < '0' || text[i] > '9') {
+			i++;
+			continue;
+		}
+		uint64_t v = 0;
+		for (; i < len && text[i] >= '0' && text[i] <= '9' && v <= UINT32_MAX; i++)
+			v = v * 10 + (uint64_t)(text[i] - '0');
+		if (v >= k3_engine_vocab(s->engine))
+			r = k3_err_set(err, -EINVAL, "--draft-oracle: id %llu outside the vocabulary",
+				       (unsigned long long)v);
+		else
+			ids[n++] = (uint32_t)v;
+	}
+	if (!r)
+		r = k3_draft_oracle_new(ids, n, k3_engine_vocab(s->engine), s->opts->draft_oracle_spoil,
+					1, &s->draft_ngram, err);
+	if (!r)
+		k3_log_warning("draft: --draft-oracle '%s' (%zu ids, %.0f %% spoiled) replaces the n-gram "
+			       "draft: a test setup", s->opts->draft_oracle, n,
+			       100.0 * s->opts->draft_oracle_spoil);
+	free(ids);
+	free(text);
+	return r;
+}
+
+int sched_draft_load(struct k3_sched *s, struct k3_err *err)
+{
+	int r = s->opts->draft_oracle ? oracle_load(s, err)
+				      : k3_draft_ngram_new(NULL, &s->draft_ngram, err);
+
+	k3_draft_cost_init(&s->draft_cost);
+	if (r < 0 || !s->opts->draft_model)
+		return r;
+	r = k3_draft_dspark_open(s->opts->draft_model, s->engine, &s->draft_dspark, err);
+	if (r < 0)
+		return k3_err_prefix(err, "--draft-model '%s'", s->opts->draft_model);
+	k3_log_info("draft: DSpark '%s' loaded (%s)", s->opts->draft_model,
+		    k3_draft_dspark_describe(s->draft_dspark));
+	return 0;
+}
+
+/* The request's draft run: the draft its policy names (reset for this
+ * request), or none. Returns 0 or a negative errno with q->err. */
+static int seq_draft_open(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	struct k3_draft *d = NULL;
+	struct k3_draft_run_opts o = { .cost = &s->draft_cost, .max_width = s->opts->draft_max,
+				       .fixed_width = s->opts->draft_width };
+
+	switch (j->draft_policy) {
+	case K3_DRAFT_POLICY_AUTO:
+		d = s->draft_dspark ? s->draft_dspark : s->draft_ngram;
+		break;
+	case K3_DRAFT_POLICY_NGRAM:
+		d = s->draft_ngram;
+		break;
+	case K3_DRAFT_POLICY_DSPARK:
+		d = s->draft_dspark;
+		break;
+	default:
+		break;
+	}
+	if (d)
+		k3_draft_reset(d);
+	o.draft = d;
+	return k3_draft_run_new(s->engine, &o, &q->run, &q->err);
+}
 
 /* Output stage, logits buffer and the sequence to advance. j->finish is
  * ERROR until a later step says otherwise. Returns 0 or a negative errno
@@ -91,7 +179,7 @@ static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq
 		return r;
 	k3_engine_set_cancel(s->engine, &j->cancel);
 	j->n_cached = q->start;
-	return 0;
+	return seq_draft_open(s, q);
 }
 
 /* The prompt positions not served by a published state, chunk by chunk;
@@ -114,8 +202,8 @@ static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
 			j->finish = K3_FINISH_CANCELLED;
 			return 1;
 		}
-		r = k3_engine_forward(s->engine, q->seq, (const int32_t *)j->prompt.v + pos, c,
-				      pos + c == n ? &q->out_last : &q->out_none, &q->err);
+		r = k3_draft_run_prefill(q->run, q->seq, (const int32_t *)j->prompt.v + pos, c,
+					 pos + c == n ? &q->out_last : &q->out_none, &q->err);
 		if (r < 0)
 			return r;
 		j->positions += c;
@@ -135,44 +223,98 @@ static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
 		return r;
 	q->prefill_s = sched_since(&q->t_prefill);
 	q->prefilled = true;
+	q->anchor = k3_engine_argmax(q->logits, k3_engine_vocab(s->engine));
+	j->decode_passes = 1;          /* the last chunk's logits give the first id */
 	return 0;
 }
 
-/*
- * One decode position of one sequence: commit the next id (the argmax of
- * the current logits), stage it, and unless that ended the generation,
- * compute the following position's logits. Returns 1 to go on, 0 when the
- * generation ended (j->finish: stop, cancelled; length stays as set), or a
- * negative errno with q->err. The seam for drafting (file comment).
- */
-static int seq_step(struct k3_sched *s, struct sched_seq *q)
+/* Feeds one committed id to the output stage. Returns 1 when generation
+ * ends with it (end id, stop string, end of message: j->finish = stop;
+ * max_new: finish stays length), 0 to go on, or a negative errno. */
+static int seq_emit(struct sched_seq *q, uint32_t tok)
 {
 	struct sched_job *j = q->job;
-	uint32_t tok;
 	int r;
 
-	if (atomic_load(&j->cancel)) {
-		j->finish = K3_FINISH_CANCELLED;
-		return 0;
-	}
-	tok = k3_engine_argmax(q->logits, k3_engine_vocab(s->engine));
 	j->n_gen++;
 	r = sched_stage_feed(&q->stage, tok);
 	if (r < 0)
 		return k3_err_set(&q->err, r, "output stage failed on id %u", tok);
 	if (r == 1) {
 		j->finish = K3_FINISH_STOP;
+		return 1;
+	}
+	return j->n_gen == j->max_new;
+}
+
+/* Appends the routes of positions [0..n) of the last pass to the router
+ * trace (positions pos..). */
+static void seq_trace(struct k3_sched *s, const struct sched_seq *q, const struct k3_draft_pass *p,
+		      uint32_t pos, uint32_t n)
+{
+	size_t per = (size_t)k3_engine_n_moe(s->engine) * k3_engine_top_k(s->engine);
+
+	if (!s->trace || !s->route_ids)
+		return;
+	memcpy(s->route_ids, p->route_ids, n * per * sizeof(uint32_t));
+	memcpy(s->route_w, p->route_w, n * per * sizeof(float));
+	sched_trace_routes(s, q->job, pos, n);
+}
+
+/*
+ * One pass of one sequence: emit the anchor (the id chosen last), and
+ * unless that ended the generation, run one pass through the draft run:
+ * the anchor and the draft's proposals (none when the policy is off or the
+ * draft has nothing), then emit the proposals that match the target's
+ * own choices, in order, and commit the anchor and the emitted ones. The
+ * next anchor is the target's own id after them. Returns 1 to go on, 0
+ * when the generation ended (j->finish: stop, cancelled; length stays as
+ * set), or a negative errno with q->err. The seam for drafting (file
+ * comment): each call commits >= 1 ids.
+ */
+static int seq_step(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	struct k3_draft_pass p;
+	uint32_t pos0 = q->n_prompt + j->n_gen, keep = 1;
+	int r;
+
+	if (atomic_load(&j->cancel)) {
+		j->finish = K3_FINISH_CANCELLED;
 		return 0;
 	}
-	if (j->n_gen == j->max_new)
-		return 0;
-	r = k3_engine_forward(s->engine, q->seq, (const int32_t *)&tok, 1, &q->out_last, &q->err);
+	if ((r = seq_emit(q, q->anchor)) != 0)
+		return r < 0 ? r : 0;
+	/* the context the draft sees: every id the branch consumed, then the
+	 * anchor (pushed now: it is consumed by this pass whatever happens) */
+	if ((r = k3_tok_ids_push(&j->branch[1].ids, q->anchor)) < 0)
+		return k3_err_set(&q->err, r, "out of memory");
+	r = k3_draft_run_pass(q->run, q->seq, j->branch[1].ids.v, j->branch[1].ids.n,
+			      j->max_new - j->n_gen - 1, &p, &q->err);
 	if (r < 0)
 		return r;
-	j->positions++;
-	sched_trace_routes(s, j, q->n_prompt + j->n_gen - 1, 1);
-	if ((r = k3_tok_ids_push(&j->branch[1].ids, tok)) < 0)
+	j->decode_passes++;
+	bool ended = false;
+	for (uint32_t i = 0; i < p.accepted && !ended; i++) {
+		if ((r = seq_emit(q, p.drafts[i])) < 0)
+			return r;
+		/* an id that ends the generation is emitted, not run (as plain
+		 * decoding never runs its last id) */
+		if (r == 1)
+			ended = true;
+		else
+			keep++;
+	}
+	if ((r = k3_draft_run_commit(q->run, q->seq, keep, &q->err)) < 0)
 		return r;
+	j->positions += keep;
+	seq_trace(s, q, &p, pos0, keep);
+	for (uint32_t i = 0; i + 1 < keep; i++)
+		if ((r = k3_tok_ids_push(&j->branch[1].ids, p.drafts[i])) < 0)
+			return k3_err_set(&q->err, r, "out of memory");
+	if (ended)
+		return 0;
+	q->anchor = p.next[keep - 1];
 	return 1;
 }
 
@@ -277,6 +419,16 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 	k3_msg_done_set_io_wait_s(&done, (double)(xd->io_wait_ns + sd->io_wait_ns) * 1e-9);
 	compute_s = prefill_s + decode_s - done.io_wait_s;
 	k3_msg_done_set_compute_s(&done, compute_s < 0 ? 0 : compute_s);
+	/* speculative decoding (docs/draft.md); tokens per pass is 1.0 with
+	 * the policy off */
+	k3_msg_done_set_draft_policy(&done, j->draft_policy);
+	k3_msg_done_set_draft_proposed(&done, j->draft.proposed);
+	k3_msg_done_set_draft_accepted(&done, j->draft.accepted);
+	k3_msg_done_set_decode_passes(&done, j->decode_passes);
+	k3_msg_done_set_tokens_per_pass(&done, j->decode_passes ? (double)j->n_gen /
+					       (double)j->decode_passes : 0);
+	k3_msg_done_set_draft_s(&done, j->draft.draft_s);
+	k3_msg_done_set_verify_s(&done, j->draft.verify_s);
 	if (s->store) {
 		/* hits exclude same-step prefetches (docs/store.md, counters) */
 		k3_msg_done_set_expert_bytes_read(&done, xd->bytes_read);
@@ -310,6 +462,10 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 	sched_stage_release(&q->stage);
 	free(q->logits);
 	q->logits = NULL;
+	if (q->run)
+		j->draft = *k3_draft_run_stats(q->run);
+	k3_draft_run_free(q->run);
+	q->run = NULL;
 	k3_engine_set_cancel(s->engine, NULL);
 	sched_trace_flush(s);
 	seq_store_settle(s, q, &xd, &sd);

@@ -496,6 +496,8 @@ void sched_load(struct k3_sched *s)
 		k3_log_warning("model '%s' has no tiktoken.model: serving token-id requests only", dir);
 	if (r == 0)
 		r = open_engine(s, &err);
+	if (r == 0)
+		r = sched_draft_load(s, &err);
 	if (r == 0 && (r = open_trace(s, &err)) < 0) {
 		snprintf(msg, sizeof(msg), "cannot use --router-trace: %s", err.msg);
 		sched_post_kind(s, MSG_LOADED, NULL, false, msg);

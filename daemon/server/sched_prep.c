@@ -128,6 +128,33 @@ static int prep_chat(const struct k3_sched *s, const struct k3_msg_generate *g, 
 	return 0;
 }
 
+_Static_assert((int)K3_PROTO_DRAFT_OFF == (int)K3_DRAFT_POLICY_OFF &&
+	       (int)K3_PROTO_DRAFT_AUTO == (int)K3_DRAFT_POLICY_AUTO &&
+	       (int)K3_PROTO_DRAFT_NGRAM == (int)K3_DRAFT_POLICY_NGRAM &&
+	       (int)K3_PROTO_DRAFT_DSPARK == (int)K3_DRAFT_POLICY_DSPARK,
+	       "GENERATE.draft_policy carries enum k3_draft_policy");
+
+/* The request's draft policy (GENERATE.draft_policy, unset = k3d's
+ * --draft), resolved once here. Drafting never changes an id, so the only
+ * refusals are a value out of range and asking for a DSpark draft that
+ * k3d has not loaded. Returns 0 or sched_prep_fail. */
+static int prep_draft(const struct k3_sched *s, const struct k3_msg_generate *g, struct sched_job *j)
+{
+	uint32_t p = g->has_draft_policy ? g->draft_policy : K3_DRAFT_POLICY_UNSET;
+
+	if (p >= K3_DRAFT_POLICY_COUNT)
+		return sched_prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "draft_policy", -EINVAL,
+				       "unknown draft policy %u (0 k3d's default, 1 off, 2 auto, 3 ngram, "
+				       "4 dspark)", p);
+	if (p == K3_DRAFT_POLICY_UNSET)
+		p = (uint32_t)s->opts->draft;
+	if (p == K3_DRAFT_POLICY_DSPARK && !s->draft_dspark)
+		return sched_prep_fail(j, K3_STATUS_INVALID_ARGUMENT, "draft_policy", -EINVAL,
+				       "no DSpark draft is loaded (start k3d with --draft-model DIR)");
+	j->draft_policy = p;
+	return 0;
+}
+
 /* Copies the request into a job: ids from prompt text, prompt ids or the
  * rendered chat, then the context check, max_new, stop strings and end
  * ids. On failure returns < 0 with the ERROR to send recorded in j.
@@ -167,6 +194,8 @@ static int prep_job(const struct k3_sched *s, const struct k3_msg_generate *g, s
 	j->max_new = g->has_max_new ? g->max_new : (uint32_t)(ctx - j->prompt.n);
 	if (j->max_new > K3_LIM_MAX_NEW)
 		j->max_new = K3_LIM_MAX_NEW;
+	if ((r = prep_draft(s, g, j)) < 0)
+		return r;
 	return sched_stage_prepare(s, g, j);
 }
 

@@ -66,6 +66,7 @@ struct k3_prov_model {
 	float *tmp;              /* [wide] per-position temporaries */
 	float *tmp2;             /* [wide] */
 	float *work;             /* [kda_heads][6 * kda_head_dim] KDA head temporaries */
+	float *kda_win, *kda_S;  /* one KDA layer's state: kda_verify's scratch copy */
 	float *mla_q;            /* [mla_heads][kv_lora + qk_rope] absorbed queries */
 	float *mla_cbar;         /* [mla_heads][kv_lora] */
 	float *mla_s;            /* [mla_heads][mla_s_cap] attention scores */
@@ -281,6 +282,8 @@ static void cpu_close(k3_prov_model *m)
 	free(m->tmp);
 	free(m->tmp2);
 	free(m->work);
+	free(m->kda_win);
+	free(m->kda_S);
 	free(m->mla_q);
 	free(m->mla_cbar);
 	free(m->mla_s);
@@ -503,6 +506,8 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->mla_jobs = calloc(umax(c->mla_heads, 1), sizeof(*m->mla_jobs));
 	m->mla_cbar = malloc((size_t)umax(c->mla_heads, 1) * (c->kv_lora + 1) * sizeof(float));
 	m->work = malloc((size_t)6 * umax(c->kda_head_dim, 1) * umax(c->kda_heads, 1) * sizeof(float));
+	m->kda_win = malloc(((size_t)3 * (c->conv_kernel - 1) * m->P + 1) * sizeof(float));
+	m->kda_S = malloc(((size_t)c->kda_heads * c->kda_head_dim * c->kda_head_dim + 1) * sizeof(float));
 	m->ey = malloc(slots * ew * sizeof(float));
 	m->ex = malloc(slots * ew * sizeof(float));
 	m->eg = malloc(slots * ew * sizeof(float));
@@ -510,7 +515,8 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	m->eslot = malloc(slots * sizeof(uint32_t));
 	m->ejobs = malloc(3 * slots * sizeof(struct k3_cpu_job));
 	m->edone = malloc(slots);
-	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->mla_q && m->mla_cbar && m->mla_wuv &&
+	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->kda_win && m->kda_S && m->mla_q &&
+	      m->mla_cbar && m->mla_wuv &&
 	      m->mla_jobs && m->ey && m->ex && m->eg && m->eu &&
 	      m->eslot && m->ejobs && m->edone) ? 0 : -ENOMEM;
 	for (int i = 0; i < 8; i++) {
@@ -672,20 +678,31 @@ static int check_T(k3_prov_model *m, uint32_t T, struct k3_prov_status *st)
 	return 0;
 }
 
-static int check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
-		       struct k3_prov_status *st)
+/* Layer in range and of the given kinds (0: any); its weights need not
+ * be bound (KDA records and replay read only the provider's own vectors). */
+static int check_kind(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
+		      struct k3_prov_status *st)
 {
 	if (layer >= m->cfg.n_layers)
 		return fail(st, -EINVAL, "layer %u out of range (%u layers)", layer, m->cfg.n_layers);
-	if (!m->layers[layer].bound)
-		return fail(st, -EINVAL, "layer %u is not bound (its weights stream: bind_layer"
-			    " before its ops)", layer);
 	if (attn && m->layers[layer].attn != attn)
 		return fail(st, -EINVAL, "layer %u has attention kind %u, not %u",
 			    layer, m->layers[layer].attn, attn);
 	if (ffn && m->layers[layer].ffn != ffn)
 		return fail(st, -EINVAL, "layer %u has ffn kind %u, not %u",
 			    layer, m->layers[layer].ffn, ffn);
+	return 0;
+}
+
+static int check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
+		       struct k3_prov_status *st)
+{
+	int rc = check_kind(m, layer, attn, ffn, st);
+	if (rc)
+		return rc;
+	if (!m->layers[layer].bound)
+		return fail(st, -EINVAL, "layer %u is not bound (its weights stream: bind_layer"
+			    " before its ops)", layer);
 	return 0;
 }
 
@@ -791,7 +808,9 @@ static void situ_rows(const k3_prov_model *m, float *g, const float *u, uint32_t
 }
 
 /* One KDA position of head hh (spec §5.3-5.6): q, k, v post-conv, f decay
- * logits, b beta logit, gz gate logits; writes z[dk]. */
+ * logits, b beta logit, gz gate logits; writes z[dk]. z == NULL (a replay,
+ * which only advances the state) skips the gated output norm, which reads
+ * the state but never writes it. */
 static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S,
 		     uint32_t hh, const float *q, const float *k, const float *v,
 		     const float *f, float b, const float *gz, float *z, float *work)
@@ -808,6 +827,8 @@ static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S
 			alpha[i] = expf(c->gate_lower_bound *
 				k3_cpu_sigmoid(L->a_exp[hh] * (f[i] + L->dt_bias[c0 + i])));
 		k3_cpu_ref_kda_head(S, dk, dk, q, k, v, alpha, beta, o);
+		if (!z)
+			return;
 		double ss = 0.0;
 		for (uint32_t j = 0; j < dk; j++)
 			ss += (double)o[j] * o[j];
@@ -820,7 +841,8 @@ static void kda_head(const k3_prov_model *m, const struct cpu_layer *L, float *S
 	k3_kern_l2norm(dk, q, 1e-6f, 1.0f / sqrtf((float)dk), qn);
 	k3_kern_l2norm(dk, k, 1e-6f, 1.0f, kn);
 	k3_kern_kda_step(dk, dk, S, qn, kn, v, alpha, beta, o, scratch);
-	k3_kern_rmsnorm_gated(dk, o, L->o_norm, gz, c->rms_eps, z);
+	if (z)
+		k3_kern_rmsnorm_gated(dk, o, L->o_norm, gz, c->rms_eps, z);
 }
 
 /* Heads [begin, end) of one KDA position; each head uses its own slice of
@@ -830,7 +852,7 @@ struct kda_heads_job {
 	const struct cpu_layer *L;
 	float *S;
 	const float *q, *k, *v, *f, *b, *gz;
-	float *z;
+	float *z;                /* NULL: state only (replay) */
 };
 
 static void kda_heads_task(void *arg, size_t begin, size_t end)
@@ -840,7 +862,8 @@ static void kda_heads_task(void *arg, size_t begin, size_t end)
 	for (size_t hh = begin; hh < end; hh++) {
 		size_t c0 = hh * dk;
 		kda_head(j->m, j->L, j->S + c0 * dk, (uint32_t)hh, j->q + c0, j->k + c0, j->v + c0,
-			 j->f + c0, j->b[hh], j->gz + c0, j->z + c0, j->m->work + 6 * c0);
+			 j->f + c0, j->b[hh], j->gz ? j->gz + c0 : NULL, j->z ? j->z + c0 : NULL,
+			 j->m->work + 6 * c0);
 	}
 }
 
@@ -854,46 +877,33 @@ static void conv_step(const k3_prov_model *m, float *win, const float *w, const 
 		k3_kern_kda_conv_silu(m->P, w, win, x, y);
 }
 
-static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
-		   k3_prov_kda_state *s, float *out, uint32_t flags,
-		   struct k3_prov_status *st)
+/*
+ * The per-token part of a KDA sub-layer (spec §5.2-5.6) over T positions,
+ * strictly in order, on the state (win, S): rows [T][ld] of the raw q, k,
+ * v projections (qp's rows are consumed: the v conv output lands there),
+ * the decay logits f, the beta logits bl and the gate logits gz, into the
+ * head outputs z ([T][ld]; NULL for a replay, which advances the state
+ * only). Decode, prefill, verification and replay all run this one
+ * routine, which is what makes a replayed state bit-identical to a
+ * decoded one.
+ */
+static void kda_steps(k3_prov_model *m, const struct cpu_layer *L, float *win, float *S,
+		      float *qp, const float *kp, const float *vp, const float *f,
+		      const float *bl, const float *gz, float *z, uint32_t T, size_t ld)
 {
-	int rc = check_T(m, T, st);
-	if (!rc)
-		rc = check_layer(m, layer, K3_PROV_ATTN_KDA, 0, st);
-	if (rc)
-		return rc;
-	if (s->m != m || s->layer != layer)
-		return fail(st, -EINVAL, "KDA state of layer %u used for layer %u", s->layer, layer);
-
 	const struct k3_prov_config *c = &m->cfg;
-	const struct cpu_layer *L = &m->layers[layer];
-	uint32_t D = c->hidden, P = m->P, H = c->kda_heads, dk = c->kda_head_dim;
-	uint32_t K = c->conv_kernel;
-	size_t W = m->wide;
-	float *x = m->sx, *qp = m->s[0], *kp = m->s[1], *vp = m->s[2];
-	float *f = m->s[3], *gz = m->s[4], *z = m->s[5], *fa = m->s[6];
-
-	float *bl = m->s[7];
-	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
-	const struct k3_cpu_job proj[6] = {
-		JOB(&L->q, x, D, T, qp, W), JOB(&L->k, x, D, T, kp, W),
-		JOB(&L->v, x, D, T, vp, W), JOB(&L->g, x, D, T, gz, W),
-		JOB(&L->fa, x, D, T, fa, W), JOB(&L->b, x, D, T, bl, W),
-	};
-	k3_cpu_linear_multi(&m->ctx, proj, 6);
-	k3_cpu_linear(&m->ctx, &L->fb, fa, W, T, f, W);
-
-	size_t wstride = (size_t)(K - 1) * P;
+	uint32_t P = m->P, H = c->kda_heads, dk = c->kda_head_dim;
+	size_t wstride = (size_t)(c->conv_kernel - 1) * P;
 	float *q1 = m->tmp, *k1 = m->tmp2;
+
 	for (uint32_t t = 0; t < T; t++) {
-		float *qt = qp + t * W, *kt = kp + t * W, *vt = vp + t * W;
+		float *qt = qp + t * ld;
 		/* q -> tmp, k -> tmp2, v -> the consumed raw-q row */
-		conv_step(m, s->win, L->conv[0], qt, q1);
-		conv_step(m, s->win + wstride, L->conv[1], kt, k1);
-		conv_step(m, s->win + 2 * wstride, L->conv[2], vt, qt);
-		struct kda_heads_job job = { m, L, s->S, q1, k1, qt, f + t * W, bl + t * W,
-					     gz + t * W, z + t * W };
+		conv_step(m, win, L->conv[0], qt, q1);
+		conv_step(m, win + wstride, L->conv[1], kp + t * ld, k1);
+		conv_step(m, win + 2 * wstride, L->conv[2], vp + t * ld, qt);
+		struct kda_heads_job job = { m, L, S, q1, k1, qt, f + t * ld, bl + t * ld,
+					     gz ? gz + t * ld : NULL, z ? z + t * ld : NULL };
 		/* heads are independent: split them across threads when the
 		 * state is big enough to be worth a dispatch (K3: 6 MB/layer) */
 		size_t state_bytes = (size_t)H * dk * dk * sizeof(float);
@@ -902,11 +912,202 @@ static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 		else
 			kda_heads_task(&job, 0, H);
 	}
+}
+
+static int kda_check(k3_prov_model *m, uint32_t layer, uint32_t T, const k3_prov_kda_state *s,
+		     struct k3_prov_status *st)
+{
+	int rc = check_T(m, T, st);
+	if (!rc)
+		rc = check_layer(m, layer, K3_PROV_ATTN_KDA, 0, st);
+	if (rc)
+		return rc;
+	if (s->m != m || s->layer != layer)
+		return fail(st, -EINVAL, "KDA state of layer %u used for layer %u", s->layer, layer);
+	return 0;
+}
+
+/* input_layernorm and the six input projections of T positions into the
+ * scratch rows m->s[0..7] (q, k, v, f, gz; fa and bl), row stride m->wide. */
+static void kda_project(k3_prov_model *m, const struct cpu_layer *L, const float *h, uint32_t T)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	uint32_t D = c->hidden;
+	size_t W = m->wide;
+	float *x = m->sx;
+
+	norm_rows(m, h, L->input_norm, T, D, c->rms_eps, x, D, D);
+	const struct k3_cpu_job proj[6] = {
+		JOB(&L->q, x, D, T, m->s[0], W), JOB(&L->k, x, D, T, m->s[1], W),
+		JOB(&L->v, x, D, T, m->s[2], W), JOB(&L->g, x, D, T, m->s[4], W),
+		JOB(&L->fa, x, D, T, m->s[6], W), JOB(&L->b, x, D, T, m->s[7], W),
+	};
+	k3_cpu_linear_multi(&m->ctx, proj, 6);
+	k3_cpu_linear(&m->ctx, &L->fb, m->s[6], W, T, m->s[3], W);
+}
+
+/* o_proj of the head outputs in m->s[5], stored (:= or +=) into out. */
+static void kda_output(k3_prov_model *m, const struct cpu_layer *L, uint32_t T, float *out,
+		       uint32_t flags)
+{
+	uint32_t D = m->cfg.hidden;
+	size_t W = m->wide;
 	float *y = m->s[0];
-	k3_cpu_linear(&m->ctx, &L->o, z, W, T, y, W);
+
+	k3_cpu_linear(&m->ctx, &L->o, m->s[5], W, T, y, W);
 	for (uint32_t t = 0; t < T; t++)
 		store(out + (size_t)t * D, y + t * W, D, flags);
+}
+
+static int cpu_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+		   k3_prov_kda_state *s, float *out, uint32_t flags,
+		   struct k3_prov_status *st)
+{
+	int rc = kda_check(m, layer, T, s, st);
+	if (rc)
+		return rc;
+	const struct cpu_layer *L = &m->layers[layer];
+	kda_project(m, L, h, T);
+	kda_steps(m, L, s->win, s->S, m->s[0], m->s[1], m->s[2], m->s[3], m->s[7], m->s[4],
+		  m->s[5], T, m->wide);
+	kda_output(m, L, T, out, flags);
 	return 0;
+}
+
+/* ---------------------------------------------------------------- KDA verify / replay */
+
+struct k3_prov_kda_record {
+	k3_prov_model *m;
+	uint32_t layer;
+	uint32_t cap;            /* positions */
+	uint32_t n;              /* positions the last verify recorded */
+	size_t row;              /* floats per position: 4 P + H */
+	float *v;                /* [cap][row]: qp | kp | vp | f | bl */
+};
+
+static int cpu_kda_record_new(k3_prov_model *m, uint32_t layer, uint32_t max_T,
+			      k3_prov_kda_record **out, struct k3_prov_status *st)
+{
+	int rc = check_kind(m, layer, K3_PROV_ATTN_KDA, 0, st);
+	if (rc)
+		return rc;
+	if (max_T == 0 || max_T > m->max_batch)
+		return fail(st, -EINVAL, "KDA record of %u positions not in 1..%u", max_T, m->max_batch);
+	k3_prov_kda_record *r = calloc(1, sizeof(*r));
+	if (!r)
+		return fail(st, -ENOMEM, "out of memory");
+	r->m = m;
+	r->layer = layer;
+	r->cap = max_T;
+	r->row = (size_t)4 * m->P + m->cfg.kda_heads;
+	r->v = malloc((size_t)max_T * r->row * sizeof(float));
+	if (!r->v) {
+		free(r);
+		return fail(st, -ENOMEM, "out of memory for a %u-position KDA record", max_T);
+	}
+	*out = r;
+	return 0;
+}
+
+static void cpu_kda_record_free(k3_prov_kda_record *r)
+{
+	if (!r)
+		return;
+	free(r->v);
+	free(r);
+}
+
+static int cpu_kda_verify(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
+			  const k3_prov_kda_state *s, k3_prov_kda_record *rec, float *out,
+			  uint32_t flags, struct k3_prov_status *st)
+{
+	int rc = kda_check(m, layer, T, s, st);
+	if (rc)
+		return rc;
+	if (rec->m != m || rec->layer != layer || T > rec->cap)
+		return fail(st, -EINVAL, "KDA record (layer %u, %u positions) used for layer %u, %u positions",
+			    rec->layer, rec->cap, layer, T);
+	const struct cpu_layer *L = &m->layers[layer];
+	uint32_t P = m->P, H = m->cfg.kda_heads;
+	size_t W = m->wide;
+
+	kda_project(m, L, h, T);
+	/* Record the inputs before the per-token loop consumes the q rows. */
+	for (uint32_t t = 0; t < T; t++) {
+		float *r = rec->v + t * rec->row;
+		memcpy(r, m->s[0] + t * W, P * sizeof(float));
+		memcpy(r + P, m->s[1] + t * W, P * sizeof(float));
+		memcpy(r + 2 * (size_t)P, m->s[2] + t * W, P * sizeof(float));
+		memcpy(r + 3 * (size_t)P, m->s[3] + t * W, P * sizeof(float));
+		memcpy(r + 4 * (size_t)P, m->s[7] + t * W, H * sizeof(float));
+	}
+	rec->n = T;
+	/* One layer's state of scratch: the published state is only read. */
+	memcpy(m->kda_win, s->win, s->n_win * sizeof(float));
+	memcpy(m->kda_S, s->S, s->n_S * sizeof(float));
+	kda_steps(m, L, m->kda_win, m->kda_S, m->s[0], m->s[1], m->s[2], m->s[3], m->s[7],
+		  m->s[4], m->s[5], T, W);
+	kda_output(m, L, T, out, flags);
+	return 0;
+}
+
+static int cpu_kda_replay(k3_prov_model *m, uint32_t layer, k3_prov_kda_state *s,
+			  const k3_prov_kda_record *rec, uint32_t n, struct k3_prov_status *st)
+{
+	/* Unbound is fine: the per-token step reads only the conv taps and
+	 * decay vectors the provider converted when the layer was last bound
+	 * (for the kda_verify that filled rec), never a borrowed matrix. */
+	int rc = check_kind(m, layer, K3_PROV_ATTN_KDA, 0, st);
+	if (rc)
+		return rc;
+	if (s->m != m || s->layer != layer || rec->m != m || rec->layer != layer)
+		return fail(st, -EINVAL, "KDA replay of a layer %u record onto a layer %u state for layer %u",
+			    rec->layer, s->layer, layer);
+	if (n > rec->n)
+		return fail(st, -EINVAL, "KDA replay of %u positions; the record holds %u", n, rec->n);
+	if (n == 0)
+		return 0;
+	uint32_t P = m->P, H = m->cfg.kda_heads;
+	size_t W = m->wide;
+	/* Back into the row layout kda_steps reads (m->s holds max_batch >= cap rows). */
+	for (uint32_t t = 0; t < n; t++) {
+		const float *r = rec->v + t * rec->row;
+		memcpy(m->s[0] + t * W, r, P * sizeof(float));
+		memcpy(m->s[1] + t * W, r + P, P * sizeof(float));
+		memcpy(m->s[2] + t * W, r + 2 * (size_t)P, P * sizeof(float));
+		memcpy(m->s[3] + t * W, r + 3 * (size_t)P, P * sizeof(float));
+		memcpy(m->s[7] + t * W, r + 4 * (size_t)P, H * sizeof(float));
+	}
+	kda_steps(m, &m->layers[layer], s->win, s->S, m->s[0], m->s[1], m->s[2], m->s[3],
+		  m->s[7], NULL, NULL, n, W);
+	return 0;
+}
+
+static int export_bytes(void *dst, size_t cap, size_t *n, const void *a, size_t na,
+			const void *b, size_t nb, struct k3_prov_status *st)
+{
+	*n = na + nb;
+	if (!dst)
+		return 0;
+	if (cap < *n)
+		return fail(st, -ENOSPC, "state export needs %zu bytes, got %zu", *n, cap);
+	memcpy(dst, a, na);
+	if (nb)
+		memcpy((char *)dst + na, b, nb);
+	return 0;
+}
+
+static int cpu_kda_state_export(const k3_prov_kda_state *s, void *dst, size_t cap, size_t *n,
+				struct k3_prov_status *st)
+{
+	return export_bytes(dst, cap, n, s->win, s->n_win * sizeof(float), s->S,
+			    s->n_S * sizeof(float), st);
+}
+
+static int cpu_mla_cache_export(const k3_prov_mla_cache *c, void *dst, size_t cap, size_t *n,
+				struct k3_prov_status *st)
+{
+	return export_bytes(dst, cap, n, c->rows, (size_t)c->len * c->row * sizeof(float), NULL, 0, st);
 }
 
 /* Reference attention of one head (spec §6.5): cbar = sum_s softmax_s(
@@ -1514,4 +1715,10 @@ const struct k3_provider k3_provider_cpu = {
 	.bind_layer = cpu_bind_layer,
 	.bind_head = cpu_bind_head,
 	.embed_rows = cpu_embed_rows,
+	.kda_record_new = cpu_kda_record_new,
+	.kda_record_free = cpu_kda_record_free,
+	.kda_verify = cpu_kda_verify,
+	.kda_replay = cpu_kda_replay,
+	.kda_state_export = cpu_kda_state_export,
+	.mla_cache_export = cpu_mla_cache_export,
 };

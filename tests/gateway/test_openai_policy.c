@@ -59,6 +59,9 @@ static const struct refusal refusals[] = {
 	{ GW_EP_CHAT, "{" M ",\"functions\":[]}", "functions", "unsupported_parameter" },
 	{ GW_EP_CHAT, "{" M ",\"response_format\":{\"type\":\"xml\"}}", "response_format.type", "invalid_value" },
 	{ GW_EP_CHAT, "{" M ",\"store\":true}", "store", "unsupported_value" },
+	{ GW_EP_CHAT, "{" M ",\"draft\":\"eagle\"}", "draft", "invalid_value" },
+	{ GW_EP_CHAT, "{" M ",\"draft\":1}", "draft", "invalid_type" },
+	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"draft\":\"unset\"}", "draft", "invalid_value" },
 	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt", "unsupported_value" },
 	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[1,2]}", "prompt", "unsupported_value" },
 	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"echo\":true}", "echo", "unsupported_value" },
@@ -154,6 +157,18 @@ static void test_chat_mapping(void)
 	gw_openai_to_generate(&r, &g);
 	T_OK(!g.has_tools && !g.has_thinking && !g.has_max_new && !g.has_stop);
 	T_EQ_INT(g.reasoning_effort, K3_EFFORT_HIGH);
+	gw_openai_request_release(&r);
+
+	/* "draft" (k3d extension) -> GENERATE.draft_policy; absent -> absent */
+	T_OK(!g.has_draft_policy);
+	T_EQ_INT(parse(GW_EP_CHAT, "{" M ",\"draft\":\"ngram\"}", &r, &e), 0);
+	gw_openai_to_generate(&r, &g);
+	T_OK(g.has_draft_policy);
+	T_EQ_INT(g.draft_policy, K3_PROTO_DRAFT_NGRAM);
+	gw_openai_request_release(&r);
+	T_EQ_INT(parse(GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"draft\":\"off\"}", &r, &e), 0);
+	gw_openai_to_generate(&r, &g);
+	T_EQ_INT(g.draft_policy, K3_PROTO_DRAFT_OFF);
 	gw_openai_request_release(&r);
 
 	/* max_tokens above the wire bound is sent as the bound */

@@ -229,6 +229,37 @@ def test_real_metrics_expert_counters(real):
     assert vals["k3_expert_compute_seconds_total"] > 0 and vals["k3_expert_io_wait_seconds_total"] >= 0
 
 
+def test_real_draft_field(real):
+    """The 'draft' request field (a k3d extension) reaches k3d: every policy
+    answers exactly as 'off' (drafting never changes the output), a bad
+    value is a 400 naming it, and /metrics carries the draft counters."""
+    base = real.client().completions.create(model="m", prompt="Once upon a time", max_tokens=24,
+                                            extra_body={"draft": "off"})
+    for pol in ("ngram", "auto"):
+        r = real.client().completions.create(model="m", prompt="Once upon a time", max_tokens=24,
+                                             extra_body={"draft": pol})
+        assert r.choices[0].text == base.choices[0].text, pol
+    c1 = chat(real, max_tokens=16, extra_body={"draft": "off"})
+    c2 = chat(real, max_tokens=16, extra_body={"draft": "ngram"})
+    assert c1.choices[0].message.content == c2.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(real, max_tokens=4, extra_body={"draft": "eagle"})
+    assert e.value.body["param"] == "draft"
+    with pytest.raises(openai.BadRequestError) as e:   # no --draft-model on this k3d
+        chat(real, max_tokens=4, extra_body={"draft": "dspark"})
+    assert e.value.body["param"] == "draft_policy"
+    status, _, body = real.raw("GET", "/metrics")
+    vals = dict(ln.split() for ln in body.decode().splitlines()
+                if ln.startswith(("k3_daemon_draft", "k3_daemon_decode_passes", "k3_daemon_tokens_per",
+                                  "k3_daemon_verify")))
+    for name in ("k3_daemon_draft_proposed_total", "k3_daemon_draft_accepted_total",
+                 "k3_daemon_decode_passes_total", "k3_daemon_draft_seconds_total",
+                 "k3_daemon_verify_seconds_total", "k3_daemon_tokens_per_pass"):
+        assert name in vals, name
+    assert float(vals["k3_daemon_decode_passes_total"]) > 0
+    assert float(vals["k3_daemon_tokens_per_pass"]) > 0
+
+
 def test_real_cancel_by_the_logged_job_id():
     """The job id the gateway logs is the one k3d knows (issue 16): 'k3ctl
     cancel N' with it stops the running stream, which ends with the

@@ -33,6 +33,15 @@ def field(tag, value):
     return struct.pack("<HI", tag, len(value)) + value
 
 
+def ids_field(tag, ids):
+    """An IDS field: u32 little-endian ids."""
+    return field(tag, b"".join(struct.pack("<I", i) for i in ids))
+
+
+def unpack_ids(b):
+    return [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
+
+
 def frame(mtype, rid=1, payload=b"", version=1, flags=0, reserved=0, length=None):
     if length is None:
         length = len(payload)

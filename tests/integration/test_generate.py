@@ -22,7 +22,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import T, STATUS, Daemon, connect, field, frame, make_model, read_frame, u32  # noqa
+from k3proto import (T, STATUS, Daemon, connect, field, frame, ids_field, make_model,  # noqa
+                     read_frame, u32, unpack_ids)
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 PUBLISH_DEADLINE_S = 5   # daemon/server/sched.c
@@ -34,14 +35,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-def ids_field(tag, ids):
-    return field(tag, b"".join(struct.pack("<I", i) for i in ids))
-
-
-def unpack_ids(b):
-    return [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
 
 
 def raw(prompt=None, ids=None, max_new=None, stop=(), stop_ids=None):

@@ -554,6 +554,16 @@ static void test_encoder_refuses(void)
 	T_EQ_STR(k3_proto_status_name(K3_STATUS_BUSY), "busy");
 	T_EQ_STR(k3_proto_error_name(K3_PROTO_E_BAD_UTF8), "bad_utf8");
 	T_EQ_STR(k3_proto_type_name(K3_MSG_GENERATE), "GENERATE");
+	/* draft policies: the names every client and k3d share */
+	uint32_t p = 99;
+	T_OK(k3_proto_draft_policy_parse("ngram", &p) == 0 && p == K3_PROTO_DRAFT_NGRAM);
+	T_OK(k3_proto_draft_policy_parse("dspark", &p) == 0 && p == K3_PROTO_DRAFT_DSPARK);
+	T_OK(k3_proto_draft_policy_parse("off", &p) == 0 && p == K3_PROTO_DRAFT_OFF);
+	T_EQ_INT(k3_proto_draft_policy_parse("unset", &p), -1);
+	T_EQ_INT(k3_proto_draft_policy_parse("eagle", &p), -1);
+	T_EQ_STR(k3_proto_draft_policy_name(K3_PROTO_DRAFT_AUTO), "auto");
+	T_EQ_STR(k3_proto_draft_policy_name(0), "unset");
+	T_EQ_STR(k3_proto_draft_policy_name(99), "?");
 }
 
 static int write_corpus(const char *dir)
