@@ -153,6 +153,11 @@ struct k3_prov_open_args {
 	uint32_t flags;              /* K3_PROV_OPEN_* */
 	const struct k3_prov_config *config;
 	const struct k3_prov_weights *weights;
+	/* Device expert tier budget in bytes (docs/providers.md, "VRAM expert
+	 * tier"; present when struct_size covers it): 0 = auto (free device
+	 * memory after the model's allocations minus headroom), UINT64_MAX =
+	 * no tier. Providers without a tier ignore it. */
+	uint64_t expert_tier_bytes;
 };
 
 /* Use the scalar reference kernels for every op (slow; the oracle). */
@@ -381,6 +386,21 @@ struct k3_provider {
 				struct k3_prov_status *st);
 	int (*mla_cache_export)(const k3_prov_mla_cache *c, void *dst, size_t cap, size_t *n,
 				struct k3_prov_status *st);
+
+	/*
+	 * Optional (a provider with a device expert tier; present when
+	 * struct_size covers it and with the routed pieces above): called
+	 * before a MoE layer's expert reads with the distinct experts ids[n]
+	 * the coming routed call needs. Sets resident[i] = 1 for those the
+	 * provider holds on its device (and keeps them there until that
+	 * routed call ends, or the next experts_resident call), else 0. The
+	 * engine then reads only the others and passes a NULL span for a
+	 * resident expert (routed_expert) or a zeroed span
+	 * (routed_experts); the result is the same as with every span
+	 * supplied. -EINVAL for a bad layer or id.
+	 */
+	int (*experts_resident)(k3_prov_model *m, uint32_t layer, const uint32_t *ids, size_t n,
+				uint8_t *resident, struct k3_prov_status *st);
 };
 
 #endif

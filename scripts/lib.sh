@@ -9,11 +9,14 @@ k3_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # aarch64 cross compiler and qemu-user, which run the NEON kernels tests,
 # and the openssl tool, which makes tests/setup's throwaway CA. libcurl
 # (OpenSSL flavour) is what k3ctl setup downloads with.
+# libtorch-dev (LibTorch 1.13, CPU) is optional for the product: with it
+# meson's -Dtorch=auto builds the torch provider (docs/providers.md), and
+# CI tests it; about 175 extra packages, 162 MB to download, 0.7 GB unpacked.
 k3_packages="build-essential meson ninja-build pkg-config \
 libevent-dev libjansson-dev libpcre2-dev libsystemd-dev libssl-dev \
 libcurl4-openssl-dev openssl \
 python3 python3-venv clang systemd curl chromium \
-gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libtorch-dev"
 
 k3_install_deps() {
 	local missing="" p
@@ -58,6 +61,22 @@ k3_install_arm64_deps() {
 		$sudo apt-get update -qq >/dev/null &&
 		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-remove \
 			--no-install-recommends $k3_arm64_packages >/dev/null
+}
+
+# k3_cuda_toolkit DIR: a CUDA toolkit for building (not running) the CUDA
+# kernels on a machine without one: nvcc, its headers and the static
+# runtime from NVIDIA's PyPI wheels, in a virtualenv at DIR. Sets
+# k3_cuda_bin to the folder holding nvcc. A machine with a GPU uses its own
+# toolkit (tests/device/run.sh).
+k3_cuda_toolkit() {
+	local dir=$1
+	k3_cuda_bin="$dir/lib/python3.11/site-packages/nvidia/cu13/bin"
+	[ -x "$k3_cuda_bin/nvcc" ] && return 0
+	python3 -m venv "$dir" &&
+		"$dir/bin/pip" install -q nvidia-cuda-nvcc==13.5.37 nvidia-cuda-runtime==13.5.37 \
+			nvidia-cuda-crt==13.5.37 nvidia-nvvm==13.5.37 &&
+		k3_cuda_bin=$(dirname "$(find "$dir" -path '*/nvidia/*/bin/nvcc' | head -1)") &&
+		[ -x "$k3_cuda_bin/nvcc" ]
 }
 
 # k3_build DIR [meson options...]: configure (once) and build quietly; the

@@ -31,6 +31,7 @@ struct k3_engine {
 	bool prov_partial;           /* ... and routed_partial */
 	bool prov_verify;            /* prov has kda_record_new/free, kda_verify, kda_replay */
 	bool prov_export;            /* prov has kda_state_export, mla_cache_export */
+	bool prov_resident;          /* ... and experts_resident (a device tier) */
 	k3_prov_model *pm;
 	struct k3_prov_config cfg;
 	struct k3_prov_weights weights;
@@ -80,6 +81,9 @@ struct k3_engine {
 	k3_prov_kda_record **vrec;   /* [L] with prov_verify, NULL for MLA layers */
 	k3_prov_kda_state **vsnap;   /* [L] without: the state before the pass */
 	float **vh;                  /* [L] without: [vcap][D] the pass's KDA inputs */
+	/* experts_resident: a chunk's distinct experts, residency, misses */
+	uint32_t *tier_ids, *tier_miss;      /* [chunk][K] */
+	uint8_t *tier_res;                   /* [chunk][K] */
 };
 
 struct k3_engine_seq {
@@ -363,6 +367,9 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->pw);
 	free(e->guess);
 	free(e->guess_rank);
+	free(e->tier_ids);
+	free(e->tier_miss);
+	free(e->tier_res);
 	free(e->rows);
 	verify_free(e);
 	/* what open acquired of the spine source, after the provider let go */
@@ -452,6 +459,10 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 		e->spine = *opts->spine;
 		e->has_spine = true;
 	}
+	e->prov_resident = e->prov_pieces &&
+			   prov->struct_size >= offsetof(struct k3_provider, experts_resident) +
+						 sizeof(prov->experts_resident) &&
+			   prov->experts_resident;
 	const struct k3_model_config *mc = k3_model_config(model);
 	const struct k3_model_plan *plan = k3_model_plan(model);
 	int rc = build_config(mc, &e->cfg, err);
@@ -501,6 +512,7 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 			 (opts->split_all ? K3_PROV_OPEN_SPLIT_ALL : 0),
 		.config = &e->cfg,
 		.weights = &e->weights,
+		.expert_tier_bytes = opts->vram_cache_bytes,
 	};
 	struct k3_prov_status st = { 0 };
 	rc = prov->open(&args, &e->pm, &st);
@@ -528,9 +540,12 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->guess_rank = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess_rank));
 	if (e->has_spine)
 		e->rows = malloc(rowb);
+	e->tier_ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_ids));
+	e->tier_miss = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_miss));
+	e->tier_res = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_res));
 	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->part && e->ids && e->w &&
 	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank &&
-	      (e->rows || !e->has_spine)) ? 0 : -ENOMEM;
+	      (e->rows || !e->has_spine) && e->tier_ids && e->tier_miss && e->tier_res) ? 0 : -ENOMEM;
 	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
 		if (!(e->pool[i] = malloc(rowb)))
 			rc = -ENOMEM;
@@ -564,6 +579,24 @@ int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *
 	struct k3_prov_status st = { 0 };
 	int rc = e->prov->set_threads(e->pm, threads, &st);
 	return rc ? prov_err(e, err, rc, &st) : 0;
+}
+
+int k3_engine_provider_check(const char *name, struct k3_err *err)
+{
+	if (strcmp(name, "auto") == 0)
+		return 0;
+	return k3_provider_find(name, err) ? 0 : err && err->code ? err->code : -ENOENT;
+}
+
+const char *k3_engine_provider_auto(void)
+{
+	return k3_provider_auto();
+}
+
+const struct k3_provider *k3_engine_provider(const struct k3_engine *e, k3_prov_model **pm)
+{
+	*pm = e->pm;
+	return e->prov;
 }
 
 uint32_t k3_engine_vocab(const struct k3_engine *e) { return e->V; }
@@ -832,6 +865,100 @@ static int routed_layer(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_e
 	return 0;
 }
 
+/* Computes the misses tier_miss[0..nm) of a tiered routed call from
+ * spans of the source: handed out as they arrive (after request_layer),
+ * all at once (acquire_layer) or one by one (acquire). */
+static int tiered_misses(struct k3_engine *e, uint32_t l, size_t nm, bool requested,
+			 struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	struct k3_prov_expert sp;
+	int rc = 0;
+
+	if (requested && e->src.await_expert) {
+		uint32_t id;
+		for (;;) {
+			int got = e->src.await_expert(e->src.ctx, l, &id, &sp, err);
+			if (got < 0)
+				return got;   /* the source released the request */
+			if (got == 0)
+				break;
+			if ((rc = p->routed_expert(e->pm, l, id, &sp, &st)) != 0)
+				break;
+		}
+		e->src.release_layer(e->src.ctx, l);
+	} else if (e->src.acquire_layer) {
+		rc = e->src.acquire_layer(e->src.ctx, l, e->tier_miss, nm, e->spans, err);
+		if (rc)
+			return rc;
+		for (size_t i = 0; i < nm && rc == 0; i++)
+			rc = p->routed_expert(e->pm, l, e->tier_miss[i], &e->spans[i], &st);
+		e->src.release_layer(e->src.ctx, l);
+	} else {
+		for (size_t i = 0; i < nm && rc == 0; i++) {
+			rc = e->src.acquire(e->src.ctx, l, e->tier_miss[i], &sp, err);
+			if (rc)
+				return rc;
+			rc = p->routed_expert(e->pm, l, e->tier_miss[i], &sp, &st);
+			e->src.release(e->src.ctx, l, e->tier_miss[i]);
+		}
+	}
+	return rc ? prov_err(e, err, rc, &st) : 0;
+}
+
+/* The routed path of MoE layer l with a provider that holds experts on its
+ * device (experts_resident, docs/providers.md): the source reads only the
+ * experts the provider lacks, their reads start before the shared experts
+ * run, and the resident ones are computed (NULL span) while the misses are
+ * read. Returns 1, having done nothing but the residency query, when the
+ * misses exceed what one acquire of the source may hold (the caller then
+ * takes every span from the source). */
+static int routed_tiered(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	size_t nd = 0, nm = 0;
+	bool requested = false;
+	int rc;
+
+	stamp_next(e);
+	for (size_t i = 0; i < (size_t)n * e->K; i++) {
+		uint32_t id = e->ids[i];
+		if (id < e->cfg.n_experts && e->stamp[id] != e->stamp_gen) {
+			e->stamp[id] = e->stamp_gen;
+			e->tier_ids[nd++] = id;
+		}
+	}
+	PCALL(p->experts_resident(e->pm, l, e->tier_ids, nd, e->tier_res, &st));
+	for (size_t i = 0; i < nd; i++)
+		if (!e->tier_res[i])
+			e->tier_miss[nm++] = e->tier_ids[i];
+	if (e->src.acquire_layer && e->src.max_experts && nm > e->src.max_experts)
+		return 1;
+	if (nm && e->src.request_layer) {
+		rc = e->src.request_layer(e->src.ctx, l, e->tier_miss, nm, err);
+		if (rc)
+			return rc;
+		requested = true;
+	}
+	rc = p->mlp(e->pm, l, e->x, n, e->mb, &st);
+	if (rc == 0)
+		rc = p->routed_begin(e->pm, l, e->x, n, e->ids, &st);
+	for (size_t i = 0; i < nd && rc == 0; i++)
+		if (e->tier_res[i])
+			rc = p->routed_expert(e->pm, l, e->tier_ids[i], NULL, &st);
+	if (rc) {
+		if (requested)
+			e->src.release_layer(e->src.ctx, l);
+		return prov_err(e, err, rc, &st);
+	}
+	if (nm && (rc = tiered_misses(e, l, nm, requested, err)) != 0)
+		return rc;
+	PCALL(p->routed_end(e->pm, l, e->w, e->mb, &st));
+	return 0;
+}
+
 /* The routed path of MoE layer l for n positions: router, expert spans
  * from the source, shared experts, routed experts, into e->mb. */
 static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
@@ -843,6 +970,13 @@ static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
 	int rc;
 
 	PCALL(p->router(e->pm, l, e->x, n, e->ids, e->w, &st));
+	if (e->prov_resident) {
+		rc = routed_tiered(e, l, n, err);
+		if (rc < 0)
+			return rc;
+		if (rc == 0)
+			goto routes;
+	}
 	if (e->src.acquire_layer) {
 		rc = routed_layer(e, l, n, err);
 		if (rc)

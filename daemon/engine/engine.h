@@ -97,6 +97,9 @@ struct k3_engine_opts {
 	 * streamed tensor's mmapped pages must never be read (they would
 	 * count in the process's resident memory). */
 	const struct k3_spine_source *spine;
+	/* Device expert tier of the provider (k3_prov_open_args,
+	 * expert_tier_bytes): 0 = auto, UINT64_MAX = none. */
+	uint64_t vram_cache_bytes;
 };
 
 /* Fields of struct k3_prov_layer_weights, all struct k3_prov_tensor, in
@@ -233,6 +236,19 @@ void k3_engine_set_cancel(struct k3_engine *e, const atomic_bool *flag);
 
 /* Compute threads for later calls (1..256). */
 int k3_engine_set_threads(struct k3_engine *e, uint32_t threads, struct k3_err *err);
+
+/* The provider the engine opened and its model handle (owned by the
+ * engine): tests drive single ops of two providers through them. */
+const struct k3_provider *k3_engine_provider(const struct k3_engine *e, k3_prov_model **pm);
+
+/* Whether the provider called name can run here (k3d --provider: "cpu",
+ * "torch" when built, "auto"): 0, or -ENOENT / -EPROTO with the known
+ * names in err (the registry's k3_provider_find). */
+int k3_engine_provider_check(const char *name, struct k3_err *err);
+
+/* The provider "auto" picks on this machine ("torch" with a CUDA device,
+ * else "cpu"); a static string. */
+const char *k3_engine_provider_auto(void);
 
 uint32_t k3_engine_vocab(const struct k3_engine *e);
 uint32_t k3_engine_top_k(const struct k3_engine *e);

@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/parse.h"
 #include "draft/draft.h"
+#include "engine/engine.h"
 #include "store/store.h"
 #include "store/store_budget.h"
 #include "store/store_plan.h"
@@ -76,6 +77,10 @@ static const char usage[] =
 	"  --draft-oracle FILE  tests only: ngram and auto propose the ids in FILE (the\n"
 	"                       reference run) instead of n-gram matches\n"
 	"  --draft-oracle-spoil P  benchmarks: make a share P (0-1) of those wrong\n"
+	"  --provider NAME      cpu (default), torch (LibTorch; a CUDA device when its\n"
+	"                       LibTorch has one) or auto (torch with a CUDA device, else cpu)\n"
+	"  --vram-cache-gb auto|off|N  device memory for routed experts (torch on a GPU),\n"
+	"                       in GB; auto = free VRAM after the model - max(2 GiB, 20%%)\n"
 	"  --drain-timeout S    seconds SIGTERM waits for running work (default 30)\n"
 	"  --frame-timeout S    seconds a large request frame may take to arrive (default 60)\n"
 	"  --max-connections N  client connections in all (default 256, 16-4096; 8 kept for root)\n"
@@ -193,7 +198,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
 	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
 	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_IORATE, O_IOLAT, O_FETCH,
-	       O_DRAFT, O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL };
+	       O_DRAFT, O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL,
+	       O_PROVIDER, O_VRAM };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
@@ -229,6 +235,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "draft-oracle", required_argument, NULL, O_DRAFT_ORACLE },
 		{ "draft-width", required_argument, NULL, O_DRAFT_WIDTH },
 		{ "draft-oracle-spoil", required_argument, NULL, O_DRAFT_SPOIL },
+		{ "provider", required_argument, NULL, O_PROVIDER },
+		{ "vram-cache-gb", required_argument, NULL, O_VRAM },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
@@ -247,6 +255,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	opts->spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
 	opts->draft = K3_DRAFT_POLICY_AUTO;
 	opts->draft_max = K3_OPTIONS_DRAFT_MAX_DEFAULT;
+	opts->provider = "cpu";
 	opterr = 0;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -433,6 +442,20 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 					     &opts->draft_max, err)) < 0)
 				return r;
 			break;
+		case O_PROVIDER:
+			if (k3_engine_provider_check(optarg, err) < 0)
+				return k3_err_prefix(err, "--provider");
+			opts->provider = optarg;
+			break;
+		case O_VRAM:
+			if (strcmp(optarg, "off") == 0) {
+				opts->vram_cache_bytes = UINT64_MAX;
+				break;
+			}
+			if ((r = k3_store_budget_parse_gb(optarg, &opts->vram_cache_bytes, err)) < 0)
+				return k3_err_set(err, r, "--vram-cache-gb must be 'auto', 'off' or a "
+						  "size above 0 in GB");
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 1;
@@ -554,4 +577,14 @@ void k3_options_log(const struct k3_options *opts)
 		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max, width,
 		    opts->draft_oracle ? " draft-oracle=" : "",
 		    opts->draft_oracle ? opts->draft_oracle : "");
+	char vram[32];
+	if (opts->vram_cache_bytes == UINT64_MAX)
+		snprintf(vram, sizeof(vram), "off");
+	else if (opts->vram_cache_bytes)
+		snprintf(vram, sizeof(vram), "%.9gGB", (double)opts->vram_cache_bytes / 1e9);
+	else
+		snprintf(vram, sizeof(vram), "auto");
+	k3_log_info("config: provider=%s%s%s vram-cache=%s", opts->provider,
+		    strcmp(opts->provider, "auto") == 0 ? " -> " : "",
+		    strcmp(opts->provider, "auto") == 0 ? k3_engine_provider_auto() : "", vram);
 }

@@ -73,6 +73,9 @@ struct k3_options {
 				       * place goes to the oracle over these ids */
 	double draft_oracle_spoil;    /* --draft-oracle-spoil P: share of its proposals
 				       * made wrong (benchmarks: acceptance 1 - P) */
+	/* Providers (docs/providers.md) */
+	const char *provider;         /* --provider: "cpu" (default), "torch" or "auto" */
+	uint64_t vram_cache_bytes;    /* --vram-cache-gb: 0 = auto, UINT64_MAX = off */
 };
 
 /* --draft-max bounds: a verification pass is at most one prefill chunk. */

@@ -412,7 +412,8 @@ static void model_info(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	memset(&r, 0, sizeof(r));
 	k3_msg_model_info_reply_set_id(&r, k3_proto_str_of(s->model_id));
 	k3_msg_model_info_reply_set_path(&r, k3_proto_str_of(s->opts->model_dir));
-	k3_msg_model_info_reply_set_provider(&r, k3_proto_str_of("cpu"));
+	k3_prov_model *pm;
+	k3_msg_model_info_reply_set_provider(&r, k3_proto_str_of(k3_engine_provider(s->engine, &pm)->name));
 	uint64_t ctx = sched_context_tokens(s);
 	k3_msg_model_info_reply_set_context_length(&r, (uint32_t)(ctx > UINT32_MAX ? UINT32_MAX : ctx));
 	k3_msg_model_info_reply_set_vocab_size(&r, k3_engine_vocab(s->engine));

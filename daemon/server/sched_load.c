@@ -370,7 +370,8 @@ static int open_engine(struct k3_sched *s, struct k3_err *err)
 {
 	const struct k3_options *o = s->opts;
 	const struct k3_model_config *mc = k3_model_config(s->model);
-	struct k3_engine_opts eo = { .threads = o->threads };
+	struct k3_engine_opts eo = { .threads = o->threads, .provider = o->provider,
+				     .vram_cache_bytes = o->vram_cache_bytes };
 	struct k3_store_spine_config scfg;
 	struct k3_spine_source ss;
 	char packdir[4096];

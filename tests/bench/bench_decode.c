@@ -3,6 +3,7 @@
  * (printed, never pass/fail):
  *
  *   bench_decode --model DIR [--threads 1,2] [--decode N] [--prefill N]
+ *                [--provider NAME] [--vram-cache-gb N|off]
  *
  * For each thread count: memory bandwidth by a streaming read of a
  * random-filled buffer with that many threads (never constant-filled:
@@ -76,6 +77,8 @@ int main(int argc, char **argv)
 	uint32_t threads[8] = { 1, 2 };
 	int n_threads = 2;
 	uint64_t n_decode = 32, n_prefill = 64;
+	const char *provider = "cpu";
+	uint64_t vram = 0;   /* auto */
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--model"))
 			dir = argv[i + 1];
@@ -85,9 +88,19 @@ int main(int argc, char **argv)
 			k3_parse_u64(argv[i + 1], 4, 4096, &n_decode, NULL);
 		else if (!strcmp(argv[i], "--prefill"))
 			k3_parse_u64(argv[i + 1], 1, 4096, &n_prefill, NULL);
+		else if (!strcmp(argv[i], "--provider"))
+			provider = argv[i + 1];
+		else if (!strcmp(argv[i], "--vram-cache-gb")) {
+			double gb = 0;
+			if (!strcmp(argv[i + 1], "off"))
+				vram = UINT64_MAX;
+			else if (k3_parse_double(argv[i + 1], 0.001, 1e6, &gb, NULL) == 0)
+				vram = (uint64_t)(gb * 1e9);
+		}
 	}
 	if (!dir || n_threads <= 0) {
-		fprintf(stderr, "usage: bench_decode --model DIR [--threads 1,2] [--decode N] [--prefill N]\n");
+		fprintf(stderr, "usage: bench_decode --model DIR [--threads 1,2] [--decode N] [--prefill N]\n"
+			"                    [--provider NAME] [--vram-cache-gb N|off]\n");
 		return 2;
 	}
 	struct k3_err err = { 0 };
@@ -118,7 +131,8 @@ int main(int argc, char **argv)
 		uint32_t th = threads[ti];
 		struct k3_engine *e = NULL;
 		struct k3_engine_seq *s = NULL;
-		struct k3_engine_opts o = { .threads = th, .max_chunk = (uint32_t)n_prefill };
+		struct k3_engine_opts o = { .threads = th, .max_chunk = (uint32_t)n_prefill,
+					    .provider = provider, .vram_cache_bytes = vram };
 		if (k3_engine_open(m, &o, &e, &err) ||
 		    k3_engine_seq_new(e, (uint32_t)(n_prefill + n_decode + 16), &s, &err)) {
 			fprintf(stderr, "bench_decode: %s\n", err.msg);
@@ -168,10 +182,10 @@ int main(int argc, char **argv)
 		uint64_t bpt = bytes_per_token(m, k3_engine_top_k(e));
 		double dec = 1.0 / k3_bench_median(dt, (int)n_decode);
 		double floor_tps = bw * 1e9 / (double)bpt;
-		printf("threads %u: bandwidth %.1f GB/s (%.1f before, %.1f after) | decode %.1f tok/s, %.1f MB/token -> "
+		printf("%s threads %u: bandwidth %.1f GB/s (%.1f before, %.1f after) | decode %.1f tok/s, %.1f MB/token -> "
 		       "floor %.1f tok/s, ratio %.0f%% (%.1f GB/s of weights) | engine thread on CPU %.0f%% "
 		       "(%.1f tok per CPU-s) | prefill %llu: %.1f tok/s\n",
-		       th, bw, bw0, bw1, dec, (double)bpt / 1e6, floor_tps, 100.0 * dec / floor_tps,
+		       provider, th, bw, bw0, bw1, dec, (double)bpt / 1e6, floor_tps, 100.0 * dec / floor_tps,
 		       dec * (double)bpt / 1e9, 100.0 * k3_bench_median(ct, (int)n_decode) * dec,
 		       1.0 / k3_bench_median(ct, (int)n_decode),
 		       (unsigned long long)n_prefill, (double)n_prefill / k3_bench_median(pt, 5));

@@ -13,7 +13,16 @@
 #   3. bench_cuda: MXFP4 GB/s at the K3 expert shapes (w1/w3 3072x3584,
 #      w2 3584x3072) for T = 1, 4, 16, 64, one and sixteen matrices per
 #      launch, against a device-to-device copy and the pinned host-to-device
-#      rate measured in the same run.
+#      rate measured in the same run;
+#   4. the torch provider (docs/providers.md), when a CUDA PyTorch is
+#      importable (its LibTorch tree is passed as -Dtorch_root): the engine
+#      suite's torch_parity runs torch-CUDA against the cpu provider
+#      (identical routes and greedy ids on every golden case, logits rel-L2
+#      printed), then again with K3_TORCH_DEVICE=cpu (torch-CPU parity);
+#   5. bench_vram: the VRAM tier's expert upload against the pinned copy
+#      rate of the same run (target >= 80 %);
+#   6. decode of the `bench` demo model: the cpu provider vs torch-CUDA
+#      with the VRAM tier holding every expert (target: torch faster).
 #
 # Results go to $OUT (or build/device-results): summary.txt (one line per
 # step, the verdict last), machine.txt, build.log, tests.log, bench_cuda.txt.
@@ -56,14 +65,24 @@ case $arch in
 ''|*[!0-9]*) arch=90 ;;
 esac
 
-# 1. build
+# 1. build (with the torch provider over a CUDA PyTorch's LibTorch when one
+# is importable: its C++ ABI flag must match, so it is read from torch)
 bdir=build/device
 mode=meson
+torch_args=()
+troot=$(python3 -c 'import torch, os; assert torch.version.cuda; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+if [ -n "$troot" ] && [ -f "$troot/lib/libtorch_cuda.so" ]; then
+	abi=$(python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
+	torch_args=(-Dtorch=enabled -Dtorch_root="$troot" -Dcpp_args=-D_GLIBCXX_USE_CXX11_ABI=$abi)
+	say "torch: CUDA LibTorch at $troot (torch $(python3 -c 'import torch; print(torch.__version__)'), cxx11 abi $abi)"
+else
+	say "note: no CUDA PyTorch importable: the torch-CUDA checks (4, 6) do not run"
+fi
 [ "${K3_DEVICE_DIRECT:-0}" = 1 ] && mode=direct
 if [ $mode = meson ] && command -v meson >/dev/null && command -v ninja >/dev/null; then
 	if [ ! -f "$bdir/build.ninja" ]; then
 		meson setup "$bdir" --buildtype=release -Dcuda=enabled -Dgpu_arch="$arch" \
-			>"$out/build.log" 2>&1 || mode=direct
+			"${torch_args[@]}" >"$out/build.log" 2>&1 || mode=direct
 	fi
 	if [ $mode = meson ]; then
 		timeout 300 ninja -C "$bdir" -j"$jobs" >>"$out/build.log" 2>&1 || mode=direct
@@ -125,6 +144,38 @@ timeout 240 "$bench_bin" --runs 9 >"$out/bench_cuda.txt" 2>&1
 rc=$?
 [ $rc -eq 0 ] && say "bench_cuda: done (bench_cuda.txt)" || step_fail "bench_cuda rc $rc"
 sed 's/^/  /' "$out/bench_cuda.txt" | tee -a "$out/summary.txt"
+
+# 4.-6. the torch provider and the VRAM tier (meson build with torch only)
+if [ $mode = meson ] && [ -x "$bdir/tests/engine/test_torch_parity" ]; then
+	if grep -q 'torch_parity *OK' "$out/tests-summary.txt" 2>/dev/null; then
+		say "torch_parity (torch-CUDA vs cpu): OK"
+	else
+		step_fail "torch_parity (torch-CUDA vs cpu): $(grep torch_parity "$out/tests-summary.txt")"
+	fi
+	K3_SHARED="$root/../shared" K3_TORCH_DEVICE=cpu timeout 300 "$bdir/tests/engine/test_torch_parity" \
+		>"$out/torch_parity_cpu.txt" 2>&1 &&
+		say "torch_parity (torch-CPU vs cpu): OK" ||
+		step_fail "torch_parity (torch-CPU vs cpu), see torch_parity_cpu.txt"
+	cp "$bdir/meson-logs/testlog.txt" "$out/testlog.txt" 2>/dev/null
+	grep -h -E '^torch vs cpu|^op |^tier|^store|^ATen' "$out/testlog.txt" | sed 's/^/  cuda: /' | tee -a "$out/summary.txt"
+	grep -h -E '^torch vs cpu: worst' "$out/torch_parity_cpu.txt" | sed 's/^/  cpu: /' | tee -a "$out/summary.txt"
+fi
+if [ -x "$bdir/tests/bench/bench_vram" ]; then
+	timeout 120 "$bdir/tests/bench/bench_vram" --experts 32 --runs 7 --copy-threads 8 \
+		>"$out/bench_vram.txt" 2>&1 || step_fail "bench_vram rc $?"
+	sed 's/^/  /' "$out/bench_vram.txt" | tee -a "$out/summary.txt"
+fi
+if [ $mode = meson ] && [ -x "$bdir/tests/engine/test_torch_parity" ] && [ -x "$bdir/client/k3ctl/k3ctl" ]; then
+	dm=$bdir/demo-bench
+	[ -d "$dm" ] || "$bdir/client/k3ctl/k3ctl" demo-model --out "$dm" --preset bench >"$out/decode.txt" 2>&1
+	for p in "cpu off" "torch 100"; do
+		set -- $p
+		timeout 150 "$bdir/tests/bench/bench_decode" --model "$dm" --threads "$jobs" --decode 32 \
+			--prefill 16 --provider "$1" --vram-cache-gb "$2" >>"$out/decode.txt" 2>&1 ||
+			step_fail "bench_decode --provider $1 rc $?"
+	done
+	grep -E 'threads|model' "$out/decode.txt" | sed 's/^/  /' | tee -a "$out/summary.txt"
+fi
 
 say "total $(( $(date +%s) - t_start )) s; $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

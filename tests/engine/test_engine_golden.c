@@ -13,24 +13,12 @@
 #include <jansson.h>
 
 #include "t.h"
+#include "t_json.h"
 
 #include "engine/engine.h"
 #include "model/model.h"
 
 static double worst_rel_l2;
-
-static double rel_l2(const float *got, json_t *ref, uint32_t n)
-{
-	double num = 0.0, den = 0.0;
-	if (!json_is_array(ref) || json_array_size(ref) != n)
-		return INFINITY;
-	for (uint32_t i = 0; i < n; i++) {
-		double r = json_number_value(json_array_get(ref, i));
-		num += (got[i] - r) * (got[i] - r);
-		den += r * r;
-	}
-	return sqrt(num) / sqrt(den);
-}
 
 /* Compares one route (ids/weights of top_k) with the golden entry as a set. */
 static void check_route(const uint32_t *ids, const float *w, uint32_t K, json_t *gexp,
@@ -106,11 +94,11 @@ static void run_case(const char *name, const char *prompt, bool reference)
 	double worst = 0.0, last = 0.0;
 	json_t *all = json_object_get(g, "all_logits");
 	for (uint32_t t = 0; t < T; t++) {
-		double r = rel_l2(logits + (size_t)t * V, json_array_get(all, t), V);
+		double r = t_rel_l2_json(logits + (size_t)t * V, json_array_get(all, t), V);
 		if (r > worst)
 			worst = r;
 	}
-	last = rel_l2(logits + (size_t)(T - 1) * V, json_object_get(g, "last_logits"), V);
+	last = t_rel_l2_json(logits + (size_t)(T - 1) * V, json_object_get(g, "last_logits"), V);
 	T_OK(last <= 1e-4);
 	T_OK(worst <= 1e-4);
 
@@ -143,7 +131,7 @@ static void run_case(const char *name, const char *prompt, bool reference)
 	for (uint32_t i = 0; i < n_steps; i++) {
 		uint32_t tok = k3_engine_argmax(cur, V);
 		T_EQ_INT(tok, json_integer_value(json_array_get(gtok, i)));
-		double r = rel_l2(cur, json_object_get(json_array_get(steps, i), "logits"), V);
+		double r = t_rel_l2_json(cur, json_object_get(json_array_get(steps, i), "logits"), V);
 		if (r > step_worst)
 			step_worst = r;
 		if (i + 1 == n_steps)

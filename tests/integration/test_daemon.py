@@ -414,7 +414,8 @@ def test_lifecycle(k3d):
     check(p.returncode == 2 and "'--model' needs a value" in p.stderr,
           f"an option without its value says so: {p.stderr}")
     for bad_opt in (["--direct", "maybe"], ["--prefetch", "-1"], ["--prefetch", "0"], ["--io-threads", "0"],
-                    ["--expert-cache-gb", "nan"]):
+                    ["--expert-cache-gb", "nan"], ["--provider", "gpu"], ["--vram-cache-gb", "lots"],
+                    ["--vram-cache-gb", "0"]):
         p = subprocess.run([k3d, *bad_opt], capture_output=True, text=True, timeout=10)
         check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt} exits 2: {p.stderr}")
     p = subprocess.run([k3d, "--socket", os.path.join(bad, "k.sock")], capture_output=True,
