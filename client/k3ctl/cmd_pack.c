@@ -1,12 +1,16 @@
-/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify] [--layers
- * LIST | --hot-experts N --trace FILE]`: writes one expert pack per MoE
- * layer and the spine pack (store_pack.h), keeps packs that are already up
- * to date, compares a pack whose shards changed (and with --verify every
- * pack) span by span with the shards, and rewrites the stale ones. With
- * --layers or --hot-experts it writes a copy for another drive (k3d
- * --expert-dir): only those layers' packs, or packs holding the N experts
- * a router trace used most, and no spine pack. A shard that k3ctl setup verified
- * gets its SHA-256 recorded in the packs; and the per-expert SHA-256 table
+/* cmd_pack.c - `k3ctl pack --model DIR [--out DIR] [--verify] [--spine
+ * bf16|int8] [--spine-int8-dir DIR] [--layers LIST | --hot-experts N
+ * --trace FILE]`: writes one expert pack per MoE layer and the spine pack
+ * (store_pack.h) of the chosen spine: spine.k3pack (BF16, the
+ * checkpoint's) or spine-int8.k3pack (the int8 spine overlay's spine,
+ * store_int8.h, whose sources are the shards and the overlay's files; the
+ * other spine's pack is left as it is); keeps packs that are already up to
+ * date, compares a pack whose sources changed (and with --verify every
+ * pack) span by span with them, and rewrites the stale ones. With --layers
+ * or --hot-experts it writes a copy for another drive (k3d --expert-dir):
+ * only those layers' packs, or packs holding the N experts a router trace
+ * used most, and no spine pack. A shard that k3ctl setup verified gets its
+ * SHA-256 recorded in the packs; and the per-expert SHA-256 table
  * (setup_experts.h) is written beside the shards, for mirrors whose
  * streaming installs verify each expert before use. */
 #include <errno.h>
@@ -25,6 +29,7 @@
 #include "setup/setup_publish.h"
 #include "setup/setup_remote.h"
 #include "setup/setup_state.h"
+#include "store/store_int8.h"
 #include "store/store_model.h"
 #include "store/store_trace.h"
 
@@ -49,6 +54,13 @@ static int write_expert_table(const struct k3_model *m, const char *packdir, str
 			       K3_SETUP_EXPERT_TABLE_NAME, n);
 	}
 	return rc;
+}
+
+/* Sources k3ctl setup verified: their SHA-256 goes into the packs. */
+static void record_verified(const struct k3_model *m, struct k3_store_pack_ident *id, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		id[i].has_sha256 = k3_setup_verified_sha256(k3_model_dir(m), id[i].name, id[i].sha256) == 0;
 }
 
 static void count(const struct k3_store_pack_result *res, uint32_t *written, uint32_t *kept,
@@ -145,11 +157,13 @@ static int hot_experts(const char *trace, uint64_t n, const struct k3_model_plan
 int k3ctl_cmd_pack(int argc, char **argv)
 {
 	const char *model_dir = NULL, *out_dir = NULL, *layers = NULL, *trace = NULL;
+	const char *int8_dir = NULL;
 	uint64_t hot = 0;
 	bool *want = NULL;
 	uint8_t *keep = NULL;
 	uint32_t width = 0;
 	unsigned flags = 0;
+	bool int8 = false;
 	struct k3_model *m = NULL;
 	struct k3_store_pack_ident *id = NULL;
 	struct k3_err err = { 0, "" };
@@ -173,13 +187,23 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		else if (strcmp(argv[i], "--hot-experts") == 0 && i + 1 < argc) {
 			if (k3_parse_u64(argv[++i], 1, UINT32_MAX, &hot, &err) < 0)
 				return k3ctl_usage("pack", "--hot-experts: %s", err.msg);
-		} else
+		} else if (strcmp(argv[i], "--spine") == 0 && i + 1 < argc) {
+			const char *v = argv[++i];
+			if (strcmp(v, "bf16") && strcmp(v, "int8"))
+				return k3ctl_usage("pack", "--spine: '%s' is not bf16 or int8", v);
+			int8 = strcmp(v, "int8") == 0;
+		} else if (strcmp(argv[i], "--spine-int8-dir") == 0 && i + 1 < argc)
+			int8_dir = argv[++i];
+		else
 			return k3ctl_usage("pack", "usage: k3ctl pack --model DIR [--out DIR] [--verify]"
+					   " [--spine bf16|int8] [--spine-int8-dir DIR]"
 					   " [--layers LIST | --hot-experts N --trace FILE]"
 					   " (unexpected '%s')", argv[i]);
 	}
 	if (!model_dir)
 		return k3ctl_usage("pack", "--model DIR is required");
+	if (int8_dir && !int8)
+		return k3ctl_usage("pack", "--spine-int8-dir needs --spine int8");
 	if ((hot != 0) != (trace != NULL) || (hot && layers))
 		return k3ctl_usage("pack", "--hot-experts N and --trace FILE go together, and not with"
 				   " --layers");
@@ -197,7 +221,10 @@ int k3ctl_cmd_pack(int argc, char **argv)
 					  " fetch-weights --model %s' before packing", model_dir, absent,
 					  model_dir);
 	}
-	rc = k3_model_open(model_dir, &m, &err);
+	/* the int8 spine as k3d --spine int8 runs it: the overlay checked
+	 * against the shards (a stale one is refused, saying what to run) */
+	rc = int8 ? k3_store_int8_open_model(model_dir, int8_dir, 0, &m, &err)
+		  : k3_model_open(model_dir, &m, &err);
 	if (rc)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 	const struct k3_model_plan *plan = k3_model_plan(m);
@@ -238,9 +265,7 @@ int k3ctl_cmd_pack(int argc, char **argv)
 		k3ctl_fail(K3CTL_EXIT_ERROR, "%s", err.msg);
 		goto out;
 	}
-	/* shards k3ctl setup verified: their SHA-256 goes into the packs */
-	for (size_t i = 0; i < n_id; i++)
-		id[i].has_sha256 = k3_setup_verified_sha256(k3_model_dir(m), id[i].name, id[i].sha256) == 0;
+	record_verified(m, id, n_id);
 	for (uint32_t l = 0; l < plan->n_layers; l++) {
 		struct k3_store_pack_result res;
 		struct k3_store_source *src;
@@ -269,29 +294,40 @@ int k3ctl_cmd_pack(int argc, char **argv)
 			report(&res, "experts");
 		}
 	}
-	/* The spine: one span per layer, the embedding, the head (not for a
-	 * copy of experts on another drive). */
+	/* The spine: one span per layer, the embedding, the head; its
+	 * sources are the files the spine lies in (the int8 spine: the
+	 * shards, then the overlay's shards). Not for a copy of experts on
+	 * another drive. */
 	if (!layers && !hot) {
 		struct k3_store_pack_result res;
-		rc = k3_store_spine_pack_path(path, sizeof(path), packdir);
+		struct k3_store_pack_ident *sid = NULL;
+		size_t n_sid = 0;
+		rc = k3_store_spine_pack_path(path, sizeof(path), packdir, m);
 		if (rc == 0)
-			rc = k3_store_spine_pack_write(m, path, id, n_id, flags, &res, &err);
+			rc = k3_store_spine_idents(m, &sid, &n_sid, &err);
+		if (rc == 0) {
+			record_verified(m, sid, n_sid);
+			rc = k3_store_spine_pack_write(m, path, sid, n_sid, flags, &res, &err);
+		}
+		free(sid);
 		if (rc) {
-			k3ctl_fail(K3CTL_EXIT_ERROR, "spine: %s", err.msg);
+			k3ctl_fail(K3CTL_EXIT_ERROR, "spine%s: %s", int8 ? " (int8)" : "", err.msg);
 			goto out;
 		}
 		count(&res, &written, &kept, &reverified, &bytes, &verified);
 		spine_bytes = res.payload_bytes;
 		if (!k3ctl_g.json) {
-			printf("spine    : ");
-			report(&res, "spans (layers, embedding, head)");
+			printf(int8 ? "spine int8: " : "spine    : ");
+			report(&res, int8 ? "spans (layers, embedding, head; int8 spine, not"
+				     " weight-exact)" : "spans (layers, embedding, head)");
 		}
 	}
 	if (k3ctl_g.json)
-		printf("{\"ok\":true,\"dir\":\"%s\",\"written\":%" PRIu32 ",\"kept\":%" PRIu32
-		       ",\"reverified\":%" PRIu32 ",\"payload_bytes\":%" PRIu64
+		printf("{\"ok\":true,\"dir\":\"%s\",\"spine\":\"%s\",\"written\":%" PRIu32
+		       ",\"kept\":%" PRIu32 ",\"reverified\":%" PRIu32 ",\"payload_bytes\":%" PRIu64
 		       ",\"spine_bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64 "}\n",
-		       packdir, written, kept, reverified, bytes, spine_bytes, verified);
+		       packdir, int8 ? "int8" : "bf16", written, kept, reverified, bytes,
+		       spine_bytes, verified);
 	else
 		printf("%s: %" PRIu32 " packs written, %" PRIu32 " kept, %" PRIu64
 		       " expert bytes, %" PRIu64 " spine bytes, %" PRIu64 " bytes verified\n",

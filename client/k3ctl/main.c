@@ -116,8 +116,8 @@ static const struct {
 	{ "tokenize", "k3ctl tokenize [--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-" },
 	{ "detokenize", "k3ctl detokenize [--model DIR | --vocab FILE] IDS...|-" },
 	{ "render-chat", "k3ctl render-chat FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]" },
-	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify]\n"
-		  "            [--layers LIST | --hot-experts N --trace FILE]" },
+	{ "pack", "k3ctl pack --model DIR [--out DIR] [--verify] [--spine bf16|int8]\n"
+		  "            [--spine-int8-dir DIR] [--layers LIST | --hot-experts N --trace FILE]" },
 	{ "warm-expert-cache", "k3ctl warm-expert-cache --trace FILE [--show N] [--preload [--top N]]\n"
 			       "            [--fetch N [--model DIR | --model-root DIR] [setup's transfer options]]" },
 	{ "bench", "k3ctl bench --model DIR [--max-new N] [--prompt-len N] [--expert-cache-gb G]\n"

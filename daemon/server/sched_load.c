@@ -304,9 +304,10 @@ void sched_status_memory(const struct k3_sched *s, struct k3_msg_status_reply *r
 	r->state_bytes = p->state_bytes; r->has_state_bytes = true;
 }
 
-/* The spine loader (--spine-resident): the spine pack when valid (else
- * the shards, logged with the reason), reading through the expert store's
- * pool when there is one. */
+/* The spine loader (--spine-resident): the pack of the spine that runs
+ * (spine.k3pack, or spine-int8.k3pack for --spine int8) when valid, else
+ * the shards (and the overlay's), logged with the reason; reading through
+ * the expert store's pool when there is one. */
 static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cfg0,
 		      const char *packdir, bool have_packs, struct k3_err *err)
 {
@@ -317,7 +318,7 @@ static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cf
 	int r;
 
 	cfg.io = s->store ? k3_store_reader_pool(s->store) : NULL;
-	if (have_packs && k3_store_spine_pack_path(path, sizeof(path), packdir) != 0)
+	if (have_packs && k3_store_spine_pack_path(path, sizeof(path), packdir, s->model) != 0)
 		return k3_err_set(err, -ENAMETOOLONG, "model path too long");
 	r = k3_store_spine_new(s->model, have_packs ? path : NULL, &cfg, &s->spine, &rep, err);
 	if (r == -EMEDIUMTYPE)
@@ -325,8 +326,12 @@ static int open_spine(struct k3_sched *s, const struct k3_store_spine_config *cf
 	if (r < 0)
 		return k3_err_prefix(err, "spine loader");
 	k3_store_spine_info_get(s->spine, &in);
+	bool int8 = s->spine_kind == K3_SPINE_INT8;
 	if (rep.pack_rejected)
 		k3_log_warning("spine: from the shards (the spine pack was rejected: %s)", rep.rejection);
+	else if (have_packs && !rep.from_pack)
+		k3_log_info("spine: from the shards (no %s; `k3ctl pack --model DIR%s` writes it)",
+			    path, int8 ? " --spine int8" : "");
 	char res[64];
 	if (in.resident_layers)
 		snprintf(res, sizeof(res), "layers 0..%" PRIu32, in.resident_layers - 1);

@@ -8,10 +8,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
-			  size_t *n, struct k3_err *err)
+/* Identities of shard numbers 0..n-1 of m (k3_model_shard_path). */
+static int idents_of(const struct k3_model *m, uint32_t ns, struct k3_store_pack_ident **out,
+		     size_t *n, struct k3_err *err)
 {
-	uint32_t ns = k3_model_shard_count(m);
 	struct k3_store_pack_ident *id = calloc(ns ? ns : 1, sizeof(*id));
 	int rc;
 
@@ -31,6 +31,26 @@ int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident *
 	*out = id;
 	*n = ns;
 	return 0;
+}
+
+int k3_store_model_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
+			  size_t *n, struct k3_err *err)
+{
+	return idents_of(m, k3_model_shard_count(m), out, n, err);
+}
+
+uint32_t k3_store_spine_file_count(const struct k3_model *m)
+{
+	struct k3_model_int8_info i8;
+
+	k3_model_int8_info_get(m, &i8);
+	return k3_model_shard_count(m) + (i8.on ? i8.shards : 0);
+}
+
+int k3_store_spine_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
+			  size_t *n, struct k3_err *err)
+{
+	return idents_of(m, k3_store_spine_file_count(m), out, n, err);
 }
 
 static int add_tensor(struct k3_store_extent *x, const struct k3_tensor *t, uint32_t base)
@@ -72,16 +92,29 @@ static int add_layer(struct k3_store_source *src, const struct k3_layer_plan *lp
 	return 0;
 }
 
-int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
-			       struct k3_err *err)
+/* Adds shard numbers 0..n-1 of m to src. */
+static int add_files(struct k3_store_source *src, const struct k3_model *m, uint32_t n,
+		     struct k3_err *err)
 {
-	for (uint32_t i = 0; i < k3_model_shard_count(m); i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		uint32_t f;
 		int rc = k3_store_source_add_file(src, k3_model_shard_path(m, i), &f, err);
 		if (rc)
 			return rc;
 	}
 	return 0;
+}
+
+int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
+			       struct k3_err *err)
+{
+	return add_files(src, m, k3_model_shard_count(m), err);
+}
+
+int k3_store_source_add_spine(struct k3_store_source *src, const struct k3_model *m,
+			      struct k3_err *err)
+{
+	return add_files(src, m, k3_store_spine_file_count(m), err);
 }
 
 int k3_store_source_add_model(struct k3_store_source *src, const struct k3_model *m,
@@ -294,9 +327,14 @@ int k3_store_source_add_home(struct k3_store_source *src, const struct k3_model 
 
 /* ---- the spine as a pack input ---- */
 
-int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir)
+int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir,
+			     const struct k3_model *m)
 {
-	int n = snprintf(buf, size, "%s/spine.k3pack", pack_dir);
+	struct k3_model_int8_info i8;
+
+	k3_model_int8_info_get(m, &i8);
+	int n = snprintf(buf, size, "%s/%s", pack_dir,
+			 i8.on ? K3_STORE_SPINE_INT8_PACK_NAME : K3_STORE_SPINE_PACK_NAME);
 	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
 
@@ -406,7 +444,7 @@ int k3_store_spine_pack_write(const struct k3_model *m, const char *path,
 	if (!src)
 		return k3_err_set(err, -ENOMEM, "out of memory");
 	rc = k3_store_spine_input_new(m, &in, err);
-	if (rc == 0 && (rc = k3_store_source_add_shards(src, m, err)) != 0)
+	if (rc == 0 && (rc = k3_store_source_add_spine(src, m, err)) != 0)
 		k3_store_spine_input_release(&in);
 	if (rc == 0) {
 		in.in.src = src;

@@ -4,9 +4,12 @@
  * the source the engine reads from (valid packs where present, shards
  * elsewhere); the model's spine as the input of a spine pack (and of the
  * spine loader, store_spine.h). Packs live in one directory, one file per
- * MoE layer, <pack_dir>/experts-L<layer, 3 digits>.k3pack, and one spine
- * pack, <pack_dir>/spine.k3pack, each naming every shard of the
- * checkpoint as its source.
+ * MoE layer, <pack_dir>/experts-L<layer, 3 digits>.k3pack, and a spine
+ * pack per spine, <pack_dir>/spine.k3pack (the checkpoint's BF16 spine)
+ * and <pack_dir>/spine-int8.k3pack (the spine of a model opened with the
+ * int8 spine overlay, model.h), each naming every file its bytes come
+ * from as its sources: the checkpoint's shards, and for the int8 spine
+ * the overlay's shards after them.
  */
 #ifndef K3_STORE_MODEL_H
 #define K3_STORE_MODEL_H
@@ -48,19 +51,48 @@ int k3_store_source_add_model_some(struct k3_store_source *src, const struct k3_
 int k3_store_source_add_shards(struct k3_store_source *src, const struct k3_model *m,
 			       struct k3_err *err);
 
+/* Files the spine of m lies in, by shard number (k3_model_shard_path):
+ * the model's shards, then, when m was opened with the int8 spine overlay,
+ * the overlay's shards (its I8 tensors' shard numbers follow the model's).
+ * Returns their count. */
+uint32_t k3_store_spine_file_count(const struct k3_model *m);
+
+/* Identities of those files (index = shard number): what a spine pack of
+ * m records as its sources; for the BF16 spine the same as
+ * k3_store_model_idents. *out is malloc'd (free it). Hashes each file's
+ * header. */
+int k3_store_spine_idents(const struct k3_model *m, struct k3_store_pack_ident **out,
+			  size_t *n, struct k3_err *err);
+
+/* Adds those files to src as files first..first + count - 1 (src is
+ * usually empty: then file i is shard number i, as the extents of
+ * k3_store_spine_input_new name them). Returns what the source calls
+ * return. */
+int k3_store_source_add_spine(struct k3_store_source *src, const struct k3_model *m,
+			      struct k3_err *err);
+
 /* Writes <pack_dir>/experts-Lnnn.k3pack for the experts of `layer` of m. */
 int k3_store_pack_path(char *buf, size_t size, const char *pack_dir, uint32_t layer);
 
-/* <pack_dir>/spine.k3pack. */
-int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir);
+/* File names of the two spine packs inside a pack directory. */
+#define K3_STORE_SPINE_PACK_NAME "spine.k3pack"
+#define K3_STORE_SPINE_INT8_PACK_NAME "spine-int8.k3pack"
+
+/* The spine pack of the spine m runs: <pack_dir>/spine.k3pack, or
+ * <pack_dir>/spine-int8.k3pack for a model opened with the int8 spine
+ * overlay (the two never replace each other). Returns 0 or
+ * -ENAMETOOLONG. */
+int k3_store_spine_pack_path(char *buf, size_t size, const char *pack_dir,
+			     const struct k3_model *m);
 
 /*
  * The model's spine as a pack input (store_pack.h): span i < n_layers is
  * layer i (every tensor k3_engine_layer_tensors names for it, in field
  * order), then the embedding, then the head (k3_engine_head_tensors
  * order); each array's extent is its tensor in the shards, file i being
- * shard i (in.src is left NULL: set it to a source whose files 0..shards-1
- * are the shards, k3_store_source_add_shards). field[j] is the provider
+ * shard number i (an int8 overlay's I8 tensors lie in the overlay's
+ * shards, numbered after the model's; in.src is left NULL: set it to a
+ * source whose files are k3_store_source_add_spine's). field[j] is the provider
  * field array j fills (layer fields, or head fields for the head; 0 for
  * the embedding); tensor[j] the model's tensor. No file is read. The
  * arrays are owned by the struct.
@@ -80,8 +112,10 @@ int k3_store_spine_input_new(const struct k3_model *m, struct k3_store_spine_inp
 			     struct k3_err *err);
 void k3_store_spine_input_release(struct k3_store_spine_input *in);
 
-/* Writes the spine pack `path` of m (k3ctl pack), reading the shards with
- * O_DIRECT where it works. idents as k3_store_model_idents gives them. */
+/* Writes the spine pack `path` of m (k3ctl pack): the spine m runs, BF16
+ * or (opened with the overlay) int8, read from the files
+ * k3_store_source_add_spine names with O_DIRECT where it works. idents as
+ * k3_store_spine_idents gives them. */
 int k3_store_spine_pack_write(const struct k3_model *m, const char *path,
 			      const struct k3_store_pack_ident *idents, size_t n_idents,
 			      unsigned flags, struct k3_store_pack_result *res,

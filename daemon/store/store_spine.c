@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "store/store.h"
@@ -621,6 +622,25 @@ static uint32_t unit_of_span(uint32_t n_layers, size_t i)
 	return i < n_layers ? (uint32_t)i : i == n_layers ? n_layers + 1 : n_layers;
 }
 
+/* The pack's messages name `k3ctl pack --model DIR`, which writes the
+ * BF16 spine's pack; for the int8 spine each such command gets the option
+ * that writes its pack. Copies msg into buf (truncating). */
+static void copy_rejection(char *buf, size_t size, const char *msg, bool int8)
+{
+	static const char cmd[] = "k3ctl pack --model DIR";
+	size_t o = 0;
+
+	while (*msg && o + 1 < size) {
+		if (int8 && strncmp(msg, cmd, sizeof(cmd) - 1) == 0) {
+			int n = snprintf(buf + o, size - o, "%s --spine int8", cmd);
+			o = n < 0 || (size_t)n >= size - o ? size - 1 : o + (size_t)n;
+			msg += sizeof(cmd) - 1;
+		} else
+			buf[o++] = *msg++;
+	}
+	buf[o] = '\0';
+}
+
 /* The pack at path, if it is valid for m (store_pack.h's start-up check)
  * and holds exactly in's tensors; NULL otherwise, the reason in rep. */
 static struct k3_store_pack *open_pack(const struct k3_model *m, const char *path,
@@ -631,7 +651,8 @@ static struct k3_store_pack *open_pack(const struct k3_model *m, const char *pat
 	struct k3_store_pack *pack = NULL;
 	struct k3_err perr = { 0 };
 	size_t n_id = 0;
-	int rc = k3_store_model_idents(m, &id, &n_id, &perr);
+	/* the int8 spine's pack names the overlay's shards after the model's */
+	int rc = k3_store_spine_idents(m, &id, &n_id, &perr);
 
 	if (rc == 0)
 		rc = k3_store_pack_open(path, id, n_id, 0, &pack, &perr);
@@ -664,8 +685,34 @@ static struct k3_store_pack *open_pack(const struct k3_model *m, const char *pat
 		return pack;
 	k3_store_pack_free(pack);
 	rep->pack_rejected = true;
-	snprintf(rep->rejection, sizeof(rep->rejection), "%s", perr.msg);
+	struct k3_model_int8_info i8;
+	k3_model_int8_info_get(m, &i8);
+	copy_rejection(rep->rejection, sizeof(rep->rejection), perr.msg, i8.on);
 	return NULL;
+}
+
+/* Every read of u must lie inside a file the loader opened: the model's
+ * plan and the pack's directory were checked against their own files, this
+ * checks that those are the files in sp->src (a tensor whose shard number
+ * the source lacks would otherwise be read through no descriptor). */
+static int check_reads(const struct k3_store_spine *sp, const struct spine_unit *u,
+		       struct k3_err *err)
+{
+	for (unsigned r = 0; r < u->n_rd; r++) {
+		const struct k3_store_read *rd = &u->rd[r];
+		struct stat st;
+		char name[32];
+
+		if (k3_store_source_file_stat(sp->src, rd->file, &st) == 0 &&
+		    rd->offset <= (uint64_t)st.st_size &&
+		    rd->length <= (uint64_t)st.st_size - rd->offset)
+			continue;
+		return k3_err_set(err, -EINVAL, "spine loader: %s needs %" PRIu64 " bytes at %"
+				  PRIu64 " of file %" PRIu32 ", which the %zu files it opened do"
+				  " not hold", unit_name(sp, u->pos, name, sizeof(name)), rd->length,
+				  rd->offset, rd->file, k3_store_source_file_count(sp->src));
+	}
+	return 0;
 }
 
 /* Plans every unit from the pack (one read per span) or the shards (the
@@ -711,6 +758,9 @@ static int plan_units(struct k3_store_spine *sp, const struct k3_store_spine_inp
 			memcpy(u->tmpl[f].shape, pt->shape, sizeof(pt->shape));
 			u->off[f] = off[k];
 		}
+		int rc = check_reads(sp, u, err);
+		if (rc)
+			return rc;
 		for (unsigned r = 0; r < u->n_rd; r++)
 			u->n_jobs += read_jobs(&u->rd[r], sp->cfg.chunk_bytes);
 		if (u->pos == n + 1) {   /* the embedding's rows */
@@ -884,7 +934,7 @@ int k3_store_spine_new(const struct k3_model *m, const char *pack_path,
 	if (pack_path)
 		pack = open_pack(m, pack_path, &in, rep);
 	rc = pack ? k3_store_source_add_file(sp->src, pack_path, &file, err)
-		  : k3_store_source_add_shards(sp->src, m, err);
+		  : k3_store_source_add_spine(sp->src, m, err);
 	if (rc)
 		goto fail;
 	sp->from_pack = rep->from_pack = pack != NULL;

@@ -2,7 +2,9 @@
  * store_spine.h - the spine loader: the engine's spine source (engine.h,
  * struct k3_spine_source) over the spine pack (store_pack.h, one span per
  * layer, the embedding, the head) or, without a valid one, the shards'
- * tensor extents (a few reads per layer), read with O_DIRECT where the file
+ * tensor extents (a few reads per layer; for a model opened with the int8
+ * spine overlay, model.h, its I8 matrices from the overlay's shards and
+ * the rest from the model's), read with O_DIRECT where the file
  * system allows it through the store's reader pool (store_io.h, class
  * K3_STORE_IO_SPINE). docs/store.md, "Spine streaming", has the design and
  * the numbers.
@@ -106,13 +108,17 @@ struct k3_store_spine_report {
 struct k3_store_spine;
 
 /* Creates the loader for m (which must outlive it): opens pack_path when
- * it names a spine pack valid for m's shards (the start-up check of
- * store_pack.h: header and metadata hashes, every shard's identity, and
- * every tensor's name, dtype, shape and length against the model), else
- * the shards (rep says why); allocates the arenas; reads the resident
- * units, waiting for them. pack_path NULL: the shards. rep may be NULL.
- * Returns 0, -EINVAL (bad config: R > layers, a ring too small, chunk not
- * aligned), -EMEDIUMTYPE (direct on, and O_DIRECT is refused: the message
+ * it names a spine pack valid for the files m's spine lies in (the
+ * start-up check of store_pack.h: header and metadata hashes, the identity
+ * of every source, k3_store_spine_idents: the shards and, for the int8
+ * spine, the overlay's shards; and every tensor's name, dtype, shape and
+ * length against the spine m runs: a BF16 spine pack never serves an int8
+ * model, nor the reverse), else those files (rep says why:
+ * k3_store_spine_pack_path names the pack of m's spine); allocates the
+ * arenas; reads the resident units, waiting for them. pack_path NULL: the
+ * shards. rep may be NULL. Returns 0, -EINVAL (bad config: R > layers, a
+ * ring too small, chunk not aligned; or a tensor outside the files
+ * opened), -EMEDIUMTYPE (direct on, and O_DIRECT is refused: the message
  * says what to do), -ENOMEM, or the read error of a resident unit (naming
  * it). A rejected pack is not an error. */
 int k3_store_spine_new(const struct k3_model *m, const char *pack_path,

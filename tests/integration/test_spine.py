@@ -7,7 +7,14 @@ floor, the greedy ids equal the golden continuations and the router traces
 spine's bytes apart from the experts' (absent without --spine-resident) and
 STATUS their sum; and on a demo model whose streamed spine is more than
 three times a memory limit, k3d streams it with a peak RSS (VmHWM) under
-that limit and gives the same ids as with the spine mapped.
+that limit and gives the same ids as with the spine mapped. The int8 spine
+(k3d --spine int8 over the overlay k3ctl convert-spine-int8 writes) the same
+way: every resident prefix from all to none, from its own spine pack
+(spine-int8.k3pack, k3ctl pack --spine int8) and from the shards and the
+overlay's files, --direct on/off, gives the ids and routes of the mapped
+int8 spine; a reconverted overlay makes its pack stale (ignored with a
+warning, the shards read) until k3ctl pack --spine int8 rewrites it, and
+the BF16 spine's pack is left as it is.
 
 usage: test_spine.py K3D K3CTL SHARED_DIR
 """
@@ -223,9 +230,138 @@ def run_rss():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def spine_log(d):
+    """(layers resident, 'the spine pack' | 'the shards', the whole log) of
+    a started k3d."""
+    log = d.log_text()
+    m = re.search(r"spine: (no layer|layers 0\.\.(\d+)) resident .* from (the spine pack|"
+                  r"the shards)", log)
+    if m is None:
+        return None, None, log
+    return 0 if m.group(1) == "no layer" else int(m.group(2)) + 1, m.group(3), log
+
+
+def run_int8():
+    work = tempfile.mkdtemp(prefix="k3d-spine-int8-")
+    model = os.path.join(work, "demo")
+    packs = os.path.join(model, "k3-packs")
+    prompt = [300, 301, 302, 303, 304, 305, 306, 307]
+    n_new = 6
+
+    def k3ctl(*args):
+        r = subprocess.run([K3CTL, *args], capture_output=True, text=True)
+        check(r.returncode == 0, f"int8: k3ctl {' '.join(args)}: {r.stderr}")
+        return r.stdout
+
+    def ids_routes(name, args, want_layers=None, want_from=None, warn=None):
+        trace = os.path.join(work, "trace.jsonl")
+        if os.path.exists(trace):
+            os.unlink(trace)
+        d = Daemon(K3D, "--spine", "int8", "--router-trace", trace, *args, model=model)
+        try:
+            got_layers, got_from, log = spine_log(d)
+            if want_layers is not None:
+                check(got_layers == want_layers and got_from == want_from,
+                      f"int8 {name}: {got_layers} layers resident from {got_from}, want"
+                      f" {want_layers} from {want_from}: {log[-600:]}")
+            if warn is not None:
+                check(warn in log, f"int8 {name}: log says '{warn}': {log[-800:]}")
+            ids, done = generate(d.sock, prompt, n_new)
+            sb = u64(done, SPINE_BYTES)
+        finally:
+            d.stop()
+        return ids, routes(trace), sb
+
+    try:
+        k3ctl("demo-model", "--out", model, "--preset", "small", "--layers", "6")
+        k3ctl("convert-spine-int8", "--model", model)
+        layers = 6
+        out = k3ctl("pack", "--model", model)
+        check("spine    : wrote" in out, f"int8: the BF16 spine pack written: {out}")
+        ref_ids, ref_routes, _ = ids_routes("mapped", [])
+        check(len(ref_ids) == n_new and len(ref_routes) > 0, f"int8 mapped: {ref_ids}")
+        # only the BF16 spine's pack: the int8 spine is read from the files
+        ids, rs, _ = ids_routes("no int8 pack", ["--spine-resident", "none"], 0, "the shards",
+                                warn="`k3ctl pack --model DIR --spine int8` writes it")
+        check(ids == ref_ids and rs == ref_routes, f"int8 no int8 pack: ids {ids} == {ref_ids}")
+        out = k3ctl("pack", "--model", model, "--spine", "int8")
+        check("spine int8: wrote" in out, f"int8: the int8 spine pack written: {out}")
+        bf16_pack = os.path.join(packs, "spine.k3pack")
+        i8_pack = os.path.join(packs, "spine-int8.k3pack")
+        check(os.path.exists(bf16_pack) and os.path.exists(i8_pack), "int8: both spine packs")
+        bf16_stat = os.stat(bf16_pack)
+        have_direct = direct_ok(glob.glob(os.path.join(model, "spine-int8", "*.safetensors"))[0])
+        mid = layers // 2
+        variants = [
+            ("all, pack", ["--spine-resident", "all"], layers, "the spine pack"),
+            ("none, pack", ["--spine-resident", "none"], 0, "the spine pack"),
+            (f"{mid}, pack, --direct off", ["--spine-resident", str(mid), "--direct", "off"],
+             mid, "the spine pack"),
+            ("all, --no-packs", ["--spine-resident", "all", "--no-packs"], layers, "the shards"),
+            ("none, --no-packs", ["--spine-resident", "none", "--no-packs"], 0, "the shards"),
+            (f"{mid}, --no-packs, --direct off, 1 I/O thread",
+             ["--spine-resident", str(mid), "--no-packs", "--direct", "off", "--io-threads", "1"],
+             mid, "the shards"),
+            ("1, --no-packs", ["--spine-resident", "1", "--no-packs"], 1, "the shards"),
+        ]
+        if have_direct:
+            variants += [("none, pack, --direct on", ["--spine-resident", "none", "--direct", "on"],
+                          0, "the spine pack"),
+                         ("none, --no-packs, --direct on",
+                          ["--spine-resident", "none", "--no-packs", "--direct", "on"], 0,
+                          "the shards")]
+        streamed = {}
+        for name, args, n, src in variants:
+            ids, rs, sb = ids_routes(name, args, n, src)
+            check(ids == ref_ids, f"int8 {name}: ids {ids} == mapped {ref_ids}")
+            check(rs == ref_routes, f"int8 {name}: routes identical to the mapped int8 spine's")
+            if n == 0:
+                streamed[src] = sb
+        # what the int8 spine saves per pass against the BF16 one
+        d = Daemon(K3D, "--spine-resident", "none", "--no-packs", model=model)
+        try:
+            _, bf16_done = generate(d.sock, prompt, n_new)
+        finally:
+            d.stop()
+        bf16_sb = u64(bf16_done, SPINE_BYTES)
+        print(f"# int8: spine bytes streamed for {len(prompt)} + {n_new - 1} tokens, none"
+              f" resident: int8 {streamed.get('the shards')} (shards),"
+              f" {streamed.get('the spine pack')} (pack); bf16 {bf16_sb} (shards)")
+        check(bf16_sb and streamed.get("the shards") and streamed["the shards"] < bf16_sb,
+              "int8: the int8 spine streams fewer bytes than the BF16 one")
+        # a reconverted overlay: the int8 pack is stale, the shards are read
+        k3ctl("convert-spine-int8", "--model", model, "--force")
+        ids, rs, _ = ids_routes("reconverted overlay", ["--spine-resident", "none"], 0,
+                                "the shards",
+                                warn="k3ctl pack --model DIR --spine int8 compares")
+        check(ids == ref_ids and rs == ref_routes, f"int8 reconverted: ids {ids} == {ref_ids}")
+        out = k3ctl("pack", "--model", model, "--spine", "int8")
+        # the conversion is deterministic: the same bytes, so the pack is
+        # compared span by span with them and its source records renewed
+        line = next((x for x in out.splitlines() if x.startswith("spine int8:")), "")
+        check("wrote" in line or ("kept" in line and "re-verified" in line),
+              f"int8: k3ctl pack --spine int8 renews the stale pack: {out}")
+        ids, rs, _ = ids_routes("rewritten pack", ["--spine-resident", "none"], 0,
+                                "the spine pack")
+        check(ids == ref_ids and rs == ref_routes, f"int8 rewritten pack: ids {ids} == {ref_ids}")
+        st = os.stat(bf16_pack)
+        check((st.st_ino, st.st_mtime_ns) == (bf16_stat.st_ino, bf16_stat.st_mtime_ns),
+              "int8: the BF16 spine pack is left as it is")
+        # the BF16 spine still takes its own pack
+        d = Daemon(K3D, "--spine-resident", "none", model=model)
+        try:
+            n, src, log = spine_log(d)
+            check(n == 0 and src == "the spine pack", f"int8: bf16 reads spine.k3pack: {log[-600:]}")
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 for c in ("k3tiny_a", "k3tiny_b"):
     run_golden(c)
 run_rss()
+run_int8()
 if failures:
     print(f"{len(failures)} failures")
     sys.exit(1)

@@ -97,7 +97,7 @@ static void check_spine_pack(const struct k3_model *m, const struct k3_store_pac
 	size_t want = 1;   /* the embedding */
 	int fd, bad = 0;
 
-	T_EQ_INT(k3_store_spine_pack_path(path, sizeof(path), packdir), 0);
+	T_EQ_INT(k3_store_spine_pack_path(path, sizeof(path), packdir, m), 0);
 	T_EQ_INT(k3_store_spine_pack_write(m, path, id, n_id, 0, &res, &err), 0);
 	T_OK(res.written);
 	T_EQ_U64(res.n_spans, plan->n_layers + 2);

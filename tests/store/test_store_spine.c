@@ -13,6 +13,13 @@
  * vain, and the shards' mmapped pages of streamed tensors are never
  * touched (/proc/self/pagemap). A spine pack that is stale, damaged or of
  * another model is refused and the shards are read instead.
+ *
+ * The int8 spine (a demo model opened with its overlay, store_int8.h) the
+ * same way: every variant and resident prefix bit-identical to the mapped
+ * int8 spine, from its own pack (spine-int8.k3pack, whose sources are the
+ * shards and the overlay's shards) and from the shards and the overlay's
+ * files, no mapped page of either touched; the BF16 spine pack refused for
+ * the int8 model and the int8 one for the BF16 model.
  */
 #include "t.h"
 #include "engine_run.h"
@@ -26,6 +33,7 @@
 #include "model/model.h"
 #include "store/store.h"
 #include "store/store_engine.h"
+#include "store/store_int8.h"
 #include "store/store_model.h"
 #include "store/store_spine.h"
 
@@ -234,13 +242,14 @@ static uint64_t present_pages(int fd, const void *p, uint64_t n)
  * touched: compared with what opening the model itself mapped (its header
  * reads and the kernel's fault-around next to them), not one more page is
  * present after a prefill and decode. */
-static void check_untouched(const char *dir)
+static void check_untouched(const char *dir, bool int8)
 {
 	struct k3_err err = { 0 };
 	struct k3_model *m2 = NULL;
 	int fd = open("/proc/self/pagemap", O_RDONLY);
 
-	if (fd < 0 || k3_model_open(dir, &m2, &err) != 0) {
+	if (fd < 0 || (int8 ? k3_store_int8_open_model(dir, NULL, 0, &m2, &err)
+			    : k3_model_open(dir, &m2, &err)) != 0) {
 		printf("pagemap check skipped (%s)\n", fd < 0 ? "no /proc/self/pagemap" : err.msg);
 		if (fd >= 0)
 			close(fd);
@@ -314,7 +323,10 @@ static void write_packs(void)
 		T_EQ_INT(k3_store_pack_write(path, src, id, n_id, 0, NULL, &err), 0);
 		k3_store_source_free(src);
 	}
-	T_EQ_INT(k3_store_spine_pack_path(spine_path, sizeof(spine_path), packdir), 0);
+	free(id);
+	/* the spine's sources: the shards, and an int8 overlay's shards */
+	T_EQ_INT(k3_store_spine_idents(model, &id, &n_id, &err), 0);
+	T_EQ_INT(k3_store_spine_pack_path(spine_path, sizeof(spine_path), packdir, model), 0);
 	T_EQ_INT(k3_store_spine_pack_write(model, spine_path, id, n_id, 0, NULL, &err), 0);
 	free(id);
 }
@@ -384,32 +396,39 @@ static void check_rejections(const char *name, const struct result *ref)
 	write_packs();
 }
 
-static void run_case(const char *name, const char *dir)
-{
-	struct result ref;
-	const struct variant mm = { "mmapped", false, false, 0, true, true, 2,
-				    K3_STORE_DIRECT_AUTO, 1, 64, 0, 0 };
+static const struct variant mapped = { "mmapped", false, false, 0, true, true, 2,
+				       K3_STORE_DIRECT_AUTO, 1, 64, 0, 0 };
 
-	if (open_model(dir) != 0)
-		return;
-	write_packs();
-	run(&mm, &ref);
-	T_EQ_INT(ref.rc, 0);
+/* Every variant of the table, then every prefix from all layers to none
+ * (the rest fixed), against ref. */
+static void check_matrix(const char *name, const struct result *ref)
+{
 	for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
 		struct variant v = variants[i];
 		if (v.resident == ALL - 1)
 			v.resident = N_LAYERS - 1;
-		check_variant(name, &v, &ref);
+		check_variant(name, &v, ref);
 	}
-	/* every prefix from all layers to none, the rest fixed */
 	for (uint32_t R = 0; R <= N_LAYERS; R++) {
 		const struct variant v = { "prefix sweep", true, true, R, R % 2 == 0, false, 2,
 					   K3_STORE_DIRECT_AUTO, 2, 64, 0, 0 };
-		check_variant(name, &v, &ref);
+		check_variant(name, &v, ref);
 	}
+}
+
+static void run_case(const char *name, const char *dir)
+{
+	struct result ref;
+
+	if (open_model(dir) != 0)
+		return;
+	write_packs();
+	run(&mapped, &ref);
+	T_EQ_INT(ref.rc, 0);
+	check_matrix(name, &ref);
 	check_rejections(name, &ref);
 	result_free(&ref);
-	check_untouched(dir);
+	check_untouched(dir, false);
 	remove_packs();
 	k3_model_free(model);
 	model = NULL;
@@ -473,6 +492,91 @@ static void run_demo(void)
 	T_EQ_INT(system(cmd), 0);
 }
 
+/* The model's results with spine_path naming the other spine's pack:
+ * refused (its tensors are of the other dtype), the shards read, the same
+ * results as ref. */
+static void check_foreign_pack(const char *what, const char *pack, const struct result *ref,
+			       const char *needle)
+{
+	const struct variant v = { "the other spine's pack", true, true, 1, true, false, 2,
+				   K3_STORE_DIRECT_AUTO, 2, 5, 0, 0 };
+	char keep[sizeof(spine_path)];
+	struct result got;
+
+	snprintf(keep, sizeof(keep), "%s", spine_path);
+	snprintf(spine_path, sizeof(spine_path), "%s", pack);
+	run(&v, &got);
+	snprintf(spine_path, sizeof(spine_path), "%s", keep);
+	T_EQ_INT(got.rc, 0);
+	T_OK(got.rep.pack_rejected && !got.rep.from_pack);
+	if (!got.rep.pack_rejected || !strstr(got.rep.rejection, needle))
+		printf("%s: %s\n", what, got.rep.pack_rejected ? got.rep.rejection : "taken");
+	T_OK(strstr(got.rep.rejection, needle) != NULL);
+	T_OK(same(&got, ref));
+	result_free(&got);
+}
+
+/* A demo model opened with its int8 spine overlay: the whole matrix
+ * against its mapped int8 spine, from spine-int8.k3pack and from the
+ * shards and the overlay's; the two spines' packs side by side, each
+ * refused for the other spine. */
+static void run_int8(void)
+{
+	const char *tmp = getenv("TMPDIR");
+	char dir[300], bf16_pack[600], cmd[700];
+	struct k3_err err = { 0 };
+	struct k3_demo_opts o = { .preset = K3_DEMO_NANO, .seed = 23, .layers = 6, .vocab = 768 };
+	struct k3_store_int8_report rep;
+	struct result ref, ref_bf16;
+
+	snprintf(dir, sizeof(dir), "%s/k3spinei8.XXXXXX", tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir) || k3_demo_write(dir, &o, &err) != 0 || open_model(dir) != 0) {
+		printf("int8 demo model: %s\n", err.msg);
+		T_OK(0);
+		return;
+	}
+	/* the BF16 spine's packs and results first, then the overlay */
+	write_packs();
+	snprintf(bf16_pack, sizeof(bf16_pack), "%s", spine_path);
+	run(&mapped, &ref_bf16);
+	T_EQ_INT(ref_bf16.rc, 0);
+	T_EQ_INT(k3_store_int8_write(model, NULL, false, &rep, &err), 0);
+	k3_model_free(model);
+	model = NULL;
+	if (k3_store_int8_open_model(dir, NULL, 0, &model, &err) != 0) {
+		printf("int8 open: %s\n", err.msg);
+		T_OK(0);
+		return;
+	}
+	write_packs();
+	T_OK(strstr(spine_path, "/spine-int8.k3pack") != NULL);
+	T_OK(strcmp(spine_path, bf16_pack) != 0 && access(bf16_pack, R_OK) == 0);
+	run(&mapped, &ref);
+	T_EQ_INT(ref.rc, 0);
+	/* not weight-exact: a different model's results, or the test would
+	 * not tell the two spines apart */
+	T_OK(memcmp(ref.logits, ref_bf16.logits, (size_t)NALL * V * sizeof(float)) != 0);
+	check_matrix("int8", &ref);
+	check_foreign_pack("int8 model, BF16 spine pack", bf16_pack, &ref, "--spine int8");
+	check_untouched(dir, true);
+	/* the BF16 model with the int8 spine's pack */
+	char i8_pack[600];
+	snprintf(i8_pack, sizeof(i8_pack), "%s", spine_path);
+	k3_model_free(model);
+	model = NULL;
+	T_EQ_INT(open_model(dir), 0);
+	snprintf(spine_path, sizeof(spine_path), "%s", bf16_pack);
+	check_foreign_pack("BF16 model, int8 spine pack", i8_pack, &ref_bf16, "source files");
+	result_free(&ref);
+	result_free(&ref_bf16);
+	remove_packs();
+	unlink(i8_pack);
+	k3_model_free(model);
+	model = NULL;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	T_EQ_INT(system(cmd), 0);
+}
+
 int main(void)
 {
 	const char *tmp = getenv("TMPDIR");
@@ -485,6 +589,7 @@ int main(void)
 	run_case("k3tiny_a", t_shared_path("golden/forward/k3tiny_a/model"));
 	run_case("k3tiny_b", t_shared_path("golden/forward/k3tiny_b/model"));
 	run_demo();
+	run_int8();
 	rmdir(packdir);
 	return t_done();
 }
