@@ -4,7 +4,8 @@
  * docs/model.md ("spec §n"): plain fp32 loops with one fixed reduction
  * order (sequential over the reduced index), so a result never depends on
  * the batch it was computed in or on the thread that computed it. The fast
- * paths in cpu_provider.c are checked against these in tests/engine.
+ * paths (cpu_provider.c and the sub-layer files cpu_kda.c, cpu_mla.c,
+ * cpu_moe.c) are checked against these in tests/engine.
  */
 #ifndef K3_CPU_OPS_H
 #define K3_CPU_OPS_H
