@@ -588,7 +588,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	struct samples *sm = calloc(1, sizeof(*sm));
 	uint8_t *dbufs[K3_STORE_MAX_IO_THREADS] = { 0 };
 	int code = K3CTL_EXIT_ERROR, rc;
-	char packdir[4096], tmpdir[4096] = "";
+	char packdir[4096], tmpdir[2048] = "";   /* tmpdir: leaves packdir room for its suffix */
 	struct k3_tok_ids text_ids = { 0 };
 
 	if (!sm) {
@@ -598,7 +598,13 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	if (preset) {
 		const char *t = getenv("TMPDIR");
 		unsigned long long written = 0;
-		snprintf(tmpdir, sizeof(tmpdir), "%s/k3-bench-trained.XXXXXX", t && *t ? t : "/tmp");
+		if ((size_t)snprintf(tmpdir, sizeof(tmpdir), "%s/k3-bench-trained.XXXXXX",
+				     t && *t ? t : "/tmp") >= sizeof(tmpdir)) {
+			rc = k3_err_set(&err, -ENAMETOOLONG, "TMPDIR is too long (%zu bytes at most)",
+					sizeof(tmpdir) - 25);
+			tmpdir[0] = 0;
+			goto fail;
+		}
 		if (!mkdtemp(tmpdir)) {
 			rc = k3_err_set(&err, -errno, "%s: %s", tmpdir, strerror(errno));
 			tmpdir[0] = 0;

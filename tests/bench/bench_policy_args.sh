@@ -25,7 +25,7 @@ if timeout 10 "$b" "$d/missing.jsonl" >/dev/null 2>&1; then
 	echo "FAIL: a missing trace file was accepted"
 	fail=1
 fi
-timeout 60 "$b" --synthetic >"$d/out" 2>"$d/err" || { echo "FAIL: --synthetic"; cat "$d/err"; fail=1; }
+timeout 170 "$b" --synthetic >"$d/out" 2>"$d/err" || { echo "FAIL: --synthetic"; cat "$d/err"; fail=1; }
 n=$(grep -cE '^(uniform|zipf|topic|sticky) ' "$d/out")
 [ "$n" = 12 ] || { echo "FAIL: --synthetic printed $n rows, not 12"; cat "$d/out"; fail=1; }
 # two tokens x two MoE layers (1, 2), top-2 of 4 experts
