@@ -1,5 +1,5 @@
 /*
- * cmd_bench.c - `k3ctl bench --model DIR [--max-new N] [--prompt-len N]
+ * cmd_bench.c - `k3ctl bench (--model DIR | --preset trained) [--max-new N] [--prompt-len N]
  * [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]
  * [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]
  * [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]
@@ -8,6 +8,17 @@
  * store_spine.h), measured against the disk it reads from (issue 7,
  * "Benchmarks"; docs/store.md), and with --io-rate against an emulated
  * drive of that bandwidth (store_io.h; docs/plan.md).
+ *
+ * Which model: --model DIR is any checkpoint; for bandwidth figures it is
+ * one with K3's real expert shapes (`k3ctl demo-model --preset bench`),
+ * whose random weights route nearly uniformly. --preset trained runs on
+ * the trained demo model (tools/train_demo/, installed into a private
+ * temporary directory and removed after) with a prompt of its training
+ * text instead of random ids, so the prompt and the decode route as a
+ * trained router does on text: the choice where routing realism matters
+ * (hit rate, prefetch precision, the lookahead by rank at a given
+ * --expert-cache-gb). Its experts are tiny (kilobytes), so its bytes and
+ * disk ratios say nothing about K3's.
  *
  * Prints tokens/s, expert bytes read per token (and the wasted part) and,
  * when the spine streams, spine bytes per token apart, demand hit rate,
@@ -68,6 +79,7 @@
 #include <unistd.h>
 
 #include "base/parse.h"
+#include "demo_trained.h"
 #include "engine/engine.h"
 #include "k3ctl.h"
 #include "model/model.h"
@@ -78,18 +90,29 @@
 #include "store/store_model.h"
 #include "store/store_plan.h"
 #include "store/store_spine.h"
+#include "text/text_tok.h"
 
 enum { BENCH_MAX_NEW = 4096, BENCH_MAX_PROMPT = 4096, BENCH_MAX_SAMPLES = 64, SHOW_RANKS = 8 };
+
+/* The --preset trained prompt: sentence forms of the model's training
+ * corpus (tools/train_demo/data.py), so the prompt's routing is the
+ * router's on text it knows; its first --prompt-len ids are used. */
+static const char trained_prompt[] =
+	"The capital of France is Paris. The capital of England is London. "
+	"The capital of Japan is Tokyo. The capital of Italy is Rome. "
+	"The capital of Spain is Madrid. The capital of Egypt is Cairo. The capital of";
 
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: k3ctl bench --model DIR [--max-new N] [--prompt-len N]\n"
+		"usage: k3ctl bench (--model DIR | --preset trained) [--max-new N] [--prompt-len N]\n"
 		"       [--expert-cache-gb auto|G] [--prefetch auto|N|off] [--prefetch-gate P]\n"
 		"       [--direct auto|on|off] [--io-threads N] [--threads N] [--no-packs]\n"
 		"       [--disk-mib M] [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
 		"       [--expert-dir DIR]... [--io-rate GBPS[,..]] [--io-latency MS[,..]]\n"
 		"       [--io-stall MS:F[,..]] [--hedge auto|off|F] [--prefill-chunk N]\n"
+		"       (--preset trained: the trained demo model and a prompt of its training text,\n"
+		"       where routing realism matters; its experts are tiny: no bandwidth figures)\n"
 		"   or: k3ctl bench --compare-spine --model DIR (--text FILE | --prompt S | --ids LIST)\n"
 		"       [--positions N] [--spine-int8-dir DIR] [--int8 CLASSES] [--per-class]\n");
 }
@@ -541,7 +564,7 @@ static void drives_print(const struct k3_store_stats *st, const struct k3_store_
 
 int k3ctl_cmd_bench(int argc, char **argv)
 {
-	const char *model_dir = NULL;
+	const char *model_dir = NULL, *preset = NULL;
 	uint64_t max_new = 32, prompt_len = 32, threads = 0, io_threads = 0, disk_mib = 256;
 	bool disk_mib_set = false;
 	uint64_t cache_bytes = 0, seed = 1, n_samples = 5;
@@ -580,7 +603,13 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		int rc = 0;
 		if (!strcmp(a, "--model"))
 			model_dir = val;
-		else if (!strcmp(a, "--max-new"))
+		else if (!strcmp(a, "--preset")) {
+			if (strcmp(val, "trained"))
+				return k3ctl_usage("bench", "--preset '%s': only trained (for another demo "
+						   "model: k3ctl demo-model --out DIR --preset P, then "
+						   "--model DIR)", val);
+			preset = val;
+		} else if (!strcmp(a, "--max-new"))
 			rc = k3_parse_u64(val, 1, BENCH_MAX_NEW, &max_new, &err);
 		else if (!strcmp(a, "--prompt-len"))
 			rc = k3_parse_u64(val, 1, BENCH_MAX_PROMPT, &prompt_len, &err);
@@ -631,8 +660,8 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		if (rc)
 			return k3ctl_usage("bench", "%s: %s", a, err.msg);
 	}
-	if (!model_dir)
-		return k3ctl_usage("bench", "--model DIR is required");
+	if (!!model_dir + !!preset != 1)
+		return k3ctl_usage("bench", "one of --model DIR and --preset trained is required");
 	if (gate > 0 && prefetch >= 0)
 		return k3ctl_usage("bench", "--prefetch-gate applies to --prefetch auto only");
 
@@ -654,11 +683,41 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	struct samples *sm = calloc(1, sizeof(*sm));
 	uint8_t *dbufs[K3_STORE_MAX_IO_THREADS] = { 0 };
 	int code = K3CTL_EXIT_ERROR, rc;
-	char packdir[4096];
+	char packdir[4096], tmpdir[2048] = "";   /* tmpdir: leaves packdir room for its suffix */
+	struct k3_tok_ids text_ids = { 0 };
 
 	if (!sm) {
 		rc = k3_err_set(&err, -ENOMEM, "out of memory");
 		goto fail;
+	}
+	if (preset) {
+		const char *t = getenv("TMPDIR");
+		unsigned long long written = 0;
+		if ((size_t)snprintf(tmpdir, sizeof(tmpdir), "%s/k3-bench-trained.XXXXXX",
+				     t && *t ? t : "/tmp") >= sizeof(tmpdir)) {
+			rc = k3_err_set(&err, -ENAMETOOLONG, "TMPDIR is too long (%zu bytes at most)",
+					sizeof(tmpdir) - 25);
+			tmpdir[0] = 0;
+			goto fail;
+		}
+		if (!mkdtemp(tmpdir)) {
+			rc = k3_err_set(&err, -errno, "%s: %s", tmpdir, strerror(errno));
+			tmpdir[0] = 0;
+			goto fail;
+		}
+		model_dir = tmpdir;
+		if ((rc = k3ctl_trained_install(tmpdir, &written, &err)))
+			goto fail;
+		struct k3_tok *tok = NULL;
+		rc = k3_tok_load_dir(tmpdir, &tok, &err);
+		if (!rc)
+			rc = k3_tok_encode(tok, trained_prompt, sizeof(trained_prompt) - 1, false,
+					   &text_ids, &err);
+		k3_tok_free(tok);
+		if (rc)
+			goto fail;
+		if (prompt_len > text_ids.n)
+			prompt_len = text_ids.n;
 	}
 	rc = k3_model_open(model_dir, &model, &err);
 	if (rc)
@@ -789,7 +848,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	uint64_t rng = seed * 0x9E3779B97F4A7C15ull;
 	for (uint64_t i = 0; i < prompt_len; i++) {
 		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-		ids[i] = (int32_t)((rng >> 33) % V);
+		ids[i] = preset ? (int32_t)text_ids.v[i] : (int32_t)((rng >> 33) % V);
 	}
 
 	char pfs[64];
@@ -803,8 +862,12 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	FILE *hdr = k3ctl_g.json ? stderr : stdout;   /* --json: stdout is one JSON object */
 	fprintf(hdr, "model %s: %u MoE layers x %u experts, top-%u; %zu experts in cache slots of %llu "
 		"bytes (the largest expert read, O_DIRECT alignment included) = %.3f GB\n",
-	       model_dir, mc->n_moe, mc->num_experts, mc->num_experts_per_token,
+	       preset ? "trained (k3ctl bench --preset trained)" : model_dir, mc->n_moe,
+	       mc->num_experts, mc->num_experts_per_token,
 	       k3_store_source_count(src), (unsigned long long)slot, (double)pool / 1e9);
+	fprintf(hdr, "prompt: %llu ids of %s\n", (unsigned long long)prompt_len,
+		preset ? "the model's training text (routing as on text)"
+		       : "seeded random ids (--seed)");
 	fprintf(hdr, "experts from %s; store reads: %u files O_DIRECT, %u buffered (--direct %s); "
 	       "cache %u slots = %.3f GB (%.1f%% of the experts; floor %.3f GB); %u I/O threads; "
 	       "prefetch %s\n",
@@ -963,7 +1026,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 
 	if (k3ctl_g.json) {
 		json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:i, s:s, s:s, s:o, s:o}",
-				      "model", model_dir, "expert_bytes", (json_int_t)slot,
+				      "model", preset ? "trained" : model_dir, "expert_bytes", (json_int_t)slot,
 				      "pool_bytes", (json_int_t)pool,
 				      "cache_bytes", (json_int_t)((uint64_t)info.n_slots * info.slot_bytes),
 				      "io_threads", (int)info.io_threads,
@@ -1107,5 +1170,8 @@ fail:
 	k3_store_source_free(src);
 	k3_store_source_free(dsrc);
 	k3_model_free(model);
+	k3_tok_ids_release(&text_ids);
+	if (tmpdir[0])
+		k3ctl_trained_remove(tmpdir);
 	return code;
 }

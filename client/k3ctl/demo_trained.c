@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <openssl/evp.h>
 
@@ -55,4 +56,15 @@ int k3ctl_trained_install(const char *out, unsigned long long *bytes, struct k3_
 		*bytes += f->size;
 	}
 	return 0;
+}
+
+void k3ctl_trained_remove(const char *dir)
+{
+	char path[4096];
+
+	for (size_t i = 0; i < k3ctl_trained_n_files; i++)
+		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, k3ctl_trained_files[i].name) <
+		    sizeof(path))
+			unlink(path);
+	rmdir(dir);   /* fails, harmlessly, when something else is there */
 }

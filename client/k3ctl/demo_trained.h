@@ -29,4 +29,10 @@ extern const size_t k3ctl_trained_n_files;
  * broken build: nothing is written); or a negative errno naming the path. */
 int k3ctl_trained_install(const char *out, unsigned long long *bytes, struct k3_err *err);
 
+/* Removes what k3ctl_trained_install wrote into dir (the embedded files'
+ * names only, missing ones ignored), then dir itself when that leaves it
+ * empty: the cleanup of a private copy (k3ctl bench --preset trained).
+ * Nothing else in dir is touched. */
+void k3ctl_trained_remove(const char *dir);
+
 #endif

@@ -5,17 +5,7 @@ b=$1
 fail=0
 d=$(mktemp -d) || exit 1
 trap 'rm -rf "$d"' EXIT
-check() {
-	timeout 10 "$b" "$@" >"$d/out" 2>"$d/err"
-	rc=$?
-	n=$(wc -l <"$d/err")
-	o=$(wc -c <"$d/out")
-	if [ "$rc" != 2 ] || [ "$n" != 1 ] || [ "$o" != 0 ]; then
-		echo "FAIL: bench_gemv $* -> rc=$rc, $n stderr lines, $o stdout bytes"
-		cat "$d/err"
-		fail=1
-	fi
-}
+. "$(dirname "$0")/args_check.sh"
 check --shape 0x32
 check --shape 12x13
 check --shape 1x65568

@@ -11,7 +11,12 @@ asserts.
                    [--io-rate GBPS] [--keep DIR]
 
 The model is the `bench` demo preset (K3's real expert shapes) with
---experts routed experts per MoE layer; the expert cache (--cache-gb) is
+--experts routed experts per MoE layer, not the trained demo model: the
+figures are bytes per token on K3-sized experts and the oracle sets the
+acceptance, so what matters is the expert shape; routing realism enters
+only through the distinct experts a pass routes to (random here, so the
+expert bytes are a pessimistic case; docs/draft.md). n-gram acceptance on
+a model's own text is bench_draft_chat.py's, on the trained model; the expert cache (--cache-gb) is
 smaller than the pool, so experts are read every pass, and the spine
 streams (--spine-resident none: every layer read once per pass, whatever
 its width). Configurations:

@@ -7,6 +7,11 @@ those of drafting off; printed are tokens per pass, proposals accepted and
 decode tokens/s, for the width policy and for a fixed width. Prints, never
 asserts.
 
+Always the trained model (`k3ctl demo-model --preset trained`): an n-gram
+draft is accepted only where the model's own greedy text repeats its
+context, which a random-weight model never does; its experts are tiny, so
+the tokens/s say nothing about K3's bandwidth (bench_draft.py does that).
+
     bench_draft_chat.py K3D K3CTL [--width N] [--threads N]
 """
 import argparse

@@ -15,6 +15,10 @@
  * commit), and the pass count is what k3d would run. It measures the
  * draft, not a model: a trained K3 writing these answers would see these
  * acceptances; the demo models (random weights) never quote anything.
+ * No model runs here, the trained demo model included: it is too small to
+ * write these answers (it cannot copy a question's city, let alone edit
+ * code); the draft against a real model's greedy text is
+ * bench_draft_chat.py's, on the trained model (docs/draft.md).
  */
 #include <jansson.h>
 #include <stdio.h>

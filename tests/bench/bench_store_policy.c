@@ -3,8 +3,18 @@
  * on router traces through the real store code in dry-run mode (no memory,
  * no reads: the counters are exact, the timing irrelevant).
  *
- *   bench_store_policy               synthetic traces (below), K3 top-16
- *   bench_store_policy TRACE.jsonl   a recorded --router-trace file
+ *   bench_store_policy [--requests N]  the trained demo model's routing (default)
+ *   bench_store_policy TRACE.jsonl     a recorded --router-trace file
+ *   bench_store_policy --synthetic     synthetic traces (below), K3's shape
+ *
+ * The default trace comes from the trained demo model (tools/train_demo/):
+ * tools/train_demo/trace.sh runs N (default 40) held-out requests of its
+ * corpus through this build's k3d with --router-trace into a temporary
+ * file, which is replayed and removed. That is the routing realism the
+ * policies are judged on: a trained router, balanced by K3's own rule, on
+ * text (32 experts, top-4: 7 MoE layers; the README's routing table says
+ * how far it is from K3's). The synthetic traces keep K3's shape (896
+ * experts, top-16) with invented locality; a real K3 trace is a FILE.
  *
  * Synthetic traces, 8 MoE layers x 896 experts, top-16, 1024 tokens in
  * requests of 128 (seeded, reproducible):
@@ -24,8 +34,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/parse.h"
 #include "store/store.h"
 #include "store/store_trace.h"
 
@@ -38,6 +50,7 @@ struct trace {
 	uint32_t (*ids)[K3_STORE_TRACE_MAX_K];
 	uint32_t per_token;    /* records per token (layers) */
 	uint32_t max_layer, max_expert;
+	uint32_t max_k;        /* the most ids of one record: the store's floor in slots */
 };
 
 static uint64_t rng;
@@ -99,6 +112,7 @@ static int synth(struct trace *t, int kind, uint64_t seed)
 				cum[e] = (s += w[e]);
 			t->layer[rec] = l + 1;
 			t->k[rec] = TOPK;
+			t->max_k = TOPK;
 			uint32_t k0 = 0;
 			if (kind == 3 && tok > 0) {
 				/* Sticky: each of the previous token's experts is
@@ -163,6 +177,8 @@ static int load(struct trace *t, const char *path)
 			t->per_token++;
 		t->layer[t->n] = rec.layer;
 		t->k[t->n] = rec.k;
+		if (rec.k > t->max_k)
+			t->max_k = rec.k;
 		memcpy(t->ids[t->n], rec.ids, sizeof(rec.ids));
 		if (rec.layer + 1 > t->max_layer)
 			t->max_layer = rec.layer + 1;
@@ -173,6 +189,37 @@ static int load(struct trace *t, const char *path)
 	}
 	fclose(f);
 	return t->n ? 0 : -EINVAL;
+}
+
+/* Records the trained model's trace into out: tools/train_demo/trace.sh
+ * with this build's k3d and k3ctl (K3_BUILD), its report on stderr.
+ * Returns 0 or -EIO (the script failed; its messages are on stderr). */
+static int record_trained(const char *out, const char *requests)
+{
+	static const char script[] = K3_BENCH_SOURCE_ROOT "/tools/train_demo/trace.sh";
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		dup2(2, 1);   /* stdout is the table's */
+		setenv("K3_BUILD", K3_BENCH_BUILD_ROOT, 1);
+		execl(script, script, out, requests, (char *)NULL);
+		fprintf(stderr, "%s: %s\n", script, strerror(errno));
+		_exit(127);
+	}
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -errno;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
+}
+
+static int usage_error(const char *msg)
+{
+	fprintf(stderr, "bench_store_policy: %s (usage: bench_store_policy [--requests N | "
+		"TRACE.jsonl | --synthetic])\n", msg);
+	return 2;
 }
 
 /* Replays t through a dry-run store; returns miss rates. */
@@ -214,7 +261,47 @@ int main(int argc, char **argv)
 	const char *tmp = getenv("TMPDIR");
 	char path[4096];
 	static const char *const kinds[] = { "uniform", "zipf", "topic", "sticky" };
-	int n_traces = argc > 1 ? 1 : 4;
+	const char *trace_path = NULL, *requests = "40";
+	char trained[4096] = "";
+	bool synthetic = false, requests_set = false;
+
+	for (int i = 1; i < argc; i++) {
+		uint64_t n;
+		struct k3_err perr = { 0 };
+		if (!strcmp(argv[i], "--synthetic"))
+			synthetic = true;
+		else if (!strcmp(argv[i], "--requests")) {
+			if (i + 1 >= argc)
+				return usage_error("--requests needs a value");
+			if (k3_parse_u64(argv[++i], 1, 10000, &n, &perr))
+				return usage_error(perr.msg);
+			requests = argv[i];
+			requests_set = true;
+		} else if (argv[i][0] == '-' || trace_path)
+			return usage_error("unexpected argument");
+		else
+			trace_path = argv[i];
+	}
+	if (synthetic + !!trace_path + requests_set > 1)
+		return usage_error("--synthetic, --requests and TRACE.jsonl exclude each other");
+	if (!synthetic && !trace_path) {
+		snprintf(trained, sizeof(trained), "%s/k3-trained-trace.XXXXXX", tmp ? tmp : "/tmp");
+		int tfd = mkstemp(trained);
+		if (tfd < 0) {
+			perror("temp trace");
+			return 1;
+		}
+		close(tfd);
+		int rc = record_trained(trained, requests);
+		if (rc) {
+			fprintf(stderr, "bench_store_policy: recording the trained model's trace failed "
+				"(%s)\n", strerror(-rc));
+			unlink(trained);
+			return 1;
+		}
+		trace_path = trained;
+	}
+	int n_traces = trace_path ? 1 : 4;
 
 	/* A one-page file: every expert is 6 one-byte extents of it. */
 	snprintf(path, sizeof(path), "%s/k3-policy.XXXXXX", tmp ? tmp : "/tmp");
@@ -231,9 +318,11 @@ int main(int argc, char **argv)
 		struct k3_err err = { 0 };
 		struct k3_store_source *src = k3_store_source_new(K3_STORE_DIRECT_OFF);
 		uint32_t file;
-		int rc = argc > 1 ? load(&t, argv[1]) : synth(&t, k, 0x1234 + (uint64_t)k);
+		int rc = trace_path ? load(&t, trace_path) : synth(&t, k, 0x1234 + (uint64_t)k);
 		if (rc) {
 			fprintf(stderr, "trace: %s\n", strerror(-rc));
+			if (trained[0])
+				unlink(trained);
 			return 1;
 		}
 		if (k3_store_source_add_file(src, path, &file, &err) != 0)
@@ -252,18 +341,18 @@ int main(int argc, char **argv)
 				}
 			}
 		/* Experts in MoE layers only (the synthetic layer 0 is dense). */
-		total = (uint64_t)(argc > 1 ? t.max_layer : LAYERS) * (t.max_expert + 1);
+		total = (uint64_t)(trace_path ? t.max_layer : LAYERS) * (t.max_expert + 1);
 		static const int pct[3] = { 10, 25, 50 };
 		for (int c = 0; c < 3; c++) {
 			uint64_t slots = total * (uint64_t)pct[c] / 100;
 			double lru_all, lru_warm, freq_all, freq_warm;
-			if (slots < K3_STORE_TRACE_MAX_K)
-				slots = K3_STORE_TRACE_MAX_K;
+			if (slots < t.max_k)
+				slots = t.max_k;   /* a step's experts must fit */
 			replay(&t, src, slots, K3_STORE_POLICY_LRU, &lru_all, &lru_warm);
 			replay(&t, src, slots, K3_STORE_POLICY_FREQ, &freq_all, &freq_warm);
 			printf("%-8s %5d%% %8" PRIu64 " %11.2f%% %11.2f%% %11.2f%% %11.2f%%\n",
-			       argc > 1 ? "file" : kinds[k], pct[c], slots, 100 * lru_all,
-			       100 * freq_all, 100 * lru_warm, 100 * freq_warm);
+			       trained[0] ? "trained" : trace_path ? "file" : kinds[k], pct[c], slots,
+			       100 * lru_all, 100 * freq_all, 100 * lru_warm, 100 * freq_warm);
 			fflush(stdout);
 		}
 		k3_store_source_free(src);
@@ -274,5 +363,7 @@ int main(int argc, char **argv)
 	printf("(miss rates: lower is better; bytes read per token = miss rate x experts"
 	       " per token x expert bytes)\n");
 	unlink(path);
+	if (trained[0])
+		unlink(trained);
 	return 0;
 }

@@ -140,4 +140,22 @@ assert o["hedge_buffers"] == 2 and sum(x["hedges_won"] for x in o["drives"]) > 0
 [ "$(echo "$a" | head -c 1)" = "{" ] || fail "bench --json prints only JSON: $a"
 if "$k3ctl" bench --model "$model" --expert-cache-gb 0.00001 2>"$t/err"; then fail "bench below floor"; fi
 grep -q "below the floor" "$t/err" || fail "bench floor message: $(cat "$t/err")"
+
+# bench --preset trained: the trained demo model in a private temporary
+# directory (removed after), prompt = its training text, so the greedy
+# decode after "The capital of France is" is the demo's " Paris."
+usage_rc() { rc=0; "$k3ctl" bench "$@" >/dev/null 2>&1 || rc=$?; [ "$rc" = 2 ] || fail "bench $* -> $rc, not 2"; }
+usage_rc
+usage_rc --preset trained --model "$model"
+usage_rc --preset bench
+usage_rc --preset
+mkdir "$t/tmp"
+p=$(TMPDIR=$t/tmp "$k3ctl" --json bench --preset trained --max-new 2 --prompt-len 5 --prefetch off \
+	--disk-mib 1 --expert-cache-gb 0.001 --seed 3 2>"$t/err")
+[ -z "$(ls -A "$t/tmp")" ] || fail "bench --preset trained left $(ls -A "$t/tmp")"
+echo "$p" | grep -q '"model":"trained"' || fail "bench --preset trained model: $p"
+gp=$(echo "$p" | grep -o '"greedy":\[[^]]*\]' | grep -o '[0-9,]*')
+"$k3ctl" demo-model --preset trained --out "$t/trained" >/dev/null
+txt=$("$k3ctl" detokenize --model "$t/trained" "$gp")
+[ "$txt" = " Paris." ] || fail "bench --preset trained greedy $gp = '$txt', not ' Paris.'"
 echo "ok"

@@ -5,8 +5,11 @@
 # held-out requests through it (raw paragraphs and chat turns from
 # data.py's seed-2 corpus), 32 new tokens each. The trace is what the
 # cache and prefetch benchmarks replay where routing realism matters:
+#   build/plain/tests/bench/bench_store_policy           (runs this script
+#       itself into a temporary trace: the default; --requests N)
 #   build/plain/tests/bench/bench_store_policy OUT.jsonl
 #   k3ctl warm-expert-cache --trace OUT.jsonl
+# K3_BUILD: the build directory whose k3d and k3ctl run (default build/plain).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
