@@ -233,11 +233,14 @@ static void check_case(const struct k3_model *model, const char *name, const uin
 			if (T_OK(k3_draft_ngram_new(&no, &d, &err) == 0) &&
 			    T_OK(generate(e, d, w, prompt, n_prompt, cfgs[c].chunk, n, &g) == 0) &&
 			    same_ids(&base, &g, what)) {
-				if (repetitive && w)
+				/* the trained model repeats itself: the draft proposes and
+				 * pays. (A random-weight model's ids differ between -O0
+				 * and -O2 builds on near ties, and whether they repeat the
+				 * prompt's ids with them: only its ids are asserted.) */
+				if (repetitive && w && strcmp(name, "trained") == 0) {
 					T_OK(g.st.proposed > 0);
-				/* the trained model repeats itself: the draft pays */
-				if (repetitive && w && strcmp(name, "trained") == 0)
 					T_OK(g.st.accepted * 2 > g.st.proposed && g.st.passes * 2 < n);
+				}
 				if (c == 0)
 					report(what, &g);
 			}
