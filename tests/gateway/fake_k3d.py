@@ -41,6 +41,8 @@ Anything else gets the default script: "Hello" " from" " fake" " k3d" "."
 
 --status-hang: STATUS is read and never answered (a stuck daemon that still
 accepts connections and answers HELLO).
+--status-text TEXT: STATUS_REPLY carries it as status_text (as k3d says
+"ready; streaming experts: ..." during a streaming install).
 --refuse-hello: HELLO gets ERROR{UNAUTHORIZED} and the connection closes
 (k3d refusing a uid outside its allow list).
 --hello-hang: HELLO is read and never answered (a daemon stuck before the
@@ -481,7 +483,8 @@ class Daemon:
                               prefetch_issued=4, prefetch_issued_bytes=40960, prefetch_used=3,
                               prefetch_wasted_bytes=10240, expert_cache_bytes=1048576,
                               io_wait_s_total=0.25, compute_s_total=1.75, positions_total=64,
-                              spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152)
+                              spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152,
+                              **({"status_text": self.args.status_text} if self.args.status_text else {}))
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)
                 elif name == "CANCEL":
@@ -513,6 +516,7 @@ async def main():
     ap.add_argument("--state", default="ready", choices=list(STATE))
     ap.add_argument("--model", default="kimi-k3-fake")
     ap.add_argument("--status-hang", action="store_true")
+    ap.add_argument("--status-text")
     ap.add_argument("--hello-hang", action="store_true")
     ap.add_argument("--refuse-hello", action="store_true")
     ap.add_argument("--header", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),

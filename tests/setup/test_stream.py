@@ -4,6 +4,7 @@ against the local HTTPS server: k3d --fetch-experts serves a demo model
 whose routed experts arrive on demand, with ids identical to the full
 install's; per-expert verification; the whole-shard check; packs record
 verified SHA-256s."""
+import http.client
 import json
 import os
 import re
@@ -364,11 +365,45 @@ def fetch_weights_spine_only(env):
     check(r.returncode == 0 and len(srv.requests()) == seen, "a rerun fetches nothing: %s" % r.stderr)
 
 
+def stream_gateway_health_shows_expert_progress(env):
+    gw_bin = os.path.join(os.environ.get("K3_BUILD_ROOT", os.path.dirname(os.path.dirname(K3D))),
+                          "client", "gateway", "k3-gateway")
+    src, srv, inv = world(env)
+    check(env.setup(inv, "--stream").returncode == 0, "setup --stream")
+    dest = os.path.join(env.root, "demo")
+    d = Daemon(env, dest, "--fetch-experts")
+    gw = None
+    try:
+        d.ids(PROMPTS[0])
+        gw = subprocess.Popen([gw_bin, "--listen", "127.0.0.1:0", "--socket", d.sock, "--quiet"],
+                              stderr=subprocess.PIPE, text=True)
+        line = gw.stderr.readline()
+        check("listening on http://" in line, "k3-gateway starts: %s" % line)
+        port = int(line.split("listening on http://")[1].split(",")[0].rsplit(":", 1)[1])
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", "/health")
+        resp = c.getresponse()
+        health = json.loads(resp.read())
+        c.close()
+        status = json.loads(d.k3ctl("status", "--json").stdout)["status"]
+    finally:
+        if gw:
+            gw.terminate()
+            gw.wait(10)
+        d.stop()
+    on_disk = sum(1 for v in expert_map(dest).values() if v)
+    check(resp.status == 200 and health["status"] == "ok", "/health is ok: %s" % health)
+    check(health.get("k3d") == status, "/health carries k3d's STATUS text: %s vs %s" % (health, status))
+    check(on_disk > 0 and "streaming experts: %d fetched (" % on_disk in status,
+          "the text counts the %d experts k3d fetched: %s" % (on_disk, status))
+
+
 TESTS = {f.__name__: f for f in [
     stream_ids_match_full, stream_refuses_without_fetch_experts,
     stream_expert_table_verifies_before_use, stream_flipped_expert_never_used,
     stream_whole_shard_check, packs_record_verified_sha256,
-    warm_expert_cache_fetch_most_used_missing, fetch_weights_spine_only]}
+    warm_expert_cache_fetch_most_used_missing, fetch_weights_spine_only,
+    stream_gateway_health_shows_expert_progress]}
 
 if __name__ == "__main__":
     if shutil.which("openssl") is None:
