@@ -3,7 +3,7 @@
  * protocol connection per request (HELLO, then GENERATE, STATUS or
  * nothing), its frames relayed to the client through gw_http.c's
  * transport and shaped by the OpenAI dialect (gw_openai_reply.h), the
- * answers of /health and /metrics from what k3d said, and the CANCEL when
+ * answers of /health and /metrics from what k3d said (HELLO_OK, STATUS), and the CANCEL when
  * a client leaves (docs/k3-gateway.md, "Request lifecycle").
  */
 #include "gw_req.h"
@@ -140,20 +140,37 @@ static void send_generate(struct gw_req *r)
  * balancer or an operator which not-ready case this is: "loading",
  * "draining", "no_model" (what k3d said in HELLO_OK) or "unavailable" (no
  * connection, no handshake in time, or k3d refused the connection); WHY
- * is a sentence with what to check. */
-static void health_reply(struct gw_req *r, const char *model, const char *state, const char *why)
+ * is a sentence with what to check. k3d_text (NULL: none) is STATUS's
+ * status text, added as "k3d" (a streaming install's expert progress is
+ * there); text that is not valid UTF-8 is left out rather than sent. */
+static void health_reply_text(struct gw_req *r, const char *model, const char *state, const char *why,
+			      const struct k3_proto_str *k3d_text)
 {
+	json_t *body;
+
 	if (!r->req)
 		return;
 	if (model) {
-		gw_http_send_json(r, 200, json_pack("{s:s,s:s}", "status", "ok", "model", model));
+		body = json_pack("{s:s,s:s}", "status", "ok", "model", model);
 	} else {
 		char ra[16];
 
 		snprintf(ra, sizeof(ra), "%u", r->g->cfg.retry_after_s);
 		evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", ra);
-		gw_http_send_json(r, 503, json_pack("{s:s,s:s}", "status", state, "error", why));
+		body = json_pack("{s:s,s:s}", "status", state, "error", why);
 	}
+	if (body && k3d_text && k3d_text->p) {
+		json_t *t = json_stringn(k3d_text->p, k3d_text->len);
+
+		if (t)
+			json_object_set_new(body, "k3d", t);
+	}
+	gw_http_send_json(r, model ? 200 : 503, body);
+}
+
+static void health_reply(struct gw_req *r, const char *model, const char *state, const char *why)
+{
+	health_reply_text(r, model, state, why, NULL);
 }
 
 /* /health when k3d cannot be talked to: why is gw_daemon's sentence (it
@@ -166,17 +183,18 @@ static void health_unavailable(struct gw_req *r, const char *why)
 	health_reply(r, NULL, "unavailable", msg);
 }
 
-/* /health from the state in HELLO_OK. */
-static void health_from_state(struct gw_req *r, unsigned state)
+/* /health from the state in HELLO_OK, with STATUS's text when k3d gave one. */
+static void health_from_state(struct gw_req *r, unsigned state, const struct k3_proto_str *k3d_text)
 {
 	char msg[256];
 
 	switch (state) {
 	case K3_STATE_READY:
-		health_reply(r, r->model, NULL, NULL);
+		health_reply_text(r, r->model, NULL, NULL, k3d_text);
 		break;
 	case K3_STATE_LOADING:
-		health_reply(r, NULL, "loading", "k3d is loading the model; retry after Retry-After seconds");
+		health_reply_text(r, NULL, "loading", "k3d is loading the model; retry after Retry-After seconds",
+				  k3d_text);
 		break;
 	case K3_STATE_DRAINING:
 		health_reply(r, NULL, "draining", GW_OPENAI_DRAINING_WHY);
@@ -211,15 +229,25 @@ static void on_hello_ok(struct gw_req *r, const struct k3_msg_hello_ok *h)
 		snprintf(r->model, sizeof(r->model), "kimi-k3");
 	switch (r->kind) {
 	case K_HEALTH:
-		health_from_state(r, h->state);
-		gw_relay_close(r);
-		break;
 	case K_METRICS: {
 		struct k3_msg_status st = { 0 };
 		struct timeval tv = { (time_t)r->g->cfg.daemon_timeout_s, 0 };
 
+		/* /health asks a ready or loading k3d for its STATUS text too (a
+		 * streaming install's expert progress); the answer's code still
+		 * comes from HELLO_OK alone, so a STATUS that fails or is late
+		 * only leaves the text out (gw_relay_timer_cb). */
+		r->hello_state = h->state;
+		if (r->kind == K_HEALTH && h->state != K3_STATE_READY && h->state != K3_STATE_LOADING) {
+			health_from_state(r, h->state, NULL);
+			gw_relay_close(r);
+			break;
+		}
 		if (gw_daemon_send(r->d, K3_MSG_STATUS, RID_STATUS, &st) < 0) {
-			metrics_reply(r, NULL);
+			if (r->kind == K_HEALTH)
+				health_from_state(r, h->state, NULL);
+			else
+				metrics_reply(r, NULL);
 			gw_relay_close(r);
 			break;
 		}
@@ -270,9 +298,13 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 		on_hello_ok(r, &b->hello_ok);
 		break;
 	case K3_MSG_STATUS_REPLY:
-		if (r->kind == K_METRICS) {
+		if (r->kind == K_METRICS || r->kind == K_HEALTH) {
 			event_del(r->timer);
-			metrics_reply(r, &b->status_reply);
+			if (r->kind == K_METRICS)
+				metrics_reply(r, &b->status_reply);
+			else
+				health_from_state(r, r->hello_state, b->status_reply.has_status_text ?
+						  &b->status_reply.status_text : NULL);
 			gw_relay_close(r);
 		}
 		break;
@@ -322,6 +354,11 @@ static void daemon_frame(struct gw_daemon *d, const struct k3_proto_header *h, c
 				gw_http_reply_error(r, &e);
 			}
 			r->done = true;
+			gw_relay_close(r);
+		} else if (h->request_id == RID_STATUS && r->kind == K_HEALTH) {
+			/* HELLO_OK said how k3d is; only the text is missing */
+			event_del(r->timer);
+			health_from_state(r, r->hello_state, NULL);
 			gw_relay_close(r);
 		} else if (h->request_id == RID_HELLO || h->request_id == RID_STATUS) {
 			char why[300];
@@ -391,6 +428,14 @@ void gw_relay_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct gw_req *r = arg;
 
+	if (r->req && r->kind == K_HEALTH) {
+		/* STATUS not answered in time: HELLO_OK's answer, without the
+		 * text, rather than hold a load balancer's probe. */
+		health_from_state(r, r->hello_state, NULL);
+		gw_relay_close(r);
+		gw_http_req_maybe_free(r);
+		return;
+	}
 	if (r->req && r->kind == K_METRICS) {
 		/* STATUS sent after the handshake, no STATUS_REPLY in time: the
 		 * same answer as a k3d that is down (200, the gateway's own

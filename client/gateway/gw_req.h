@@ -50,6 +50,7 @@ struct gw_req {
 	bool generate_sent, accepted, started, done, cancel_sent;
 	bool counted;                    /* counted in m.in_flight (not a /health or /metrics probe) */
 	uint64_t job_id;                 /* k3d's id of the generation ('k3ctl cancel' takes it); 0 = none yet */
+	unsigned hello_state;            /* K_HEALTH: HELLO_OK's state while its STATUS is out */
 	struct gw_openai_reply rp;       /* K_GENERATE: the reply being shaped */
 };
 

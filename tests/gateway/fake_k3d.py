@@ -41,6 +41,8 @@ Anything else gets the default script: "Hello" " from" " fake" " k3d" "."
 
 --status-hang: STATUS is read and never answered (a stuck daemon that still
 accepts connections and answers HELLO).
+--status-text TEXT: STATUS_REPLY carries it as status_text (as k3d says
+"ready; streaming experts: ..." during a streaming install).
 --refuse-hello: HELLO gets ERROR{UNAUTHORIZED} and the connection closes
 (k3d refusing a uid outside its allow list).
 --hello-hang: HELLO is read and never answered (a daemon stuck before the
@@ -486,7 +488,8 @@ class Daemon:
                               spine_bytes_read=640000, spine_loads=40, spine_memory_bytes=2097152,
                               expert_demand_bytes=100000, prefetch_used_bytes=13216, hedges=5,
                               hedges_won=2, drive_expert_bytes_read=[100000, 23456],
-                              drive_hedges=[5, 0], drive_p95_ns=[2500000, 0])
+                              drive_hedges=[5, 0], drive_p95_ns=[2500000, 0],
+                              **({"status_text": self.args.status_text} if self.args.status_text else {}))
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)
                 elif name == "CANCEL":
@@ -518,6 +521,7 @@ async def main():
     ap.add_argument("--state", default="ready", choices=list(STATE))
     ap.add_argument("--model", default="kimi-k3-fake")
     ap.add_argument("--status-hang", action="store_true")
+    ap.add_argument("--status-text")
     ap.add_argument("--hello-hang", action="store_true")
     ap.add_argument("--refuse-hello", action="store_true")
     ap.add_argument("--header", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),

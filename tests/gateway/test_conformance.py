@@ -1029,6 +1029,33 @@ def test_health_states_and_idle_in_flight():
             assert "k3_gateway_in_flight 0" in lines, [ln for ln in lines if "in_flight" in ln]
 
 
+def test_health_carries_k3d_status_text():
+    """/health adds k3d's STATUS text as "k3d" (a streaming install's expert
+    progress) for a ready and a loading k3d; the code still follows
+    HELLO_OK, and a k3d without text, or one whose STATUS never comes, gets
+    the plain answer (after --daemon-timeout), not an error."""
+    text = "ready; streaming experts: 212 fetched (1.48 GB), 2 in flight, 0 shards verified, 0 failed"
+    with Stack(fake_args=["--status-text", text]) as s:
+        status, hd, body = s.raw("GET", "/health")
+        assert (status, json.loads(body)) == (200, {"status": "ok", "model": "kimi-k3-fake", "k3d": text})
+        assert "retry-after" not in hd
+    with Stack(fake_args=["--state", "loading", "--status-text", "loading"],
+               gw_args=["--retry-after", "7"]) as s:
+        status, hd, body = s.raw("GET", "/health")
+        assert (status, json.loads(body)) == (503, {
+            "status": "loading", "error": "k3d is loading the model; retry after Retry-After seconds",
+            "k3d": "loading"}), body
+        assert hd["retry-after"] == "7"
+    with Stack(fake_args=["--status-hang"], gw_args=["--daemon-timeout", "1"]) as s:
+        status, hd, body = s.raw("GET", "/health", timeout=15)
+        assert (status, json.loads(body)) == (200, {"status": "ok", "model": "kimi-k3-fake"}), body
+        assert s.fake.events("status_ignored")
+        deadline = time.time() + 5
+        while time.time() < deadline and not s.fake.events("closed"):
+            time.sleep(0.05)
+        assert s.fake.events("closed"), "the probe's k3d connection is closed"
+
+
 def test_health_handshake_hang():
     """k3d accepts the connection but never answers HELLO: /health answers
     503 unavailable once --daemon-timeout runs out (instead of hanging or

@@ -282,6 +282,17 @@ def test_real_cancel_by_the_logged_job_id():
         assert chat(s, max_tokens=1).choices[0].finish_reason == "length"
 
 
+def test_real_health_carries_status_text(real):
+    """/health from a real k3d carries its STATUS text as "k3d", the same
+    sentence 'k3ctl status' prints."""
+    status, _, body = real.raw("GET", "/health")
+    st = json.loads(subprocess.run([K3CTL, "--socket", real.sock, "status", "--json"], check=True,
+                                   capture_output=True, text=True, timeout=30).stdout)
+    got = json.loads(body)
+    assert status == 200 and got["status"] == "ok" and got["k3d"] == st["status"], (got, st)
+    assert got["k3d"].startswith("ready"), got
+
+
 def test_real_health_while_draining():
     """SIGTERM while a generation runs: until the drain ends, /health says
     "draining" (k3d keeps answering HELLO), not "unavailable" (socket gone).

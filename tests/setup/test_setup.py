@@ -5,6 +5,7 @@ only) serving a demo model and its inventory. Each test states what must
 happen; docs/setup.md ("Faults tried") lists them with what happens."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -379,6 +380,32 @@ def server_ignores_range(env):
     assert_installed(env, src)
 
 
+def plain_progress_lines(env):
+    # stderr is a pipe, not a TTY: plain lines, one every 10 s while a
+    # transfer runs (here a shard that stalls for 11 s) and one per file
+    src, srv, inv, _ = world(env)
+    size = os.path.getsize(os.path.join(src, SHARD1))
+    srv.set_faults({SHARD1: [{"type": "stall", "after": 300000, "seconds": 11}]})
+    r = env.setup(inv, "--full", "--idle-timeout", "30")
+    check(r.returncode == 0, "setup succeeds: %s" % r.stderr)
+    check("\033[" not in r.stderr, "no terminal control sequences on a pipe")
+    num = r"[0-9]+(?:\.[0-9]{1,2})? (?:B|kB|MB|GB|TB)"
+    period = [ln for ln in r.stderr.splitlines()
+              if re.fullmatch(r"[0-9]+\.[0-9]%% \(%s of %s\), %s/s, ETA \S+; [0-9]+ files? in flight"
+                              % (num, num, num), ln)]
+    check(period, "a periodic line with the percentage, bytes, rate, ETA: %s" % r.stderr)
+    pct = float(period[0].split("%")[0])
+    check(0 < pct < 100, "taken while the shard was in flight: %s" % period[0])
+    check("1 file in flight" in period[0], "the stalled shard is in flight: %s" % period[0])
+    for n in model_files(src):
+        check(re.search(r"^verified %s \(%s\)$" % (re.escape(n), num), r.stderr, re.M),
+              "a line for %s with its size: %s" % (n, r.stderr))
+    check(re.search(r"^verified %s \(%.1f MB\)$" % (re.escape(SHARD1), size / 1e6), r.stderr, re.M),
+          "the shard's line says its bytes")
+    check(re.search(r"^done: %d files verified, [0-9.]+ [kMG]?B fetched in [0-9.]+ s$"
+                    % len(model_files(src)), r.stderr, re.M), "a closing line: %s" % r.stderr)
+
+
 TESTS = {f.__name__: f for f in [
     full_install_and_rerun, connection_killed_rerun_resumes, flipped_byte_refetched,
     flipped_byte_never_published, truncated_body_resumed, content_length_mismatch_refused,
@@ -386,7 +413,7 @@ TESTS = {f.__name__: f for f in [
     redirect_allowed_token_scoped, redirect_to_http_refused, symlink_at_destination_refused,
     disk_too_small_refused_by_plan, kill9_resumes_verified, token_never_logged,
     listing_completes_unknowns, listing_mismatch_fatal, check_finds_damage_setup_never_replaces,
-    server_ignores_range]}
+    server_ignores_range, plain_progress_lines]}
 
 if __name__ == "__main__":
     if shutil.which("openssl") is None:
