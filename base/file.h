@@ -9,6 +9,7 @@
 #define K3_BASE_FILE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/err.h"
 
@@ -33,6 +34,11 @@ enum k3_file_flags {
  */
 int k3_file_read(const char *path, size_t max, unsigned flags, char **out, size_t *len,
 		 struct k3_err *err);
+
+/* Writes all n bytes of buf to fd at offset off (pwrite(2), retried on
+ * EINTR and short writes). Returns 0, the negative errno of pwrite, or
+ * -EIO when it writes nothing (a full device reports ENOSPC instead). */
+int k3_file_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
 
 /* fsync(2) of directory dir, so that entries created, renamed or removed
  * in it survive a crash. Returns 0 or a negative errno (open or fsync). */

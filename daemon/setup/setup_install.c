@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
+
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "setup/setup_experts.h"
@@ -276,7 +278,7 @@ static int rj_write(struct k3_setup_job *job, uint64_t off, const void *buf, siz
 		    struct k3_err *err)
 {
 	struct stask *st = ((struct rjob *)job)->st;
-	int rc = k3_setup_pwrite_all(st->fd, buf, n, off);
+	int rc = k3_file_pwrite_all(st->fd, buf, n, off);
 
 	if (rc)
 		return k3_err_set(err, rc, "cannot write '%s': %s", st->part, strerror(-rc));
@@ -399,8 +401,8 @@ static int queue_stream_shard(struct install *in, const struct k3_setup_file *f,
 	}
 	/* a sparse file of the release's size: experts stay holes until fetched */
 	if (ftruncate(st->fd, (off_t)f->size) != 0 ||
-	    k3_setup_pwrite_all(st->fd, prefix, 8, 0) != 0 ||
-	    k3_setup_pwrite_all(st->fd, header, (size_t)hlen, 8) != 0) {
+	    k3_file_pwrite_all(st->fd, prefix, 8, 0) != 0 ||
+	    k3_file_pwrite_all(st->fd, header, (size_t)hlen, 8) != 0) {
 		rc = k3_err_set(&err, -errno, "cannot write '%s': %s", st->part, strerror(errno));
 		goto refuse;
 	}

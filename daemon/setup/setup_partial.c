@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
+
 #include "setup/setup_inventory.h"
 #include "setup/setup_publish.h"
 #include "setup/setup_verify.h"
@@ -154,7 +156,7 @@ static int journal_reset(struct k3_setup_partial *p, uint64_t keep, struct k3_er
 
 	if (ftruncate(p->fd, (off_t)keep) != 0 || ftruncate(p->jfd, 0) != 0)
 		return k3_err_set(err, -errno, "cannot truncate '%s.partial': %s", p->what, strerror(errno));
-	if (k3_setup_pwrite_all(p->jfd, line, (size_t)n, 0) != 0)
+	if (k3_file_pwrite_all(p->jfd, line, (size_t)n, 0) != 0)
 		return k3_err_set(err, -errno, "cannot write the journal of '%s': %s", p->what,
 				  strerror(errno));
 	return 0;
@@ -349,7 +351,7 @@ fail:
  * the journal. */
 static int consume(struct k3_setup_partial *p, const uint8_t *b, size_t n, struct k3_err *err)
 {
-	int rc = k3_setup_pwrite_all(p->fd, b, n, p->written);
+	int rc = k3_file_pwrite_all(p->fd, b, n, p->written);
 
 	if (rc)
 		return k3_err_set(err, rc, "cannot write '%s.partial': %s", p->what, strerror(-rc));

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/file.h"
+
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)
 #endif
@@ -131,21 +133,6 @@ int k3_setup_publish(int dirfd, int fd, const char *from, const char *to, const 
 	return k3_setup_fsync_dir(dirfd, what, err);
 }
 
-int k3_setup_pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
-{
-	size_t put = 0;
-
-	while (put < n) {
-		ssize_t r = pwrite(fd, (const uint8_t *)buf + put, n - put, (off_t)(off + put));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -errno;
-		put += (size_t)r;
-	}
-	return 0;
-}
-
 int k3_setup_write_atomic(int dirfd, const char *name, const void *data, size_t len,
 			  const char *what, struct k3_err *err)
 {
@@ -159,7 +146,7 @@ int k3_setup_write_atomic(int dirfd, const char *name, const void *data, size_t 
 	if (fd < 0)
 		return k3_err_set(err, -errno, "cannot create a temporary file for '%s': %s", what,
 				  strerror(errno));
-	rc = k3_setup_pwrite_all(fd, data, len, 0);
+	rc = k3_file_pwrite_all(fd, data, len, 0);
 	if (rc == 0 && fsync(fd) != 0)
 		rc = -errno;
 	close(fd);

@@ -79,8 +79,4 @@ int k3_setup_read_fd(int fd, size_t max, char **out, size_t *len, const char *wh
 int k3_setup_read_file(int dirfd, const char *name, size_t max, char **out, size_t *len,
 		       const char *what, struct k3_err *err);
 
-/* pwrite of all n bytes at off (EINTR and short writes retried). 0 or the
- * negative errno. */
-int k3_setup_pwrite_all(int fd, const void *buf, size_t n, uint64_t off);
-
 #endif

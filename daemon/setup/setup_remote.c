@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/file.h"
 #include "setup/setup_experts.h"
 #include "setup/setup_publish.h"
 #include "setup/setup_session.h"
@@ -168,7 +169,7 @@ static int xj_write(struct k3_setup_job *job, uint64_t off, const void *buf, siz
 	for (unsigned i = 0; i < ne; i++)
 		if (off >= ext[i].offset && off < ext[i].offset + ext[i].length)
 			shard = ext[i].shard;
-	rc = k3_setup_pwrite_all(r->fds[shard], buf, n, off);
+	rc = k3_file_pwrite_all(r->fds[shard], buf, n, off);
 	if (rc)
 		return k3_err_set(err, rc, "cannot write '%s': %s", shard_name(r, shard), strerror(-rc));
 	return 0;

@@ -140,23 +140,6 @@ static int plan_shard(struct ov_shard *sh, const struct k3_model_int8_matrix *mx
 
 /* ---- writing ---- */
 
-static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
-{
-	const char *p = buf;
-
-	while (n) {
-		ssize_t w = pwrite(fd, p, n, (off_t)off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? -errno : -EIO;
-		p += w;
-		n -= (size_t)w;
-		off += (uint64_t)w;
-	}
-	return 0;
-}
-
 /* Drops the mapped source pages of [p, p + n) from this process (the page
  * cache keeps them): the conversion's resident memory stays one chunk. */
 static void release_pages(const void *p, size_t n)
@@ -223,11 +206,11 @@ static int write_matrix(int fd, const char *path, const struct k3_tensor *t, uin
 					rep->max_step_error = e;
 			}
 		}
-		rc = pwrite_full(fd, b->q, n * cols, off + r0 * cols);
+		rc = k3_file_pwrite_all(fd, b->q, n * cols, off + r0 * cols);
 		if (rc)
 			return k3_err_set(err, rc, "cannot write '%s': %s", path, strerror(-rc));
 	}
-	rc = pwrite_full(fd, b->scales, rows * sizeof(float), off + align64((uint64_t)rows * cols));
+	rc = k3_file_pwrite_all(fd, b->scales, rows * sizeof(float), off + align64((uint64_t)rows * cols));
 	if (rc)
 		return k3_err_set(err, rc, "cannot write '%s': %s", path, strerror(-rc));
 	rep->int8_bytes += K3_MODEL_I8_BYTES(rows, cols);
@@ -254,8 +237,8 @@ static int write_shard(const char *dir, const struct ov_shard *sh,
 	/* the pads are holes: they read as the zeros they must be */
 	if (ftruncate(fd, (off_t)(data0 + sh->data_len)) != 0)
 		rc = k3_err_set(err, -errno, "cannot size '%s': %s", path, strerror(errno));
-	if (!rc && ((rc = pwrite_full(fd, len8, 8, 0)) ||
-		    (rc = pwrite_full(fd, sh->header, (size_t)sh->header_len, 8))))
+	if (!rc && ((rc = k3_file_pwrite_all(fd, len8, 8, 0)) ||
+		    (rc = k3_file_pwrite_all(fd, sh->header, (size_t)sh->header_len, 8))))
 		k3_err_set(err, rc, "cannot write '%s': %s", path, strerror(-rc));
 	for (size_t i = 0; !rc && i < sh->n; i++) {
 		const struct k3_tensor *t = mx[sh->first + i].tensor;
@@ -282,7 +265,7 @@ static int write_small(const char *dir, const char *name, const char *text, stru
 	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return k3_err_set(err, -errno, "cannot create '%s': %s", path, strerror(errno));
-	rc = pwrite_full(fd, text, strlen(text), 0);
+	rc = k3_file_pwrite_all(fd, text, strlen(text), 0);
 	if (!rc && fsync(fd) != 0)
 		rc = -errno;
 	if (close(fd) != 0 && !rc)

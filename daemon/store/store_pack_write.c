@@ -31,21 +31,6 @@ static uint64_t align_to(uint64_t v, uint64_t a)
 	return (v + a - 1) / a * a;
 }
 
-static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
-{
-	size_t put = 0;
-
-	while (put < n) {
-		ssize_t r = pwrite(fd, (const uint8_t *)buf + put, n - put, (off_t)(off + put));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -errno;
-		put += (size_t)r;
-	}
-	return 0;
-}
-
 static void layout_release(struct k3_store_pack_layout *lo)
 {
 	free(lo->spans);
@@ -280,7 +265,7 @@ static int write_piece(void *vctx, uint64_t pos, uint64_t len, const uint8_t *da
 		return k3_err_set(w->err, -EIO, "SHA-256 failed");
 	if (data == zeros)
 		return 0;   /* the file was sized with zeros */
-	rc = pwrite_full(w->fd, data, len, w->span_offset + pos);
+	rc = k3_file_pwrite_all(w->fd, data, len, w->span_offset + pos);
 	return rc ? k3_err_set(w->err, rc, "cannot write the pack: %s", strerror(-rc)) : 0;
 }
 
@@ -429,7 +414,7 @@ static int resign(const char *path, const struct k3_store_pack *old,
 				path, strerror(errno));
 		goto out;
 	}
-	rc = pwrite_full(fd, head, head_bytes, 0);
+	rc = k3_file_pwrite_all(fd, head, head_bytes, 0);
 	if (rc == 0 && fsync(fd) != 0)
 		rc = -errno;
 	if (rc)
@@ -476,7 +461,7 @@ static int publish(const char *path, const struct k3_store_pack_input *in,
 		k3_err_set(err, rc, "out of memory");
 		goto out_unlink;
 	}
-	if ((rc = pwrite_full(fd, head, head_bytes, 0)) != 0) {
+	if ((rc = k3_file_pwrite_all(fd, head, head_bytes, 0)) != 0) {
 		k3_err_set(err, rc, "cannot write '%s': %s", tmp, strerror(-rc));
 		goto out_unlink;
 	}
