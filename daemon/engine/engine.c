@@ -1593,3 +1593,38 @@ uint32_t k3_engine_argmax(const float *logits, uint32_t n)
 			best = i;
 	return best;
 }
+
+/* Interim: the parts run one after another (exact, no shared reads) until
+ * the one-pass sweep lands. */
+int k3_engine_forward_batch(struct k3_engine *e, const struct k3_engine_part *parts,
+			    uint32_t n_parts, struct k3_err *err)
+{
+	uint64_t total = 0;
+
+	if (n_parts == 0 || n_parts > K3_ENGINE_MAX_PARTS)
+		return k3_err_set(err, -EINVAL, "a batched pass holds 1..%u parts, not %u",
+				  (unsigned)K3_ENGINE_MAX_PARTS, n_parts);
+	for (uint32_t i = 0; i < n_parts; i++) {
+		int rc = check_call(e, parts[i].seq, parts[i].ids, parts[i].n, err);
+		if (rc)
+			return rc;
+		for (uint32_t k = 0; k < i; k++)
+			if (parts[k].seq == parts[i].seq)
+				return k3_err_set(err, -EINVAL, "sequence in parts %u and %u", k, i);
+		total += parts[i].n;
+	}
+	if (total > e->chunk)
+		return k3_err_set(err, -E2BIG, "a batched pass of %llu positions exceeds the pass size %u",
+				  (unsigned long long)total, e->chunk);
+	float *taps = e->tap_out;
+	int rc = 0;
+	for (uint32_t i = 0; i < n_parts && !rc; i++) {
+		e->tap_out = parts[i].taps;
+		rc = k3_engine_forward(e, parts[i].seq, parts[i].ids, parts[i].n, parts[i].out, err);
+	}
+	e->tap_out = taps;
+	if (rc)
+		for (uint32_t i = 0; i < n_parts; i++)
+			parts[i].seq->poisoned = true;
+	return rc;
+}

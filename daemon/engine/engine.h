@@ -295,6 +295,43 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		      const int32_t *ids, uint32_t T, const struct k3_engine_out *out,
 		      struct k3_err *err);
 
+/*
+ * Several sequences in one pass (docs/engine.md, "Batched passes"): one
+ * part per sequence, its ids run after that sequence's tokens.
+ * out (may be NULL) is indexed from the part's own position 0 exactly as
+ * k3_engine_forward's would be for a call with these ids (LOGITS_LAST =
+ * the part's last position); taps (may be NULL) is [n][n_taps][hidden]
+ * for the part's positions when taps are set (k3_engine_set_taps).
+ */
+struct k3_engine_part {
+	struct k3_engine_seq *seq;
+	const int32_t *ids;          /* [n] */
+	uint32_t n;                  /* >= 1 */
+	const struct k3_engine_out *out;
+	float *taps;
+};
+
+/*
+ * Runs n_parts (1..K3_ENGINE_MAX_PARTS) parts of distinct sequences in
+ * ONE pass: one sweep over the layers (a streamed spine layer is read
+ * once), each routed expert acquired once for the union of every part's
+ * positions; only attention runs per sequence (its own KDA state, its
+ * own MLA cache). Every part's logits, routes and taps are bit-identical
+ * to running that part alone with k3_engine_forward (the row-invariant
+ * kernels, engine.h's Determinism). The parts' positions together must
+ * fit one pass: sum n <= k3_engine_max_chunk (-E2BIG otherwise). Errors
+ * before anything runs (-EINVAL: a bad id, a poisoned or repeated
+ * sequence, one of another engine; -EBUSY: a verification pending on
+ * one) leave every sequence as it was; a failure during the pass
+ * (-ECANCELED when the engine's cancel flag is set, -ENOMEM, a provider
+ * or source error) poisons every part's sequence. Allocates nothing once
+ * the caches hold the lengths (the LAST-logits gather buffer, n_parts
+ * rows of hidden floats, is part of the engine's scratch).
+ */
+enum { K3_ENGINE_MAX_PARTS = 64 };
+int k3_engine_forward_batch(struct k3_engine *e, const struct k3_engine_part *parts,
+			    uint32_t n_parts, struct k3_err *err);
+
 /* The activation memory a pass of T positions costs, bytes: what an
  * engine opened with max_chunk T allocates per position, and the cpu
  * provider with max_batch T (its rows of the widest operand and four rows
