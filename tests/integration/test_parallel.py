@@ -234,6 +234,14 @@ def main():
             st = status(d.sock)
             check(d_u32(st, 8) == 2 and d_u32(st, 9) == 1,
                   f"2 seats + 1 queued: running {d_u32(st, 8)}, queued {d_u32(st, 9)}")
+            out = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True, text=True)
+            check("2 running, 1/1 queued" in out.stdout and "2 seats (--parallel)" in out.stdout,
+                  f"k3ctl status: {out.stdout}")
+            js = json.loads(subprocess.run([K3CTL, "--socket", d.sock, "--json", "status"],
+                                           capture_output=True, text=True).stdout)
+            check(js.get("parallel") == 2 and js.get("passes_total", 0) > 0 and js.get("pass_width") == 2,
+                  f"k3ctl --json status: parallel {js.get('parallel')}, passes {js.get('passes_total')}, "
+                  f"width {js.get('pass_width')}")
             r = finish(start(d.sock, PROMPTS[0], 4, rid=30), rid=30)
             check(r[0] == "error" and r[1] == 5 and "2/2 generations running" in r[2],
                   f"fourth is BUSY: {r}")
