@@ -457,6 +457,7 @@ struct sched_seq {
 	bool split;
 	struct k3_store_stats xacc;
 	struct k3_store_spine_stats sacc;
+	bool untapped;                  /* its tapped draft was switched off (seats) */
 	bool finished;                  /* ready for its end (sched_seq_end) */
 	int end_r;                      /* ... with this result */
 	struct k3_err err;

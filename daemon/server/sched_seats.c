@@ -174,7 +174,7 @@ static void untap(struct k3_sched *s, struct sched_seq *q)
 	struct k3_err e = { 0, "" };
 	const struct k3_draft_stats *st;
 
-	if (!q->run || !q->job->draft_policy || q->job->draft_policy == K3_DRAFT_POLICY_OFF)
+	if (q->untapped || !q->run || q->job->draft_policy == K3_DRAFT_POLICY_OFF)
 		return;
 	if (!(q->job->draft_policy == K3_DRAFT_POLICY_DSPARK ||
 	      (q->job->draft_policy == K3_DRAFT_POLICY_AUTO && s->draft_dspark)))
@@ -188,6 +188,7 @@ static void untap(struct k3_sched *s, struct sched_seq *q)
 	sched_draft_stats_add(&q->job->draft, st);
 	k3_draft_run_free(q->run);
 	q->run = plain;
+	q->untapped = true;
 }
 
 /* Takes job j into a seat (prepare, plan the prefill). A job that cannot

@@ -226,6 +226,33 @@ def main():
             finally:
                 d.stop()
 
+        # ---- DSpark: a tapped draft switches off when another seat joins ----------------
+        model2, draft2 = os.path.join(tmp, "nano2"), os.path.join(tmp, "nano2-draft")
+        subprocess.run([K3CTL, "demo-model", "--out", model2, "--preset", "nano", "--draft", draft2],
+                       check=True, capture_output=True)
+        ref2 = {}
+        d = Daemon(K3D, "--parallel", "1", "--draft", "off", model=model2)
+        try:
+            for i in (0, 1, 3):
+                ref2[i] = finish(start(d.sock, PROMPTS[i], MAX_NEW[i]))[0]
+        finally:
+            d.stop()
+        d = Daemon(K3D, "--parallel", "3", "--draft-model", draft2, model=model2)
+        try:
+            r = finish(start(d.sock, PROMPTS[1], MAX_NEW[1], draft=4))
+            check(r[0] == ref2[1] and d_u32(r[1], 26) == 4, f"dspark alone: ids and policy {r[:2]}")
+            shared = 0
+            for _ in range(2):
+                res = run_set(d.sock, [1, 0, 3], [0, 0.005, 0.01], draft=4)
+                for i in (1, 0, 3):
+                    r = res.get(i)
+                    check(r is not None and r[0] == ref2[i], f"dspark with seats: prompt {i} ids")
+                    if r is not None and r[0] != "error":
+                        shared += d_u64(r[1], 78) or 0
+            check(shared > 0, f"dspark with seats: passes were shared ({shared})")
+        finally:
+            d.stop()
+
         # ---- BUSY only when seats and queue are full ---------------------------------------
         d = Daemon(K3D, "--parallel", "2", "--queue", "1", model=model)
         try:
