@@ -72,6 +72,10 @@ struct k3_engine {
 	uint32_t n_taps;
 	int32_t tap_index[K3_PROV_MAX_LAYERS];   /* layer -> tap ordinal, -1 */
 	float *tap_out;              /* [T][n_taps][D] of the next calls; NULL = none */
+	/* batched passes (k3_engine_forward_batch) */
+	int32_t *pass_ids;           /* [chunk]: the parts' ids, end to end */
+	float *blog;                 /* [blog_rows][V]: LAST logits of several parts */
+	uint32_t blog_rows;
 	/* verification (k3_engine_verify / commit); at most one pending per
 	 * engine, its records sized for vcap positions (grown on demand) */
 	struct k3_engine_seq *pending;
@@ -92,6 +96,17 @@ struct k3_engine_seq {
 	bool poisoned;
 	k3_prov_kda_state **kda;     /* [L], NULL for MLA layers */
 	k3_prov_mla_cache **mla;     /* [L], NULL for KDA layers */
+};
+
+/* One sequence's rows of a pass: rows [row0, row0 + n) of the pass's
+ * activations; pos0 = where its first position goes in out and taps;
+ * last = its call's final chunk (LAST logits come from it). */
+struct pass_part {
+	struct k3_engine_seq *s;
+	uint32_t row0, n, pos0;
+	bool last;
+	const struct k3_engine_out *out;
+	float *taps;
 };
 
 static int prov_err(const struct k3_engine *e, struct k3_err *err, int rc,
@@ -359,6 +374,8 @@ void k3_engine_free(struct k3_engine *e)
 	free(e->mb);
 	free(e->z);
 	free(e->part);
+	free(e->pass_ids);
+	free(e->blog);
 	free(e->ids);
 	free(e->w);
 	free(e->spans);
@@ -530,6 +547,7 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->mb = malloc(rowb);
 	e->z = malloc(rowb);
 	e->part = malloc(rowb);
+	e->pass_ids = calloc(e->chunk, sizeof(*e->pass_ids));
 	e->ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->ids));
 	e->w = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->w));
 	e->spans = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->spans));
@@ -543,7 +561,7 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	e->tier_ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_ids));
 	e->tier_miss = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_miss));
 	e->tier_res = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_res));
-	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->part && e->ids && e->w &&
+	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->part && e->pass_ids && e->ids && e->w &&
 	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank &&
 	      (e->rows || !e->has_spine) && e->tier_ids && e->tier_miss && e->tier_res) ? 0 : -ENOMEM;
 	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
@@ -985,8 +1003,8 @@ static int routed_tiered(struct k3_engine *e, uint32_t l, uint32_t n, struct k3_
 
 /* The routed path of MoE layer l for n positions: router, expert spans
  * from the source, shared experts, routed experts, into e->mb. */
-static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
-		     const struct k3_engine_out *out, struct k3_err *err)
+static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, const struct pass_part *pp,
+		     uint32_t np, struct k3_err *err)
 {
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
@@ -1025,13 +1043,17 @@ static int moe_layer(struct k3_engine *e, uint32_t l, uint32_t n, uint32_t pos0,
 	if (rc)
 		return rc;
 routes:
-	if (out && (out->route_ids || out->route_weights)) {
-		for (uint32_t t = 0; t < n; t++) {
-			size_t dst = ((size_t)(pos0 + t) * e->n_moe + mi) * K;
+	for (uint32_t i = 0; i < np; i++) {
+		const struct k3_engine_out *out = pp[i].out;
+		if (!out || (!out->route_ids && !out->route_weights))
+			continue;
+		for (uint32_t t = 0; t < pp[i].n; t++) {
+			size_t dst = ((size_t)(pp[i].pos0 + t) * e->n_moe + mi) * K;
+			size_t src = (size_t)(pp[i].row0 + t) * K;
 			if (out->route_ids)
-				memcpy(out->route_ids + dst, e->ids + (size_t)t * K, K * sizeof(uint32_t));
+				memcpy(out->route_ids + dst, e->ids + src, K * sizeof(uint32_t));
 			if (out->route_weights)
-				memcpy(out->route_weights + dst, e->w + (size_t)t * K, K * sizeof(float));
+				memcpy(out->route_weights + dst, e->w + src, K * sizeof(float));
 		}
 	}
 	return 0;
@@ -1153,16 +1175,17 @@ static int verify_kda_snapshot(struct k3_engine *e, struct k3_engine_seq *s, uin
  * + P (the embedding, the finished AttnRes blocks and the running sum;
  * vLLM's "prefix_sum + hidden_states", docs/text-and-draft.md §4.4), summed
  * in that order by the provider into taps[pos0 + t][tap][D]. */
-static int capture_tap(struct k3_engine *e, uint32_t l, uint32_t nB, uint32_t n, uint32_t pos0,
-		       float *taps, struct k3_prov_status *st)
+static int capture_tap(struct k3_engine *e, uint32_t l, uint32_t nB, const struct pass_part *pp,
+		       struct k3_prov_status *st)
 {
 	uint32_t D = e->D, ti = (uint32_t)e->tap_index[l];
 
-	for (uint32_t t = 0; t < n; t++) {
-		float *dst = taps + ((size_t)(pos0 + t) * e->n_taps + ti) * D;
-		memcpy(dst, e->pool[0] + (size_t)t * D, D * sizeof(float));
+	for (uint32_t t = 0; t < pp->n; t++) {
+		float *dst = pp->taps + ((size_t)(pp->pos0 + t) * e->n_taps + ti) * D;
+		size_t row = (size_t)(pp->row0 + t) * D;
+		memcpy(dst, e->pool[0] + row, D * sizeof(float));
 		for (uint32_t j = 1; j <= nB; j++) {
-			int rc = e->prov->add(e->pm, dst, e->pool[j] + (size_t)t * D, D, st);
+			int rc = e->prov->add(e->pm, dst, e->pool[j] + row, D, st);
 			if (rc)
 				return rc;
 		}
@@ -1170,27 +1193,114 @@ static int capture_tap(struct k3_engine *e, uint32_t l, uint32_t nB, uint32_t n,
 	return 0;
 }
 
-/* One chunk of n positions; pos0 = index of its first position in the
- * caller's output arrays; last = the call's final chunk; verify = a
- * verification pass (KDA states are not advanced, see k3_engine_verify).
- * With a spine
- * source, each streamed layer is bound right before its ops and released
- * right after them (the next one, when the router lookahead needs its
- * weights, right after that), the next one's read having been started
- * when this one started (run_chunk releases what is still bound when a
- * layer fails). */
-static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
-			    uint32_t n, uint32_t pos0, bool last, bool verify,
-			    const struct k3_engine_out *out, struct k3_err *err)
+/* Whether part pp wants logits from this pass. */
+static bool part_logits(const struct pass_part *pp)
+{
+	const struct k3_engine_out *out = pp->out;
+
+	return out && out->logits && (out->logits_mode == K3_ENGINE_LOGITS_ALL ||
+				      (out->logits_mode == K3_ENGINE_LOGITS_LAST && pp->last));
+}
+
+/* Output AttnRes, final norm and lm_head (spec §10) for every part that
+ * wants logits: ALL parts straight into their buffers; the last rows of
+ * the LAST parts gathered into e->z and run as one product (the head read
+ * once per pass), then copied out (one part: straight into its buffer). */
+static int pass_logits(struct k3_engine *e, uint32_t nB, const struct pass_part *pp, uint32_t np,
+		       struct k3_err *err)
 {
 	const struct k3_provider *p = e->prov;
 	struct k3_prov_status st = { 0 };
-	uint32_t D = e->D, S = e->cfg.attn_res_block, nB = 0, L = e->cfg.n_layers;
-	size_t nd = (size_t)n * D;
-	bool logits = out && out->logits && (out->logits_mode == K3_ENGINE_LOGITS_ALL ||
-					     (out->logits_mode == K3_ENGINE_LOGITS_LAST && last));
+	uint32_t D = e->D, V = e->V, m = 0, only = 0;
 	int rc;
 
+	for (uint32_t i = 0; i < np; i++) {
+		if (!part_logits(&pp[i]) || pp[i].out->logits_mode != K3_ENGINE_LOGITS_ALL)
+			continue;
+		for (uint32_t j = 0; j <= nB; j++)
+			e->cands[j] = e->pool[j] + (size_t)pp[i].row0 * D;
+		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, pp[i].n, e->z, &st));
+		PCALL(p->logits(e->pm, e->z, pp[i].n, pp[i].out->logits + (size_t)pp[i].pos0 * V, &st));
+	}
+	for (uint32_t i = 0; i < np; i++) {
+		if (!part_logits(&pp[i]) || pp[i].out->logits_mode != K3_ENGINE_LOGITS_LAST)
+			continue;
+		for (uint32_t j = 0; j <= nB; j++)
+			e->cands[j] = e->pool[j] + (size_t)(pp[i].row0 + pp[i].n - 1) * D;
+		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, 1,
+				     e->z + (size_t)m * D, &st));
+		only = i;
+		m++;
+	}
+	if (m == 1)
+		PCALL(p->logits(e->pm, e->z, 1, pp[only].out->logits, &st));
+	if (m <= 1)
+		return 0;
+	PCALL(p->logits(e->pm, e->z, m, e->blog, &st));
+	m = 0;
+	for (uint32_t i = 0; i < np; i++)
+		if (part_logits(&pp[i]) && pp[i].out->logits_mode == K3_ENGINE_LOGITS_LAST)
+			memcpy(pp[i].out->logits, e->blog + (size_t)m++ * V, V * sizeof(float));
+	return 0;
+}
+
+/* The attention sub-layer l of every part, each over its own rows and its
+ * own state: P := a or P + a (flags). verify = a verification pass (one
+ * part). */
+static int pass_attention(struct k3_engine *e, uint32_t l, const float *hin, float *P,
+			  uint32_t flags, const struct pass_part *pp, uint32_t np, bool verify,
+			  struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	int rc;
+
+	for (uint32_t i = 0; i < np; i++) {
+		struct k3_engine_seq *s = pp[i].s;
+		size_t off = (size_t)pp[i].row0 * e->D;
+		uint32_t n = pp[i].n;
+
+		if (e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA) {
+			if (verify && e->prov_verify)
+				PCALL(p->kda_verify(e->pm, l, hin + off, n, s->kda[l], e->vrec[l],
+						    P + off, flags, &st));
+			else if (verify)
+				PCALL(verify_kda_snapshot(e, s, l, hin + off, n, P + off, flags, &st));
+			else
+				PCALL(p->kda(e->pm, l, hin + off, n, s->kda[l], P + off, flags, &st));
+		} else {
+			PCALL(p->mla(e->pm, l, hin + off, n, s->mla[l], P + off, flags, &st));
+		}
+	}
+	return 0;
+}
+
+/*
+ * One pass of n rows: the parts' rows end to end (ids[n]), each part one
+ * sequence's next positions (struct pass_part). Everything but attention
+ * runs over all n rows at once: a streamed layer is bound once, each
+ * routed expert acquired once for the union of the rows (the kernels are
+ * row-invariant, so a row's result does not depend on its neighbours).
+ * verify = a verification pass (one part; KDA states are not advanced,
+ * see k3_engine_verify). With a spine source, each streamed layer is
+ * bound right before its ops and released right after them (the next
+ * one, when the router lookahead needs its weights, right after that),
+ * the next one's read having been started when this one started
+ * (run_chunk releases what is still bound when a layer fails).
+ */
+static int run_chunk_layers(struct k3_engine *e, const int32_t *ids, uint32_t n,
+			    const struct pass_part *pp, uint32_t np, bool verify,
+			    struct k3_err *err)
+{
+	const struct k3_provider *p = e->prov;
+	struct k3_prov_status st = { 0 };
+	uint32_t S = e->cfg.attn_res_block, nB = 0, L = e->cfg.n_layers;
+	size_t nd = (size_t)n * e->D;
+	bool logits = false;
+	int rc;
+
+	for (uint32_t i = 0; i < np; i++)
+		logits |= part_logits(&pp[i]);
 	if (e->has_spine)
 		e->spine.begin_pass(e->spine.ctx, logits);
 	rc = embed_chunk(e, ids, n, err);
@@ -1202,7 +1312,7 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 	for (uint32_t l = 0; l < L; l++) {
 		const float *hin = e->pool[0];
 		/* Cancellation is honoured between layers: a K3 layer step is the
-		 * longest the caller waits (the sequence is poisoned after this). */
+		 * longest the caller waits (the sequences are poisoned after this). */
 		if (e->cancel && atomic_load(e->cancel))
 			return k3_err_set(err, -ECANCELED, "cancelled before layer %u", l);
 		if (streamed(e, l + 1))
@@ -1225,17 +1335,9 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 			flags = 0;
 		}
 		float *P = e->pool[nB];
-		/* 3) attention sub-layer, P := a or P + a */
-		if (e->cfg.attn_kind[l] == K3_PROV_ATTN_KDA) {
-			if (verify && e->prov_verify)
-				PCALL(p->kda_verify(e->pm, l, hin, n, s->kda[l], e->vrec[l], P, flags, &st));
-			else if (verify)
-				PCALL(verify_kda_snapshot(e, s, l, hin, n, P, flags, &st));
-			else
-				PCALL(p->kda(e->pm, l, hin, n, s->kda[l], P, flags, &st));
-		} else {
-			PCALL(p->mla(e->pm, l, hin, n, s->mla[l], P, flags, &st));
-		}
+		/* 3) attention sub-layer, per sequence */
+		if ((rc = pass_attention(e, l, hin, P, flags, pp, np, verify, err)) != 0)
+			return rc;
 		/* 4) FFN input: AR over the new B and P */
 		for (uint32_t j = 0; j <= nB; j++)
 			e->cands[j] = e->pool[j];
@@ -1245,15 +1347,16 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 			e->cur_nB = nB;
 			e->next_moe = (uint32_t)e->moe_index[l] + 1 < e->n_moe ?
 				      e->moe_layers[e->moe_index[l] + 1] : UINT32_MAX;
-			rc = moe_layer(e, l, n, pos0, out, err);
+			rc = moe_layer(e, l, n, pp, np, err);
 			if (rc)
 				return rc;
 		} else {
 			PCALL(p->mlp(e->pm, l, e->x, n, e->mb, &st));
 		}
 		PCALL(p->add(e->pm, P, e->mb, nd, &st));
-		if (e->tap_index[l] >= 0 && e->tap_out)
-			PCALL(capture_tap(e, l, nB, n, pos0, e->tap_out, &st));
+		for (uint32_t i = 0; i < np && e->tap_index[l] >= 0; i++)
+			if (pp[i].taps)
+				PCALL(capture_tap(e, l, nB, &pp[i], &st));
 		if (streamed(e, l))
 			spine_unbind(e);
 		if (e->src.prefetch && e->cfg.ffn_kind[l] == K3_PROV_FFN_MOE &&
@@ -1267,30 +1370,17 @@ static int run_chunk_layers(struct k3_engine *e, struct k3_engine_seq *s, const 
 				lookahead(e, e->next_moe, nB, n, NULL, e->K);
 		}
 	}
-	/* 5) output AttnRes, final norm, lm_head (spec §10) */
 	if (!logits)
 		return 0;
 	if ((rc = spine_bind_head(e, err)) != 0)
 		return rc;
-	if (out->logits_mode == K3_ENGINE_LOGITS_ALL) {
-		for (uint32_t j = 0; j <= nB; j++)
-			e->cands[j] = e->pool[j];
-		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, n, e->z, &st));
-		PCALL(p->logits(e->pm, e->z, n, out->logits + (size_t)pos0 * e->V, &st));
-	} else {
-		for (uint32_t j = 0; j <= nB; j++)
-			e->cands[j] = e->pool[j] + (size_t)(n - 1) * D;
-		PCALL(p->attnres_mix(e->pm, K3_PROV_MIX_OUTPUT, 0, e->cands, nB + 1, 1, e->z, &st));
-		PCALL(p->logits(e->pm, e->z, 1, out->logits, &st));
-	}
-	return 0;
+	return pass_logits(e, nB, pp, np, err);
 }
 
-static int run_chunk(struct k3_engine *e, struct k3_engine_seq *s, const int32_t *ids,
-		     uint32_t n, uint32_t pos0, bool last, bool verify,
-		     const struct k3_engine_out *out, struct k3_err *err)
+static int run_chunk(struct k3_engine *e, const int32_t *ids, uint32_t n,
+		     const struct pass_part *pp, uint32_t np, bool verify, struct k3_err *err)
 {
-	int rc = run_chunk_layers(e, s, ids, n, pos0, last, verify, out, err);
+	int rc = run_chunk_layers(e, ids, n, pp, np, verify, err);
 
 	spine_unbind(e);
 	spine_unbind_head(e);
@@ -1327,7 +1417,8 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		return rc0;
 	for (uint32_t done = 0; done < T;) {
 		uint32_t n = T - done < e->chunk ? T - done : e->chunk;
-		int rc = run_chunk(e, s, ids + done, n, done, done + n == T, false, out, err);
+		struct pass_part pp = { s, 0, n, done, done + n == T, out, e->tap_out };
+		int rc = run_chunk(e, ids + done, n, &pp, 1, false, err);
 		if (rc) {
 			s->poisoned = true;
 			return rc;
@@ -1336,6 +1427,48 @@ int k3_engine_forward(struct k3_engine *e, struct k3_engine_seq *s,
 		s->len += n;
 	}
 	return 0;
+}
+
+int k3_engine_forward_batch(struct k3_engine *e, const struct k3_engine_part *parts,
+			    uint32_t n_parts, struct k3_err *err)
+{
+	struct pass_part pp[K3_ENGINE_MAX_PARTS];
+	uint32_t n = 0, n_last = 0;
+
+	if (n_parts == 0 || n_parts > K3_ENGINE_MAX_PARTS)
+		return k3_err_set(err, -EINVAL, "a batched pass holds 1..%u parts, not %u",
+				  (unsigned)K3_ENGINE_MAX_PARTS, n_parts);
+	for (uint32_t i = 0; i < n_parts; i++) {
+		const struct k3_engine_part *q = &parts[i];
+		int rc = check_call(e, q->seq, q->ids, q->n, err);
+		if (rc)
+			return rc;
+		for (uint32_t k = 0; k < i; k++)
+			if (parts[k].seq == q->seq)
+				return k3_err_set(err, -EINVAL, "one sequence in parts %u and %u", k, i);
+		if (q->n > e->chunk - n)
+			return k3_err_set(err, -E2BIG, "a batched pass of more than %u positions "
+					  "(the engine's pass)", e->chunk);
+		pp[i] = (struct pass_part){ q->seq, n, q->n, 0, true, q->out, q->taps };
+		memcpy(e->pass_ids + n, q->ids, q->n * sizeof(*q->ids));
+		n += q->n;
+		n_last += part_logits(&pp[i]) && q->out->logits_mode == K3_ENGINE_LOGITS_LAST;
+	}
+	if (n_last > 1 && n_last > e->blog_rows) {
+		float *b = realloc(e->blog, (size_t)n_last * e->V * sizeof(float));
+		if (!b)
+			return k3_err_set(err, -ENOMEM, "out of memory for %u rows of logits", n_last);
+		e->blog = b;
+		e->blog_rows = n_last;
+	}
+	int rc = run_chunk(e, e->pass_ids, n, pp, n_parts, false, err);
+	for (uint32_t i = 0; i < n_parts; i++) {
+		if (rc)
+			parts[i].seq->poisoned = true;
+		else
+			parts[i].seq->len += parts[i].n;
+	}
+	return rc;
 }
 
 static uint64_t max_u64(uint64_t a, uint64_t b)
@@ -1462,7 +1595,8 @@ int k3_engine_verify(struct k3_engine *e, struct k3_engine_seq *s, const int32_t
 	if (rc)
 		return rc;
 	e->v_layers = 0;
-	rc = run_chunk(e, s, ids, T, 0, true, true, out, err);
+	struct pass_part pp = { s, 0, T, 0, true, out, e->tap_out };
+	rc = run_chunk(e, ids, T, &pp, 1, true, err);
 	if (rc) {
 		/* Nothing was published: undo the provisional rows (and, on the
 		 * snapshot path, the states advanced so far); s stays usable. */
@@ -1594,37 +1728,3 @@ uint32_t k3_engine_argmax(const float *logits, uint32_t n)
 	return best;
 }
 
-/* Interim: the parts run one after another (exact, no shared reads) until
- * the one-pass sweep lands. */
-int k3_engine_forward_batch(struct k3_engine *e, const struct k3_engine_part *parts,
-			    uint32_t n_parts, struct k3_err *err)
-{
-	uint64_t total = 0;
-
-	if (n_parts == 0 || n_parts > K3_ENGINE_MAX_PARTS)
-		return k3_err_set(err, -EINVAL, "a batched pass holds 1..%u parts, not %u",
-				  (unsigned)K3_ENGINE_MAX_PARTS, n_parts);
-	for (uint32_t i = 0; i < n_parts; i++) {
-		int rc = check_call(e, parts[i].seq, parts[i].ids, parts[i].n, err);
-		if (rc)
-			return rc;
-		for (uint32_t k = 0; k < i; k++)
-			if (parts[k].seq == parts[i].seq)
-				return k3_err_set(err, -EINVAL, "sequence in parts %u and %u", k, i);
-		total += parts[i].n;
-	}
-	if (total > e->chunk)
-		return k3_err_set(err, -E2BIG, "a batched pass of %llu positions exceeds the pass size %u",
-				  (unsigned long long)total, e->chunk);
-	float *taps = e->tap_out;
-	int rc = 0;
-	for (uint32_t i = 0; i < n_parts && !rc; i++) {
-		e->tap_out = parts[i].taps;
-		rc = k3_engine_forward(e, parts[i].seq, parts[i].ids, parts[i].n, parts[i].out, err);
-	}
-	e->tap_out = taps;
-	if (rc)
-		for (uint32_t i = 0; i < n_parts; i++)
-			parts[i].seq->poisoned = true;
-	return rc;
-}
