@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/parse.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "model/model.h"
 #include "store/store_budget.h"
@@ -34,6 +35,37 @@ static double gb(uint64_t b)
 	return (double)b / 1e9;
 }
 
+/* plan_json's members from "headroom_bytes" on, in output order. */
+#define F(key, member, t) K3CTL_JSON_FIELD(key, struct k3_store_plan_out, member, K3CTL_JSON_##t)
+static const struct k3ctl_json_field plan_fields[] = {
+	F("headroom_bytes", headroom_bytes, U64),
+	F("state_bytes", state_bytes, U64),
+	F("kda_state_bytes", kda_state_bytes, U64),
+	F("mla_cache_bytes", mla_cache_bytes, U64),
+	F("context_tokens", context_tokens, U32),
+	F("sequences", sequences, U32),
+	F("scratch_bytes", scratch_bytes, U64),
+	F("resident_layers", resident_layers, U32),
+	F("head_resident", head_resident, BOOL),
+	F("embed_resident", embed_resident, BOOL),
+	F("spine_resident_bytes", spine_resident_bytes, U64),
+	F("ring_arenas", ring_arenas, U32),
+	F("arena_bytes", arena_bytes, U64),
+	F("spine_ring_bytes", spine_ring_bytes, U64),
+	F("spine_total_bytes", spine_total_bytes, U64),
+	F("expert_cache_bytes", expert_cache_bytes, U64),
+	F("expert_slots", expert_slots, U32),
+	F("slot_bytes", slot_bytes, U64),
+	F("expert_pool", expert_pool, U64),
+	F("expert_floor_bytes", expert_floor_bytes, U64),
+	F("unused_bytes", unused_bytes, U64),
+	F("floor_bytes", floor_bytes, U64),
+	F("cold_spine_bytes_per_token", cold_spine_bytes_per_pass, U64),
+	F("cold_expert_bytes_per_token", cold_expert_bytes_per_token, U64),
+	F("uniform_expert_bytes_per_token", uniform_expert_bytes_per_token, U64),
+};
+#undef F
+
 static json_t *plan_json(const char *dir, const struct k3_model_config *c,
 			 const struct k3_store_plan_out *p, double disk)
 {
@@ -46,34 +78,7 @@ static json_t *plan_json(const char *dir, const struct k3_model_config *c,
 	json_object_set_new(o, "layers", json_integer(c->num_hidden_layers));
 	json_object_set_new(o, "limit_bytes", json_integer((json_int_t)p->limit_bytes));
 	json_object_set_new(o, "limited_by", json_string(p->limited_by));
-	json_object_set_new(o, "headroom_bytes", json_integer((json_int_t)p->headroom_bytes));
-	json_object_set_new(o, "state_bytes", json_integer((json_int_t)p->state_bytes));
-	json_object_set_new(o, "kda_state_bytes", json_integer((json_int_t)p->kda_state_bytes));
-	json_object_set_new(o, "mla_cache_bytes", json_integer((json_int_t)p->mla_cache_bytes));
-	json_object_set_new(o, "context_tokens", json_integer(p->context_tokens));
-	json_object_set_new(o, "sequences", json_integer(p->sequences));
-	json_object_set_new(o, "scratch_bytes", json_integer((json_int_t)p->scratch_bytes));
-	json_object_set_new(o, "resident_layers", json_integer(p->resident_layers));
-	json_object_set_new(o, "head_resident", json_boolean(p->head_resident));
-	json_object_set_new(o, "embed_resident", json_boolean(p->embed_resident));
-	json_object_set_new(o, "spine_resident_bytes", json_integer((json_int_t)p->spine_resident_bytes));
-	json_object_set_new(o, "ring_arenas", json_integer(p->ring_arenas));
-	json_object_set_new(o, "arena_bytes", json_integer((json_int_t)p->arena_bytes));
-	json_object_set_new(o, "spine_ring_bytes", json_integer((json_int_t)p->spine_ring_bytes));
-	json_object_set_new(o, "spine_total_bytes", json_integer((json_int_t)p->spine_total_bytes));
-	json_object_set_new(o, "expert_cache_bytes", json_integer((json_int_t)p->expert_cache_bytes));
-	json_object_set_new(o, "expert_slots", json_integer(p->expert_slots));
-	json_object_set_new(o, "slot_bytes", json_integer((json_int_t)p->slot_bytes));
-	json_object_set_new(o, "expert_pool", json_integer((json_int_t)p->expert_pool));
-	json_object_set_new(o, "expert_floor_bytes", json_integer((json_int_t)p->expert_floor_bytes));
-	json_object_set_new(o, "unused_bytes", json_integer((json_int_t)p->unused_bytes));
-	json_object_set_new(o, "floor_bytes", json_integer((json_int_t)p->floor_bytes));
-	json_object_set_new(o, "cold_spine_bytes_per_token",
-			    json_integer((json_int_t)p->cold_spine_bytes_per_pass));
-	json_object_set_new(o, "cold_expert_bytes_per_token",
-			    json_integer((json_int_t)p->cold_expert_bytes_per_token));
-	json_object_set_new(o, "uniform_expert_bytes_per_token",
-			    json_integer((json_int_t)p->uniform_expert_bytes_per_token));
+	k3ctl_json_set_fields(o, p, plan_fields, sizeof(plan_fields) / sizeof(plan_fields[0]));
 	json_object_set_new(o, "disk_gbps", json_real(disk));
 	json_object_set_new(o, "cold_read_s_per_token",
 			    json_real(gb(p->cold_spine_bytes_per_pass + p->cold_expert_bytes_per_token) / disk));

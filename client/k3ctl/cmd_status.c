@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "client.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 
 static const char *state_name(uint32_t s)
@@ -20,6 +21,29 @@ static json_t *jstr(struct k3_proto_str s)
 {
 	return json_stringn(s.p ? s.p : "", s.len);
 }
+
+/* The reply's plain counters, "pid" to "prefetch_wasted_bytes", in
+ * output order. */
+#define F(key, member, t) \
+	K3CTL_JSON_FIELD(key, struct k3_msg_status_reply, member, K3CTL_JSON_##t)
+static const struct k3ctl_json_field counter_fields[] = {
+	F("pid", pid, U32),
+	F("uptime_s", uptime_s, F64),
+	F("connections", connections, U32),
+	F("running", running, U32),
+	F("queued", queued, U32),
+	F("queue_max", queue_max, U32),
+	F("requests_total", requests_total, U64),
+	F("prompt_tokens_total", prompt_tokens_total, U64),
+	F("completion_tokens_total", completion_tokens_total, U64),
+	F("expert_bytes_read", expert_bytes_read, U64),
+	F("expert_hits", expert_hits, U64),
+	F("expert_misses", expert_misses, U64),
+	F("prefetch_issued", prefetch_issued, U64),
+	F("prefetch_used", prefetch_used, U64),
+	F("prefetch_wasted_bytes", prefetch_wasted_bytes, U64),
+};
+#undef F
 
 static const char *job_state_name(uint32_t s)
 {
@@ -203,23 +227,8 @@ int k3ctl_cmd_status(int argc, char **argv)
 			if (s->has_spine_label)
 				json_object_set_new(o, "spine_label", jstr(s->spine_label));
 		}
-		json_object_set_new(o, "pid", json_integer(s->pid));
-		json_object_set_new(o, "uptime_s", json_real(s->uptime_s));
-		json_object_set_new(o, "connections", json_integer(s->connections));
-		json_object_set_new(o, "running", json_integer(s->running));
-		json_object_set_new(o, "queued", json_integer(s->queued));
-		json_object_set_new(o, "queue_max", json_integer(s->queue_max));
-		json_object_set_new(o, "requests_total", json_integer((json_int_t)s->requests_total));
-		json_object_set_new(o, "prompt_tokens_total", json_integer((json_int_t)s->prompt_tokens_total));
-		json_object_set_new(o, "completion_tokens_total",
-				    json_integer((json_int_t)s->completion_tokens_total));
-		json_object_set_new(o, "expert_bytes_read", json_integer((json_int_t)s->expert_bytes_read));
-		json_object_set_new(o, "expert_hits", json_integer((json_int_t)s->expert_hits));
-		json_object_set_new(o, "expert_misses", json_integer((json_int_t)s->expert_misses));
-		json_object_set_new(o, "prefetch_issued", json_integer((json_int_t)s->prefetch_issued));
-		json_object_set_new(o, "prefetch_used", json_integer((json_int_t)s->prefetch_used));
-		json_object_set_new(o, "prefetch_wasted_bytes",
-				    json_integer((json_int_t)s->prefetch_wasted_bytes));
+		k3ctl_json_set_fields(o, s, counter_fields,
+				      sizeof(counter_fields) / sizeof(counter_fields[0]));
 		if (s->has_prefetch_issued_bytes)
 			json_object_set_new(o, "prefetch_issued_bytes",
 					    json_integer((json_int_t)s->prefetch_issued_bytes));

@@ -164,4 +164,27 @@ int k3_store_cache_pick_copy(struct k3_store *s, int64_t ex, bool guess, const u
  * (prefetch turns off on a drive whose guesses do not pay). */
 void k3_store_cache_guess_fate(struct k3_store *s, uint32_t d, uint64_t bytes, bool right);
 
+/* A slot whose read is done (ready, or failed with its error to report). */
+static inline bool k3_store_slot_readable(const struct k3_store_slot *sl)
+{
+	return sl->state != K3_STORE_SLOT_QUEUED && sl->state != K3_STORE_SLOT_READING;
+}
+
+/* Counts one demand acquisition of source expert ex for the frequency
+ * policy. Counts halve every 8 x n_slots acquisitions, so popularity
+ * follows the workload. */
+void k3_store_cache_note_use(struct k3_store *s, int64_t ex);
+
+/* Bytes of a finished read from drive d whose fate is known now: a used
+ * guess's (FATE_USED) or demand bytes (a late guess also feeds the drive's
+ * record). */
+void k3_store_cache_charge(struct k3_store *s, uint32_t d, uint64_t bytes, enum k3_store_fate fate);
+
+/* Waits (lock held) until some read completes, first hedging the demand
+ * reads among views[0..n) (those not taken[k]; taken may be NULL) that
+ * run well past their drive's p95, and waking in time for the next one to
+ * pass it. */
+void k3_store_cache_wait_reads(struct k3_store *s, const struct k3_store_view *views, size_t n,
+			       const uint8_t *taken);
+
 #endif
