@@ -319,9 +319,9 @@ static int copy_on(const struct k3_store_source *src, size_t idx, uint32_t drive
 }
 
 /* Raw reads of dsrc (opened O_DIRECT where the file system allows it) from
- * one drive (its copies; k3d --expert-dir, docs/store.md "Several
- * drives"), in the pattern of cold decode steps: groups of top_k distinct
- * random experts of one random layer, each group sorted by file offset,
+ * one drive (its copies; k3d --expert-dir, docs/drives.md), in the
+ * pattern of cold decode steps: groups of top_k distinct random experts
+ * of one random layer, each group sorted by file offset,
  * the groups back to back with `threads` reads in flight (no step barrier:
  * this is what the disk can do; the store's step-by-step acquires are
  * measured against it). bufs: `threads` prefaulted slot-sized buffers.
@@ -573,7 +573,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	enum k3_store_direct direct = K3_STORE_DIRECT_AUTO;
 	bool no_packs = false;
 	int32_t spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT;
-	/* several drives (docs/store.md, "Several drives"), as k3d takes them */
+	/* several drives (docs/drives.md), as k3d takes them */
 	const char *dirs[K3_STORE_MAX_DRIVES - 1];
 	unsigned n_dirs = 0;
 	struct k3_store_drive_opts dopts;
