@@ -34,16 +34,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "gateway"))
 from k3proto import Daemon, make_model  # noqa: E402
+from k3test import check, report  # noqa
 from gwharness import Fake  # noqa: E402  (the fake k3d's launcher)
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def k3ctl(sock, *args, stdin=None, timeout=60):
@@ -163,8 +157,7 @@ def main():
         print("-- real k3d"); test_real(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":

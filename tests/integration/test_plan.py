@@ -21,15 +21,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import (T, Daemon, connect, frame, generate_ids, make_model, read_frame,  # noqa
                      u32, u64)
+from k3test import BIG_SPINE_DEMO, asan_build, check, report, vm_hwm  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def refused(model, *args):
@@ -67,22 +61,9 @@ def model_info(sock):
     return f
 
 
-# A demo model whose spine (24 layers of hidden 1024 and the head: 0.36 GB
-# a pass) is more than 3x LIMIT; the plan streams it without being asked.
+# BIG_SPINE_DEMO's spine is more than 3x LIMIT; the plan streams it without
+# being asked.
 LIMIT = 110 * 1000 * 1000
-DEMO = ["--preset", "small", "--layers", "24", "--hidden", "1024", "--vocab", "8192",
-        "--intermediate", "2048", "--experts", "16", "--top-k", "4", "--moe-intermediate", "256",
-        "--latent", "512", "--shared-experts", "1", "--kda-heads", "8", "--kda-head-dim", "128",
-        "--mla-heads", "8", "--q-lora", "384", "--kv-lora", "256", "--nope", "128",
-        "--rope", "64", "--v-head", "128", "--attn-res-block", "4"]
-
-
-def vm_hwm(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def run_limit():
@@ -90,7 +71,8 @@ def run_limit():
     model = os.path.join(work, "demo")
     prompt = [300, 301, 302, 303, 304, 305, 306, 307]
     try:
-        subprocess.run([K3CTL, "demo-model", "--out", model, *DEMO], check=True, capture_output=True)
+        subprocess.run([K3CTL, "demo-model", "--out", model, *BIG_SPINE_DEMO], check=True,
+                       capture_output=True)
         d = Daemon(K3D, model=model)
         try:
             check("; mapped)" in d.log_text(), "without a limit the spine stays mapped")
@@ -109,8 +91,7 @@ def run_limit():
             check(u32(f, 43) < u32(f, 42) and u64(f, 45) > 0,
                   f"STATUS: {u32(f, 43)} of {u32(f, 42)} layers resident, ring {u64(f, 45)}")
             hwm = vm_hwm(d.proc.pid)
-            with open(f"/proc/{d.proc.pid}/maps") as fh:
-                asan = "libasan" in fh.read()
+            asan = asan_build(d.proc.pid)
             print(f"# limit {LIMIT / 1e6:.0f} MB: VmHWM {hwm / 1e6:.1f} MB"
                   f"{' (AddressSanitizer build: not checked)' if asan else ''}")
             if not asan:   # ASan's shadow memory and redzones are not k3d's
@@ -201,8 +182,7 @@ def main():
     finally:
         shutil.rmtree(os.path.dirname(model), ignore_errors=True)
     run_limit()
-    print(f"{len(failures)} failures")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":
