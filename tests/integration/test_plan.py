@@ -143,6 +143,18 @@ def main():
             log = d.log_text()
             check(re.search(r"memory plan: limit 2\.147 GB \(--memory-limit\) = headroom", log)
                   is not None, "the plan is logged: " + log[-800:])
+            # the slot says what it holds: inspect's per-expert span, in
+            # whole 4 KiB pages (more where the shards place it across them)
+            ins = subprocess.run([K3CTL, "inspect", model], capture_output=True, text=True).stdout
+            span = re.search(r"per-expert span: (\d+) bytes \(one expert's weights as stored: "
+                             r"(\d+) bytes of MXFP4 values \+ (\d+) of E8M0 scales", ins)
+            slot = re.search(r"expert cache: \d+ slots of (\d+) bytes \(an expert's (\d+) bytes "
+                             r"of weights and scales in whole 4 KiB pages", log)
+            check(span and int(span.group(1)) == int(span.group(2)) + int(span.group(3)),
+                  "inspect: the span is its MXFP4 values and scales: " + ins[-400:])
+            check(span and slot and int(slot.group(2)) == int(span.group(1)) and
+                  int(slot.group(1)) >= -(-int(span.group(1)) // 4096) * 4096,
+                  "k3d's slot names inspect's span in whole pages: " + log[-800:])
             ids, done = generate_ids(d.sock, [5, 6, 7, 8], 4)
             check(len(ids) == 4, f"generates: {ids}")
             f = status(d.sock)
