@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import tempfile
 
+from k3proto import trace_routes
+
 failures = []
 
 
@@ -93,3 +95,29 @@ def asan_build(pid):
     memory and redzones are not k3d's, so a peak-RSS bound does not apply."""
     with open(f"/proc/{pid}/maps") as fh:
         return "libasan" in fh.read()
+
+
+# A prompt for BIG_SPINE_DEMO models (ids inside its 8192-token vocabulary).
+BIG_SPINE_PROMPT = [300, 301, 302, 303, 304, 305, 306, 307]
+
+
+def big_spine_model(k3ctl, prefix):
+    """Writes a BIG_SPINE_DEMO model into a fresh temporary directory;
+    returns (work dir, model dir). The caller removes the work dir."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    model = os.path.join(work, "demo")
+    subprocess.run([k3ctl, "demo-model", "--out", model, *BIG_SPINE_DEMO], check=True,
+                   capture_output=True)
+    return work, model
+
+
+def check_routes(ref, trace, what, against):
+    """Checks that a router trace was written and, when ref (an earlier
+    variant's routes) is given, that it equals ref. Returns the reference
+    for the next variant: ref, or this trace's routes when ref is None."""
+    rs = trace_routes(trace)
+    check(len(rs) > 0, f"{what}: trace written")
+    if ref is None:
+        return rs
+    check(rs == ref, f"{what}: routes identical to {against}")
+    return ref

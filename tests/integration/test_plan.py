@@ -21,7 +21,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import (T, Daemon, connect, frame, generate_ids, make_model, read_frame,  # noqa
                      u32, u64)
-from k3test import BIG_SPINE_DEMO, asan_build, check, report, vm_hwm  # noqa
+from k3test import BIG_SPINE_PROMPT, asan_build, big_spine_model, check, report, vm_hwm  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 
@@ -67,12 +67,9 @@ LIMIT = 110 * 1000 * 1000
 
 
 def run_limit():
-    work = tempfile.mkdtemp(prefix="k3d-plan-rss-")
-    model = os.path.join(work, "demo")
-    prompt = [300, 301, 302, 303, 304, 305, 306, 307]
+    work, model = big_spine_model(K3CTL, "k3d-plan-rss-")
+    prompt = BIG_SPINE_PROMPT
     try:
-        subprocess.run([K3CTL, "demo-model", "--out", model, *BIG_SPINE_DEMO], check=True,
-                       capture_output=True)
         d = Daemon(K3D, model=model)
         try:
             check("; mapped)" in d.log_text(), "without a limit the spine stays mapped")

@@ -30,8 +30,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, direct_ok, generate_ids as generate, u64  # noqa
 from k3proto import trace_routes as routes  # noqa
-from k3test import (BIG_SPINE_DEMO, asan_build, check, golden_model, golden_runs,  # noqa
-                    packed_copy, report, vm_hwm)
+from k3test import (BIG_SPINE_PROMPT, asan_build, big_spine_model, check, check_routes,  # noqa
+                    golden_model, golden_runs, packed_copy, report, vm_hwm)
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -140,12 +140,7 @@ def run_golden(case):
                           f"{case} {name}: k3ctl status has no spine when mapped")
             finally:
                 d.stop()
-            rs = routes(trace)
-            check(len(rs) > 0, f"{case} {name}: trace written")
-            if ref is None:
-                ref = rs
-            else:
-                check(rs == ref, f"{case} {name}: routes identical to the mapped spine's")
+            ref = check_routes(ref, trace, f"{case} {name}", "the mapped spine's")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -155,12 +150,9 @@ LIMIT = 100 * 1000 * 1000
 
 
 def run_rss():
-    work = tempfile.mkdtemp(prefix="k3d-spine-rss-")
-    model = os.path.join(work, "demo")
-    prompt = [300, 301, 302, 303, 304, 305, 306, 307]
+    work, model = big_spine_model(K3CTL, "k3d-spine-rss-")
+    prompt = BIG_SPINE_PROMPT
     try:
-        subprocess.run([K3CTL, "demo-model", "--out", model, *BIG_SPINE_DEMO], check=True,
-                       capture_output=True)
         d = Daemon(K3D, model=model)
         try:
             mapped, _ = generate(d.sock, prompt, 6)

@@ -24,8 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, direct_ok, f64, generate_ids as generate, u64  # noqa
-from k3proto import trace_routes as routes  # noqa
-from k3test import check, failures, golden_model, golden_runs, packed_copy  # noqa
+from k3test import check, check_routes, failures, golden_model, golden_runs, packed_copy  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -189,13 +188,9 @@ def run_case(case):
                       f"{case} {name}: k3ctl status shows bytes per token and the time split: {txt}")
             finally:
                 d.stop()
-            rs = routes(trace)
-            check(len(rs) > 0, f"{case} {name}: trace written")
             if ref_routes is None:
-                ref_routes = rs
                 shutil.copy(trace, os.path.join(work, "ref-trace.jsonl"))
-            else:
-                check(rs == ref_routes, f"{case} {name}: routes identical to the first variant")
+            ref_routes = check_routes(ref_routes, trace, f"{case} {name}", "the first variant")
         test_preload(case, model, os.path.join(work, "ref-trace.jsonl"), floor, slot, goldens, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
