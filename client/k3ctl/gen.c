@@ -237,8 +237,9 @@ static void print_stats(const struct k3ctl_gen_result *r)
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
 		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
-		k3ctl_gen_finish_name(d->finish), d->prompt_tokens, d->cached_tokens, d->completion_tokens,
-		d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps, d->decode_s, d->decode_tps);
+		k3ctl_gen_finish_name(d->finish), d->prompt_tokens, d->cached_tokens,
+		d->completion_tokens, d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps,
+		d->decode_s, d->decode_tps);
 	/* Absent counters are unknown, not zero. */
 	if (d->has_expert_bytes_read)
 		fprintf(stderr, "experts: %llu bytes read, %llu hits, %llu misses, prefetch %llu issued / "

@@ -447,8 +447,8 @@ static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k
 	else
 		snprintf(why, sizeof(why), "an expert's %" PRIu64 " bytes of weights and scales in"
 			 " whole 4 KiB pages", xp.useful_bytes);
-	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes (%s) = %.3f GB (%s; floor %.3f GB, "
-		    "experts %.3f GB); %u reader threads; prefetch %s",
+	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes (%s) = %.3f GB (%s; floor "
+		    "%.3f GB, experts %.3f GB); %u reader threads; prefetch %s",
 		    info.n_slots, info.slot_bytes, why,
 		    (double)info.n_slots * (double)info.slot_bytes / 1e9,
 		    o->expert_cache_bytes ? "--expert-cache-gb" : "the memory plan",

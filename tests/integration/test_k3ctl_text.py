@@ -99,7 +99,8 @@ def test_fake(tmp):
                          fake_prompt({"tokens": ["Hi"]}) + "\n").encode())
         err = r.stderr.decode(errors="replace")
         check(r.returncode == 0 and "(empty answer: finish=length, 2 reasoning tokens; --max-new "
-              "ended the turn before the answer)\n" in err, f"chat marks a thinking-only turn: {err!r}")
+              "ended the turn before the answer)\n" in err,
+              f"chat marks a thinking-only turn: {err!r}")
         check("(empty answer: finish=stop)\n" in err, f"chat marks an empty stopped turn: {err!r}")
         check(err.count("(empty answer") == 2 and b"(empty answer" not in r.stdout,
               f"only the empty turns are marked, on stderr: {err!r} {r.stdout!r}")

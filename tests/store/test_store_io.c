@@ -141,7 +141,8 @@ static struct k3_store_io *pool(unsigned threads, unsigned prefetch_cap)
 
 /* Submits a job from outside the pool lock and waits until n reads sit at
  * the closed gate (the job's among them). */
-static void submit_to_gate(struct k3_store_io *io, struct tjob *t, enum k3_store_io_class cls, int n)
+static void submit_to_gate(struct k3_store_io *io, struct tjob *t, enum k3_store_io_class cls,
+			   int n)
 {
 	k3_store_io_lock(io);
 	k3_store_io_submit(io, &t->job, cls);
