@@ -325,8 +325,9 @@ struct k3_engine_part {
  * one) leave every sequence as it was; a failure during the pass
  * (-ECANCELED when the engine's cancel flag is set, -ENOMEM, a provider
  * or source error) poisons every part's sequence. Allocates nothing once
- * the caches hold the lengths (the LAST-logits gather buffer, n_parts
- * rows of hidden floats, is part of the engine's scratch).
+ * the caches hold the lengths, except the first time more than one part
+ * wants LAST logits at a new width (a buffer of that many rows of vocab
+ * floats, kept: the head runs once over the gathered last rows).
  */
 enum { K3_ENGINE_MAX_PARTS = 64 };
 int k3_engine_forward_batch(struct k3_engine *e, const struct k3_engine_part *parts,

@@ -148,7 +148,11 @@ static void golden_case(const char *name, const char *prompt_name)
 			if (rg > vs_golden)
 				vs_golden = rg;
 		}
-		T_OK(vs_golden <= 1e-4);
+		/* fp32 through ATen, whose GEMM blocking follows the ISA: on an
+		 * AVX2 host (AMD Zen 3) k3tiny_b's 40-position prompt reached
+		 * 1.07e-4, on AVX-512 under 1e-4; the routes and greedy ids above
+		 * are the exact checks, this bounds drift. */
+		T_OK(vs_golden <= 3e-4);
 		printf("torch vs cpu %s %-4s: routes and %u greedy ids identical; logits rel L2 "
 		       "vs cpu worst %.3g, vs golden worst %.3g\n", name, prompt_name, steps,
 		       vs_cpu, vs_golden);
