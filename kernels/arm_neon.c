@@ -189,16 +189,6 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 			out[t * ldo + i] = hsum4(acc[i * nt + t]);
 }
 
-#define BLOCK(FN, NR, NT) do {                                                \
-	switch ((NR) * 8 + (NT)) {                                                \
-	case 4 * 8 + 1: FN(4, 1); break;                                          \
-	case 1 * 8 + 4: FN(1, 4); break;                                          \
-	case 1 * 8 + 3: FN(1, 3); break;                                          \
-	case 1 * 8 + 2: FN(1, 2); break;                                          \
-	default: FN(1, 1); break;                                                 \
-	}                                                                         \
-} while (0)
-
 static void neon_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {
@@ -224,25 +214,19 @@ static void neon_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 					pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
 					sr[i] = w->scales + (r + i) * (cols / 32);
 				}
-#define MX(NR_, NT_) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy)
-				BLOCK(MX, nr, nt);
-#undef MX
+				K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy);
 			} else if (w->dtype == K3_KERN_DT_BF16) {
 				const uint16_t *wr[4] = { 0 };
 
 				for (size_t i = 0; i < nr; i++)
 					wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-#define BF(NR_, NT_) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy)
-				BLOCK(BF, nr, nt);
-#undef BF
+				K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy);
 			} else {
 				const float *wr[4] = { 0 };
 
 				for (size_t i = 0; i < nr; i++)
 					wr[i] = (const float *)w->data + (r + i) * ld;
-#define FF(NR_, NT_) rows_f32(NR_, NT_, cols, wr, xt, out, ldy)
-				BLOCK(FF, nr, nt);
-#undef FF
+				K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy);
 			}
 			t += nt;
 		}

@@ -36,6 +36,24 @@ struct k3_kern_ops {
 		float *o, float *scratch);
 };
 
+/*
+ * The block shapes of the ISA row kernels: FN(NR, NT, ...) with NR rows x
+ * NT tokens as compile-time constants (so each kernel's rows x tokens loops
+ * unroll into registers) and the remaining arguments passed through. The
+ * drivers ask for 4x1, 2x1, 1x4, 1x3, 1x2 or 1x1; every shape calls the same
+ * row kernel, so the block an element falls in never changes its bits.
+ */
+#define K3_KERN_BLOCK(FN, NR, NT, ...) do {                                   \
+	switch ((NR) * 8 + (NT)) {                                                \
+	case 4 * 8 + 1: FN(4, 1, __VA_ARGS__); break;                             \
+	case 2 * 8 + 1: FN(2, 1, __VA_ARGS__); break;                             \
+	case 1 * 8 + 4: FN(1, 4, __VA_ARGS__); break;                             \
+	case 1 * 8 + 3: FN(1, 3, __VA_ARGS__); break;                             \
+	case 1 * 8 + 2: FN(1, 2, __VA_ARGS__); break;                             \
+	default: FN(1, 1, __VA_ARGS__); break;                                    \
+	}                                                                         \
+} while (0)
+
 extern const struct k3_kern_ops k3_kern_ops_ref;
 #if defined(K3_KERN_HAVE_AVX2)
 extern const struct k3_kern_ops k3_kern_ops_avx2;

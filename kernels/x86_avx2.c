@@ -369,20 +369,9 @@ static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales
 
 /* ------------------------------------------------------------------ */
 
-/* Block shapes: T = 1 takes 4 rows at once (independent FMA chains hide
+/* Block shapes (K3_KERN_BLOCK): T = 1 takes 4 rows at once (independent FMA chains hide
  * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
  * once per 4 tokens). Both call the same row kernel, so results match. */
-#define BLOCK(FN, NR, NT, ...) do {                                           \
-	switch ((NR) * 8 + (NT)) {                                                \
-	case 4 * 8 + 1: FN(4, 1, __VA_ARGS__); break;                             \
-	case 2 * 8 + 1: FN(2, 1, __VA_ARGS__); break;                             \
-	case 1 * 8 + 4: FN(1, 4, __VA_ARGS__); break;                             \
-	case 1 * 8 + 3: FN(1, 3, __VA_ARGS__); break;                             \
-	case 1 * 8 + 2: FN(1, 2, __VA_ARGS__); break;                             \
-	default: FN(1, 1, __VA_ARGS__); break;                                    \
-	}                                                                         \
-} while (0)
-
 /* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
  * up to 4, so a group's permuted x is made once per tile and reused by the
  * tile's rows. Loop order never changes an element's arithmetic. */
@@ -454,34 +443,24 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 						sr[i] = w->scales + (r + i) * (cols / 32);
 					}
 					if (pair) {
-#define MX2(NR_, NT_, ...) rows_mxfp4_pair(NR_, NT_, cols, pr, sr, xt, out, ldy)
-						BLOCK(MX2, nr, nt, 0);
-#undef MX2
+						K3_KERN_BLOCK(rows_mxfp4_pair, nr, nt, cols, pr, sr, xt, out, ldy);
 					} else if (perm) {
-#define MXP(NR_, NT_, ...) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy, true)
-						BLOCK(MXP, nr, nt, 0);
-#undef MXP
+						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, true);
 					} else {
-#define MX(NR_, NT_, ...) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy, false)
-						BLOCK(MX, nr, nt, 0);
-#undef MX
+						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
 					}
 				} else if (w->dtype == K3_KERN_DT_BF16) {
 					const uint16_t *wr[4] = { 0 };
 
 					for (size_t i = 0; i < nr; i++)
 						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-#define BF(NR_, NT_, ...) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy, nr * ld)
-					BLOCK(BF, nr, nt, 0);
-#undef BF
+					K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy, nr * ld);
 				} else {
 					const float *wr[4] = { 0 };
 
 					for (size_t i = 0; i < nr; i++)
 						wr[i] = (const float *)w->data + (r + i) * ld;
-#define FF(NR_, NT_, ...) rows_f32(NR_, NT_, cols, wr, xt, out, ldy, nr * ld)
-					BLOCK(FF, nr, nt, 0);
-#undef FF
+					K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
 				}
 				r += nr;
 			}

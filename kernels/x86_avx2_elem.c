@@ -115,6 +115,22 @@ INLINE __m256 v_tanh(__m256 z)
 /* Each entry point below: full 8-lane blocks straight from memory, then
  * the tail through a zero-padded copy, so tail lanes run the same code. */
 
+/* y = f(x) elementwise; f is a constant at every call site, so it inlines. */
+INLINE void map8(size_t n, const float *x, float *y, __m256 (*f)(__m256))
+{
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, f(_mm256_loadu_ps(x + i)));
+	if (i < n) {
+		float b[8] = { 0 };
+
+		memcpy(b, x + i, (n - i) * sizeof(float));
+		_mm256_storeu_ps(b, f(_mm256_loadu_ps(b)));
+		memcpy(y + i, b, (n - i) * sizeof(float));
+	}
+}
+
 static void avx2_exp_shift(size_t n, const float *x, float shift, float *y)
 {
 	__m256 sh = _mm256_set1_ps(shift);
@@ -133,17 +149,7 @@ static void avx2_exp_shift(size_t n, const float *x, float shift, float *y)
 
 static void avx2_sigmoid(size_t n, const float *x, float *y)
 {
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(y + i, v_sigmoid(_mm256_loadu_ps(x + i)));
-	if (i < n) {
-		float b[8] = { 0 };
-
-		memcpy(b, x + i, (n - i) * sizeof(float));
-		_mm256_storeu_ps(b, v_sigmoid(_mm256_loadu_ps(b)));
-		memcpy(y + i, b, (n - i) * sizeof(float));
-	}
+	map8(n, x, y, v_sigmoid);
 }
 
 INLINE __m256 v_silu(__m256 x)
@@ -153,32 +159,12 @@ INLINE __m256 v_silu(__m256 x)
 
 static void avx2_silu(size_t n, const float *x, float *y)
 {
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(y + i, v_silu(_mm256_loadu_ps(x + i)));
-	if (i < n) {
-		float b[8] = { 0 };
-
-		memcpy(b, x + i, (n - i) * sizeof(float));
-		_mm256_storeu_ps(b, v_silu(_mm256_loadu_ps(b)));
-		memcpy(y + i, b, (n - i) * sizeof(float));
-	}
+	map8(n, x, y, v_silu);
 }
 
 static void avx2_tanh(size_t n, const float *x, float *y)
 {
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(y + i, v_tanh(_mm256_loadu_ps(x + i)));
-	if (i < n) {
-		float b[8] = { 0 };
-
-		memcpy(b, x + i, (n - i) * sizeof(float));
-		_mm256_storeu_ps(b, v_tanh(_mm256_loadu_ps(b)));
-		memcpy(y + i, b, (n - i) * sizeof(float));
-	}
+	map8(n, x, y, v_tanh);
 }
 
 /* The operation order of the libm path (kern_elem.c): (b1 tanh(g/b1))

@@ -283,21 +283,10 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 
 /* ------------------------------------------------------------------ */
 
-/* Block shapes: T = 1 takes NR rows at once (dense rows: 4, see
+/* Block shapes (K3_KERN_BLOCK): T = 1 takes NR rows at once (dense rows: 4, see
  * DENSE_SHORT_ROW; MXFP4: MX_ROWS); T > 1 takes 1 row x up to 4 tokens
  * (weights decoded once per 4 tokens). All call the same row kernel, so
  * results match. */
-#define BLOCK(FN, NR, NT) do {                                                \
-	switch ((NR) * 8 + (NT)) {                                                \
-	case 4 * 8 + 1: FN(4, 1); break;                                          \
-	case 2 * 8 + 1: FN(2, 1); break;                                          \
-	case 1 * 8 + 4: FN(1, 4); break;                                          \
-	case 1 * 8 + 3: FN(1, 3); break;                                          \
-	case 1 * 8 + 2: FN(1, 2); break;                                          \
-	default: FN(1, 1); break;                                                 \
-	}                                                                         \
-} while (0)
-
 /* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
 enum { MX_ROWS = 1 };
 /* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
@@ -358,30 +347,22 @@ static void avx512_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1
 						sr[i] = w->scales + (r + i) * (cols / 32);
 					}
 					if (perm) {
-#define MXP(NR_, NT_) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy, true)
-						BLOCK(MXP, nr, nt);
-#undef MXP
+						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, true);
 					} else {
-#define MXG(NR_, NT_) rows_mxfp4(NR_, NT_, cols, pr, sr, xt, out, ldy, false)
-						BLOCK(MXG, nr, nt);
-#undef MXG
+						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
 					}
 				} else if (w->dtype == K3_KERN_DT_BF16) {
 					const uint16_t *wr[4] = { 0 };
 
 					for (size_t i = 0; i < nr; i++)
 						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-#define BF(NR_, NT_) rows_bf16(NR_, NT_, cols, wr, xt, out, ldy, nr * ld)
-					BLOCK(BF, nr, nt);
-#undef BF
+					K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy, nr * ld);
 				} else {
 					const float *wr[4] = { 0 };
 
 					for (size_t i = 0; i < nr; i++)
 						wr[i] = (const float *)w->data + (r + i) * ld;
-#define FF(NR_, NT_) rows_f32(NR_, NT_, cols, wr, xt, out, ldy, nr * ld)
-					BLOCK(FF, nr, nt);
-#undef FF
+					K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
 				}
 				r += nr;
 			}

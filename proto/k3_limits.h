@@ -30,7 +30,7 @@
 #define K3_LIM_STOP_BYTES         256u
 #define K3_LIM_STOP_COUNT         4u
 /* Per-drive arrays in DONE and STATUS_REPLY: at most this many drives
- * (K3_STORE_MAX_DRIVES; docs/store.md, "Several drives"). */
+ * (K3_STORE_MAX_DRIVES; docs/drives.md). */
 #define K3_LIM_DRIVES             4u
 
 /* Stop token ids per request. */

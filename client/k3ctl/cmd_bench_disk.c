@@ -198,8 +198,7 @@ static int copy_on(const struct k3_store_source *src, size_t idx, uint32_t drive
 }
 
 /* Raw reads of dsrc (opened O_DIRECT where the file system allows it) from
- * one drive (its copies; k3d --expert-dir, docs/store.md "Several
- * drives"), in the pattern of cold decode steps: groups of top_k distinct
+ * one drive (its copies; k3d --expert-dir, docs/drives.md), in the pattern of cold decode steps: groups of top_k distinct
  * random experts of one random layer, each group sorted by file offset,
  * the groups back to back with `threads` reads in flight (no step barrier:
  * this is what the disk can do; the store's step-by-step acquires are

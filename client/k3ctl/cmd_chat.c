@@ -37,6 +37,20 @@ static char *read_line(size_t *len)
 	return line;
 }
 
+/* A turn that streamed no answer left a bare prompt, which read as a hang
+ * or a lost reply: say so on stderr (stdout keeps only the model's
+ * words), with why it ended; K3 thinks first, so "length" usually means
+ * --max-new ran out while it was thinking. */
+static void empty_answer(const struct k3ctl_gen_result *res)
+{
+	fprintf(stderr, "(empty answer: finish=%s", k3ctl_gen_finish_name(res->done.finish));
+	if (res->done.reasoning_tokens)
+		fprintf(stderr, ", %u reasoning tokens", res->done.reasoning_tokens);
+	if (res->done.finish == K3_FINISH_LENGTH)
+		fputs("; --max-new ended the turn before the answer", stderr);
+	fputs(")\n", stderr);
+}
+
 int k3ctl_cmd_chat(int argc, char **argv)
 {
 	struct k3ctl_gen_opts o;
@@ -95,6 +109,9 @@ int k3ctl_cmd_chat(int argc, char **argv)
 			continue;
 		}
 		k3ctl_gen_print(&o, &res);
+		if (!o.json && !res.text_len && !json_array_size(res.tool_calls) &&
+		    res.done.finish != K3_FINISH_CANCELLED)
+			empty_answer(&res);
 		if (res.done.finish == K3_FINISH_CANCELLED) {
 			/* A cancelled turn is not part of the conversation. Ctrl-C
 			 * here is the user's own; any other cancel is named, as

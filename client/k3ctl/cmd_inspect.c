@@ -36,6 +36,35 @@ static uint64_t default_ram(void)
 	return ram;
 }
 
+/* What the per-expert span is made of, for the largest expert (the one
+ * the span names): MXFP4 packed values, their E8M0 scales, and weights
+ * in any other dtype (a BF16 expert). Three bare numbers for one expert
+ * (inspect's span, plan's slot, k3d's slot) puzzled readers. */
+struct expert_parts {
+	uint64_t packed, scales, other;
+};
+
+static void expert_parts(const struct k3_model_plan *p, uint64_t span, struct expert_parts *x)
+{
+	memset(x, 0, sizeof(*x));
+	for (uint32_t l = 0; l < p->n_layers; l++) {
+		if (!p->layers[l].is_moe)
+			continue;
+		for (uint32_t e = 0; e < p->layers[l].moe.n_experts; e++) {
+			const struct k3_expert *ex = &p->layers[l].moe.experts[e];
+			const struct k3_expert_proj *w[3] = { &ex->w1, &ex->w2, &ex->w3 };
+			if (ex->payload_bytes != span)
+				continue;
+			for (int i = 0; i < 3; i++) {
+				x->packed += w[i]->packed ? w[i]->packed->nbytes : 0;
+				x->scales += w[i]->scale ? w[i]->scale->nbytes : 0;
+				x->other += w[i]->weight ? w[i]->weight->nbytes : 0;
+			}
+			return;
+		}
+	}
+}
+
 static void human(char *buf, size_t n, uint64_t b)
 {
 	if (b >= (1ull << 30))
@@ -144,7 +173,18 @@ int k3ctl_cmd_inspect(int argc, char **argv)
 	printf("spine %s (%llu B), experts %s (%llu B), total %s (%llu B)\n", h1,
 	       (unsigned long long)b.spine, h2, (unsigned long long)b.experts, h3,
 	       (unsigned long long)b.total);
-	printf("per-expert span: %llu bytes\n", (unsigned long long)b.expert_span);
+	if (b.expert_span) {
+		struct expert_parts x;
+		expert_parts(p, b.expert_span, &x);
+		printf("per-expert span: %llu bytes (one expert's weights as stored: %llu bytes of "
+		       "MXFP4 values + %llu of E8M0 scales", (unsigned long long)b.expert_span,
+		       (unsigned long long)x.packed, (unsigned long long)x.scales);
+		if (x.other)
+			printf(" + %llu in other dtypes", (unsigned long long)x.other);
+		printf("; a RAM cache slot holds it in whole 4 KiB pages)\n");
+	} else {
+		printf("per-expert span: 0 bytes (no routed experts)\n");
+	}
 	if (b.other) {
 		human(h1, sizeof(h1), b.other);
 		printf("not used by the text model (vision, MTP, ...): %s\n", h1);

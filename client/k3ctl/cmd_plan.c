@@ -132,9 +132,10 @@ static void plan_print(const char *dir, const struct k3_model_config *c,
 	else
 		printf("  ring     %9.3f GB  nothing streams\n", 0.0);
 	if (c->n_moe)
-		printf("  experts  %9.3f GB  %u slots of %" PRIu64 " bytes = %.2f%% of the %" PRIu64
-		       " experts (floor %" PRIu64 " slots)\n", gb(p->expert_cache_bytes),
-		       p->expert_slots, p->slot_bytes,
+		printf("  experts  %9.3f GB  %u slots of %" PRIu64 " bytes (an expert's %" PRIu64
+		       " bytes of MXFP4 values and scales, in whole 4 KiB pages) = %.2f%% of the %"
+		       PRIu64 " experts (floor %" PRIu64 " slots)\n", gb(p->expert_cache_bytes),
+		       p->expert_slots, p->slot_bytes, k3_store_plan_expert_bytes(c),
 		       p->expert_pool ? 100.0 * p->expert_slots / (double)p->expert_pool : 0,
 		       p->expert_pool, p->slot_bytes ? p->expert_floor_bytes / p->slot_bytes : 0);
 	printf("  unused   %9.3f GB\n", gb(p->unused_bytes));

@@ -123,7 +123,7 @@ static uint32_t at32(const struct k3_proto_ids *v, uint32_t i)
 	return i < v->n ? k3_proto_ids_at(v, i) : 0;
 }
 
-/* Several drives (docs/store.md): where each drive's bytes went, its
+/* Several drives (docs/drives.md): where each drive's bytes went, its
  * measured rate and p95, its hedges, what it holds. */
 static json_t *drives_json(const struct k3_msg_status_reply *s)
 {

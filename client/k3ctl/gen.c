@@ -53,7 +53,7 @@ void k3ctl_gen_release(struct k3ctl_gen_result *r)
 	memset(r, 0, sizeof(*r));
 }
 
-static const char *finish_name(uint32_t f)
+const char *k3ctl_gen_finish_name(uint32_t f)
 {
 	static const char *const names[] = { "stop", "length", "cancelled", "error", "tool_calls" };
 
@@ -237,8 +237,9 @@ static void print_stats(const struct k3ctl_gen_result *r)
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
 		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
-		finish_name(d->finish), d->prompt_tokens, d->cached_tokens, d->completion_tokens,
-		d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps, d->decode_s, d->decode_tps);
+		k3ctl_gen_finish_name(d->finish), d->prompt_tokens, d->cached_tokens,
+		d->completion_tokens, d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps,
+		d->decode_s, d->decode_tps);
 	/* Absent counters are unknown, not zero. */
 	if (d->has_expert_bytes_read)
 		fprintf(stderr, "experts: %llu bytes read, %llu hits, %llu misses, prefetch %llu issued / "
@@ -288,7 +289,7 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 			 "text", r->text ? r->text : "", r->text_len,
 			 "reasoning", r->reasoning ? r->reasoning : "", r->reasoning_len,
 			 "ids", r->ids, "tool_calls", r->tool_calls,
-			 "finish", finish_name(d->finish),
+			 "finish", k3ctl_gen_finish_name(d->finish),
 			 "usage", "prompt_tokens", (int)d->prompt_tokens, "completion_tokens",
 			 (int)d->completion_tokens, "reasoning_tokens", (int)d->reasoning_tokens,
 			 "cached_tokens", (int)d->cached_tokens,

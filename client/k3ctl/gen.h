@@ -79,6 +79,10 @@ int k3ctl_gen_print(const struct k3ctl_gen_opts *o, const struct k3ctl_gen_resul
 /* Frees what *r owns and zeroes it. */
 void k3ctl_gen_release(struct k3ctl_gen_result *r);
 
+/* DONE's finish reason (enum k3_finish) as its name: "stop", "length",
+ * "cancelled", "error", "tool_calls"; "unknown" for a newer value. */
+const char *k3ctl_gen_finish_name(uint32_t f);
+
 /* Why k3d cancelled a generation this k3ctl did not cancel, from DONE's
  * cancel_reason (enum k3_proto_cancel_reason), for a message. */
 const char *k3ctl_gen_cancel_cause(uint32_t reason);

@@ -108,6 +108,15 @@ static int cfg_rope(json_t *o, struct k3_dspark_config *c, struct k3_err *err)
 	return 0;
 }
 
+/* Flags of a K3 MLA that this forward does not implement: each must be
+ * false or absent, and `why` ends the refusal. */
+static const struct {
+	const char *key, *why;
+} refused_true[] = {
+	{ "mla_use_nope", "is not a DSpark draft (its attention uses RoPE)" },
+	{ "mla_use_output_gate", "is not supported (the DSpark MLA has no output gate)" },
+};
+
 int k3_dspark_config_parse(const char *text, size_t len, struct k3_dspark_config *c,
 			   struct k3_err *err)
 {
@@ -163,19 +172,14 @@ int k3_dspark_config_parse(const char *text, size_t len, struct k3_dspark_config
 			       "num_attention_heads %u (MLA has no shared heads)", c->heads);
 		goto out;
 	}
-	if ((r = cfg_bool(o, "mla_use_nope", false, &b, err)))
-		goto out;
-	if (b) {
-		r = k3_err_set(err, -EINVAL, "config.json: mla_use_nope true is not a DSpark draft "
-			       "(its attention uses RoPE)");
-		goto out;
-	}
-	if ((r = cfg_bool(o, "mla_use_output_gate", false, &b, err)))
-		goto out;
-	if (b) {
-		r = k3_err_set(err, -EINVAL, "config.json: mla_use_output_gate true is not supported "
-			       "(the DSpark MLA has no output gate)");
-		goto out;
+	for (size_t i = 0; i < sizeof(refused_true) / sizeof(refused_true[0]); i++) {
+		if ((r = cfg_bool(o, refused_true[i].key, false, &b, err)))
+			goto out;
+		if (b) {
+			r = k3_err_set(err, -EINVAL, "config.json: %s true %s", refused_true[i].key,
+				       refused_true[i].why);
+			goto out;
+		}
 	}
 	if ((r = cfg_bool(o, "tie_word_embeddings", false, &b, err)))
 		goto out;

@@ -99,7 +99,7 @@ void engine_lookahead(struct k3_engine *e, uint32_t next, uint32_t nB, uint32_t 
  * to keep the readers busy through the end of the layer's compute, where
  * the lookahead after the layer, on the whole residual, adds the rest.
  * Reading more of the partial guesses read more wrong ones for no gain
- * (docs/store.md, "Partial lookahead"). */
+ * (docs/store.md, "Prefetch": the partial lookahead). */
 enum { PARTIAL_GUESSES = 2 };
 
 /* The partial lookahead of MoE layer l (routed call open, its shared

@@ -47,17 +47,25 @@ static const char *json_kind(const json_t *v)
 	return "?";
 }
 
+/* key's value in o; NULL when it is absent or null (the class default). */
+static json_t *value_of(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return v && !json_is_null(v) ? v : NULL;
+}
+
 /* Reads an unsigned integer. Absent or null -> *out = dflt and *present
  * false (when required, that is an error). */
 static int get_u32(struct cfgctx *c, json_t *o, const char *key, bool required,
 		   uint32_t dflt, uint32_t min, uint32_t max, uint32_t *out, bool *present)
 {
-	json_t *v = json_object_get(o, key);
+	json_t *v = value_of(o, key);
 	char buf[96];
 
 	if (present)
 		*present = false;
-	if (!v || json_is_null(v)) {
+	if (!v) {
 		if (required)
 			return bad(c, key, "required field is missing or null (expected an integer)", NULL);
 		*out = dflt;
@@ -81,12 +89,12 @@ static int get_u32(struct cfgctx *c, json_t *o, const char *key, bool required,
 static int get_num(struct cfgctx *c, json_t *o, const char *key, bool required,
 		   double dflt, double min, double max, double *out, bool *present)
 {
-	json_t *v = json_object_get(o, key);
+	json_t *v = value_of(o, key);
 	char buf[96];
 
 	if (present)
 		*present = false;
-	if (!v || json_is_null(v)) {
+	if (!v) {
 		if (required)
 			return bad(c, key, "required field is missing or null (expected a number)", NULL);
 		*out = dflt;
@@ -110,30 +118,22 @@ static int get_num(struct cfgctx *c, json_t *o, const char *key, bool required,
 /* Booleans by value (§1.2: presence-based parsing is a known bug). */
 static int get_bool(struct cfgctx *c, json_t *o, const char *key, bool dflt, bool *out)
 {
-	json_t *v = json_object_get(o, key);
+	json_t *v = value_of(o, key);
 
-	if (!v || json_is_null(v)) {
-		*out = dflt;
-		return 0;
-	}
-	if (!json_is_boolean(v))
+	if (v && !json_is_boolean(v))
 		return bad(c, key, "expected true or false", json_kind(v));
-	*out = json_is_true(v);
+	*out = v ? json_is_true(v) : dflt;
 	return 0;
 }
 
 static int get_str(struct cfgctx *c, json_t *o, const char *key, const char *dflt,
 		   const char **out)
 {
-	json_t *v = json_object_get(o, key);
+	json_t *v = value_of(o, key);
 
-	if (!v || json_is_null(v)) {
-		*out = dflt;
-		return 0;
-	}
-	if (!json_is_string(v))
+	if (v && !json_is_string(v))
 		return bad(c, key, "expected a string", json_kind(v));
-	*out = json_string_value(v);
+	*out = v ? json_string_value(v) : dflt;
 	return 0;
 }
 

@@ -444,9 +444,27 @@ static int open_store(struct k3_sched *s, bool stream, uint64_t absent, struct k
 		snprintf(pfs, sizeof(pfs), "%d guesses per position", prefetch);
 	else
 		snprintf(pfs, sizeof(pfs), "off");
-	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes = %.3f GB (%s; floor %.3f GB, "
-		    "experts %.3f GB); %u reader threads; prefetch %s",
-		    info.n_slots, info.slot_bytes, (double)info.n_slots * (double)info.slot_bytes / 1e9,
+	/* A slot is the whole 4 KiB pages one expert's reads cover: its
+	 * weights and scales (k3ctl inspect's span) rounded up when a pack
+	 * aligns it (k3ctl plan's slot), more where a shard places it across
+	 * page boundaries or its arrays apart. Said here so the three sizes
+	 * of one expert explain themselves. */
+	struct k3_store_plan xp = { 0 };
+	char why[224];
+	if (k3_store_source_count(s->xsrc))
+		k3_store_source_plan(s->xsrc, 0, &xp);
+	uint64_t aligned = (xp.useful_bytes + K3_STORE_ALIGN - 1) / K3_STORE_ALIGN * K3_STORE_ALIGN;
+	if (info.slot_bytes > aligned)
+		snprintf(why, sizeof(why), "an expert's %" PRIu64 " bytes of weights and scales in"
+			 " whole 4 KiB pages, as the shards place it; aligned in a pack: %" PRIu64,
+			 xp.useful_bytes, aligned);
+	else
+		snprintf(why, sizeof(why), "an expert's %" PRIu64 " bytes of weights and scales in"
+			 " whole 4 KiB pages", xp.useful_bytes);
+	k3_log_info("expert cache: %u slots of %" PRIu64 " bytes (%s) = %.3f GB (%s; floor "
+		    "%.3f GB, experts %.3f GB); %u reader threads; prefetch %s",
+		    info.n_slots, info.slot_bytes, why,
+		    (double)info.n_slots * (double)info.slot_bytes / 1e9,
 		    o->expert_cache_bytes ? "--expert-cache-gb" : "the memory plan",
 		    (double)s->plan.expert_floor_bytes / 1e9, (double)pool / 1e9, info.io_threads, pfs);
 	/* one emulated drive for all (--io-rate, --io-latency of one value) */

@@ -52,8 +52,8 @@ enum {
  * piece. docs/store.md "Stopping wrong guesses" has the measurements. */
 #define K3_STORE_PREFETCH_PIECE_BYTES ((uint64_t)4 << 20)
 /* A demand read running this many times its drive's recent p95 read time
- * is hedged with a read of another copy (docs/store.md, "Several
- * drives"): well past the p95, so about one read in twenty is not hedged
+ * is hedged with a read of another copy (docs/drives.md, "Placement and
+ * hedging"): well past the p95, so about one read in twenty is not hedged
  * for being merely slow, and late enough that a hedge is rare. */
 #define K3_STORE_HEDGE_FACTOR 1.5
 
@@ -167,7 +167,7 @@ struct k3_store_stats {
 	uint64_t io_wait_ns;             /* time acquire spent waiting for reads */
 	uint64_t compute_ns;             /* time between acquires (the engine computing) */
 	uint64_t emulated_wait_ns;       /* readers' sleep for the emulated drive (--io-rate) */
-	/* Where the bytes went (docs/store.md, "Counters that add up"): once
+	/* Where the bytes went (docs/store.md, "Counters"): once
 	 * the store is idle (k3_store_idle settles the guesses still unused),
 	 * bytes_read = demand_bytes + prefetch_used_bytes +
 	 * prefetch_wasted_bytes exactly, in total and per drive. demand_bytes

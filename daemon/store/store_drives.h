@@ -1,6 +1,6 @@
 /*
- * store_drives.h - the options that describe several drives (docs/store.md,
- * "Several drives"), parsed once for k3d and k3ctl bench: the emulated
+ * store_drives.h - the options that describe several drives
+ * (docs/drives.md), parsed once for k3d and k3ctl bench: the emulated
  * drive per drive (--io-rate, --io-latency, --io-stall: one value for
  * every drive or one per drive, drive 0 being the model directory's and
  * drive d the d-th --expert-dir), hedging (--hedge), and how they fill a

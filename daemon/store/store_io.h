@@ -43,7 +43,7 @@
  * reads (the spine loader reads a layer as many jobs of a few MiB, so a
  * demand read waits at most for one of them), then guesses. The cap of a
  * class past DEMAND counts the running jobs of every class from SPINE to
- * it, on the same drive. A guess costs demand nothing (docs/store.md,
+ * it, on the same drive. A guess costs demand nothing (docs/drives.md,
  * "Idle capacity"): it starts only while no demand job is queued on any
  * drive and none is running on its own; a guess being read pauses before
  * its next piece while demand is queued or running on its drive (unless

@@ -44,9 +44,9 @@ enum {
 	K3_STORE_MAX_EXPERTS_PER_LAYER = 65536,
 	K3_STORE_MAX_EXPERTS = 1 << 20,
 	K3_STORE_ALIGN = 4096,        /* slot, span and O_DIRECT alignment, bytes */
-	/* Drives holding copies of the experts (docs/store.md, "Several
-	 * drives"): drive 0 is the model directory's (packs or shards), each
-	 * --expert-dir one more. */
+	/* Drives holding copies of the experts (docs/drives.md): drive 0 is
+	 * the model directory's (packs or shards), each --expert-dir one
+	 * more. */
 	K3_STORE_MAX_DRIVES = 4,
 };
 /* One array may not exceed 1 GiB (a K3 array is 5.5 MB). */

@@ -6,8 +6,7 @@
  * spine overlay, model.h, its I8 matrices from the overlay's shards and
  * the rest from the model's), read with O_DIRECT where the file
  * system allows it through the store's reader pool (store_io.h, class
- * K3_STORE_IO_SPINE). docs/store.md, "Spine streaming", has the design and
- * the numbers.
+ * K3_STORE_IO_SPINE). docs/spine.md has the design and the numbers.
  *
  * Units: each layer, the head (model.norm, the output AttnRes pair,
  * lm_head) and the embedding. Memory:

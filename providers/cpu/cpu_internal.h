@@ -108,6 +108,13 @@ int cpu_check_kind(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn
 int cpu_check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ffn,
 		    struct k3_prov_status *st);
 
+/* What an attention op checks first: cpu_check_T, cpu_check_layer of
+ * kind attn, and that its state (what: "KDA state", "MLA cache"), made
+ * for owner's layer owner_layer, belongs to m's layer. 0 or -EINVAL. */
+int cpu_check_attn(k3_prov_model *m, uint32_t layer, uint32_t T, uint32_t attn,
+		   const k3_prov_model *owner, uint32_t owner_layer, const char *what,
+		   struct k3_prov_status *st);
+
 /* out[0..n) := y, or += y with K3_PROV_OUT_ACCUMULATE in flags. */
 void cpu_store(float *out, const float *y, size_t n, uint32_t flags);
 

@@ -193,14 +193,7 @@ static void kda_steps(k3_prov_model *m, const struct cpu_layer *L, float *win, f
 static int kda_check(k3_prov_model *m, uint32_t layer, uint32_t T, const k3_prov_kda_state *s,
 		     struct k3_prov_status *st)
 {
-	int rc = cpu_check_T(m, T, st);
-	if (!rc)
-		rc = cpu_check_layer(m, layer, K3_PROV_ATTN_KDA, 0, st);
-	if (rc)
-		return rc;
-	if (s->m != m || s->layer != layer)
-		return cpu_fail(st, -EINVAL, "KDA state of layer %u used for layer %u", s->layer, layer);
-	return 0;
+	return cpu_check_attn(m, layer, T, K3_PROV_ATTN_KDA, s->m, s->layer, "KDA state", st);
 }
 
 /* input_layernorm and the six input projections of T positions into the

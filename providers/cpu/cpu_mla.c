@@ -193,13 +193,10 @@ int cpu_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T,
 	    k3_prov_mla_cache *cache, float *out, uint32_t flags,
 	    struct k3_prov_status *st)
 {
-	int rc = cpu_check_T(m, T, st);
-	if (!rc)
-		rc = cpu_check_layer(m, layer, K3_PROV_ATTN_MLA, 0, st);
+	int rc = cpu_check_attn(m, layer, T, K3_PROV_ATTN_MLA, cache->m, cache->layer, "MLA cache",
+				st);
 	if (rc)
 		return rc;
-	if (cache->m != m || cache->layer != layer)
-		return cpu_fail(st, -EINVAL, "MLA cache of layer %u used for layer %u", cache->layer, layer);
 	rc = mla_reserve(cache, cache->len + T, st);
 	if (rc)
 		return rc;

@@ -53,34 +53,58 @@ enum load_mode {
  * kv_b_proj (its WUK half runs transposed, spec §6.5). */
 static const char *const no_i8[] = { "embed_tokens", "kv_b_proj" };
 
+/* The shape check every matrix passes: [rows, cols], data present exactly
+ * when the mode says so. what: "shape", or "I8 shape" for an I8 matrix. */
+static int check_shape(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
+		       const char *what, const char *name, uint32_t layer,
+		       enum load_mode mode, struct k3_prov_status *st)
+{
+	if ((mode == LOAD_DEFERRED) != !t->data || t->ndim != 2 || t->shape[0] != rows ||
+	    t->shape[1] != cols)
+		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': %s [%llu, %llu] (ndim %u)%s, want"
+				" [%u, %u]%s", layer, name, what, (unsigned long long)t->shape[0],
+				(unsigned long long)t->shape[1], t->ndim, t->data ? "" : " without data",
+				rows, cols, mode == LOAD_DEFERRED ? " without data (the layer is bound later)"
+								  : " with data");
+	return 0;
+}
+
 /* An I8 matrix (the int8 spine, k3_provider.h): q[rows][cols] then the
  * row scales, 4-byte aligned. */
-static int get_mat_i8(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
-		      struct k3_cpu_mat *out, const char *name, uint32_t layer,
-		      enum load_mode mode, struct k3_prov_status *st)
+static int check_mat_i8(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
+			const char *name, uint32_t layer, enum load_mode mode,
+			struct k3_prov_status *st)
 {
+	int r;
+
 	for (size_t i = 0; i < sizeof(no_i8) / sizeof(no_i8[0]); i++)
 		if (strcmp(name, no_i8[i]) == 0)
 			return cpu_fail(st, -EINVAL, "layer %u tensor '%s': int8 (I8) is not accepted here"
 					" (not the operand of a row-wise product); keep it bf16",
 					layer, name);
-	if ((mode == LOAD_DEFERRED) != !t->data || t->ndim != 2 || t->shape[0] != rows ||
-	    t->shape[1] != cols)
-		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': I8 shape [%llu, %llu] (ndim %u)%s, want"
-				" [%u, %u]%s", layer, name, (unsigned long long)t->shape[0],
-				(unsigned long long)t->shape[1], t->ndim, t->data ? "" : " without data",
-				rows, cols, mode == LOAD_DEFERRED ? " without data (the layer is bound later)"
-								  : " with data");
+	if ((r = check_shape(t, rows, cols, "I8 shape", name, layer, mode, st)))
+		return r;
 	if ((uintptr_t)t->data % 4)
 		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': I8 payload not 4-byte aligned (its row"
 				" scales follow it)", layer, name);
-	if (mode == LOAD_BIND && t->dtype != out->dtype)
-		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': bound with dtype %u, opened with %u",
-				layer, name, t->dtype, out->dtype);
-	out->data = t->data;
-	out->dtype = t->dtype;
-	out->rows = rows;
-	out->cols = cols;
+	return 0;
+}
+
+/* A BF16 or F32 matrix, aligned to its element size. */
+static int check_mat_dense(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
+			   const char *name, uint32_t layer, enum load_mode mode,
+			   struct k3_prov_status *st)
+{
+	int r;
+
+	if (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32)
+		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': dtype %u is not bf16 or f32",
+				layer, name, t->dtype);
+	if ((r = check_shape(t, rows, cols, "shape", name, layer, mode, st)))
+		return r;
+	if ((uintptr_t)t->data % (t->dtype == K3_PROV_DTYPE_BF16 ? 2 : 4))
+		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': payload not aligned to its element size",
+				layer, name);
 	return 0;
 }
 
@@ -88,21 +112,11 @@ static int get_mat(const struct k3_prov_tensor *t, uint32_t rows, uint32_t cols,
 		   struct k3_cpu_mat *out, const char *name, uint32_t layer,
 		   enum load_mode mode, struct k3_prov_status *st)
 {
-	if (t->dtype == K3_PROV_DTYPE_I8)
-		return get_mat_i8(t, rows, cols, out, name, layer, mode, st);
-	if (t->dtype != K3_PROV_DTYPE_BF16 && t->dtype != K3_PROV_DTYPE_F32)
-		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': dtype %u is not bf16 or f32",
-				layer, name, t->dtype);
-	if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
-	    (mode == LOAD_DEFERRED) != !t->data)
-		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': shape [%llu, %llu] (ndim %u)%s, want"
-				" [%u, %u]%s", layer, name, (unsigned long long)t->shape[0],
-				(unsigned long long)t->shape[1], t->ndim, t->data ? "" : " without data",
-				rows, cols, mode == LOAD_DEFERRED ? " without data (the layer is bound later)"
-								  : " with data");
-	if ((uintptr_t)t->data % (t->dtype == K3_PROV_DTYPE_BF16 ? 2 : 4))
-		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': payload not aligned to its element size",
-				layer, name);
+	int r = t->dtype == K3_PROV_DTYPE_I8 ? check_mat_i8(t, rows, cols, name, layer, mode, st)
+					     : check_mat_dense(t, rows, cols, name, layer, mode, st);
+
+	if (r)
+		return r;
 	if (mode == LOAD_BIND && t->dtype != out->dtype)
 		return cpu_fail(st, -EINVAL, "layer %u tensor '%s': bound with dtype %u, opened with %u",
 				layer, name, t->dtype, out->dtype);
@@ -485,6 +499,21 @@ int cpu_check_layer(k3_prov_model *m, uint32_t layer, uint32_t attn, uint32_t ff
 	if (!m->layers[layer].bound)
 		return cpu_fail(st, -EINVAL, "layer %u is not bound (its weights stream: bind_layer"
 				" before its ops)", layer);
+	return 0;
+}
+
+int cpu_check_attn(k3_prov_model *m, uint32_t layer, uint32_t T, uint32_t attn,
+		   const k3_prov_model *owner, uint32_t owner_layer, const char *what,
+		   struct k3_prov_status *st)
+{
+	int rc = cpu_check_T(m, T, st);
+	if (!rc)
+		rc = cpu_check_layer(m, layer, attn, 0, st);
+	if (rc)
+		return rc;
+	if (owner != m || owner_layer != layer)
+		return cpu_fail(st, -EINVAL, "%s of layer %u used for layer %u", what, owner_layer,
+				layer);
 	return 0;
 }
 

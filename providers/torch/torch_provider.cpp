@@ -299,6 +299,20 @@ const Layer &check_layer(const Model &m, uint32_t layer, uint32_t attn, uint32_t
 	return L;
 }
 
+/* What an attention entry checks first: T, the layer's attention kind, and
+ * that the state (what: "KDA state", "MLA cache") was made for this model
+ * and layer. */
+template <class State>
+const Layer &check_attn(const Model &m, uint32_t layer, uint32_t T, uint32_t attn,
+			const State &s, const char *what)
+{
+	check_T(m, T);
+	const Layer &L = check_layer(m, layer, attn, 0);
+	if (s.m != &m || s.layer != layer)
+		fail(-EINVAL, "%s of layer %u used for layer %u", what, s.layer, layer);
+	return L;
+}
+
 }  // namespace
 
 at::Tensor linear(const Model &m, const at::Tensor &x, const at::Tensor &W)
@@ -597,10 +611,7 @@ int t_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 	  float *out, uint32_t flags, k3_prov_status *st)
 {
 	return guard(st, [&] {
-		check_T(*m, T);
-		const Layer &L = check_layer(*m, layer, K3_PROV_ATTN_KDA, 0);
-		if (s->m != m || s->layer != layer)
-			fail(-EINVAL, "KDA state of layer %u used for layer %u", s->layer, layer);
+		const Layer &L = check_attn(*m, layer, T, K3_PROV_ATTN_KDA, *s, "KDA state");
 		const k3_prov_config &c = m->cfg;
 		int64_t H = c.kda_heads, dk = c.kda_head_dim, D = c.hidden;
 		/* the state carries from one piece to the next: T pieces of
@@ -644,10 +655,7 @@ int t_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 	  float *out, uint32_t flags, k3_prov_status *st)
 {
 	return guard(st, [&] {
-		check_T(*m, T);
-		const Layer &L = check_layer(*m, layer, K3_PROV_ATTN_MLA, 0);
-		if (cache->m != m || cache->layer != layer)
-			fail(-EINVAL, "MLA cache of layer %u used for layer %u", cache->layer, layer);
+		const Layer &L = check_attn(*m, layer, T, K3_PROV_ATTN_MLA, *cache, "MLA cache");
 		mla_reserve(*cache, cache->len + T);
 		const k3_prov_config &c = m->cfg;
 		int64_t H = c.mla_heads, kvl = c.kv_lora, rope = c.qk_rope, nope = c.qk_nope;
@@ -685,16 +693,24 @@ int t_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 	});
 }
 
-int t_ffn_norm(k3_prov_model *m, uint32_t layer, const float *h2, uint32_t T, float *x,
-	       k3_prov_status *st)
+/* A row-wise op of one layer: the checks (T, the layer), then
+ * body(L, t0, nt, D) over the positions as by_rows splits them. */
+template <class Body>
+int layer_rows(k3_prov_model *m, uint32_t layer, uint32_t T, k3_prov_status *st, Body body)
 {
 	return guard(st, [&] {
 		check_T(*m, T);
 		const Layer &L = check_layer(*m, layer, 0, 0);
 		size_t D = m->cfg.hidden;
-		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
-			put(x + t0 * D, rmsnorm(in(*m, h2 + t0 * D, nt, D), L.post_norm, m->cfg.rms_eps), 0);
-		});
+		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) { body(L, t0, nt, D); });
+	});
+}
+
+int t_ffn_norm(k3_prov_model *m, uint32_t layer, const float *h2, uint32_t T, float *x,
+	       k3_prov_status *st)
+{
+	return layer_rows(m, layer, T, st, [&](const Layer &L, uint32_t t0, uint32_t nt, size_t D) {
+		put(x + t0 * D, rmsnorm(in(*m, h2 + t0 * D, nt, D), L.post_norm, m->cfg.rms_eps), 0);
 	});
 }
 
@@ -771,24 +787,28 @@ int t_routed_expert(k3_prov_model *m, uint32_t layer, uint32_t expert, const k3_
 	});
 }
 
-int t_routed_end(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
-		 k3_prov_status *st)
+/* routed_end, or with partial routed_partial: the open layer's sum. */
+int routed_finish(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
+		  bool partial, k3_prov_status *st)
 {
 	return guard(st, [&] {
 		if (!m->r.open || layer != m->r.layer)
-			fail(-EINVAL, "layer %u: routed_end without routed_begin", layer);
-		routed_end(*m, layer, weights, out, false);
+			fail(-EINVAL, "layer %u: %s", layer, partial ? "routed_partial outside "
+			     "routed_begin..end" : "routed_end without routed_begin");
+		routed_end(*m, layer, weights, out, partial);
 	});
+}
+
+int t_routed_end(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
+		 k3_prov_status *st)
+{
+	return routed_finish(m, layer, weights, out, false, st);
 }
 
 int t_routed_partial(k3_prov_model *m, uint32_t layer, const float *weights, float *out,
 		     k3_prov_status *st)
 {
-	return guard(st, [&] {
-		if (!m->r.open || layer != m->r.layer)
-			fail(-EINVAL, "layer %u: routed_partial outside routed_begin..end", layer);
-		routed_end(*m, layer, weights, out, true);
-	});
+	return routed_finish(m, layer, weights, out, true, st);
 }
 
 int t_experts_resident(k3_prov_model *m, uint32_t layer, const uint32_t *ids, size_t n,
@@ -807,15 +827,10 @@ int t_experts_resident(k3_prov_model *m, uint32_t layer, const uint32_t *ids, si
 int t_mlp(k3_prov_model *m, uint32_t layer, const float *x, uint32_t T, float *out,
 	  k3_prov_status *st)
 {
-	return guard(st, [&] {
-		check_T(*m, T);
-		const Layer &L = check_layer(*m, layer, 0, 0);
-		size_t D = m->cfg.hidden;
-		by_rows(*m, T, [&](uint32_t t0, uint32_t nt) {
-			at::Tensor xt = in(*m, x + t0 * D, nt, D);
-			at::Tensor a = situ(*m, linear(*m, xt, L.mg), linear(*m, xt, L.mu));
-			put(out + t0 * D, linear(*m, a, L.md), 0);
-		});
+	return layer_rows(m, layer, T, st, [&](const Layer &L, uint32_t t0, uint32_t nt, size_t D) {
+		at::Tensor xt = in(*m, x + t0 * D, nt, D);
+		at::Tensor a = situ(*m, linear(*m, xt, L.mg), linear(*m, xt, L.mu));
+		put(out + t0 * D, linear(*m, a, L.md), 0);
 	});
 }
 

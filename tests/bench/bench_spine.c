@@ -1,6 +1,6 @@
 /*
  * bench_spine.c - spine streaming against its physical limit, measured in
- * the same run (issue 17 targets; docs/store.md, "Spine streaming"):
+ * the same run (issue 17 targets; docs/spine.md):
  *
  *   1. spine read bandwidth: one pass of the spine loader (store_spine.h)
  *      with no layer resident and no compute (acquire, release, in pass

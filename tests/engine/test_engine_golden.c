@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "t.h"
+#include "t_golden.h"
 #include "t_json.h"
 
 #include "engine/engine.h"
@@ -49,22 +50,15 @@ static void check_route(const uint32_t *ids, const float *w, uint32_t K, json_t 
 
 static void run_case(const char *name, const char *prompt, bool reference)
 {
-	char path[512];
 	struct k3_err err = { 0 };
 	struct k3_model *model = NULL;
 	struct k3_engine *e = NULL;
 	struct k3_engine_seq *s = NULL;
-	json_error_t jerr;
+	json_t *g = t_golden_json(name, prompt);
 
-	snprintf(path, sizeof(path), "golden/forward/%s/golden/%s.json", name, prompt);
-	json_t *g = json_load_file(t_shared_path(path), 0, &jerr);
-	if (!T_OK(g != NULL)) {
-		printf("     %s: %s\n", path, jerr.text);
+	if (!T_OK(g != NULL))
 		return;
-	}
-	snprintf(path, sizeof(path), "golden/forward/%s/model", name);
-	if (!T_OK(k3_model_open(t_shared_path(path), &model, &err) == 0)) {
-		printf("     %s\n", err.msg);
+	if (!T_OK((model = t_golden_model(name)) != NULL)) {
 		json_decref(g);
 		return;
 	}
@@ -76,11 +70,10 @@ static void run_case(const char *name, const char *prompt, bool reference)
 	}
 	uint32_t V = k3_engine_vocab(e), K = k3_engine_top_k(e), nm = k3_engine_n_moe(e);
 	const uint32_t *ml = k3_engine_moe_layers(e);
-	json_t *jp = json_object_get(g, "prompt");
-	uint32_t T = (uint32_t)json_array_size(jp);
 	int32_t ids[64];
-	for (uint32_t t = 0; t < T; t++)
-		ids[t] = (int32_t)json_integer_value(json_array_get(jp, t));
+	uint32_t T = t_golden_prompt(g, ids, 64);
+	if (!T_OK(T > 0))
+		goto out;
 
 	float *logits = calloc((size_t)T * V, sizeof(float));
 	uint32_t *rid = calloc((size_t)T * nm * K, sizeof(uint32_t));

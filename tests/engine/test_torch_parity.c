@@ -28,6 +28,8 @@
 #include <stdlib.h>
 
 #include "t.h"
+#include "t_engine.h"
+#include "t_golden.h"
 #include "t_json.h"
 
 #include "engine/engine.h"
@@ -58,7 +60,7 @@ struct golden_run {
 	uint32_t T, V, PER, steps;
 	float *logits;       /* [T + steps][V] */
 	uint32_t *ids;       /* [T + steps][PER] */
-	uint32_t tokens[16];
+	int32_t tokens[16];  /* the fed-back greedy ids, [steps] */
 	int rc;
 };
 
@@ -67,12 +69,12 @@ static void golden_run(struct k3_model *model, const char *provider, const int32
 {
 	struct k3_err err = { 0 };
 	struct k3_engine *e = NULL;
-	struct k3_engine_seq *s = NULL;
 	struct k3_engine_opts o = { .provider = provider, .threads = 1, .max_chunk = 16 };
 	memset(r, 0, sizeof(*r));
-	r->rc = k3_engine_open(model, &o, &e, &err);
-	if (!r->rc)
-		r->rc = k3_engine_seq_new(e, 64, &s, &err);
+	if (steps > sizeof(r->tokens) / sizeof(r->tokens[0]))
+		r->rc = k3_err_set(&err, -EINVAL, "%u greedy steps: at most 16", steps);
+	else
+		r->rc = k3_engine_open(model, &o, &e, &err);
 	if (r->rc) {
 		printf("     %s: %s\n", provider, err.msg);
 		k3_engine_free(e);
@@ -85,20 +87,10 @@ static void golden_run(struct k3_model *model, const char *provider, const int32
 	r->logits = calloc((size_t)(T + steps) * r->V, sizeof(float));
 	r->ids = calloc((size_t)(T + steps) * r->PER, sizeof(uint32_t));
 	float *w = calloc((size_t)(T + steps) * r->PER, sizeof(float));
-	struct k3_engine_out out = { K3_ENGINE_LOGITS_ALL, r->logits, r->ids, w };
-	r->rc = k3_engine_forward(e, s, prompt, T, &out, &err);
-	for (uint32_t i = 0; !r->rc && i < steps; i++) {
-		uint32_t pos = T + i;
-		r->tokens[i] = k3_engine_argmax(r->logits + (size_t)(pos - 1) * r->V, r->V);
-		int32_t id = (int32_t)r->tokens[i];
-		struct k3_engine_out o1 = { K3_ENGINE_LOGITS_LAST, r->logits + (size_t)pos * r->V,
-					    r->ids + (size_t)pos * r->PER, w + (size_t)pos * r->PER };
-		r->rc = k3_engine_forward(e, s, &id, 1, &o1, &err);
-	}
+	r->rc = t_engine_run(e, prompt, T, steps, r->logits, r->ids, w, r->tokens, &err);
 	if (r->rc)
 		printf("     %s: %s\n", provider, err.msg);
 	free(w);
-	k3_engine_seq_free(s);
 	k3_engine_free(e);
 }
 
@@ -112,26 +104,18 @@ static double worst_vs_cpu;
 
 static void golden_case(const char *name, const char *prompt_name)
 {
-	char path[512];
-	struct k3_err err = { 0 };
 	struct k3_model *model = NULL;
-	json_error_t jerr;
+	json_t *g = t_golden_json(name, prompt_name);
 
-	snprintf(path, sizeof(path), "golden/forward/%s/golden/%s.json", name, prompt_name);
-	json_t *g = json_load_file(t_shared_path(path), 0, &jerr);
 	if (!T_OK(g != NULL))
 		return;
-	snprintf(path, sizeof(path), "golden/forward/%s/model", name);
-	if (!T_OK(k3_model_open(t_shared_path(path), &model, &err) == 0)) {
-		printf("     %s\n", err.msg);
+	if (!T_OK((model = t_golden_model(name)) != NULL)) {
 		json_decref(g);
 		return;
 	}
-	json_t *jp = json_object_get(g, "prompt");
-	uint32_t T = (uint32_t)json_array_size(jp);
 	int32_t ids[64];
-	for (uint32_t t = 0; t < T && t < 64; t++)
-		ids[t] = (int32_t)json_integer_value(json_array_get(jp, t));
+	uint32_t T = t_golden_prompt(g, ids, 64);
+	T_OK(T > 0);
 	json_t *gtok = json_object_get(json_object_get(g, "greedy"), "tokens");
 	uint32_t steps = (uint32_t)json_array_size(gtok);
 	/* the last greedy token needs no forward of its own */

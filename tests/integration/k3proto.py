@@ -133,12 +133,35 @@ def connect(path, do_hello=True):
     return s
 
 
+def generate_payload(prompt=None, ids=None, messages=None, max_new=None, stop=(), stop_ids=None,
+                     draft=None):
+    """A GENERATE payload: kind (1) chat when messages (a list, sent as
+    JSON in 4) is given, else raw with a prompt string (2) and/or ids (3);
+    then max_new (8), each stop string (9), stop ids (10), the draft
+    policy (13). Absent arguments leave their fields out."""
+    p = field(1, 1 if messages is not None else 0)
+    if prompt is not None:
+        p += field(2, prompt)
+    if messages is not None:
+        p += field(4, json.dumps(messages))
+    if ids is not None:
+        p += ids_field(3, ids)
+    if max_new is not None:
+        p += field(8, max_new)
+    for s in stop:
+        p += field(9, s)
+    if stop_ids:
+        p += ids_field(10, stop_ids)
+    if draft is not None:
+        p += field(13, draft)
+    return p
+
+
 def generate_ids(sock_path, ids, max_new):
     """Returns (generated ids, DONE fields) of one raw-ids GENERATE."""
     names = {v: k for k, v in T.items()}
     s = connect(sock_path)
-    p = field(1, 0) + field(3, b"".join(struct.pack("<I", i) for i in ids)) + field(8, max_new)
-    s.sendall(frame(T["GENERATE"], 9, p))
+    s.sendall(frame(T["GENERATE"], 9, generate_payload(ids=ids, max_new=max_new)))
     out, done = [], None
     while done is None:
         r = read_frame(s, 120)
@@ -147,8 +170,7 @@ def generate_ids(sock_path, ids, max_new):
         t, rid, f = r
         name = names.get(t)
         if name == "TOKEN":
-            b = f[1][0]
-            out += [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
+            out += unpack_ids(f[1][0])
         elif name == "DONE":
             done = f
         elif name == "ERROR":

@@ -20,9 +20,9 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import (T, STATUS, Daemon, connect, field, frame, hello,  # noqa: E402
                      make_model, read_frame, u32)
+from k3test import check, report  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-failures = []
 
 
 def k3ctl(sock, *args, user=None):
@@ -30,12 +30,6 @@ def k3ctl(sock, *args, user=None):
     if user is not None:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def expect_error(sock, status, what, closes=True):
@@ -544,8 +538,7 @@ def main():
     print("-- test_sigbus")
     test_sigbus(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":

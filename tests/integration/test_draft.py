@@ -27,34 +27,17 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import T, Daemon, connect, field, frame, ids_field, read_frame, u32, unpack_ids  # noqa
+from k3proto import T, Daemon, connect, frame, generate_payload, read_frame, u32, unpack_ids  # noqa
+from k3test import check, report  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 NAMES = {v: k for k, v in T.items()}
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def generate(sock, ids=None, messages=None, max_new=None, stop=(), stop_ids=None, draft=None, rid=7):
     """One GENERATE; returns (ids, text, done fields) or ('error', status, message)."""
-    p = field(1, 1 if messages is not None else 0)
-    if messages is not None:
-        p += field(4, json.dumps(messages))
-    if ids is not None:
-        p += ids_field(3, ids)
-    if max_new is not None:
-        p += field(8, max_new)
-    for s in stop:
-        p += field(9, s)
-    if stop_ids:
-        p += ids_field(10, stop_ids)
-    if draft is not None:
-        p += field(13, draft)
+    p = generate_payload(ids=ids, messages=messages, max_new=max_new, stop=stop, stop_ids=stop_ids,
+                         draft=draft)
     c = connect(sock)
     c.sendall(frame(T["GENERATE"], rid, p))
     out, text = [], b""
@@ -243,11 +226,7 @@ def main():
     else:
         check(False, f"k3ctl render-chat: {rc.stderr}")
     shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} failures")
-        return 1
-    print("draft integration: ok")
-    return 0
+    return report("draft integration: ok")
 
 
 if __name__ == "__main__":

@@ -20,26 +20,18 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, generate_ids as generate, u64  # noqa
-from k3proto import trace_routes as routes  # noqa
+from k3test import check, check_routes, golden_model, golden_runs, packed_copy, report  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
-failures = []
 
 # DONE tags (docs/protocol.md)
 EXPERT_BYTES, WASTED = 11, 16
 D_BYTES, D_DEMAND, D_USED, D_WASTED, D_SPINE, D_HEDGES = 60, 61, 62, 63, 64, 65
 DEMAND, USED = 67, 68
 PREFILL_BYTES, PREFILL_DISTINCT, SPAN, CHUNK = 71, 72, 73, 74
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def u64s(fields, tag):
@@ -56,21 +48,12 @@ def k3ctl(*args):
 
 def main():
     case = "k3tiny_b"
-    model = os.path.join(SHARED, "golden", "forward", case, "model")
-    if not os.path.isdir(model):
-        print("SKIP: no", model)
+    model = golden_model(SHARED, case)
+    if model is None:
         sys.exit(77)
-    goldens = []
-    for p in ("p8", "p40"):
-        g = json.load(open(os.path.join(SHARED, "golden", "forward", case, "golden", p + ".json")))
-        goldens.append((g["prompt"], g["greedy"]["tokens"]))
-    work = tempfile.mkdtemp(prefix="k3d-drives-")
+    goldens = golden_runs(SHARED, case)
+    work, packed, r = packed_copy(K3CTL, model, "k3d-drives-")
     try:
-        packed = os.path.join(work, "model")
-        os.mkdir(packed)
-        for name in os.listdir(model):
-            shutil.copy(os.path.join(model, name), os.path.join(packed, name))
-        r = k3ctl("pack", "--model", packed)
         check(r.returncode == 0, f"k3ctl pack: {r.stderr}")
         full, part, hot = (os.path.join(work, n) for n in ("full", "part", "hot"))
         r = k3ctl("pack", "--model", packed, "--out", full, "--layers", "all")
@@ -161,14 +144,10 @@ def main():
                     check(drives[1]["experts"] > 0, f"{name}: the copy holds experts")
             finally:
                 d.stop()
-            rs = routes(trace)
-            check(len(rs) > 0, f"{name}: trace written")
             if ref is None:
-                ref = rs
                 trace_ref = os.path.join(work, "trace-ref.jsonl")
                 shutil.copy(trace, trace_ref)
-            else:
-                check(rs == ref, f"{name}: routes identical to one drive's")
+            ref = check_routes(ref, trace, name, "one drive's")
         # a copy that does not match the model is refused at start-up
         bad = os.path.join(work, "bad")
         os.mkdir(bad)
@@ -185,7 +164,4 @@ def main():
 
 
 main()
-if failures:
-    print(f"{len(failures)} failures")
-    sys.exit(1)
-print("ok")
+sys.exit(report())

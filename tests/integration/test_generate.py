@@ -22,8 +22,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from k3proto import (T, STATUS, Daemon, connect, field, frame, ids_field, make_model,  # noqa
-                     read_frame, u32, unpack_ids)
+from k3proto import (T, STATUS, Daemon, connect, field, frame, generate_payload,  # noqa
+                     ids_field, make_model, read_frame, u32, unpack_ids)
+from k3test import check, report  # noqa
 import k3proto  # noqa
 
 
@@ -35,36 +36,15 @@ def Daemon(k3d, *args, **kw):
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 PUBLISH_DEADLINE_S = 5   # daemon/server/sched.c
-failures = []
 NAMES = {v: k for k, v in T.items()}
 
 
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
-
 def raw(prompt=None, ids=None, max_new=None, stop=(), stop_ids=None):
-    p = field(1, 0)
-    if prompt is not None:
-        p += field(2, prompt)
-    if ids is not None:
-        p += ids_field(3, ids)
-    if max_new is not None:
-        p += field(8, max_new)
-    for s in stop:
-        p += field(9, s)
-    if stop_ids:
-        p += ids_field(10, stop_ids)
-    return p
+    return generate_payload(prompt=prompt, ids=ids, max_new=max_new, stop=stop, stop_ids=stop_ids)
 
 
 def chat(messages, max_new=None):
-    p = field(1, 1) + field(4, json.dumps(messages))
-    if max_new is not None:
-        p += field(8, max_new)
-    return p
+    return generate_payload(messages=messages, max_new=max_new)
 
 
 class Stream:
@@ -906,8 +886,7 @@ def main():
     print("-- shutdown twice"); test_shutdown_twice(K3D)
     print("-- cancel permissions"); test_cancel_permissions(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":

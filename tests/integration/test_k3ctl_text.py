@@ -34,16 +34,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "gateway"))
 from k3proto import Daemon, make_model  # noqa: E402
+from k3test import check, report  # noqa
 from gwharness import Fake  # noqa: E402  (the fake k3d's launcher)
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def k3ctl(sock, *args, stdin=None, timeout=60):
@@ -96,6 +90,21 @@ def test_fake(tmp):
             check(msgs[1].get("content") == TEXT, f"resent content: {msgs[1].get('content')!r}")
             check(msgs[1].get("reasoning_content") == REASONING,
                   f"resent reasoning: {msgs[1].get('reasoning_content')!r}")
+
+        # chat marks a turn with no answer on stderr, with why it ended
+        # (stdout keeps only answers); a turn with an answer has no mark
+        think = {"tokens": [{"r": "thinking "}, {"r": "more"}, "late"]}
+        r = k3ctl(f.sock, "chat", "--max-new", "2",
+                  stdin=(fake_prompt(think) + "\n" + fake_prompt({"tokens": []}) + "\n" +
+                         fake_prompt({"tokens": ["Hi"]}) + "\n").encode())
+        err = r.stderr.decode(errors="replace")
+        check(r.returncode == 0 and "(empty answer: finish=length, 2 reasoning tokens; --max-new "
+              "ended the turn before the answer)\n" in err,
+              f"chat marks a thinking-only turn: {err!r}")
+        check("(empty answer: finish=stop)\n" in err, f"chat marks an empty stopped turn: {err!r}")
+        check(err.count("(empty answer") == 2 and b"(empty answer" not in r.stdout,
+              f"only the empty turns are marked, on stderr: {err!r} {r.stdout!r}")
+        check(r.stdout == b"Hi\n", f"chat's stdout holds the one answer: {r.stdout!r}")
 
         # chat names who cancelled a reply (DONE's cancel_reason) and goes on
         for reason, words in ((2, "'k3ctl cancel' from another client"), (3, "k3d is shutting down")):
@@ -163,8 +172,7 @@ def main():
         print("-- real k3d"); test_real(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":

@@ -25,17 +25,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import T, Daemon, connect, field, frame, ids_field, read_frame, u32, unpack_ids  # noqa
+from k3test import check, report  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 NAMES = {v: k for k, v in T.items()}
-failures = []
 NGRAM, OFF = 3, 1
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def d_u32(f, tag):
@@ -286,10 +280,7 @@ def main():
             print("SKIP: per-uid share needs root (two peer uids)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("ok")
+    return report()
 
 
 def as_uid(uid, sock, ids, max_new, out, key):
@@ -355,4 +346,4 @@ def uid_share(model):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

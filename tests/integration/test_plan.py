@@ -21,15 +21,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import (T, Daemon, connect, frame, generate_ids, make_model, read_frame,  # noqa
                      u32, u64)
+from k3test import BIG_SPINE_PROMPT, asan_build, big_spine_model, check, report, vm_hwm  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def refused(model, *args):
@@ -67,30 +61,15 @@ def model_info(sock):
     return f
 
 
-# A demo model whose spine (24 layers of hidden 1024 and the head: 0.36 GB
-# a pass) is more than 3x LIMIT; the plan streams it without being asked.
+# BIG_SPINE_DEMO's spine is more than 3x LIMIT; the plan streams it without
+# being asked.
 LIMIT = 110 * 1000 * 1000
-DEMO = ["--preset", "small", "--layers", "24", "--hidden", "1024", "--vocab", "8192",
-        "--intermediate", "2048", "--experts", "16", "--top-k", "4", "--moe-intermediate", "256",
-        "--latent", "512", "--shared-experts", "1", "--kda-heads", "8", "--kda-head-dim", "128",
-        "--mla-heads", "8", "--q-lora", "384", "--kv-lora", "256", "--nope", "128",
-        "--rope", "64", "--v-head", "128", "--attn-res-block", "4"]
-
-
-def vm_hwm(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def run_limit():
-    work = tempfile.mkdtemp(prefix="k3d-plan-rss-")
-    model = os.path.join(work, "demo")
-    prompt = [300, 301, 302, 303, 304, 305, 306, 307]
+    work, model = big_spine_model(K3CTL, "k3d-plan-rss-")
+    prompt = BIG_SPINE_PROMPT
     try:
-        subprocess.run([K3CTL, "demo-model", "--out", model, *DEMO], check=True, capture_output=True)
         d = Daemon(K3D, model=model)
         try:
             check("; mapped)" in d.log_text(), "without a limit the spine stays mapped")
@@ -109,8 +88,7 @@ def run_limit():
             check(u32(f, 43) < u32(f, 42) and u64(f, 45) > 0,
                   f"STATUS: {u32(f, 43)} of {u32(f, 42)} layers resident, ring {u64(f, 45)}")
             hwm = vm_hwm(d.proc.pid)
-            with open(f"/proc/{d.proc.pid}/maps") as fh:
-                asan = "libasan" in fh.read()
+            asan = asan_build(d.proc.pid)
             print(f"# limit {LIMIT / 1e6:.0f} MB: VmHWM {hwm / 1e6:.1f} MB"
                   f"{' (AddressSanitizer build: not checked)' if asan else ''}")
             if not asan:   # ASan's shadow memory and redzones are not k3d's
@@ -162,6 +140,18 @@ def main():
             log = d.log_text()
             check(re.search(r"memory plan: limit 2\.147 GB \(--memory-limit\) = headroom", log)
                   is not None, "the plan is logged: " + log[-800:])
+            # the slot says what it holds: inspect's per-expert span, in
+            # whole 4 KiB pages (more where the shards place it across them)
+            ins = subprocess.run([K3CTL, "inspect", model], capture_output=True, text=True).stdout
+            span = re.search(r"per-expert span: (\d+) bytes \(one expert's weights as stored: "
+                             r"(\d+) bytes of MXFP4 values \+ (\d+) of E8M0 scales", ins)
+            slot = re.search(r"expert cache: \d+ slots of (\d+) bytes \(an expert's (\d+) bytes "
+                             r"of weights and scales in whole 4 KiB pages", log)
+            check(span and int(span.group(1)) == int(span.group(2)) + int(span.group(3)),
+                  "inspect: the span is its MXFP4 values and scales: " + ins[-400:])
+            check(span and slot and int(slot.group(2)) == int(span.group(1)) and
+                  int(slot.group(1)) >= -(-int(span.group(1)) // 4096) * 4096,
+                  "k3d's slot names inspect's span in whole pages: " + log[-800:])
             ids, done = generate_ids(d.sock, [5, 6, 7, 8], 4)
             check(len(ids) == 4, f"generates: {ids}")
             f = status(d.sock)
@@ -201,8 +191,7 @@ def main():
     finally:
         shutil.rmtree(os.path.dirname(model), ignore_errors=True)
     run_limit()
-    print(f"{len(failures)} failures")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":

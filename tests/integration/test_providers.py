@@ -13,20 +13,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, make_model  # noqa: E402
+from k3test import check, report  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
-failures = []
 
 
 def k3ctl(sock, *args):
     return subprocess.run([K3CTL, "--socket", sock, *args], capture_output=True, text=True,
                           timeout=60)
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def test_providers(k3d):
@@ -55,8 +49,7 @@ def main():
     os.environ["K3_TEST_MODEL"] = make_model(K3CTL)
     test_providers(K3D)
     shutil.rmtree(os.path.dirname(os.environ["K3_TEST_MODEL"]), ignore_errors=True)
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return report()
 
 
 if __name__ == "__main__":

@@ -30,21 +30,13 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, direct_ok, generate_ids as generate, u64  # noqa
 from k3proto import trace_routes as routes  # noqa
+from k3test import (BIG_SPINE_PROMPT, asan_build, big_spine_model, check, check_routes,  # noqa
+                    golden_model, golden_runs, packed_copy, report, vm_hwm)
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
-failures = []
 
 # DONE tags (docs/protocol.md)
 EXPERT_BYTES, SPINE_BYTES, SPINE_LOADS, SPINE_ROWS, SPINE_WAIT = 11, 22, 23, 24, 25
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
-
-
-
 
 
 def status(sock):
@@ -56,20 +48,11 @@ def status(sock):
 
 
 def run_golden(case):
-    model = os.path.join(SHARED, "golden", "forward", case, "model")
-    if not os.path.isdir(model):
-        print("skip: no", model)
+    model = golden_model(SHARED, case)
+    if model is None:
         return
-    goldens = []
-    for p in ("p8", "p40"):
-        g = json.load(open(os.path.join(SHARED, "golden", "forward", case, "golden", p + ".json")))
-        goldens.append((g["prompt"], g["greedy"]["tokens"]))
-    work = tempfile.mkdtemp(prefix="k3d-spine-model-")
-    packed = os.path.join(work, "model")
-    os.mkdir(packed)
-    for name in os.listdir(model):
-        shutil.copy(os.path.join(model, name), os.path.join(packed, name))
-    r = subprocess.run([K3CTL, "pack", "--model", packed], capture_output=True, text=True)
+    goldens = golden_runs(SHARED, case)
+    work, packed, r = packed_copy(K3CTL, model, "k3d-spine-model-")
     check(r.returncode == 0 and "spine    : wrote" in r.stdout, f"{case}: k3ctl pack: {r.stderr}")
     layers = json.load(open(os.path.join(packed, "config.json")))
     layers = layers.get("text_config", layers)["num_hidden_layers"]
@@ -157,44 +140,23 @@ def run_golden(case):
                           f"{case} {name}: k3ctl status has no spine when mapped")
             finally:
                 d.stop()
-            rs = routes(trace)
-            check(len(rs) > 0, f"{case} {name}: trace written")
-            if ref is None:
-                ref = rs
-            else:
-                check(rs == ref, f"{case} {name}: routes identical to the mapped spine's")
+            ref = check_routes(ref, trace, f"{case} {name}", "the mapped spine's")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def vm_hwm_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return None
-
-
-# The memory limit of the RSS test and the demo model whose streamed spine
-# (24 layers of hidden 1024 and the head, 0.36 GB per pass) is more than 3x it.
+# The memory limit of the RSS test; BIG_SPINE_DEMO streams over 3x it.
 LIMIT = 100 * 1000 * 1000
-DEMO = ["--preset", "small", "--layers", "24", "--hidden", "1024", "--vocab", "8192",
-        "--intermediate", "2048", "--experts", "16", "--top-k", "4", "--moe-intermediate", "256",
-        "--latent", "512", "--shared-experts", "1", "--kda-heads", "8", "--kda-head-dim", "128",
-        "--mla-heads", "8", "--q-lora", "384", "--kv-lora", "256", "--nope", "128",
-        "--rope", "64", "--v-head", "128", "--attn-res-block", "4"]
 
 
 def run_rss():
-    work = tempfile.mkdtemp(prefix="k3d-spine-rss-")
-    model = os.path.join(work, "demo")
-    prompt = [300, 301, 302, 303, 304, 305, 306, 307]
+    work, model = big_spine_model(K3CTL, "k3d-spine-rss-")
+    prompt = BIG_SPINE_PROMPT
     try:
-        subprocess.run([K3CTL, "demo-model", "--out", model, *DEMO], check=True, capture_output=True)
         d = Daemon(K3D, model=model)
         try:
             mapped, _ = generate(d.sock, prompt, 6)
-            mapped_hwm = vm_hwm_kb(d.proc.pid) * 1024
+            mapped_hwm = vm_hwm(d.proc.pid)
         finally:
             d.stop()
         # --prefill-chunk 64: the auto chunk plans activations for a
@@ -209,16 +171,14 @@ def run_rss():
             check(per_pass >= 3 * LIMIT, f"rss: the streamed spine {per_pass / 1e6:.0f} MB is >= 3x"
                   f" the {LIMIT / 1e6:.0f} MB limit")
             got, done = generate(d.sock, prompt, 6)
-            hwm = vm_hwm_kb(d.proc.pid) * 1024
+            hwm = vm_hwm(d.proc.pid)
             check(got == mapped, f"rss: streamed ids {got} == mapped ids {mapped}")
             print(f"# rss: spine {per_pass / 1e6:.0f} MB per pass; VmHWM {hwm / 1e6:.1f} MB streamed"
                   f" (limit {LIMIT / 1e6:.0f} MB), {mapped_hwm / 1e6:.1f} MB mapped; spine read"
                   f" {u64(done, SPINE_BYTES)} bytes in {u64(done, SPINE_LOADS)} loads")
             # AddressSanitizer's shadow memory and redzones are not the
             # product's: its build checks the ids, not the peak
-            with open(f"/proc/{d.proc.pid}/maps") as fh:
-                asan = "libasan" in fh.read()
-            if asan:
+            if asan_build(d.proc.pid):
                 print("# rss: AddressSanitizer build, the VmHWM limit is not checked")
             else:
                 check(hwm <= LIMIT, f"rss: VmHWM {hwm} <= {LIMIT}")
@@ -362,7 +322,4 @@ for c in ("k3tiny_a", "k3tiny_b"):
     run_golden(c)
 run_rss()
 run_int8()
-if failures:
-    print(f"{len(failures)} failures")
-    sys.exit(1)
-print("ok")
+sys.exit(report())

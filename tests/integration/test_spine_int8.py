@@ -33,6 +33,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import T, Daemon, connect, field, frame, make_model, read_frame, u32  # noqa
+from k3proto import generate_ids as generate  # noqa
 
 K3D, K3CTL, GATEWAY = sys.argv[1], sys.argv[2], sys.argv[3]
 LABEL = "int8 spine (not weight-exact)"
@@ -80,24 +81,6 @@ def hello_model(sock_path):
     t, rid, f = read_frame(s)
     s.close()
     return f.get(4, [b""])[0].decode()
-
-
-def generate(sock_path, ids, max_new):
-    s = connect(sock_path)
-    p = field(1, 0) + field(3, b"".join(struct.pack("<I", i) for i in ids)) + field(8, max_new)
-    s.sendall(frame(T["GENERATE"], 9, p))
-    out, done = [], None
-    while done is None:
-        t, rid, f = read_frame(s, 120)
-        if t == T["TOKEN"]:
-            b = f[1][0]
-            out += [struct.unpack_from("<I", b, i)[0] for i in range(0, len(b), 4)]
-        elif t == T["DONE"]:
-            done = f
-        elif t == T["ERROR"]:
-            raise RuntimeError(f[2][0].decode())
-    s.close()
-    return out, done
 
 
 def queued_cancel_done(sock_path):

@@ -24,16 +24,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, direct_ok, f64, generate_ids as generate, u64  # noqa
-from k3proto import trace_routes as routes  # noqa
+from k3test import check, check_routes, failures, golden_model, golden_runs, packed_copy  # noqa
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 
@@ -65,27 +58,15 @@ def gb(nbytes):
 
 
 def run_case(case):
-    model = os.path.join(SHARED, "golden", "forward", case, "model")
-    if not os.path.isdir(model):
-        print("skip: no", model)
+    model = golden_model(SHARED, case)
+    if model is None:
         return
     nums = floor_numbers(K3D, model)
     if not nums:
         return
     floor, slot = nums
-    goldens = []
-    for p in ("p8", "p40"):
-        g = json.load(open(os.path.join(SHARED, "golden", "forward", case, "golden", p + ".json")))
-        goldens.append((g["prompt"], g["greedy"]["tokens"]))
-
-    # A private copy of the (small) checkpoint, so packs can be written in it
-    # (the model loader refuses symlinks that leave the model directory).
-    work = tempfile.mkdtemp(prefix="k3d-store-model-")
-    packed = os.path.join(work, "model")
-    os.mkdir(packed)
-    for name in os.listdir(model):
-        shutil.copy(os.path.join(model, name), os.path.join(packed, name))
-    r = subprocess.run([K3CTL, "pack", "--model", packed], capture_output=True, text=True)
+    goldens = golden_runs(SHARED, case)
+    work, packed, r = packed_copy(K3CTL, model, "k3d-store-model-")
     check(r.returncode == 0, f"{case}: k3ctl pack: {r.stderr}")
 
     shard = sorted(glob.glob(os.path.join(model, "*.safetensors")))[0]
@@ -207,13 +188,9 @@ def run_case(case):
                       f"{case} {name}: k3ctl status shows bytes per token and the time split: {txt}")
             finally:
                 d.stop()
-            rs = routes(trace)
-            check(len(rs) > 0, f"{case} {name}: trace written")
             if ref_routes is None:
-                ref_routes = rs
                 shutil.copy(trace, os.path.join(work, "ref-trace.jsonl"))
-            else:
-                check(rs == ref_routes, f"{case} {name}: routes identical to the first variant")
+            ref_routes = check_routes(ref_routes, trace, f"{case} {name}", "the first variant")
         test_preload(case, model, os.path.join(work, "ref-trace.jsonl"), floor, slot, goldens, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -15,6 +15,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 grep -q "2 experts/layer" "$dir/out" || fail "demo-model summary: $(cat "$dir/out")"
 "$K3CTL" inspect "$dir/bench" --ram 1G >"$dir/inspect" || fail "inspect"
 grep -q "per-expert span: 17547264 bytes" "$dir/inspect" || fail "span: $(cat "$dir/inspect")"
+# what the span is made of: 3 x 3072 x 3584 MXFP4 values, a byte per two, a scale per 32
+grep -q "per-expert span: 17547264 bytes (one expert's weights as stored: 16515072 bytes of MXFP4 values + 1032192 of E8M0 scales; a RAM cache slot holds it in whole 4 KiB pages)" \
+	"$dir/inspect" || fail "span parts: $(cat "$dir/inspect")"
 "$K3CTL" --json inspect "$dir/bench" --ram 1G >"$dir/inspect.json" || fail "inspect --json"
 grep -q '"expert_span": 17547264' "$dir/inspect.json" || fail "json span"
 grep -q '"expert_pool": 2' "$dir/inspect.json" || fail "json pool"

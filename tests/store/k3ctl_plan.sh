@@ -28,6 +28,9 @@ txt=$("$k3ctl" plan --model "$cfg" --ram 64G)
 echo "$txt" | grep -q "resident: layers 0..44 (45 of 93), the head (lm_head + final norms), the embedding gathered row by row" ||
 	fail "text: $txt"
 echo "$txt" | grep -q "a cold token (nothing cached) reads 81.177 GB" || fail "cold token: $txt"
+# the slot names the expert it holds: K3's 17,547,264 bytes, already whole 4 KiB pages
+echo "$txt" | grep -q "59 slots of 17547264 bytes (an expert's 17547264 bytes of MXFP4 values and scales, in whole 4 KiB pages)" ||
+	fail "slot label: $txt"
 
 # 256 GiB: everything resident, no ring, the rest to experts.
 out=$("$k3ctl" --json plan --model "$cfg" --ram 256G)

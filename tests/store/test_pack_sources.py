@@ -27,18 +27,12 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from k3proto import Daemon, generate_ids  # noqa
+from k3test import check, report  # noqa
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 PROMPT = [11, 300, 7, 1024, 5, 77, 2000, 42]
 MAX_NEW = 16
 SHARD = "model-00001-of-00002.safetensors"
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def serve(model, *args):
@@ -153,11 +147,7 @@ def main():
               f"packs used again after the re-verify: {ids} {line}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} failures")
-        return 1
-    print("ok")
-    return 0
+    return report()
 
 
 if __name__ == "__main__":

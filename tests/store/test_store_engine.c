@@ -10,7 +10,8 @@
  * with a clear error instead of computing with wrong weights.
  */
 #include "t.h"
-#include "engine_run.h"
+#include "t_engine.h"
+#include "t_store.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -239,22 +240,7 @@ static void run_case(const char *name)
 	V = cfg->vocab_size;
 
 	/* Packs for every MoE layer, in a temp dir. */
-	{
-		struct k3_store_pack_ident *id = NULL;
-		size_t n_id = 0;
-		T_EQ_INT(k3_store_model_idents(model, &id, &n_id, &err), 0);
-		for (uint32_t l = 0; l < plan->n_layers; l++) {
-			struct k3_store_source *src;
-			if (!plan->layers[l].is_moe)
-				continue;
-			src = k3_store_source_new(K3_STORE_DIRECT_OFF);
-			T_EQ_INT(k3_store_source_add_model(src, model, l, &err), 0);
-			T_EQ_INT(k3_store_pack_path(path, sizeof(path), packdir, l), 0);
-			T_EQ_INT(k3_store_pack_write(path, src, id, n_id, 0, NULL, &err), 0);
-			k3_store_source_free(src);
-		}
-		free(id);
-	}
+	t_store_write_expert_packs(model, packdir);
 
 	run(NULL, &ref);
 	T_EQ_INT(ref.rc, 0);

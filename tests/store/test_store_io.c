@@ -121,6 +121,8 @@ static void tjob_init(struct tjob *t, struct client *c, char name, int idx, uint
 					   .piece_bytes = piece, .ops = &t_ops, .owner = t };
 }
 
+/* A pool of threads readers over drives drives (0: the one default
+ * drive), prefetch_cap readers at most for guesses (0: no cap). */
 static struct k3_store_io *pool_drives(unsigned drives, unsigned threads, unsigned prefetch_cap)
 {
 	struct k3_store_io_config cfg = { .threads = threads, .n_drives = drives };
@@ -134,13 +136,37 @@ static struct k3_store_io *pool_drives(unsigned drives, unsigned threads, unsign
 
 static struct k3_store_io *pool(unsigned threads, unsigned prefetch_cap)
 {
-	struct k3_store_io_config cfg = { .threads = threads };
-	struct k3_store_io *io = NULL;
-	struct k3_err err = { 0 };
+	return pool_drives(0, threads, prefetch_cap);
+}
 
-	cfg.class_readers[K3_STORE_IO_PREFETCH] = prefetch_cap;
-	T_EQ_INT(k3_store_io_new(&cfg, &io, &err), 0);
-	return io;
+/* Submits a job from outside the pool lock and waits until n reads sit at
+ * the closed gate (the job's among them). */
+static void submit_to_gate(struct k3_store_io *io, struct tjob *t, enum k3_store_io_class cls,
+			   int n)
+{
+	k3_store_io_lock(io);
+	k3_store_io_submit(io, &t->job, cls);
+	k3_store_io_unlock(io);
+	wait_blocked(n);
+}
+
+/* With the pool lock held: opens the gate and drains the pool; returns
+ * with the lock held again, for the checks of what ran. */
+static void open_gate_and_drain(struct k3_store_io *io)
+{
+	k3_store_io_unlock(io);
+	gate(false);
+	k3_store_io_lock(io);
+	k3_store_io_drain(io);
+}
+
+/* With the pool lock held: frees the pool and the n jobs' buffers. */
+static void pool_end(struct k3_store_io *io, struct tjob *j, int n)
+{
+	k3_store_io_unlock(io);
+	k3_store_io_free(io);
+	for (int i = 0; i < n; i++)
+		free(j[i].buf);
 }
 
 /* Demand first, then prefetch in queue order; a queued job taken back
@@ -189,10 +215,7 @@ static void test_order_and_cancel(void)
 	/* the bytes landed where the read said */
 	T_EQ_INT(j[3].buf[0], (uint8_t)8192);
 	T_EQ_INT(j[3].buf[4097], (uint8_t)(8192 + 4097));
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i < 5; i++)
-		free(j[i].buf);
+	pool_end(io, j, 5);
 }
 
 /* Two readers, prefetch capped at one: with guesses queued, one reader
@@ -221,16 +244,10 @@ static void test_cap(void)
 	wait_blocked(2);                         /* the free reader took the demand job */
 	k3_store_io_lock(io);
 	T_EQ_STR(c.order, "pD");
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
+	open_gate_and_drain(io);
 	T_EQ_INT(c.n_done, 4);
 	T_EQ_INT(c.max_running_prefetch, 1);
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i < 4; i++)
-		free(j[i].buf);
+	pool_end(io, j, 4);
 }
 
 /* The spine class between demand and prefetch: queued together, demand
@@ -288,15 +305,9 @@ static void test_spine_class(void)
 	wait_blocked(2);
 	k3_store_io_lock(io);
 	T_EQ_STR(c.order, "SD");
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
+	open_gate_and_drain(io);
 	T_EQ_STR(c.order, "SDp");
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i < 6; i++)
-		free(j[i].buf);
+	pool_end(io, j, 6);
 }
 
 /* Polls (lock held) until n jobs started: a start wakes no waiter. */
@@ -354,10 +365,7 @@ static void test_stop_and_check(void)
 	T_EQ_U64(st.stopped[K3_STORE_IO_PREFETCH], 1);
 	T_EQ_U64(st.failed[K3_STORE_IO_DEMAND], 1);
 	T_EQ_U64(st.bytes[K3_STORE_IO_PREFETCH], 6 * 4096);
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i < 3; i++)
-		free(j[i].buf);
+	pool_end(io, j, 3);
 }
 
 /* The usual read (k3_store_io_read_source) lands a shard's bytes, with
@@ -432,10 +440,7 @@ static void test_drives(void)
 	T_EQ_INT(k3_store_io_threads(io), 2);
 	T_EQ_INT(k3_store_io_drives(io), 2);
 	gate(true);
-	k3_store_io_lock(io);
-	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_DEMAND);
-	k3_store_io_unlock(io);
-	wait_blocked(1);
+	submit_to_gate(io, &j[0], K3_STORE_IO_DEMAND, 1);
 	k3_store_io_lock(io);
 	k3_store_io_hold_class(io, K3_STORE_IO_PREFETCH, true);
 	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_DEMAND);
@@ -452,10 +457,7 @@ static void test_drives(void)
 	T_EQ_INT(di.queued, 1);
 	T_EQ_U64(di.queued_bytes, 5 * 4096);
 	k3_store_io_hold_class(io, K3_STORE_IO_PREFETCH, false);
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
+	open_gate_and_drain(io);
 	T_EQ_INT(c.n_done, 3);
 	struct k3_store_io_stats st;
 	k3_store_io_stats_get(io, &st);
@@ -464,10 +466,7 @@ static void test_drives(void)
 	T_EQ_U64(st.drive[0].jobs[K3_STORE_IO_DEMAND], 0);
 	T_EQ_U64(st.jobs[K3_STORE_IO_DEMAND], 2);
 	T_EQ_U64(st.bytes[K3_STORE_IO_PREFETCH], 5 * 4096);
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i < 3; i++)
-		free(j[i].buf);
+	pool_end(io, j, 3);
 }
 
 /* A guess only in idle capacity: not while demand runs on its drive, not
@@ -510,18 +509,30 @@ static void test_idle_capacity(void)
 	sleep_ms(20);
 	k3_store_io_lock(io);
 	T_EQ_STR(c.order, "DqE");
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
+	open_gate_and_drain(io);
 	T_EQ_INT(c.n_done, 6);
 	/* F before the guesses waiting behind demand: p and r last */
 	T_OK(strchr(c.order, 'F') < strchr(c.order, 'p'));
 	T_OK(strchr(c.order, 'F') < strchr(c.order, 'r'));
+	pool_end(io, j, 6);
+}
+
+/* Sets up j[0] = p, a guess read in 4 KiB pieces, held after its first
+ * piece, and j[1] = D, a demand job at the closed gate; then lifts the
+ * hold. Returns with the pool lock held. */
+static void guess_held_demand_at_gate(struct k3_store_io *io, struct client *c, struct tjob *j)
+{
+	tjob_init(&j[0], c, 'p', 0, 4096);
+	tjob_init(&j[1], c, 'D', 1, 0);
+	k3_store_io_lock(io);
+	k3_store_io_hold_pieces(io, true);
+	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
+	wait_started(io, c, 1);   /* p read its first piece, held before the next */
 	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i < 6; i++)
-		free(j[i].buf);
+	gate(true);
+	submit_to_gate(io, &j[1], K3_STORE_IO_DEMAND, 1);   /* D runs */
+	k3_store_io_lock(io);
+	k3_store_io_hold_pieces(io, false);
 }
 
 /* A guess read in pieces pauses before its next piece while a demand job
@@ -537,20 +548,7 @@ static void test_pause(void)
 
 		if (!io)
 			return;
-		tjob_init(&j[0], &c, 'p', 0, 4096);
-		tjob_init(&j[1], &c, 'D', 1, 0);
-		k3_store_io_lock(io);
-		k3_store_io_hold_pieces(io, true);
-		k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
-		wait_started(io, &c, 1);   /* p read its first piece, held before the next */
-		k3_store_io_unlock(io);
-		gate(true);
-		k3_store_io_lock(io);
-		k3_store_io_submit(io, &j[1].job, K3_STORE_IO_DEMAND);
-		k3_store_io_unlock(io);
-		wait_blocked(1);           /* D runs */
-		k3_store_io_lock(io);
-		k3_store_io_hold_pieces(io, false);
+		guess_held_demand_at_gate(io, &c, j);
 		if (promote)
 			k3_store_io_promote(io, &j[0].job);
 		k3_store_io_unlock(io);
@@ -564,19 +562,13 @@ static void test_pause(void)
 			k3_store_io_stats_get(io, &st);
 			T_EQ_U64(st.drive[0].pauses, 1);
 		}
-		k3_store_io_unlock(io);
-		gate(false);
-		k3_store_io_lock(io);
-		k3_store_io_drain(io);
+		open_gate_and_drain(io);
 		T_EQ_INT(c.n_done, 2);
 		T_OK(!c.stopped[0]);
 		T_EQ_U64(c.bytes[0], 5 * 4096);
 		k3_store_io_stats_get(io, &st);
 		T_EQ_U64(st.drive[0].pauses, promote ? 0 : 1);
-		k3_store_io_unlock(io);
-		k3_store_io_free(io);
-		free(j[0].buf);
-		free(j[1].buf);
+		pool_end(io, j, 2);
 	}
 }
 
@@ -589,20 +581,7 @@ static void test_pause_stop(void)
 
 	if (!io)
 		return;
-	tjob_init(&j[0], &c, 'p', 0, 4096);
-	tjob_init(&j[1], &c, 'D', 1, 0);
-	k3_store_io_lock(io);
-	k3_store_io_hold_pieces(io, true);
-	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
-	wait_started(io, &c, 1);
-	k3_store_io_unlock(io);
-	gate(true);
-	k3_store_io_lock(io);
-	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_DEMAND);
-	k3_store_io_unlock(io);
-	wait_blocked(1);
-	k3_store_io_lock(io);
-	k3_store_io_hold_pieces(io, false);
+	guess_held_demand_at_gate(io, &c, j);
 	k3_store_io_unlock(io);
 	sleep_ms(10);
 	k3_store_io_lock(io);
@@ -612,14 +591,8 @@ static void test_pause_stop(void)
 	T_OK(c.stopped[0]);
 	T_EQ_U64(c.bytes[0], 4096);
 	T_OK(!j[1].done);            /* D still at the gate */
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	free(j[0].buf);
-	free(j[1].buf);
+	open_gate_and_drain(io);
+	pool_end(io, j, 2);
 }
 
 static struct k3_store_read big_rd = { .file = 0, .offset = 0, .length = 1 << 20, .slot_offset = 0 };
@@ -748,10 +721,7 @@ static void test_hedge_after(void)
 	wait_started(io, &c, 1);
 	T_EQ_U64(k3_store_io_hedge_after(io, &j[0].job, 1.5), 0);   /* no samples yet */
 	k3_store_io_untime(io, &j[0].job);
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
+	open_gate_and_drain(io);
 	for (int i = 1; i < n; i++)
 		k3_store_io_submit(io, &j[i].job, K3_STORE_IO_DEMAND);
 	k3_store_io_drain(io);
@@ -773,14 +743,8 @@ static void test_hedge_after(void)
 	T_OK(t > j[n].job.t_start_ns);
 	T_OK(t - j[n].job.t_start_ns <= 2 * di.p95_ns + 2);
 	T_EQ_U64(k3_store_io_hedge_after(io, &j[n].job, 0), 0);     /* hedging off */
-	k3_store_io_unlock(io);
-	gate(false);
-	k3_store_io_lock(io);
-	k3_store_io_drain(io);
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
-	for (int i = 0; i <= n; i++)
-		free(j[i].buf);
+	open_gate_and_drain(io);
+	pool_end(io, j, n + 1);
 }
 
 int main(void)

@@ -22,7 +22,8 @@
  * the int8 model and the int8 one for the BF16 model.
  */
 #include "t.h"
-#include "engine_run.h"
+#include "t_engine.h"
+#include "t_store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -306,24 +307,11 @@ static void check_untouched(const char *dir, bool int8)
 /* Packs (experts and spine) of the model in packdir. */
 static void write_packs(void)
 {
-	const struct k3_model_plan *plan = k3_model_plan(model);
 	struct k3_store_pack_ident *id = NULL;
 	struct k3_err err = { 0 };
-	char path[600];
 	size_t n_id = 0;
 
-	T_EQ_INT(k3_store_model_idents(model, &id, &n_id, &err), 0);
-	for (uint32_t l = 0; l < plan->n_layers; l++) {
-		struct k3_store_source *src;
-		if (!plan->layers[l].is_moe)
-			continue;
-		src = k3_store_source_new(K3_STORE_DIRECT_OFF);
-		T_EQ_INT(k3_store_source_add_model(src, model, l, &err), 0);
-		T_EQ_INT(k3_store_pack_path(path, sizeof(path), packdir, l), 0);
-		T_EQ_INT(k3_store_pack_write(path, src, id, n_id, 0, NULL, &err), 0);
-		k3_store_source_free(src);
-	}
-	free(id);
+	t_store_write_expert_packs(model, packdir);
 	/* the spine's sources: the shards, and an int8 overlay's shards */
 	T_EQ_INT(k3_store_spine_idents(model, &id, &n_id, &err), 0);
 	T_EQ_INT(k3_store_spine_pack_path(spine_path, sizeof(spine_path), packdir, model), 0);
