@@ -15,7 +15,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
