@@ -25,7 +25,8 @@
  *      DONE's draft statistics 26-32 and STATUS_REPLY's draft totals
  *      52-56; STATUS_REPLY 40-46: peak RSS and the memory plan's split;
  *      spine and spine_label: DONE 40-41, STATUS_REPLY 50-51,
- *      MODEL_INFO_REPLY 20-21.)
+ *      MODEL_INFO_REPLY 20-21; several sequences in one pass: DONE
+ *      77-79, STATUS_REPLY 78-81.)
  */
 #ifndef K3_PROTO_H
 #define K3_PROTO_H
@@ -294,7 +295,11 @@ enum k3_proto_state {
 	F(m, 74, IDS, drive_experts, K3_LIM_DRIVES, 0) \
 	F(m, 75, U64, hedges, 0, 0) \
 	F(m, 76, U64, hedges_won, 0, 0) \
-	F(m, 77, U32, prefill_chunk, 0, 0)
+	F(m, 77, U32, prefill_chunk, 0, 0) \
+	F(m, 78, U32, parallel, 0, 0) \
+	F(m, 79, U32, pass_width, 0, 0) \
+	F(m, 80, F64, pass_width_mean, 0, 0) \
+	F(m, 81, U64, passes_total, 0, 0)
 #define K3_PROTO_FIELDS_MODEL_INFO(F, m)
 #define K3_PROTO_FIELDS_MODEL_INFO_REPLY(F, m) \
 	F(m, 1, STR, id, K3_LIM_NAME_MAX, 1) \
@@ -403,7 +408,10 @@ enum k3_proto_state {
 	F(m, 73, U64, expert_span_bytes, 0, 0) \
 	F(m, 74, U32, prefill_chunk, 0, 0) \
 	F(m, 75, U64, hedges, 0, 0) \
-	F(m, 76, U64, hedges_won, 0, 0)
+	F(m, 76, U64, hedges_won, 0, 0) \
+	F(m, 77, F64, ttft_s, 0, 0) \
+	F(m, 78, U64, shared_passes, 0, 0) \
+	F(m, 79, F64, pass_width_mean, 0, 0)
 #define K3_PROTO_FIELDS_CANCEL(F, m) \
 	F(m, 1, U64, job_id, 0, 0)
 #define K3_PROTO_FIELDS_SHUTDOWN(F, m)

@@ -243,6 +243,20 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 	metric_u64(out, "k3_daemon_queue_depth", "gauge", "Generations waiting for the engine slot.",
 		   st->queued);
 	metric_u64(out, "k3_daemon_running", "gauge", "Generations running now.", st->running);
+	/* several sequences in one pass (k3d --parallel; absent from an older k3d) */
+	if (st->has_parallel)
+		metric_u64(out, "k3_daemon_parallel", "gauge",
+			   "Generations k3d advances together in one pass (--parallel seats).", st->parallel);
+	if (st->has_pass_width)
+		metric_u64(out, "k3_daemon_pass_width", "gauge",
+			   "Sequences in k3d's latest pass.", st->pass_width);
+	if (st->has_pass_width_mean)
+		metric_f64(out, "k3_daemon_pass_width_mean", "gauge",
+			   "Mean sequences per pass since k3d started.", 3, st->pass_width_mean);
+	if (st->has_passes_total)
+		metric_u64(out, "k3_daemon_passes_total", "counter",
+			   "Forward passes k3d ran since it started (prefill chunks, decode and "
+			   "verification passes).", st->passes_total);
 	metric_u64(out, "k3_daemon_expert_bytes_read_total", "counter",
 		   "Expert weight bytes read from storage.", st->expert_bytes_read);
 	metric_f64(out, "k3_daemon_expert_cache_hit_ratio", "gauge",

@@ -93,7 +93,12 @@ static void usage(void)
 		"       (--preset trained: the trained demo model and a prompt of its training text,\n"
 		"       where routing realism matters; its experts are tiny: no bandwidth figures)\n"
 		"   or: k3ctl bench --compare-spine --model DIR (--text FILE | --prompt S | --ids LIST)\n"
-		"       [--positions N] [--spine-int8-dir DIR] [--int8 CLASSES] [--per-class]\n");
+		"       [--positions N] [--spine-int8-dir DIR] [--int8 CLASSES] [--per-class]\n"
+		"   or: k3ctl bench --parallel 1,2,4 (--model DIR | --preset trained) [--max-new N]\n"
+		"       [--prompt-len N] [--reps R] [--expert-cache-gb G] [--spine-resident ..]\n"
+		"       [--io-rate GBPS] [--io-latency MS] [--direct ..] [--threads N] [--seed N]\n"
+		"       (N sequences decoded in lockstep, one batched pass per step: aggregate and\n"
+		"       per-sequence tok/s, bytes per token, ids against each one's solo run)\n");
 }
 
 int k3ctl_cmd_bench(int argc, char **argv)
@@ -111,6 +116,10 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	for (int i = 1; i < argc; i++)
 		if (!strcmp(argv[i], "--compare-spine"))
 			return k3ctl_bench_compare_spine(argc, argv);
+	/* several sequences in one pass: its own report (cmd_bench_batch.c) */
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--parallel"))
+			return k3ctl_bench_batch(argc, argv);
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

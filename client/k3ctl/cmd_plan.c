@@ -26,7 +26,8 @@
 #include "store/store_plan.h"
 
 static const char usage_text[] =
-	"usage: k3ctl plan --model DIR [--ram SIZE] [--context N] [--spine-resident auto|all|N|none]\n"
+	"usage: k3ctl plan --model DIR [--ram SIZE] [--context N] [--parallel auto|N]\n"
+	"       [--spine-resident auto|all|N|none]\n"
 	"       [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]\n";
 
 static double gb(uint64_t b)
@@ -189,6 +190,11 @@ int k3ctl_cmd_plan(int argc, char **argv)
 		} else if (!strcmp(a, "--context")) {
 			if (!(rc = k3_parse_u64(val, 1, 1u << 24, &v, &err)))
 				in.context_tokens = (uint32_t)v;
+		} else if (!strcmp(a, "--parallel")) {
+			/* k3d --parallel: sequence states (auto as k3d: the most,
+			 * up to 4, that the limit holds) */
+			if (strcmp(val, "auto") && !(rc = k3_parse_u64(val, 1, 16, &v, &err)))
+				in.sequences = (uint32_t)v;
 		} else if (!strcmp(a, "--spine-resident")) {
 			rc = k3_store_plan_parse_resident(val, &in.spine_resident, &err);
 		} else if (!strcmp(a, "--expert-cache-gb")) {
@@ -216,7 +222,13 @@ int k3ctl_cmd_plan(int argc, char **argv)
 	struct k3_store_plan_out *p = malloc(sizeof(*p));
 	if (!p)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "plan: out of memory");
-	int rc = k3_store_plan_compute(&in, p, &err), code = K3CTL_EXIT_OK;
+	bool seats_auto = in.sequences == 0;
+	int rc, code = K3CTL_EXIT_OK;
+	for (in.sequences = seats_auto ? 4 : in.sequences;; in.sequences--) {
+		rc = k3_store_plan_compute(&in, p, &err);
+		if (rc == 0 || !seats_auto || in.sequences == 1)
+			break;
+	}
 	if (rc) {
 		code = k3ctl_fail(K3CTL_EXIT_ERROR, "plan: %s", err.msg);
 	} else if (k3ctl_g.json) {

@@ -267,6 +267,12 @@ int k3ctl_cmd_status(int argc, char **argv)
 		}
 		if (s->has_prefill_chunk)
 			json_object_set_new(o, "prefill_chunk", json_integer(s->prefill_chunk));
+		if (s->has_parallel) {
+			json_object_set_new(o, "parallel", json_integer(s->parallel));
+			json_object_set_new(o, "pass_width", json_integer(s->pass_width));
+			json_object_set_new(o, "pass_width_mean", json_real(s->pass_width_mean));
+			json_object_set_new(o, "passes_total", json_integer((json_int_t)s->passes_total));
+		}
 		json_object_set_new(o, "drives", drive_count(s) ? drives_json(s) : json_null());
 		if (s->has_peak_rss_bytes)
 			json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)s->peak_rss_bytes));
@@ -314,6 +320,10 @@ int k3ctl_cmd_status(int argc, char **argv)
 			       s->has_spine_label ? s->spine_label.p : "not weight-exact");
 		printf("connections: %u\n", s->connections);
 		printf("generation:  %u running, %u/%u queued\n", s->running, s->queued, s->queue_max);
+		if (s->has_parallel)
+			printf("passes:      %u seats (--parallel); %llu passes, %.2f sequences per pass "
+			       "on average, %u in the latest\n", s->parallel,
+			       (unsigned long long)s->passes_total, s->pass_width_mean, s->pass_width);
 		jobs_print(s, n_jobs);
 		if (s->has_requests_total)
 			printf("requests:    %llu (prompt %llu tokens, completion %llu tokens)\n",

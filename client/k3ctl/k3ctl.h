@@ -84,6 +84,9 @@ int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* `k3ctl bench --compare-spine ...` (cmd_bench_spine.c), reached from
  * k3ctl_cmd_bench. */
 int k3ctl_bench_compare_spine(int argc, char **argv);
+/* k3ctl bench --parallel LIST: several sequences in one pass
+ * (cmd_bench_batch.c); exit 1 when a sequence's ids differ from its solo run. */
+int k3ctl_bench_batch(int argc, char **argv);
 
 #define K3CTL_DECLARE_(name, summary) int k3ctl_cmd_##name(int argc, char **argv);
 K3CTL_COMMANDS(K3CTL_DECLARE_)

@@ -124,7 +124,8 @@ static const struct {
 		   "            [--prefetch auto|N|off] [--prefetch-gate P] [--direct auto|on|off]\n"
 		   "            [--io-threads N] [--threads N] [--no-packs] [--disk-mib M]\n"
 		   "            [--disk-samples N] [--seed N] [--spine-resident auto|all|N|none]\n"
-		   "            [--io-rate GBPS] [--io-latency MS]" },
+		   "            [--io-rate GBPS] [--io-latency MS]\n"
+		   "   or: k3ctl bench --parallel 1,2,4 (--model DIR | --preset trained) [--reps R] ..." },
 };
 
 static int command_help(const char *name)

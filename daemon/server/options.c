@@ -31,7 +31,9 @@ static const char usage[] =
 	"  --model DIR          model directory (config.json, safetensors shards, tokenizer)\n"
 	"  --allow-uid UID      also accept peers with this uid or user name (repeatable)\n"
 	"  --allow-gid GID      also accept peers with this gid or group name (repeatable)\n"
-	"  --queue N            generations that may wait behind the running one (default 0)\n"
+	"  --queue N            generations that may wait behind the running ones (default 0)\n"
+	"  --parallel auto|N    generations advanced together in one pass, 1..16 (auto:\n"
+	"                       as many as the memory plan fits, at most 4; 1 = one at a time)\n"
 	"  --threads N          compute threads (default: all cores)\n"
 	"  --expert-cache-gb auto|N  RAM for the routed-expert cache, in GB (10^9 bytes;\n"
 	"                       auto = min(RAM, cgroup limit) - spine - state - headroom);\n"
@@ -208,13 +210,15 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_FETCH,
 	       O_DRAFT, O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL,
 	       O_PROVIDER, O_VRAM,
-	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK };
+	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK,
+	       O_PARALLEL };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "model", required_argument, NULL, O_MODEL },
 		{ "allow-uid", required_argument, NULL, O_UID },
 		{ "allow-gid", required_argument, NULL, O_GID },
 		{ "queue", required_argument, NULL, O_QUEUE },
+		{ "parallel", required_argument, NULL, O_PARALLEL },
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "drain-timeout", required_argument, NULL, O_DRAIN },
 		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
@@ -299,6 +303,13 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		}
 		case O_QUEUE:
 			if ((r = parse_count("--queue", optarg, 0, K3_LIM_QUEUE_MAX, &opts->queue_max, err)) < 0)
+				return r;
+			break;
+		case O_PARALLEL:
+			if (strcmp(optarg, "auto") == 0)
+				opts->parallel = 0;
+			else if ((r = parse_count("--parallel", optarg, 1, K3_OPTIONS_PARALLEL_MAX,
+						  &opts->parallel, err)) < 0)
 				return r;
 			break;
 		case O_THREADS:
@@ -553,8 +564,13 @@ void k3_options_log(const struct k3_options *opts)
 		    "idle-timeout=%gs", opts->max_connections, K3_LIM_CONN_ROOT_RESERVED,
 		    opts->n_gateway_uid ? opts->gateway_connections : 0, opts->max_connections_per_uid,
 		    ids, opts->idle_timeout_s);
-	k3_log_info("config: model=%s queue=%u threads=%u drain-timeout=%gs",
-		    opts->model_dir ? opts->model_dir : "(none)", opts->queue_max, opts->threads,
+	char par[16];
+	if (opts->parallel)
+		snprintf(par, sizeof(par), "%u", opts->parallel);
+	else
+		snprintf(par, sizeof(par), "auto");
+	k3_log_info("config: model=%s queue=%u parallel=%s threads=%u drain-timeout=%gs",
+		    opts->model_dir ? opts->model_dir : "(none)", opts->queue_max, par, opts->threads,
 		    opts->drain_timeout_s);
 	char cache[32];
 	if (opts->expert_cache_bytes)

@@ -24,6 +24,10 @@ struct k3_options {
 	unsigned n_allow_gid;
 	const char *model_dir;        /* --model; NULL = none yet */
 	unsigned queue_max;           /* --queue: generations waiting beyond the running one */
+	/* --parallel: sequences advanced together in one pass (seats); 0 =
+	 * auto (the memory plan's choice at load, at most
+	 * K3_OPTIONS_PARALLEL_AUTO_MAX; docs/scheduler.md) */
+	unsigned parallel;
 	unsigned threads;             /* --threads: compute threads, 0 = cores */
 	double drain_timeout_s;       /* how long SIGTERM waits for running work */
 	double frame_timeout_s;       /* a large frame must arrive whole within this */
@@ -88,6 +92,9 @@ struct k3_options {
 
 /* --draft-max bounds: a verification pass is at most one prefill chunk. */
 enum { K3_OPTIONS_DRAFT_MAX_DEFAULT = 7, K3_OPTIONS_DRAFT_MAX = 63 };
+/* --parallel: at most this many seats (each costs a sequence state; the
+ * engine's pass holds them all); auto picks at most _AUTO_MAX. */
+enum { K3_OPTIONS_PARALLEL_MAX = 16, K3_OPTIONS_PARALLEL_AUTO_MAX = 4 };
 
 /* --prefetch N: at most this many guesses per position. The default, auto,
  * offers every rank of the next MoE layer's predicted experts and the store

@@ -13,9 +13,9 @@
  * open. Cancellation is one atomic flag per job, polled by the engine
  * thread between prefill chunks and decode steps.
  *
- * The engine thread runs one job at a time (s->running). Running several
- * generations in one pass (issue 21) changes engine_main and
- * sched_job_run together: see sched_job.c, "Seams".
+ * With --parallel 1 the engine thread runs one job at a time
+ * (s->running[0]); with N > 1 it keeps up to N generations in seats and
+ * advances them together, one batched pass at a time (sched_seats.c).
  */
 #include "server/sched_internal.h"
 
@@ -148,13 +148,26 @@ void sched_post_kind(struct k3_sched *s, enum sched_msg_kind kind, struct sched_
 
 /* ---- the engine thread ----------------------------------------------------------- */
 
-/* Loads the model, then runs queued jobs one at a time, in FIFO order. */
+void sched_count_pass(struct k3_sched *s, unsigned width)
+{
+	atomic_fetch_add(&s->passes_total, 1);
+	atomic_fetch_add(&s->pass_width_total, width);
+	atomic_store(&s->pass_width_last, width);
+}
+
+/* Loads the model, then runs queued jobs in FIFO order: one at a time, or
+ * in seats (--parallel > 1). */
 static void *engine_main(void *arg)
 {
 	struct k3_sched *s = arg;
 
 	sched_load(s);
 	pthread_mutex_lock(&s->lock);
+	if (s->loaded && s->parallel > 1) {
+		sched_seats_main(s);
+		pthread_mutex_unlock(&s->lock);
+		return NULL;
+	}
 	while (!s->stopping) {
 		struct sched_job *j = s->loaded ? sched_entry(sched_fifo_pop(&s->queue),
 							      struct sched_job, link) : NULL;
@@ -163,7 +176,8 @@ static void *engine_main(void *arg)
 			pthread_cond_wait(&s->cond, &s->lock);
 			continue;
 		}
-		s->running = j;
+		s->running[0] = j;
+		s->n_running = 1;
 		pthread_mutex_unlock(&s->lock);
 		sched_post_kind(s, MSG_STARTED, j, true, NULL);
 		if (j->kind == K3_JOB_WARM_EXPERTS)
@@ -174,7 +188,8 @@ static void *engine_main(void *arg)
 		 * a client that reacts to DONE at once never sees a stale BUSY. */
 		struct sched_msg *fin = calloc(1, sizeof(*fin));
 		pthread_mutex_lock(&s->lock);
-		s->running = NULL;
+		s->running[0] = NULL;
+		s->n_running = 0;
 		if (j->final)
 			sched_post_locked(s, j->final);
 		j->final = NULL;
@@ -299,7 +314,7 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 		}
 		if (m->kind == MSG_FINISHED && s->draining) {
 			pthread_mutex_lock(&s->lock);
-			bool idle = !s->running;
+			bool idle = !s->n_running;
 			pthread_mutex_unlock(&s->lock);
 			if (idle)
 				k3_server_drain_done(s->srv);
@@ -343,8 +358,10 @@ static unsigned cancel_where(struct k3_sched *s, const struct k3_conn *c, bool b
 	pthread_mutex_lock(&s->lock);
 	sched_fifo_move_if(&s->queue, &gone, cancel_matches_link, &cm);
 	n = gone.n;
-	if (s->running && cancel_matches(&cm, s->running)) {
-		j = s->running;
+	for (unsigned i = 0; i < s->n_running; i++) {
+		j = s->running[i];
+		if (!cancel_matches(&cm, j))
+			continue;
 		atomic_store(&j->cancel_reason, j->conn == c ? K3_CANCEL_CLIENT : K3_CANCEL_BY_ID);
 		atomic_store(&j->cancel, true);
 		n++;
@@ -511,8 +528,8 @@ static void status_jobs(struct k3_sched *s, const struct k3_conn *c, struct k3_m
 
 	t->n = 0;
 	pthread_mutex_lock(&s->lock);
-	if (s->running)
-		status_job(t, c, s->running, K3_JOB_RUNNING);
+	for (unsigned i = 0; i < s->n_running; i++)
+		status_job(t, c, s->running[i], K3_JOB_RUNNING);
 	for (const struct sched_link *l = s->queue.head; l; l = l->next)
 		status_job(t, c, sched_entry(l, const struct sched_job, link), K3_JOB_QUEUED);
 	pthread_mutex_unlock(&s->lock);
@@ -530,7 +547,7 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 	struct k3_sched *s = ctx;
 
 	pthread_mutex_lock(&s->lock);
-	info->running = s->running ? 1 : 0;
+	info->running = s->n_running;
 	info->queued = s->queue.n;
 	pthread_mutex_unlock(&s->lock);
 	/* Only a peer that said it decodes the list gets it (docs/protocol.md). */
@@ -557,6 +574,15 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 	k3_msg_status_reply_set_decode_passes_total(r, s->totals.decode_passes_total);
 	k3_msg_status_reply_set_draft_s_total(r, s->totals.draft_s_total);
 	k3_msg_status_reply_set_verify_s_total(r, s->totals.verify_s_total);
+	/* several sequences in one pass (docs/scheduler.md) */
+	if (s->ready) {
+		uint64_t passes = atomic_load(&s->passes_total);
+		k3_msg_status_reply_set_parallel(r, s->parallel);
+		k3_msg_status_reply_set_pass_width(r, atomic_load(&s->pass_width_last));
+		k3_msg_status_reply_set_pass_width_mean(r, passes ? (double)atomic_load(&s->pass_width_total) /
+								(double)passes : 0);
+		k3_msg_status_reply_set_passes_total(r, passes);
+	}
 	/* s->store is set before MSG_LOADED and never changes; its stats are
 	 * mutex-protected and monotonic since start. */
 	if (s->ready && s->store) {
@@ -608,7 +634,7 @@ static unsigned hook_drain(void *ctx)
 	s->draining = true;
 	pthread_mutex_lock(&s->lock);
 	sched_fifo_move_if(&s->queue, &gone, NULL, NULL);
-	running = s->running ? 1 : 0;
+	running = s->n_running;
 	pthread_mutex_unlock(&s->lock);
 	while ((j = sched_entry(sched_fifo_pop(&gone), struct sched_job, link))) {
 		if (k3_conn_is_open(j->conn))
@@ -624,9 +650,9 @@ static void hook_cancel_running(void *ctx)
 	struct k3_sched *s = ctx;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->running) {
-		atomic_store(&s->running->cancel_reason, K3_CANCEL_SHUTDOWN);
-		atomic_store(&s->running->cancel, true);
+	for (unsigned i = 0; i < s->n_running; i++) {
+		atomic_store(&s->running[i]->cancel_reason, K3_CANCEL_SHUTDOWN);
+		atomic_store(&s->running[i]->cancel, true);
 	}
 	pthread_mutex_unlock(&s->lock);
 }
@@ -689,8 +715,8 @@ struct k3_sched *k3_sched_free(struct k3_sched *s)
 		return NULL;
 	pthread_mutex_lock(&s->lock);
 	s->stopping = true;
-	if (s->running)
-		atomic_store(&s->running->cancel, true);
+	for (unsigned i = 0; i < s->n_running; i++)
+		atomic_store(&s->running[i]->cancel, true);
 	pthread_cond_broadcast(&s->cond);
 	pthread_cond_broadcast(&s->prep_cond);
 	pthread_mutex_unlock(&s->lock);

@@ -23,8 +23,8 @@ static const char *kind_noun(enum k3_proto_job_kind kind)
 int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 {
 	enum k3_proto_job_kind dup_kind = K3_JOB_GENERATE, running_kind = K3_JOB_GENERATE;
-	unsigned running, waiting;
-	bool dup;
+	unsigned running = 0, waiting, seats = s->parallel ? s->parallel : 1;
+	bool dup = false;
 
 	if (s->draining) {
 		k3_conn_send_error(c, rid, K3_STATUS_SHUTTING_DOWN, NULL, "k3d is shutting down");
@@ -35,15 +35,19 @@ int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 	 * client that cancelled (or disconnected) and asks again at once must
 	 * not be answered BUSY for that window: it queues behind it. Requests
 	 * still on the prep thread hold a place in the queue. */
-	running = s->running && !atomic_load(&s->running->cancel) ? 1 : 0;
-	if (s->running)
-		running_kind = s->running->kind;
+	for (unsigned i = 0; i < s->n_running; i++) {
+		const struct sched_job *r = s->running[i];
+
+		running += !atomic_load(&r->cancel);
+		running_kind = r->kind;
+		/* Events and CANCEL are matched by request id: two live jobs
+		 * with one id on one connection could not be told apart. */
+		if (!dup && r->conn == c && r->rid == rid) {
+			dup = true;
+			dup_kind = r->kind;
+		}
+	}
 	waiting = s->queue.n + s->n_prepping;
-	/* Events and CANCEL are matched by request id: two live jobs with one
-	 * id on one connection could not be told apart. */
-	dup = s->running && s->running->conn == c && s->running->rid == rid;
-	if (dup)
-		dup_kind = s->running->kind;
 	for (const struct sched_link *l = s->queue.head; l && !dup; l = l->next) {
 		const struct sched_job *q = sched_entry(l, const struct sched_job, link);
 
@@ -61,8 +65,18 @@ int sched_admit(struct k3_sched *s, struct k3_conn *c, uint32_t rid)
 						      K3_MSG_GENERATE));
 		return -EEXIST;
 	}
-	/* queue_max counts the jobs waiting behind the running one. */
-	if (running + waiting > s->opts->queue_max) {
+	/* queue_max counts the jobs waiting behind the running ones: with
+	 * --parallel N, N seats run and queue_max more wait; BUSY only when
+	 * both are full. */
+	if (seats > 1 && running + waiting >= seats + s->opts->queue_max) {
+		k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
+				   "engine busy: %u/%u generations running and %u/%u queued; retry later",
+				   running < seats ? running : seats, seats,
+				   running + waiting - (running < seats ? running : seats),
+				   s->opts->queue_max);
+		return -EBUSY;
+	}
+	if (seats == 1 && running + waiting > s->opts->queue_max) {
 		if (running)
 			k3_conn_send_error(c, rid, K3_STATUS_BUSY, NULL,
 					   "engine busy: 1 %s running and %u/%u queued; retry later",
@@ -87,10 +101,12 @@ void sched_enqueue(struct k3_sched *s, struct k3_conn *c, struct sched_job *j)
 		return;
 	}
 	j->conn = k3_conn_ref(c);
+	j->uid = (uint32_t)k3_conn_uid(c);
 	j->id = ++s->next_job_id;
 	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
 	pthread_mutex_lock(&s->lock);
-	ahead = s->queue.n + (s->running ? 1 : 0);
+	/* 0: it takes a seat at once */
+	ahead = s->queue.n + (s->n_running >= (s->parallel ? s->parallel : 1) ? 1 : 0);
 	sched_fifo_push(&s->queue, &j->link);
 	pthread_cond_signal(&s->cond);
 	pthread_mutex_unlock(&s->lock);

@@ -14,6 +14,9 @@
  *                  TOKENIZE the same way
  *   sched_job.c    running one generation: prepare, prefill, the decode
  *                  loop (per-pass step), the final DONE
+ *   sched_seats.c  --parallel N > 1: up to N generations on the engine
+ *                  thread at once (seats), advanced by one batched pass
+ *                  (docs/scheduler.md, "Several sequences in one pass")
  *   sched_stage.c  output staging: end ids, stop-string holdback, the
  *                  chat output parser, tool-call events
  *   sched_load.c   loading the model, the expert store and the router
@@ -36,6 +39,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "server/options.h"
 #include "server/sched.h"
 #include "draft/draft.h"
 #include "draft/draft_ctl.h"
@@ -67,6 +71,7 @@ enum {
 	SCHED_N_END_IDS = 2 + K3_LIM_STOP_IDS,
 	SCHED_PUBLISH_DEADLINE_S = 5,
 	SCHED_PREP_INLINE_BYTES = 64 << 10,
+	SCHED_MAX_SEATS = K3_OPTIONS_PARALLEL_MAX,
 };
 
 /* ---- the one queue type (sched_queue.c) -------------------------------- */
@@ -126,6 +131,7 @@ struct sched_job {
 	enum k3_proto_job_kind kind;
 	uint64_t id;                    /* 0 until admitted */
 	uint32_t rid;                   /* the request id its frames echo */
+	uint32_t uid;                   /* its peer's uid (the per-uid seat share) */
 	struct k3_conn *conn;           /* ref held once admitted; loop thread only */
 	struct timespec t_submit;
 	struct sched_link link;         /* in s->queue while queued (under lock) */
@@ -171,6 +177,9 @@ struct sched_job {
 	struct k3_draft_stats draft;    /* drafting (all zero with the policy off) */
 	uint64_t decode_passes;         /* passes that produced ids: the last prefill
 					 * chunk, then every decode or verification pass */
+	uint64_t shared_passes;         /* passes it shared with other sequences */
+	uint64_t pass_width_sum;        /* sequences in every pass it ran in, summed */
+	uint64_t passes;                /* passes it ran in (prefill chunks included) */
 
 	struct event *publish_timer;    /* SCHED_PUBLISH_DEADLINE_S while DONE is unflushed; loop thread */
 };
@@ -255,6 +264,11 @@ struct k3_sched {
 	/* the spine loader (NULL: the spine is the mmapped shards) */
 	struct k3_store_spine *spine;
 	uint32_t prefill_chunk;         /* positions per prefill pass, the engine's max_chunk */
+	uint32_t parallel;              /* seats: --parallel, or the plan's choice for auto */
+	/* passes of the engine (any thread reads them): how many, the
+	 * sequences in them summed, and in the latest one */
+	atomic_uint_fast64_t passes_total, pass_width_total;
+	atomic_uint pass_width_last;
 	/* a streaming install's expert fetcher (--fetch-experts), or NULL */
 	struct k3_setup_remote *remote;
 	struct k3_setup_remote_reader remote_reader;
@@ -272,7 +286,9 @@ struct k3_sched {
 	pthread_mutex_t lock;           /* guards everything down to "loop thread only" */
 	pthread_cond_t cond;            /* engine thread: a job was queued, or stopping */
 	struct sched_fifo queue;        /* struct sched_job, FIFO order */
-	struct sched_job *running;      /* the job on the engine thread, or NULL */
+	/* the jobs on the engine thread (seats), in the order they started */
+	struct sched_job *running[SCHED_MAX_SEATS];
+	unsigned n_running;
 	bool stopping;
 	struct sched_fifo inbox;        /* struct sched_msg for the loop thread */
 	struct sched_fifo prep_queue;   /* struct sched_prep for the prep thread */
@@ -435,8 +451,30 @@ struct sched_seq {
 	struct k3_store_stats xs_prefilled;   /* ... and when its prefill ended */
 	struct k3_store_spine_stats ss0;   /* spine loader counters then */
 	uint32_t chunk;                 /* positions per prefill pass for this prompt */
+	double ttft_s;                  /* submit to the first id chosen */
+	/* seats (sched_seats.c): the store and spine counters are charged per
+	 * pass, split among the pass's sequences by positions, into these */
+	bool split;
+	struct k3_store_stats xacc;
+	struct k3_store_spine_stats sacc;
+	bool untapped;                  /* its tapped draft was switched off (seats) */
+	bool finished;                  /* ready for its end (sched_seq_end) */
+	int end_r;                      /* ... with this result */
 	struct k3_err err;
 };
+
+/* *d += *a, field by field (a job's drafting over several draft runs). */
+static inline void sched_draft_stats_add(struct k3_draft_stats *d, const struct k3_draft_stats *a)
+{
+	d->proposed += a->proposed;
+	d->accepted += a->accepted;
+	d->passes += a->passes;
+	d->verify_passes += a->verify_passes;
+	d->draft_s += a->draft_s;
+	d->verify_s += a->verify_s;
+	d->decode_s += a->decode_s;
+	d->switched_off += a->switched_off;
+}
 
 /* Creates the drafts k3d offers (n-gram; DSpark from --draft-model,
  * validated against the engine's model) and the pass-cost fit. Engine
@@ -447,6 +485,37 @@ int sched_draft_load(struct k3_sched *s, struct k3_err *err);
  * frame (DONE or ERROR) in j->final and its publishable branch in
  * j->branch. */
 void sched_job_run(struct k3_sched *s, struct sched_job *j);
+
+/* The steps of sched_job_run, which the seats (sched_seats.c) drive one
+ * pass at a time. Engine thread. Returns are as documented in sched_job.c:
+ *  prepare: 0 or a negative errno with q->err;
+ *  prefill_begin: plans q's chunks (no engine work);
+ *  prefill_chunk: the next chunk of at most c positions through q's draft
+ *    run: 0, or a negative errno with q->err;
+ *  prefill_advanced: bookkeeping after a chunk of c positions ran
+ *    (positions, trace, PROGRESS; the prefill's end when it was the last):
+ *    0 or a negative errno;
+ *  decode_begin / decode_end: around the decode loop (decode_end flushes
+ *    the output stage: 0 or a negative errno);
+ *  step: one pass of q alone (drafting as its policy says): 1 to go on, 0
+ *    ended, < 0 error;
+ *  emit: one committed id to the output stage: 1 ends, 0 goes on, < 0;
+ *  end: DONE or ERROR into j->final, the branch (r: 0 or the errno). */
+int sched_seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq *q);
+void sched_seq_prefill_begin(struct k3_sched *s, struct sched_seq *q);
+int sched_seq_prefill_chunk(struct k3_sched *s, struct sched_seq *q, uint32_t c);
+int sched_seq_prefill_advanced(struct k3_sched *s, struct sched_seq *q, uint32_t c);
+void sched_seq_decode_begin(struct sched_seq *q);
+int sched_seq_decode_end(struct sched_seq *q);
+int sched_seq_step(struct k3_sched *s, struct sched_seq *q);
+int sched_seq_emit(struct sched_seq *q, uint32_t tok);
+void sched_seq_end(struct k3_sched *s, struct sched_seq *q, int r);
+
+/* --parallel > 1: the engine thread's loop over seats until stopping
+ * (sched_seats.c). Called with s->lock held; returns with it held. */
+void sched_seats_main(struct k3_sched *s);
+/* Counts one engine pass of width sequences (STATUS pass_width*). */
+void sched_count_pass(struct k3_sched *s, unsigned width);
 
 /* ---- loading and WARM_EXPERTS (sched_load.c) -------------------------------- */
 

@@ -14,15 +14,10 @@
  * forward call returns -ECANCELED and the half-advanced branch is
  * dropped). Greedy only: the next id is the argmax of the logits.
  *
- * Seams (not implemented yet; the shapes below are where they go):
- *  - "Several sequences in one pass" (issue 21): sched_pass() advances an
- *    array of running sequences by one decode position each. Today the
- *    engine thread hands it one. Issue 21 keeps up to N struct sched_seq
- *    live on the engine thread (s->running becomes a set), admits queued
- *    jobs into free seats between passes (seq_prepare + seq_prefill), and
- *    replaces the per-sequence forward call in seq_step() by one batched
- *    forward over the positions of all live sequences; seq_end() then runs
- *    for each sequence as it finishes, not when the pass loop ends.
+ * Several sequences in one pass (issue 21): with --parallel N > 1 the
+ * seats (sched_seats.c) drive these same steps (sched_seq_*) one pass at a
+ * time for up to N jobs; a job alone in its seats runs exactly the steps
+ * below. sched_job_run is --parallel 1: one job from start to end.
  *
  * Draft, verify, commit (issue 18, docs/draft.md): seq_step() is the one
  * place that commits ids. Each pass goes through the request's draft run
@@ -130,7 +125,7 @@ static int seq_draft_open(struct k3_sched *s, struct sched_seq *q)
 /* Output stage, logits buffer and the sequence to advance. j->finish is
  * ERROR until a later step says otherwise. Returns 0 or a negative errno
  * with q->err. */
-static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq *q)
+int sched_seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq *q)
 {
 	const uint32_t V = k3_engine_vocab(s->engine);
 	const uint32_t n = (uint32_t)j->prompt.n;
@@ -178,7 +173,9 @@ static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq
 	if (!q->seq && (r = k3_engine_seq_new(s->engine, n + (j->max_new < 4096 ? j->max_new : 4096) + 1,
 					      &q->seq, &q->err)) < 0)
 		return r;
-	k3_engine_set_cancel(s->engine, &j->cancel);
+	/* Several seats share a pass: one job's flag must not stop the
+	 * others', so they poll theirs between passes (sched_seats.c). */
+	k3_engine_set_cancel(s->engine, s->n_running > 1 ? NULL : &j->cancel);
 	j->n_cached = q->start;
 	return seq_draft_open(s, q);
 }
@@ -186,42 +183,36 @@ static int seq_prepare(struct k3_sched *s, struct sched_job *j, struct sched_seq
 /* The prompt positions not served by a published state, in the fewest
  * passes of at most s->prefill_chunk positions, of equal length (each pass
  * reads every expert its positions route to once, docs/store.md,
- * "Expert-major prefill"); the last pass leaves the logits of the last
- * prompt position. Returns 0 when prefilled, 1 when cancelled between
- * passes (j->finish says so), or a negative errno. */
-static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
+ * "Expert-major prefill"): q->chunk. */
+void sched_seq_prefill_begin(struct k3_sched *s, struct sched_seq *q)
 {
-	struct sched_job *j = q->job;
-	const uint32_t n = q->n_prompt;
-	uint32_t todo = n - q->start, passes = (todo + s->prefill_chunk - 1) / s->prefill_chunk;
-	int r;
+	uint32_t todo = q->n_prompt - q->start, passes = (todo + s->prefill_chunk - 1) / s->prefill_chunk;
 
 	q->chunk = passes ? (todo + passes - 1) / passes : 0;
 	clock_gettime(CLOCK_MONOTONIC, &q->t_prefill);
 	q->prefill_end = q->start;
-	if (s->store)
+	if (s->store && !q->split)
 		k3_store_epoch_begin(s->store);
-	for (uint32_t pos = q->start; pos < n;) {
-		uint32_t c = n - pos < q->chunk ? n - pos : q->chunk;
-		struct k3_msg_progress p;
+}
 
-		if (atomic_load(&j->cancel)) {
-			j->finish = K3_FINISH_CANCELLED;
-			return 1;
-		}
-		r = k3_draft_run_prefill(q->run, q->seq, (const int32_t *)j->prompt.v + pos, c,
-					 pos + c == n ? &q->out_last : &q->out_none, &q->err);
-		if (r < 0)
-			return r;
-		j->positions += c;
-		sched_trace_routes(s, j, pos, c);
-		pos += c;
-		q->prefill_end = pos;
-		memset(&p, 0, sizeof(p));
-		k3_msg_progress_set_done(&p, pos);
-		k3_msg_progress_set_total(&p, n);
-		sched_post_frame(j, K3_MSG_PROGRESS, &p);
-	}
+/* The next c prompt positions through q's draft run (the last chunk
+ * leaves the logits of the last prompt position). */
+int sched_seq_prefill_chunk(struct k3_sched *s, struct sched_seq *q, uint32_t c)
+{
+	const uint32_t pos = q->prefill_end, n = q->n_prompt;
+
+	(void)s;
+	return k3_draft_run_prefill(q->run, q->seq, (const int32_t *)q->job->prompt.v + pos, c,
+				    pos + c == n ? &q->out_last : &q->out_none, &q->err);
+}
+
+/* The prompt is in q's sequence: the branches, the first id. */
+static int seq_prefill_end(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	const uint32_t n = q->n_prompt;
+	int r;
+
 	for (uint32_t i = 0; i < n; i++)
 		if ((r = k3_tok_ids_push(&j->branch[1].ids, j->prompt.v[i])) < 0 ||
 		    (j->chat && (r = k3_tok_ids_push(&j->branch[0].ids, j->prompt.v[i])) < 0))
@@ -230,17 +221,67 @@ static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
 		return r;
 	q->prefill_s = sched_since(&q->t_prefill);
 	q->prefilled = true;
-	if (s->store)
+	if (q->split)
+		q->xs_prefilled = q->xacc;   /* xs0 stays zero: the split's own sums */
+	else if (s->store)
 		k3_store_stats_get(s->store, &q->xs_prefilled);
 	q->anchor = k3_engine_argmax(q->logits, k3_engine_vocab(s->engine));
+	q->ttft_s = sched_since(&j->t_submit);
 	j->decode_passes = 1;          /* the last chunk's logits give the first id */
+	return 0;
+}
+
+/* A chunk of c positions at q->prefill_end ran: its routes, PROGRESS, and
+ * the prefill's end after the last. */
+int sched_seq_prefill_advanced(struct k3_sched *s, struct sched_seq *q, uint32_t c)
+{
+	struct sched_job *j = q->job;
+	struct k3_msg_progress p;
+	uint32_t pos = q->prefill_end;
+
+	j->positions += c;
+	sched_trace_routes(s, j, pos, c);
+	pos += c;
+	q->prefill_end = pos;
+	memset(&p, 0, sizeof(p));
+	k3_msg_progress_set_done(&p, pos);
+	k3_msg_progress_set_total(&p, q->n_prompt);
+	sched_post_frame(j, K3_MSG_PROGRESS, &p);
+	return pos == q->n_prompt ? seq_prefill_end(s, q) : 0;
+}
+
+/* The whole prefill, one chunk per pass. Returns 0 when prefilled, 1 when
+ * cancelled between passes (j->finish says so), or a negative errno. */
+static int seq_prefill(struct k3_sched *s, struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	int r;
+
+	sched_seq_prefill_begin(s, q);
+	if (q->start == q->n_prompt)
+		return seq_prefill_end(s, q);
+	while (!q->prefilled) {
+		uint32_t left = q->n_prompt - q->prefill_end, c = left < q->chunk ? left : q->chunk;
+
+		if (atomic_load(&j->cancel)) {
+			j->finish = K3_FINISH_CANCELLED;
+			return 1;
+		}
+		if ((r = sched_seq_prefill_chunk(s, q, c)) < 0)
+			return r;
+		sched_count_pass(s, 1);
+		j->passes++;
+		j->pass_width_sum++;
+		if ((r = sched_seq_prefill_advanced(s, q, c)) < 0)
+			return r;
+	}
 	return 0;
 }
 
 /* Feeds one committed id to the output stage. Returns 1 when generation
  * ends with it (end id, stop string, end of message: j->finish = stop;
  * max_new: finish stays length), 0 to go on, or a negative errno. */
-static int seq_emit(struct sched_seq *q, uint32_t tok)
+int sched_seq_emit(struct sched_seq *q, uint32_t tok)
 {
 	struct sched_job *j = q->job;
 	int r;
@@ -281,7 +322,7 @@ static void seq_trace(struct k3_sched *s, const struct sched_seq *q, const struc
  * set), or a negative errno with q->err. The seam for drafting (file
  * comment): each call commits >= 1 ids.
  */
-static int seq_step(struct k3_sched *s, struct sched_seq *q)
+int sched_seq_step(struct k3_sched *s, struct sched_seq *q)
 {
 	struct sched_job *j = q->job;
 	struct k3_draft_pass p;
@@ -292,7 +333,7 @@ static int seq_step(struct k3_sched *s, struct sched_seq *q)
 		j->finish = K3_FINISH_CANCELLED;
 		return 0;
 	}
-	if ((r = seq_emit(q, q->anchor)) != 0)
+	if ((r = sched_seq_emit(q, q->anchor)) != 0)
 		return r < 0 ? r : 0;
 	/* the context the draft sees: every id the branch consumed, then the
 	 * anchor (pushed now: it is consumed by this pass whatever happens) */
@@ -303,9 +344,12 @@ static int seq_step(struct k3_sched *s, struct sched_seq *q)
 	if (r < 0)
 		return r;
 	j->decode_passes++;
+	j->passes++;
+	j->pass_width_sum++;
+	sched_count_pass(s, 1);
 	bool ended = false;
 	for (uint32_t i = 0; i < p.accepted && !ended; i++) {
-		if ((r = seq_emit(q, p.drafts[i])) < 0)
+		if ((r = sched_seq_emit(q, p.drafts[i])) < 0)
 			return r;
 		/* an id that ends the generation is emitted, not run (as plain
 		 * decoding never runs its last id) */
@@ -342,33 +386,44 @@ static unsigned sched_pass(struct k3_sched *s, struct sched_seq *const *seqs, un
 
 		if (!q->decoding)
 			continue;
-		q->rc = seq_step(s, q);
+		q->rc = sched_seq_step(s, q);
 		q->decoding = q->rc > 0;
 		live += q->decoding;
 	}
 	return live;
 }
 
-/* Decodes until an end id, a stop string, max_new or cancel, then flushes
- * the output stage. Returns 0 or a negative errno with q->err. */
-static int seq_decode(struct k3_sched *s, struct sched_seq *q)
+void sched_seq_decode_begin(struct sched_seq *q)
 {
 	struct sched_job *j = q->job;
-	int r;
 
 	clock_gettime(CLOCK_MONOTONIC, &q->t_decode);
 	j->finish = K3_FINISH_LENGTH;
 	q->rc = 0;
 	q->decoding = j->n_gen < j->max_new;
-	while (sched_pass(s, &q, 1))
-		;
-	if (q->rc < 0)
-		return q->rc;
-	r = sched_stage_finish(&q->stage);
+}
+
+int sched_seq_decode_end(struct sched_seq *q)
+{
+	struct sched_job *j = q->job;
+	int r = sched_stage_finish(&q->stage);
+
 	if (q->stage.any_tool && j->finish == K3_FINISH_STOP)
 		j->finish = K3_FINISH_TOOL_CALLS;
 	q->decode_s = sched_since(&q->t_decode);
 	return r;
+}
+
+/* Decodes until an end id, a stop string, max_new or cancel, then flushes
+ * the output stage. Returns 0 or a negative errno with q->err. */
+static int seq_decode(struct k3_sched *s, struct sched_seq *q)
+{
+	sched_seq_decode_begin(q);
+	while (sched_pass(s, &q, 1))
+		;
+	if (q->rc < 0)
+		return q->rc;
+	return sched_seq_decode_end(q);
 }
 
 /* Lets the expert store and the spine loader settle and returns in d and
@@ -380,6 +435,12 @@ static void seq_store_settle(struct k3_sched *s, const struct sched_seq *q, stru
 
 	memset(d, 0, sizeof(*d));
 	memset(sd, 0, sizeof(*sd));
+	if (q->split) {
+		/* the seats charged every pass already (sched_seats.c) */
+		*d = q->xacc;
+		*sd = q->sacc;
+		return;
+	}
 	if (s->spine) {
 		/* The read-ahead into the next pass lands and is charged here. */
 		struct k3_store_spine_stats snow;
@@ -439,6 +500,11 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
 					       (double)j->decode_passes : 0);
 	k3_msg_done_set_draft_s(&done, j->draft.draft_s);
 	k3_msg_done_set_verify_s(&done, j->draft.verify_s);
+	/* several sequences in one pass (docs/scheduler.md) */
+	k3_msg_done_set_ttft_s(&done, q->ttft_s);
+	k3_msg_done_set_shared_passes(&done, j->shared_passes);
+	k3_msg_done_set_pass_width_mean(&done, j->passes ? (double)j->pass_width_sum / (double)j->passes
+							: 0);
 	if (s->store) {
 		/* hits exclude same-step prefetches (docs/store.md, counters) */
 		k3_msg_done_set_expert_bytes_read(&done, xd->bytes_read);
@@ -464,7 +530,7 @@ static struct sched_msg *seq_done_frame(struct k3_sched *s, const struct sched_s
  * that stopped it): frees what the sequence owned, charges the store's
  * work, leaves DONE or ERROR in j->final and keeps the branch only when
  * the answer is complete. */
-static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
+void sched_seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 {
 	struct sched_job *j = q->job;
 	struct k3_store_stats xd;
@@ -474,7 +540,7 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 	free(q->logits);
 	q->logits = NULL;
 	if (q->run)
-		j->draft = *k3_draft_run_stats(q->run);
+		sched_draft_stats_add(&j->draft, k3_draft_run_stats(q->run));
 	k3_draft_run_free(q->run);
 	q->run = NULL;
 	k3_engine_set_cancel(s->engine, NULL);
@@ -528,7 +594,7 @@ static void seq_end(struct k3_sched *s, struct sched_seq *q, int r)
 void sched_job_run(struct k3_sched *s, struct sched_job *j)
 {
 	struct sched_seq q;
-	int r = seq_prepare(s, j, &q);
+	int r = sched_seq_prepare(s, j, &q);
 
 	if (r == 0)
 		r = seq_prefill(s, &q);
@@ -536,5 +602,5 @@ void sched_job_run(struct k3_sched *s, struct sched_job *j)
 		r = seq_decode(s, &q);
 	else if (r == 1)
 		r = 0;   /* cancelled during prefill: DONE{cancelled} */
-	seq_end(s, &q, r);
+	sched_seq_end(s, &q, r);
 }

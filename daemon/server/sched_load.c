@@ -201,15 +201,26 @@ static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, bool *streams, s
 	struct k3_store_plan_in in = {
 		.memory_limit_bytes = o->memory_limit_bytes,
 		.context_tokens = ctx,
-		.sequences = 1,
 		.spine_resident = o->spine_resident,
 		.expert_cache_bytes = o->expert_cache_bytes,
 		.max_chunk = o->prefill_chunk ? o->prefill_chunk : SCHED_PREFILL_CHUNK_MIN,
 		.slot_bytes = slot_bytes,
 	};
-	int r = k3_store_plan_model(s->model, &in, &s->plan, streams, err);
+	/* --parallel auto: the most seats (up to K3_OPTIONS_PARALLEL_AUTO_MAX)
+	 * whose sequence states the limit holds above its floor; each seat
+	 * reserves its own KDA state and MLA cache for the whole context. */
+	uint32_t seats = o->parallel ? o->parallel : K3_OPTIONS_PARALLEL_AUTO_MAX;
+	int r;
+	for (;;) {
+		in.sequences = seats;
+		r = k3_store_plan_model(s->model, &in, &s->plan, streams, err);
+		if (r == 0 || o->parallel || seats == 1)
+			break;
+		seats--;
+	}
 	if (r < 0)
 		return k3_err_prefix(err, "memory plan");
+	s->parallel = seats;
 	/* auto: the pass the limit allows, planned again with its scratch (the
 	 * shortest pass's plan stands when the longer one does not fit) */
 	s->prefill_chunk = prefill_chunk(s, s->plan.limit_bytes);
@@ -225,6 +236,9 @@ static int plan_memory(struct k3_sched *s, uint64_t slot_bytes, bool *streams, s
 			s->prefill_chunk = SCHED_PREFILL_CHUNK_MIN;
 		}
 	}
+	k3_log_info("parallel: %u sequence%s per pass (%s; state %.3f GB)", s->parallel,
+		    s->parallel == 1 ? "" : "s", o->parallel ? "--parallel" : "auto",
+		    (double)s->plan.state_bytes / 1e9);
 	k3_log_info("prefill: up to %u positions per pass (%s; activations %.3f GB)",
 		    s->prefill_chunk, o->prefill_chunk ? "--prefill-chunk" : "auto",
 		    (double)k3_engine_scratch_bytes(mc, s->prefill_chunk) / 1e9);

@@ -489,6 +489,8 @@ class Daemon:
                               expert_demand_bytes=100000, prefetch_used_bytes=13216, hedges=5,
                               hedges_won=2, drive_expert_bytes_read=[100000, 23456],
                               drive_hedges=[5, 0], drive_p95_ns=[2500000, 0],
+                              parallel=self.args.slots, pass_width=len(self.running),
+                              pass_width_mean=1.5, passes_total=42,
                               **({"status_text": self.args.status_text} if self.args.status_text else {}))
                 elif name == "GENERATE":
                     self.generate(conn, rid, body)

@@ -875,7 +875,10 @@ def test_metrics(st):
     for name in ("k3_gateway_tokens_total{kind=\"prompt\"}", "k3_gateway_tokens_total{kind=\"reasoning\"}",
                  "k3_gateway_prefill_seconds_total", "k3_gateway_decode_seconds_total",
                  "k3_daemon_queue_depth 0", "k3_daemon_expert_bytes_read_total 123456",
-                 "k3_daemon_expert_cache_hit_ratio 0.750000", "k3_gateway_daemon_up 1"):
+                 "k3_daemon_expert_cache_hit_ratio 0.750000", "k3_gateway_daemon_up 1",
+                 # several sequences in one pass (STATUS 78-81; fake: --slots 1, 42 passes)
+                 "k3_daemon_parallel 1", "k3_daemon_pass_width 0", "k3_daemon_pass_width_mean 1.500",
+                 "k3_daemon_passes_total 42"):
         assert name in text, name
     # The expert store's counters from STATUS (fake: 123456 bytes over 64
     # positions, 3 hits, 1 miss, ...), each with HELP and TYPE lines.

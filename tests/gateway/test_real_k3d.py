@@ -52,7 +52,9 @@ def real_k3d(prefix, k3d_args, gw_args=(), quiet=True):
                    capture_output=True, timeout=60)
     sock = os.path.join(d, "k3d.sock")
     log = open(os.path.join(d, "k3d.log"), "w")
-    k = subprocess.Popen([K3D, "--socket", sock, "--model", model, *k3d_args], stderr=log)
+    # one seat (BUSY and queue depths as the tests expect) unless asked
+    one = [] if "--parallel" in k3d_args else ["--parallel", "1"]
+    k = subprocess.Popen([K3D, "--socket", sock, "--model", model, *one, *k3d_args], stderr=log)
     try:
         with Stack(start_fake=False, sock=sock, gw_args=list(gw_args), quiet=quiet) as s:
             end = time.time() + 60
@@ -350,3 +352,54 @@ def test_real_health_while_draining():
         a.close()    # cancels the job: the drain ends and k3d exits
         assert k.wait(20) == 0
         assert s.raw("GET", "/health")[0] == 503
+
+
+def test_real_concurrent_streams_parallel():
+    """Issue 21 through the gateway: k3d --parallel 4; 2-4 concurrent
+    streams from the official OpenAI client (different prompts, started
+    at different times) each equal their solo answer; the passes were
+    shared (/metrics k3_daemon_pass_width_mean > 1); a fifth and sixth
+    request with seats and queue full get 429 with Retry-After."""
+    import threading
+    prompts = ["Hello! Who are you?", "Count to ten, please.", "What is the capital of France?",
+               "Write one word."]
+    with real_k3d("k3gw-par-", ["--threads", "1", "--parallel", "4", "--queue", "0"]) as (s, _, _):
+        solo = {}
+        for p in prompts:
+            r = chat(s, messages=[{"role": "user", "content": p}], max_tokens=40, reasoning_effort="none")
+            solo[p] = r.choices[0].message.content
+        for n in (2, 3, 4):
+            got, errs = {}, []
+
+            def one(k, p):
+                try:
+                    time.sleep(0.01 * k)
+                    chunks = list(chat(s, messages=[{"role": "user", "content": p}], max_tokens=40,
+                                       reasoning_effort="none", stream=True))
+                    got[p] = joined(chunks, "content")
+                except Exception as e:    # reported below
+                    errs.append(repr(e))
+            th = [threading.Thread(target=one, args=(k, p)) for k, p in enumerate(prompts[:n])]
+            for t in th:
+                t.start()
+            for t in th:
+                t.join(120)
+            assert not errs, errs
+            for p in prompts[:n]:
+                assert got[p] == solo[p], (n, p, got[p], solo[p])
+        text = s.raw("GET", "/metrics")[2].decode()
+        vals = dict(ln.split(" ", 1) for ln in text.splitlines() if ln.startswith("k3_daemon_pass"))
+        assert float(vals["k3_daemon_pass_width_mean"]) > 1.0, vals
+        assert "k3_daemon_parallel 4" in text.splitlines()
+        # four long streams hold every seat: the next request is 429
+        cl = s.client()
+        streams = [cl.completions.create(model="m", prompt="Hi", max_tokens=4000, stream=True)
+                   for _ in range(4)]
+        its = [iter(x) for x in streams]
+        for it in its:
+            next(it)
+        with pytest.raises(openai.RateLimitError) as ei:
+            cl.completions.create(model="m", prompt="Hi", max_tokens=1)
+        assert ei.value.response.headers["retry-after"]
+        for x in streams:
+            x.close()

@@ -202,6 +202,10 @@ class Daemon:
         # One compute thread: these tests check behaviour, and a 2-core CI
         # machine running several suites at once starves a spinning pool.
         model_args = ["--model", model or os.environ["K3_TEST_MODEL"], "--threads", "1"]
+        # The suites test the one-seat scheduler (BUSY with --queue 0, queue
+        # positions) unless they ask for seats (test_parallel.py does).
+        if "--parallel" not in args:
+            model_args += ["--parallel", "1"]
         self.proc = subprocess.Popen([k3d, "--socket", self.sock, "--log-level", "debug",
                                       *model_args, *args],
                                      stderr=open(self.log, "w"), stdin=subprocess.DEVNULL)
