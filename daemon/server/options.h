@@ -51,12 +51,12 @@ struct k3_options {
 	/* --spine-resident: K3_STORE_PLAN_RESIDENT_DEFAULT when not given (the
 	 * plan's choice, the spine mapped when it all fits), _AUTO, _ALL,
 	 * _NONE, or N >= 0 layers resident and the rest streamed (docs/plan.md,
-	 * docs/store.md "Spine streaming") */
+	 * docs/spine.md) */
 	int32_t spine_resident;
 	bool fetch_experts;           /* --fetch-experts: a streaming install's missing
 				       * experts are fetched on demand (docs/setup.md) */
 	int direct;                   /* --direct: enum k3_store_direct (auto, on, off) */
-	/* Several drives (docs/store.md, "Several drives"): copies of the
+	/* Several drives (docs/drives.md): copies of the
 	 * packs in each --expert-dir, drives 1.. (drive 0 is the model
 	 * directory's packs or shards); the emulated drive per drive
 	 * (--io-rate, --io-latency, --io-stall) and --hedge */

@@ -98,8 +98,8 @@ static uint32_t first_buffered(const struct k3_store_source *src)
 	return 0;
 }
 
-/* Each --expert-dir as the next drive's copies of the packs (docs/store.md,
- * "Several drives"), logged with what it holds and why a pack there was
+/* Each --expert-dir as the next drive's copies of the packs
+ * (docs/drives.md), logged with what it holds and why a pack there was
  * refused. A directory holding no valid pack is an error: the user asked
  * for a drive that would never be read. */
 static int add_homes(struct k3_sched *s, struct k3_err *err)
