@@ -46,6 +46,17 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *o);
 /* Monotonic seconds. */
 double k3ctl_bench_now_s(void);
 
+/* --preset trained: installs the trained demo model into a fresh
+ * directory TMPDIR/k3-bench-<tag>.XXXXXX (written into dir[cap]; dir[0]
+ * is 0 when none was made, else the caller removes it with
+ * k3ctl_trained_remove) and encodes the preset's prompt (sentence forms
+ * of the model's training corpus, tools/train_demo/data.py, so its
+ * routing is the router's on text it knows) into *ids (caller releases).
+ * 0 or a negative errno with err set. */
+struct k3_tok_ids;
+int k3ctl_bench_trained_model(char *dir, size_t cap, const char *tag, struct k3_tok_ids *ids,
+			      struct k3_err *err);
+
 struct k3ctl_bench_spread {
 	double median, min, max;
 };

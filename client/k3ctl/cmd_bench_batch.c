@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/parse.h"
+#include "bench.h"
 #include "demo_trained.h"
 #include "engine/engine.h"
 #include "k3ctl.h"
@@ -36,19 +37,6 @@
 #include "text/text_tok.h"
 
 enum { BB_MAX_N = 16, BB_MAX_LIST = 8, BB_MAX_REPS = 31, BB_MAX_NEW = 4096, BB_MAX_PROMPT = 4096 };
-
-static const char bb_trained_prompt[] =
-	"The capital of France is Paris. The capital of England is London. "
-	"The capital of Japan is Tokyo. The capital of Italy is Rome. "
-	"The capital of Spain is Madrid. The capital of Egypt is Cairo. The capital of";
-
-static double bb_now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static int bb_cmp(const void *a, const void *b)
 {
@@ -192,30 +180,9 @@ int k3ctl_bench_batch(int argc, char **argv)
 		goto fail;
 	}
 	if (preset) {
-		const char *t = getenv("TMPDIR");
-		unsigned long long written = 0;
-		if ((size_t)snprintf(tmpdir, sizeof(tmpdir), "%s/k3-bench-batch.XXXXXX",
-				     t && *t ? t : "/tmp") >= sizeof(tmpdir)) {
-			rc = k3_err_set(&err, -ENAMETOOLONG, "TMPDIR is too long");
-			tmpdir[0] = 0;
+		if ((rc = k3ctl_bench_trained_model(tmpdir, sizeof(tmpdir), "batch", &text_ids, &err)))
 			goto fail;
-		}
-		if (!mkdtemp(tmpdir)) {
-			rc = k3_err_set(&err, -errno, "%s: %s", tmpdir, strerror(errno));
-			tmpdir[0] = 0;
-			goto fail;
-		}
 		model_dir = tmpdir;
-		if ((rc = k3ctl_trained_install(tmpdir, &written, &err)))
-			goto fail;
-		struct k3_tok *tok = NULL;
-		rc = k3_tok_load_dir(tmpdir, &tok, &err);
-		if (!rc)
-			rc = k3_tok_encode(tok, bb_trained_prompt, sizeof(bb_trained_prompt) - 1, false,
-					   &text_ids, &err);
-		k3_tok_free(tok);
-		if (rc)
-			goto fail;
 		if (prompt_len > text_ids.n)
 			prompt_len = text_ids.n;
 	}
@@ -351,7 +318,7 @@ int k3ctl_bench_batch(int argc, char **argv)
 			k3_store_stats_get(store, &x0);
 			if (spine)
 				k3_store_spine_stats_get(spine, &s0);
-			double t0 = bb_now();
+			double t0 = k3ctl_bench_now_s();
 			for (uint32_t g = 1; g < max_new; g++) {
 				for (uint32_t k = 0; k < N; k++) {
 					tok[k] = (int32_t)got[k][g - 1];
@@ -363,7 +330,7 @@ int k3ctl_bench_batch(int argc, char **argv)
 					got[k][g] = k3_engine_argmax(logits[k], V);
 			}
 			bb_settle(store, spine);
-			double wall = bb_now() - t0;
+			double wall = k3ctl_bench_now_s() - t0;
 			k3_store_stats_get(store, &x1);
 			k3_store_stats_sub(&x1, &x0, &xd);
 			if (spine) {

@@ -30,6 +30,33 @@ static const char trained_prompt[] =
 	"The capital of Japan is Tokyo. The capital of Italy is Rome. "
 	"The capital of Spain is Madrid. The capital of Egypt is Cairo. The capital of";
 
+int k3ctl_bench_trained_model(char *dir, size_t cap, const char *tag, struct k3_tok_ids *ids,
+			      struct k3_err *err)
+{
+	const char *t = getenv("TMPDIR");
+	unsigned long long written = 0;
+	struct k3_tok *tok = NULL;
+	int rc;
+
+	if ((size_t)snprintf(dir, cap, "%s/k3-bench-%s.XXXXXX", t && *t ? t : "/tmp", tag) >= cap) {
+		dir[0] = 0;
+		return k3_err_set(err, -ENAMETOOLONG, "TMPDIR is too long (%zu bytes at most)",
+				  cap - 25);
+	}
+	if (!mkdtemp(dir)) {
+		rc = k3_err_set(err, -errno, "%s: %s", dir, strerror(errno));
+		dir[0] = 0;
+		return rc;
+	}
+	if ((rc = k3ctl_trained_install(dir, &written, err)))
+		return rc;
+	rc = k3_tok_load_dir(dir, &tok, err);
+	if (!rc)
+		rc = k3_tok_encode(tok, trained_prompt, sizeof(trained_prompt) - 1, false, ids, err);
+	k3_tok_free(tok);
+	return rc;
+}
+
 /* Counters of the store and the spine loader (NULL: mapped) after their
  * reads in flight landed. */
 static void snapshot(struct k3_store *store, struct k3_store_spine *spine,
@@ -73,31 +100,9 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 		goto fail;
 	}
 	if (o.preset) {
-		const char *t = getenv("TMPDIR");
-		unsigned long long written = 0;
-		if ((size_t)snprintf(tmpdir, sizeof(tmpdir), "%s/k3-bench-trained.XXXXXX",
-				     t && *t ? t : "/tmp") >= sizeof(tmpdir)) {
-			rc = k3_err_set(&err, -ENAMETOOLONG, "TMPDIR is too long (%zu bytes at most)",
-					sizeof(tmpdir) - 25);
-			tmpdir[0] = 0;
+		if ((rc = k3ctl_bench_trained_model(tmpdir, sizeof(tmpdir), "trained", &text_ids, &err)))
 			goto fail;
-		}
-		if (!mkdtemp(tmpdir)) {
-			rc = k3_err_set(&err, -errno, "%s: %s", tmpdir, strerror(errno));
-			tmpdir[0] = 0;
-			goto fail;
-		}
 		o.model_dir = tmpdir;
-		if ((rc = k3ctl_trained_install(tmpdir, &written, &err)))
-			goto fail;
-		struct k3_tok *tok = NULL;
-		rc = k3_tok_load_dir(tmpdir, &tok, &err);
-		if (!rc)
-			rc = k3_tok_encode(tok, trained_prompt, sizeof(trained_prompt) - 1, false,
-					   &text_ids, &err);
-		k3_tok_free(tok);
-		if (rc)
-			goto fail;
 		if (o.prompt_len > text_ids.n)
 			o.prompt_len = text_ids.n;
 	}

@@ -155,6 +155,25 @@ void sched_count_pass(struct k3_sched *s, unsigned width)
 	atomic_store(&s->pass_width_last, width);
 }
 
+void sched_job_leaves_locked(struct k3_sched *s, struct sched_job *j, struct sched_msg *fin)
+{
+	for (unsigned i = 0; i < s->n_running; i++)
+		if (s->running[i] == j) {
+			memmove(&s->running[i], &s->running[i + 1],
+				(s->n_running - i - 1) * sizeof(s->running[0]));
+			s->n_running--;
+			break;
+		}
+	if (j->final)
+		sched_post_locked(s, j->final);
+	j->final = NULL;
+	if (fin) {
+		fin->kind = MSG_FINISHED;
+		fin->job = j;
+		sched_post_locked(s, fin);
+	}
+}
+
 /* Loads the model, then runs queued jobs in FIFO order: one at a time, or
  * in seats (--parallel > 1). */
 static void *engine_main(void *arg)
@@ -188,16 +207,7 @@ static void *engine_main(void *arg)
 		 * a client that reacts to DONE at once never sees a stale BUSY. */
 		struct sched_msg *fin = calloc(1, sizeof(*fin));
 		pthread_mutex_lock(&s->lock);
-		s->running[0] = NULL;
-		s->n_running = 0;
-		if (j->final)
-			sched_post_locked(s, j->final);
-		j->final = NULL;
-		if (fin) {
-			fin->kind = MSG_FINISHED;
-			fin->job = j;
-			sched_post_locked(s, fin);
-		}
+		sched_job_leaves_locked(s, j, fin);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;

@@ -211,6 +211,11 @@ struct sched_msg {
 /* Appends m to the loop's inbox; sched_post_locked needs s->lock held,
  * sched_post takes it. Both wake the loop. Any thread. */
 void sched_post_locked(struct k3_sched *s, struct sched_msg *m);
+/* A job left the engine (s->lock held): its seat in s->running freed in
+ * the same step that queues its final frame and MSG_FINISHED (fin, may be
+ * NULL when it could not be allocated), so a client that reacts to DONE at
+ * once never sees a stale BUSY. */
+void sched_job_leaves_locked(struct k3_sched *s, struct sched_job *j, struct sched_msg *fin);
 void sched_post(struct k3_sched *s, struct sched_msg *m);
 /* Encodes a frame for job j; NULL when it cannot (logged). Any thread. */
 struct sched_msg *sched_encode_frame(struct sched_job *j, uint32_t type, const void *body);

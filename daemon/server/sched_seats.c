@@ -147,21 +147,7 @@ static void job_leaves(struct k3_sched *s, struct sched_job *j)
 	struct sched_msg *fin = calloc(1, sizeof(*fin));
 
 	pthread_mutex_lock(&s->lock);
-	for (unsigned i = 0; i < s->n_running; i++)
-		if (s->running[i] == j) {
-			memmove(&s->running[i], &s->running[i + 1],
-				(s->n_running - i - 1) * sizeof(s->running[0]));
-			s->n_running--;
-			break;
-		}
-	if (j->final)
-		sched_post_locked(s, j->final);
-	j->final = NULL;
-	if (fin) {
-		fin->kind = MSG_FINISHED;
-		fin->job = j;
-		sched_post_locked(s, fin);
-	}
+	sched_job_leaves_locked(s, j, fin);
 	pthread_mutex_unlock(&s->lock);
 }
 

@@ -10,9 +10,10 @@ cfg=$2/tests/store/k3-config
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$(ls "$cfg")" = config.json ] || fail "the test directory holds more than config.json"
 
-# 64 GiB: the head and layers 0..44 resident, two arenas of layer 1's
-# 1,267,744,256 bytes, a cold token reads 55.3 GB of spine + 25.8 GB of experts.
-out=$("$k3ctl" --json plan --model "$cfg" --ram 64G)
+# 64 GiB, one sequence: the head and layers 0..44 resident, two arenas of
+# layer 1's 1,267,744,256 bytes, a cold token reads 55.3 GB of spine + 25.8
+# GB of experts.
+out=$("$k3ctl" --json plan --model "$cfg" --ram 64G --parallel 1)
 field() { echo "$out" | grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2; }
 [ "$(field limit_bytes)" = 68719476736 ] || fail "limit: $out"
 [ "$(field limited_by)" = '"RAM"' ] || fail "limited_by: $out"
@@ -24,13 +25,21 @@ field() { echo "$out" | grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2; }
 [ "$(field cold_expert_bytes_per_token)" = 25829572608 ] || fail "expert bytes: $out"
 [ "$(field cold_spine_bytes_per_token)" = 55347432448 ] || fail "spine bytes: $out"
 [ "$(field expert_slots)" = 59 ] || fail "slots: $out"
-txt=$("$k3ctl" plan --model "$cfg" --ram 64G)
+txt=$("$k3ctl" plan --model "$cfg" --ram 64G --parallel 1)
 echo "$txt" | grep -q "resident: layers 0..44 (45 of 93), the head (lm_head + final norms), the embedding gathered row by row" ||
 	fail "text: $txt"
 echo "$txt" | grep -q "a cold token (nothing cached) reads 81.177 GB" || fail "cold token: $txt"
 # the slot names the expert it holds: K3's 17,547,264 bytes, already whole 4 KiB pages
 echo "$txt" | grep -q "59 slots of 17547264 bytes (an expert's 17547264 bytes of MXFP4 values and scales, in whole 4 KiB pages)" ||
 	fail "slot label: $txt"
+
+# 64 GiB, --parallel auto (k3d's default): four seats, each with its own
+# sequence state for the whole context (4 x 2.28 GB), paid for with six
+# resident layers: a cold token of one sequence reads 62.1 GB of spine.
+out=$("$k3ctl" --json plan --model "$cfg" --ram 64G)
+[ "$(field sequences)" = 4 ] && [ "$(field state_bytes)" = 9131458560 ] &&
+	[ "$(field resident_layers)" = 39 ] && [ "$(field cold_spine_bytes_per_token)" = 62107080704 ] ||
+	fail "64G auto: $out"
 
 # 256 GiB: everything resident, no ring, the rest to experts.
 out=$("$k3ctl" --json plan --model "$cfg" --ram 256G)

@@ -158,4 +158,21 @@ gp=$(echo "$p" | grep -o '"greedy":\[[^]]*\]' | grep -o '[0-9,]*')
 "$k3ctl" demo-model --preset trained --out "$t/trained" >/dev/null
 txt=$("$k3ctl" detokenize --model "$t/trained" "$gp")
 [ "$txt" = " Paris." ] || fail "bench --preset trained greedy $gp = '$txt', not ' Paris.'"
+
+# bench --parallel: N sequences through one batched pass per position; each
+# sequence's ids must equal its solo run, and with a streamed spine a
+# generated token's share of the spine reads falls with N (one sweep
+# serves every sequence of the pass).
+q=$(TMPDIR=$t/tmp "$k3ctl" bench --parallel 1,2,4 --model "$model" --max-new 4 --prompt-len 5 --reps 1 \
+	--spine-resident 0 2>"$t/err") || fail "bench --parallel: $(tail -1 "$t/err")"
+[ "$(echo "$q" | grep -c 'ids vs solo: OK')" = 3 ] || fail "bench --parallel ids: $q"
+echo "$q" | grep -q MISMATCH && fail "bench --parallel mismatch: $q"
+s1=$(echo "$q" | sed -n 's/^N=1:.*spine \([0-9.]*\)).*/\1/p')
+s4=$(echo "$q" | sed -n 's/^N=4:.*spine \([0-9.]*\)).*/\1/p')
+awk -v a="$s1" -v b="$s4" 'BEGIN { exit !(b > 0 && b * 3 < a) }' ||
+	fail "bench --parallel: spine MB per token N=1 $s1, N=4 $s4 (want under a third)"
+r=$(TMPDIR=$t/tmp "$k3ctl" bench --parallel 1,2 --preset trained --max-new 3 --prompt-len 6 --reps 1 \
+	2>"$t/err") || fail "bench --parallel --preset trained: $(tail -1 "$t/err")"
+[ "$(echo "$r" | grep -c 'ids vs solo: OK')" = 2 ] || fail "bench --parallel --preset trained: $r"
+[ -z "$(ls -A "$t/tmp")" ] || fail "bench --parallel --preset trained left $(ls -A "$t/tmp")"
 echo "ok"
