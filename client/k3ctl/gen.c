@@ -236,10 +236,14 @@ static void print_stats(const struct k3ctl_gen_result *r)
 		fprintf(stderr, "[spine %u: not weight-exact] ", d->spine);
 	fprintf(stderr,
 		"[%s] prompt %u tokens (%u cached), completion %u (%u reasoning); queued %.3f s, "
-		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s); ",
+		"prefill %.3f s (%.1f tok/s), decode %.3f s (%.2f tok/s), first token %.3f s; ",
 		k3ctl_gen_finish_name(d->finish), d->prompt_tokens, d->cached_tokens,
 		d->completion_tokens, d->reasoning_tokens, d->queued_s, d->prefill_s, d->prefill_tps,
-		d->decode_s, d->decode_tps);
+		d->decode_s, d->decode_tps, d->ttft_s);
+	/* several sequences in one pass (k3d --parallel) */
+	if (d->shared_passes)
+		fprintf(stderr, "shared %llu passes (mean width %.2f); ",
+			(unsigned long long)d->shared_passes, d->pass_width_mean);
 	/* Absent counters are unknown, not zero. */
 	if (d->has_expert_bytes_read)
 		fprintf(stderr, "experts: %llu bytes read, %llu hits, %llu misses, prefetch %llu issued / "
@@ -284,7 +288,7 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 
 	/* s% (pointer and length): the model's text may hold U+0000 */
 	json_t *j = json_pack("{s:I,s:s%,s:s%,s:O,s:O,s:s,s:{s:i,s:i,s:i,s:i},"
-			 "s:{s:f,s:f,s:f,s:f,s:f},s:{s:I,s:I,s:I,s:I,s:I,s:I}}",
+			 "s:{s:f,s:f,s:f,s:f,s:f,s:f},s:{s:I,s:I,s:I,s:I,s:I,s:I}}",
 			 "job_id", (json_int_t)r->job_id,
 			 "text", r->text ? r->text : "", r->text_len,
 			 "reasoning", r->reasoning ? r->reasoning : "", r->reasoning_len,
@@ -295,7 +299,7 @@ static json_t *result_json(const struct k3ctl_gen_result *r)
 			 "cached_tokens", (int)d->cached_tokens,
 			 "timings", "queued_s", d->queued_s, "prefill_s", d->prefill_s, "decode_s",
 			 d->decode_s, "prefill_tps", d->prefill_tps, "decode_tps", d->decode_tps,
-			 "experts", "bytes_read", (json_int_t)d->expert_bytes_read, "hits",
+			 "ttft_s", d->ttft_s, "experts", "bytes_read", (json_int_t)d->expert_bytes_read, "hits",
 			 (json_int_t)d->expert_hits, "misses", (json_int_t)d->expert_misses,
 			 "prefetch_issued", (json_int_t)d->prefetch_issued, "prefetch_used",
 			 (json_int_t)d->prefetch_used, "prefetch_wasted_bytes",

@@ -441,6 +441,7 @@ struct sched_seq {
 	float *logits;                  /* [vocab] of the last computed position (owned) */
 	struct k3_engine_out out_last;  /* logits of the last position + routes */
 	struct k3_engine_out out_none;  /* routes only (prefill chunks but the last) */
+	uint64_t prefill_turn;          /* seats: the prefill turn it last had */
 	struct k3_draft_run *run;       /* the draft/verify/commit loop (policy off: plain) */
 	uint32_t anchor;                /* the next id to emit (chosen, not yet run) */
 	struct sched_stage stage;

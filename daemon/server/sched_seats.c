@@ -12,8 +12,9 @@
  * at the head of the queue waits for every seat to empty and runs alone.
  *
  * A pass: one decode position of every decoding seat plus at most one
- * prefill chunk (of the earliest seat still prefilling, at most its
- * planned chunk and what the pass has left after the decode rows), in ONE
+ * prefill chunk (of the seat still prefilling that was served longest
+ * ago, so prompts take turns; at most its planned chunk and what the
+ * pass has left after the decode rows), in ONE
  * k3_engine_forward_batch: one spine sweep, each routed expert read once
  * for the union of the positions, every sequence's logits bit-identical to
  * its solo run. A seat alone runs exactly --parallel 1's steps (drafting,
@@ -42,6 +43,7 @@ struct seats {
 	unsigned n;
 	struct k3_store_stats x_last;            /* counters at the last charge */
 	struct k3_store_spine_stats s_last;
+	uint64_t turn;                           /* prefill turns handed out */
 };
 
 /* ---- counters --------------------------------------------------------------- */
@@ -200,6 +202,7 @@ static void seat_open(struct k3_sched *s, struct seats *t, struct sched_job *j)
 	r = sched_seq_prepare(s, j, q);
 	/* charged per pass from zero (charge), not as differences */
 	q->split = true;
+	q->prefill_turn = t->turn;
 	memset(&q->xs0, 0, sizeof(q->xs0));
 	memset(&q->ss0, 0, sizeof(q->ss0));
 	if (r == 0) {
@@ -365,11 +368,22 @@ static void pass_shared(struct k3_sched *s, struct seats *t)
 		np++;
 		rows++;
 	}
-	for (unsigned i = 0; i < t->n && pre == SCHED_MAX_SEATS && rows < max; i++) {
+	/* The prefill chunk goes to the prompt served longest ago (a seat that
+	 * joins waits one turn at most): prompts take turns, so a short one
+	 * beside a long one starts decoding after a chunk or two, not after
+	 * the whole long prompt. Every waiting seat's cancel is seen here. */
+	struct sched_seq *next = NULL;
+	for (unsigned i = 0; i < t->n && rows < max; i++) {
 		struct sched_seq *q = t->q[i];
 
 		if (q->finished || q->prefilled || seat_cancelled(q))
 			continue;
+		if (!next || q->prefill_turn < next->prefill_turn)
+			next = q;
+	}
+	if (next) {
+		struct sched_seq *q = next;
+		q->prefill_turn = ++t->turn;
 		uint32_t left = q->n_prompt - q->prefill_end, c = left < q->chunk ? left : q->chunk;
 		if (c > max - rows)
 			c = max - rows;

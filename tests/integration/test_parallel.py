@@ -246,6 +246,47 @@ def main():
         finally:
             d.stop()
 
+        # ---- prompts take turns: a short prompt beside a long one decodes while
+        # the long one prefills (one chunk each per pass, not one prompt after
+        # the other), with its solo ids; a cancel of a waiting prompt ends it
+        # at the next pass, not after the long prompt ---------------------------------------
+        d = Daemon(K3D, "--parallel", "3", "--draft", "off", "--prefill-chunk", "8", model=model)
+        try:
+            order, res = [], {}
+            long_ids = [(i * 11 + 5) % 233 for i in range(12000)]
+
+            def go(name, ids, max_new, delay, cancel_at=None):
+                time.sleep(delay)
+                c = start(d.sock, ids, max_new, rid=40 + len(name))
+                if cancel_at is not None:
+                    time.sleep(cancel_at)
+                    c.sendall(frame(T["CANCEL"], 40 + len(name), b""))
+                res[name] = finish(c, rid=40 + len(name))
+                order.append(name)
+
+            th = [threading.Thread(target=go, args=("long", long_ids, 2, 0)),
+                  threading.Thread(target=go, args=("short", PROMPTS[0], MAX_NEW[0], 0.3)),
+                  threading.Thread(target=go, args=("waiting", long_ids[:6000], 2, 0.3, 0.3))]
+            t0 = time.time()
+            for t in th:
+                t.start()
+            for t in th:
+                t.join(300)
+            print(f"turns: order {order}, {time.time() - t0:.1f} s")
+            check(sorted(order) == ["long", "short", "waiting"] and order[-1] == "long",
+                  f"turns: the short and the cancelled prompt end before the long one: {order}")
+            check(res.get("short", ("error",))[0] == solo[0], f"turns: short ids equal solo: {res.get('short')}")
+            w = res.get("waiting", ("error",))
+            check(w[0] != "error" and d_u32(w[1], 1) == 2, f"turns: waiting prompt cancelled: {w[:2]}")
+            # k3ctl shows each request's time to first token (DONE ttft_s)
+            out = subprocess.run([K3CTL, "--socket", d.sock, "--json", "run", "--max-new", "2", "hello"],
+                                 capture_output=True, text=True)
+            tm = json.loads(out.stdout).get("timings", {}) if out.returncode == 0 else {}
+            check(0 < tm.get("ttft_s", 0) <= tm.get("prefill_s", 0) + tm.get("decode_s", 0) + 1,
+                  f"k3ctl run --json timings.ttft_s: {out.stdout[-300:]} {out.stderr[-200:]}")
+        finally:
+            d.stop()
+
         # ---- BUSY only when seats and queue are full ---------------------------------------
         d = Daemon(K3D, "--parallel", "2", "--queue", "1", model=model)
         try:
