@@ -304,12 +304,14 @@ const Layer &check_layer(const Model &m, uint32_t layer, uint32_t attn, uint32_t
  * and layer. */
 template <class State>
 const Layer &check_attn(const Model &m, uint32_t layer, uint32_t T, uint32_t attn,
-			const State &s, const char *what)
+			const State *s, const char *what)
 {
 	check_T(m, T);
 	const Layer &L = check_layer(m, layer, attn, 0);
-	if (s.m != &m || s.layer != layer)
-		fail(-EINVAL, "%s of layer %u used for layer %u", what, s.layer, layer);
+	if (!s)
+		fail(-EINVAL, "no %s for layer %u", what, layer);
+	if (s->m != &m || s->layer != layer)
+		fail(-EINVAL, "%s of layer %u used for layer %u", what, s->layer, layer);
 	return L;
 }
 
@@ -611,7 +613,7 @@ int t_kda(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 	  float *out, uint32_t flags, k3_prov_status *st)
 {
 	return guard(st, [&] {
-		const Layer &L = check_attn(*m, layer, T, K3_PROV_ATTN_KDA, *s, "KDA state");
+		const Layer &L = check_attn(*m, layer, T, K3_PROV_ATTN_KDA, s, "KDA state");
 		const k3_prov_config &c = m->cfg;
 		int64_t H = c.kda_heads, dk = c.kda_head_dim, D = c.hidden;
 		/* the state carries from one piece to the next: T pieces of
@@ -655,7 +657,7 @@ int t_mla(k3_prov_model *m, uint32_t layer, const float *h, uint32_t T, k3_prov_
 	  float *out, uint32_t flags, k3_prov_status *st)
 {
 	return guard(st, [&] {
-		const Layer &L = check_attn(*m, layer, T, K3_PROV_ATTN_MLA, *cache, "MLA cache");
+		const Layer &L = check_attn(*m, layer, T, K3_PROV_ATTN_MLA, cache, "MLA cache");
 		mla_reserve(*cache, cache->len + T);
 		const k3_prov_config &c = m->cfg;
 		int64_t H = c.mla_heads, kvl = c.kv_lora, rope = c.qk_rope, nope = c.qk_nope;
