@@ -253,7 +253,7 @@ def main():
         d = Daemon(K3D, "--parallel", "3", "--draft", "off", "--prefill-chunk", "8", model=model)
         try:
             order, res = [], {}
-            long_ids = [(i * 11 + 5) % 233 for i in range(12000)]
+            long_ids = [(i * 11 + 5) % 233 for i in range(4000)]
 
             def go(name, ids, max_new, delay, cancel_at=None):
                 time.sleep(delay)
@@ -266,7 +266,7 @@ def main():
 
             th = [threading.Thread(target=go, args=("long", long_ids, 2, 0)),
                   threading.Thread(target=go, args=("short", PROMPTS[0], MAX_NEW[0], 0.3)),
-                  threading.Thread(target=go, args=("waiting", long_ids[:6000], 2, 0.3, 0.3))]
+                  threading.Thread(target=go, args=("waiting", long_ids[:2000], 2, 0.3, 0.3))]
             t0 = time.time()
             for t in th:
                 t.start()
