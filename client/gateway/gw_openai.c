@@ -65,6 +65,13 @@ static int bad_type(struct gw_openai_error *e, const char *param, const char *wa
 		    "Invalid type for '%s': expected %s, but got %s instead.", param, want, type_word(v));
 }
 
+/* param means something only beside tools (OpenAI's words for its refusal). */
+static int without_tools(struct gw_openai_error *e, const char *param)
+{
+	return fail(e, param, "invalid_value",
+		    "Invalid value for '%s': '%s' is only allowed when 'tools' are specified.", param, param);
+}
+
 /* null means absent for every optional field (docs/k3-gateway.md,
  * "Request fields"). */
 static json_t *opt(json_t *body, const char *key)
@@ -593,9 +600,7 @@ static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_open
 		return -1;
 	if (tc) {
 		if (!tools)
-			return fail(e, "tool_choice", "invalid_value",
-				    "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
-				    "specified.");
+			return without_tools(e, "tool_choice");
 		if (json_is_object(tc))
 			return fail(e, "tool_choice", "unsupported_value",
 				    "Unsupported value: 'tool_choice' naming a function is not supported; use 'auto', "
@@ -611,9 +616,7 @@ static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_open
 	}
 	if (ptc) {
 		if (!tools)
-			return fail(e, "parallel_tool_calls", "invalid_value",
-				    "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed "
-				    "when 'tools' are specified.");
+			return without_tools(e, "parallel_tool_calls");
 		if (!json_is_boolean(ptc))
 			return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
 		if (json_is_false(ptc))

@@ -112,6 +112,28 @@ static void test_image_message(void)
 	gw_openai_request_release(&r);
 }
 
+/* The refusal of a field that needs tools quotes the field twice, in
+ * OpenAI's words. */
+static void test_needs_tools(void)
+{
+	static const char *const said[][2] = {
+		{ "{" M ",\"tool_choice\":\"auto\"}",
+		  "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified." },
+		{ "{" M ",\"parallel_tool_calls\":true}",
+		  "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when 'tools' are "
+		  "specified." },
+	};
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+
+	for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++) {
+		T_EQ_INT(parse(GW_EP_CHAT, said[i][0], &r, &e), -1);
+		T_EQ_STR(e.code, "invalid_value");
+		T_EQ_STR(e.message, said[i][1]);
+		gw_openai_request_release(&r);
+	}
+}
+
 static void test_chat_mapping(void)
 {
 	struct gw_openai_request r;
@@ -310,6 +332,7 @@ int main(void)
 {
 	test_refusals();
 	test_image_message();
+	test_needs_tools();
 	test_chat_mapping();
 	test_legacy_mapping();
 	test_nul_is_text();
