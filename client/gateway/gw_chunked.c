@@ -10,6 +10,7 @@
  */
 #include "gw_chunked.h"
 
+#include <ctype.h>
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
@@ -76,15 +77,12 @@ static bool is_tchar(uint8_t b)
 	       (b && strchr("!#$%&'*+-.^_`|~", b));
 }
 
+/* isxdigit is the same in every locale (C11 7.4.1.12): 0-9, a-f, A-F. */
 static int hex_value(uint8_t b)
 {
-	if (b >= '0' && b <= '9')
-		return b - '0';
-	if (b >= 'a' && b <= 'f')
-		return b - 'a' + 10;
-	if (b >= 'A' && b <= 'F')
-		return b - 'A' + 10;
-	return -1;
+	if (!isxdigit(b))
+		return -1;
+	return b <= '9' ? b - '0' : (b | 0x20) - 'a' + 10;
 }
 
 static unsigned method_kind(const char *m, size_t n)

@@ -8,6 +8,7 @@
 #include "gw.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include <event2/buffer.h>
 
@@ -49,64 +50,10 @@ static void metric_f64(struct evbuffer *out, const char *name, const char *type,
 	evbuffer_add_printf(out, "%s %.*f\n", name, digits, v);
 }
 
-/* A counter k3d reports only when it has it (has = its optional field). */
-static void counter_u64(struct evbuffer *out, const char *name, const char *help, bool has, uint64_t v)
-{
-	if (has)
-		metric_u64(out, name, "counter", help, v);
-}
-
-static void counter_f64(struct evbuffer *out, const char *name, const char *help, bool has, double v)
-{
-	if (has)
-		metric_f64(out, name, "counter", help, 6, v);
-}
-
-/* The expert store's counters since k3d started (docs/store.md "Counters";
- * present only when k3d streams the model's experts). Per-token and
- * per-second figures are rate() of these in PromQL; the one gauge is the
- * lifetime bytes read per computed token. */
-static void render_expert(const struct k3_msg_status_reply *st, struct evbuffer *out)
-{
-	counter_u64(out, "k3_expert_bytes_read_total",
-		    "Expert bytes read from storage (O_DIRECT alignment included): the ground truth.",
-		    st->has_expert_bytes_read, st->expert_bytes_read);
-	counter_u64(out, "k3_expert_positions_total",
-		    "Token positions the engine computed (uncached prompt positions plus decode steps).",
-		    st->has_positions_total, st->positions_total);
-	if (st->has_positions_total)
-		metric_f64(out, "k3_expert_bytes_read_per_token", "gauge",
-			   "Expert bytes read / positions computed, since k3d started.", 1,
-			   st->positions_total ? (double)st->expert_bytes_read / (double)st->positions_total : 0.0);
-	counter_u64(out, "k3_expert_demand_hits_total",
-		    "Routed experts found resident, not read for the same step (once per expert per step).",
-		    st->has_expert_hits, st->expert_hits);
-	counter_u64(out, "k3_expert_demand_misses_total",
-		    "Routed experts that had to be read (a prefetch for the same step counts here).",
-		    st->has_expert_misses, st->expert_misses);
-	counter_u64(out, "k3_expert_prefetch_issued_total", "Prefetch (router lookahead) reads started.",
-		    st->has_prefetch_issued, st->prefetch_issued);
-	counter_u64(out, "k3_expert_prefetch_issued_bytes_total",
-		    "Bytes of prefetch reads (part of k3_expert_bytes_read_total).",
-		    st->has_prefetch_issued_bytes, st->prefetch_issued_bytes);
-	counter_u64(out, "k3_expert_prefetch_used_total", "Prefetched experts used by a later step.",
-		    st->has_prefetch_used, st->prefetch_used);
-	counter_u64(out, "k3_expert_prefetch_wasted_bytes_total",
-		    "Bytes of prefetched experts evicted unused.",
-		    st->has_prefetch_wasted_bytes, st->prefetch_wasted_bytes);
-	counter_f64(out, "k3_expert_io_wait_seconds_total",
-		    "Time generations waited for expert reads.", st->has_io_wait_s_total, st->io_wait_s_total);
-	counter_f64(out, "k3_expert_compute_seconds_total",
-		    "Time generations spent on everything but waiting for expert reads.",
-		    st->has_compute_s_total, st->compute_s_total);
-	if (st->has_expert_cache_bytes)
-		metric_u64(out, "k3_expert_cache_bytes", "gauge", "Size of k3d's RAM expert cache.",
-			   st->expert_cache_bytes);
-}
-
 /* One series per drive of a STATUS_REPLY per-drive array (drive 0 the
  * model directory's, then each k3d --expert-dir; docs/protocol.md), with
- * the label drive="N"; scale turns the value into the metric's unit. */
+ * the label drive="N"; scale turns the value into the metric's unit (0:
+ * the value is the unit, a count or bytes, printed as an integer). */
 static void per_drive(struct evbuffer *out, const char *name, const char *type, const char *help,
 		      const struct k3_proto_u64s *v, double scale)
 {
@@ -115,7 +62,7 @@ static void per_drive(struct evbuffer *out, const char *name, const char *type, 
 	help_type(out, name, type, help);
 	for (uint32_t d = 0; d < v->n; d++) {
 		uint64_t x = k3_proto_u64s_at(v, d);
-		if (scale == 1.0)
+		if (scale == 0)
 			evbuffer_add_printf(out, "%s{drive=\"%u\"} %llu\n", name, d,
 					    (unsigned long long)x);
 		else
@@ -123,70 +70,194 @@ static void per_drive(struct evbuffer *out, const char *name, const char *type, 
 	}
 }
 
-/* Several drives (issue 19): where the bytes went and how each drive
- * reads (present only from a k3d that streams experts and sends them). */
-static void render_drives(const struct k3_msg_status_reply *st, struct evbuffer *out)
+/* How a series reads its field: the field's C type, or a ratio of
+ * uint64_t fields. */
+enum series_kind { S_U64, S_U32, S_UINT, S_F64, S_RATIO, S_DRIVES };
+
+/*
+ * A metric read out of a struct (struct gw_metrics or k3d's
+ * k3_msg_status_reply) by offsets: the value at `at` (a ratio's
+ * numerator, over the sum of the fields at per[], 0 when that is 0),
+ * shown only when the bool flags at has[] are all true. An offset of 0 is
+ * none: neither struct starts with a flag or a count (the status struct's
+ * first member is its unused_ int).
+ */
+struct series {
+	const char *name, *type, *help;
+	size_t at, has[2], per[2];
+	enum series_kind kind;
+	int digits;     /* S_F64, S_RATIO: decimals printed */
+	double scale;   /* S_DRIVES: into the metric's unit (0: none, printed as an integer) */
+};
+
+static void render_series(struct evbuffer *out, const void *src, const struct series *s, size_t n)
 {
-	counter_u64(out, "k3_expert_demand_bytes_total",
-		    "Expert bytes read on demand (hedged reads included); with prefetch used and"
-		    " wasted, all of k3_expert_bytes_read_total.", st->has_expert_demand_bytes,
-		    st->expert_demand_bytes);
-	counter_u64(out, "k3_expert_prefetch_used_bytes_total",
-		    "Bytes of prefetched experts a later step used.", st->has_prefetch_used_bytes,
-		    st->prefetch_used_bytes);
-	counter_u64(out, "k3_expert_hedges_total",
-		    "Duplicate reads of another copy for a read past its drive's p95.", st->has_hedges,
-		    st->hedges);
-	counter_u64(out, "k3_expert_hedges_won_total", "Hedges that finished first.",
-		    st->has_hedges_won, st->hedges_won);
-	if (st->has_drive_expert_bytes_read)
-		per_drive(out, "k3_drive_expert_bytes_read_total", "counter",
-			  "Expert bytes read from each drive.", &st->drive_expert_bytes_read, 1.0);
-	if (st->has_drive_expert_demand_bytes)
-		per_drive(out, "k3_drive_expert_demand_bytes_total", "counter",
-			  "Expert bytes each drive read on demand.", &st->drive_expert_demand_bytes, 1.0);
-	if (st->has_drive_prefetch_used_bytes)
-		per_drive(out, "k3_drive_prefetch_used_bytes_total", "counter",
-			  "Prefetched bytes of each drive a later step used.",
-			  &st->drive_prefetch_used_bytes, 1.0);
-	if (st->has_drive_prefetch_wasted_bytes)
-		per_drive(out, "k3_drive_prefetch_wasted_bytes_total", "counter",
-			  "Prefetched bytes of each drive never used.", &st->drive_prefetch_wasted_bytes,
-			  1.0);
-	if (st->has_drive_hedges)
-		per_drive(out, "k3_drive_hedges_total", "counter",
-			  "Reads of each drive that ran past its p95 and were hedged.", &st->drive_hedges,
-			  1.0);
-	if (st->has_drive_rate)
-		per_drive(out, "k3_drive_read_bytes_per_second", "gauge",
-			  "Each drive's measured read rate (0 before it has read).", &st->drive_rate, 1.0);
-	if (st->has_drive_p95_ns)
-		per_drive(out, "k3_drive_read_p95_seconds", "gauge",
-			  "The p95 of each drive's recent expert read times (0: too few reads).",
-			  &st->drive_p95_ns, 1e-9);
+	const char *p = src;
+
+	for (; n--; s++) {
+		if ((s->has[0] && !*(const bool *)(p + s->has[0])) || (s->has[1] && !*(const bool *)(p + s->has[1])))
+			continue;
+		const void *v = p + s->at;
+		uint64_t per = 0;
+
+		switch (s->kind) {
+		case S_U64: metric_u64(out, s->name, s->type, s->help, *(const uint64_t *)v); break;
+		case S_U32: metric_u64(out, s->name, s->type, s->help, *(const uint32_t *)v); break;
+		case S_UINT: metric_u64(out, s->name, s->type, s->help, *(const unsigned *)v); break;
+		case S_F64: metric_f64(out, s->name, s->type, s->help, s->digits, *(const double *)v); break;
+		case S_RATIO:
+			for (int i = 0; i < 2; i++)
+				per += s->per[i] ? *(const uint64_t *)(p + s->per[i]) : 0;
+			metric_f64(out, s->name, s->type, s->help, s->digits,
+				   per ? (double)*(const uint64_t *)v / (double)per : 0.0);
+			break;
+		case S_DRIVES: per_drive(out, s->name, s->type, s->help, v, s->scale); break;
+		}
+	}
 }
 
-/* Speculative decoding since k3d started (docs/draft.md): acceptance is
- * accepted / proposed, tokens per pass completion tokens / passes (1.0
- * without drafting). */
-static void render_draft(const struct k3_msg_status_reply *st, struct evbuffer *out)
-{
-	counter_u64(out, "k3_daemon_draft_proposed_total", "Draft proposals the target verified.",
-		    true, st->draft_proposed_total);
-	counter_u64(out, "k3_daemon_draft_accepted_total",
-		    "Draft proposals equal to the target's own greedy id.", true, st->draft_accepted_total);
-	counter_u64(out, "k3_daemon_decode_passes_total",
-		    "Target passes that produced generated ids (plain and verification).", true,
-		    st->decode_passes_total);
-	counter_f64(out, "k3_daemon_draft_seconds_total", "Time in the draft (proposing).", true,
-		    st->draft_s_total);
-	counter_f64(out, "k3_daemon_verify_seconds_total",
-		    "Time in verification passes, commit included.", true, st->verify_s_total);
-	metric_f64(out, "k3_daemon_tokens_per_pass", "gauge",
-		   "Generated tokens per target pass since k3d started (1 without drafting).", 6,
-		   st->decode_passes_total ? (double)st->completion_tokens_total /
-					     (double)st->decode_passes_total : 0.0);
-}
+/* Row macros: GW(f) and ST(f) take the value (and its kind, from its C
+ * type) from struct gw_metrics or the STATUS_REPLY; ST_HAS(f) is that
+ * field's has_ flag. */
+#define GW(f) .at = offsetof(struct gw_metrics, f), \
+	.kind = _Generic(((struct gw_metrics *)0)->f, uint64_t: S_U64, unsigned: S_UINT, double: S_F64)
+#define ST_OFF(f) offsetof(struct k3_msg_status_reply, f)
+#define ST_HAS(f) ST_OFF(has_##f)
+#define ST(f) .at = ST_OFF(f), .kind = _Generic(((struct k3_msg_status_reply *)0)->f, uint64_t: S_U64, \
+	uint32_t: S_U32, double: S_F64, struct k3_proto_u64s: S_DRIVES)
+/* a counter or gauge k3d reports only when it has it (its optional field) */
+#define ST_SENT(f) ST(f), .has = { ST_HAS(f) }
+/* the expert store's (present only when k3d streams the model's experts) */
+#define ST_EXPERT(f) ST(f), .has = { ST_HAS(expert_bytes_read), ST_HAS(f) }
+/* a ratio num / den of the STATUS_REPLY (den the sum of one or two fields) */
+#define ST_RATIO(num, ...) .at = ST_OFF(num), .per = { __VA_ARGS__ }, .kind = S_RATIO
+/* num's bytes per computed position since k3d started (both fields sent) */
+#define ST_PER_TOKEN(num) ST_RATIO(num, ST_OFF(positions_total)), .has = { ST_HAS(num), ST_HAS(positions_total) }, \
+	.digits = 1
+
+/* The gateway's own totals (from the DONE frames it relayed). */
+static const struct series gateway_series[] = {
+	{ "k3_gateway_prefill_seconds_total", "counter",
+	  "Prefill time of generations whose reply reached the client.", GW(prefill_s), .digits = 6 },
+	{ "k3_gateway_decode_seconds_total", "counter",
+	  "Decode time of generations whose reply reached the client.", GW(decode_s), .digits = 6 },
+	{ "k3_gateway_expert_bytes_read_total", "counter",
+	  "Expert bytes k3d read for the generations of this gateway (DONE, every reply).", GW(done_expert_bytes) },
+	{ "k3_gateway_spine_bytes_read_total", "counter",
+	  "Spine bytes k3d read for the generations of this gateway (DONE; 0 while k3d maps the spine).",
+	  GW(done_spine_bytes) },
+	{ "k3_gateway_cancels_total", "counter", "CANCELs sent to k3d because a client went away.",
+	  GW(cancels_sent) },
+	{ "k3_gateway_in_flight", "gauge",
+	  "API requests now holding a k3d connection (the /health and /metrics probes are not counted).",
+	  GW(in_flight) },
+};
+
+/* k3d's STATUS_REPLY at scrape time, in the order they are printed. */
+static const struct series status_series[] = {
+	{ "k3_daemon_state", "gauge", "k3d state (0 loading, 1 ready, 2 draining, 3 no model).", ST(state) },
+	{ "k3_daemon_queue_depth", "gauge", "Generations waiting for the engine slot.", ST(queued) },
+	{ "k3_daemon_running", "gauge", "Generations running now.", ST(running) },
+	/* several sequences in one pass (k3d --parallel; absent from an older k3d) */
+	{ "k3_daemon_parallel", "gauge", "Generations k3d advances together in one pass (--parallel seats).",
+	  ST_SENT(parallel) },
+	{ "k3_daemon_pass_width", "gauge", "Sequences in k3d's latest pass.", ST_SENT(pass_width) },
+	{ "k3_daemon_pass_width_mean", "gauge", "Mean sequences per pass since k3d started.",
+	  ST_SENT(pass_width_mean), .digits = 3 },
+	{ "k3_daemon_passes_total", "counter",
+	  "Forward passes k3d ran since it started (prefill chunks, decode and verification passes).",
+	  ST_SENT(passes_total) },
+	{ "k3_daemon_expert_bytes_read_total", "counter", "Expert weight bytes read from storage.",
+	  ST(expert_bytes_read) },
+	{ "k3_daemon_expert_cache_hit_ratio", "gauge", "Expert cache hits / lookups since k3d started.",
+	  ST_RATIO(expert_hits, ST_OFF(expert_hits), ST_OFF(expert_misses)), .digits = 6 },
+	{ "k3_daemon_prefill_seconds_total", "counter", "Prefill time, all clients.", ST(prefill_s_total),
+	  .digits = 6 },
+	{ "k3_daemon_decode_seconds_total", "counter", "Decode time, all clients.", ST(decode_s_total),
+	  .digits = 6 },
+	/* The expert store's counters since k3d started (docs/store.md
+	 * "Counters"). Per-token and per-second figures are rate() of these in
+	 * PromQL; the one gauge is the lifetime bytes read per computed token. */
+	{ "k3_expert_bytes_read_total",
+	  "counter", "Expert bytes read from storage (O_DIRECT alignment included): the ground truth.",
+	  ST_EXPERT(expert_bytes_read) },
+	{ "k3_expert_positions_total", "counter",
+	  "Token positions the engine computed (uncached prompt positions plus decode steps).",
+	  ST_EXPERT(positions_total) },
+	{ "k3_expert_bytes_read_per_token", "gauge", "Expert bytes read / positions computed, since k3d started.",
+	  ST_PER_TOKEN(expert_bytes_read) },
+	{ "k3_expert_demand_hits_total", "counter",
+	  "Routed experts found resident, not read for the same step (once per expert per step).",
+	  ST_EXPERT(expert_hits) },
+	{ "k3_expert_demand_misses_total", "counter",
+	  "Routed experts that had to be read (a prefetch for the same step counts here).",
+	  ST_EXPERT(expert_misses) },
+	{ "k3_expert_prefetch_issued_total", "counter", "Prefetch (router lookahead) reads started.",
+	  ST_EXPERT(prefetch_issued) },
+	{ "k3_expert_prefetch_issued_bytes_total", "counter",
+	  "Bytes of prefetch reads (part of k3_expert_bytes_read_total).", ST_EXPERT(prefetch_issued_bytes) },
+	{ "k3_expert_prefetch_used_total", "counter", "Prefetched experts used by a later step.",
+	  ST_EXPERT(prefetch_used) },
+	{ "k3_expert_prefetch_wasted_bytes_total", "counter", "Bytes of prefetched experts evicted unused.",
+	  ST_EXPERT(prefetch_wasted_bytes) },
+	{ "k3_expert_io_wait_seconds_total", "counter", "Time generations waited for expert reads.",
+	  ST_EXPERT(io_wait_s_total), .digits = 6 },
+	{ "k3_expert_compute_seconds_total", "counter",
+	  "Time generations spent on everything but waiting for expert reads.", ST_EXPERT(compute_s_total),
+	  .digits = 6 },
+	{ "k3_expert_cache_bytes", "gauge", "Size of k3d's RAM expert cache.", ST_EXPERT(expert_cache_bytes) },
+	/* Several drives (issue 19): where the bytes went and how each drive
+	 * reads (present only from a k3d that streams experts and sends them). */
+	{ "k3_expert_demand_bytes_total", "counter",
+	  "Expert bytes read on demand (hedged reads included); with prefetch used and wasted, all of "
+	  "k3_expert_bytes_read_total.", ST_EXPERT(expert_demand_bytes) },
+	{ "k3_expert_prefetch_used_bytes_total", "counter", "Bytes of prefetched experts a later step used.",
+	  ST_EXPERT(prefetch_used_bytes) },
+	{ "k3_expert_hedges_total", "counter", "Duplicate reads of another copy for a read past its drive's p95.",
+	  ST_EXPERT(hedges) },
+	{ "k3_expert_hedges_won_total", "counter", "Hedges that finished first.", ST_EXPERT(hedges_won) },
+	{ "k3_drive_expert_bytes_read_total", "counter", "Expert bytes read from each drive.",
+	  ST_EXPERT(drive_expert_bytes_read) },
+	{ "k3_drive_expert_demand_bytes_total", "counter", "Expert bytes each drive read on demand.",
+	  ST_EXPERT(drive_expert_demand_bytes) },
+	{ "k3_drive_prefetch_used_bytes_total", "counter", "Prefetched bytes of each drive a later step used.",
+	  ST_EXPERT(drive_prefetch_used_bytes) },
+	{ "k3_drive_prefetch_wasted_bytes_total", "counter", "Prefetched bytes of each drive never used.",
+	  ST_EXPERT(drive_prefetch_wasted_bytes) },
+	{ "k3_drive_hedges_total", "counter", "Reads of each drive that ran past its p95 and were hedged.",
+	  ST_EXPERT(drive_hedges) },
+	{ "k3_drive_read_bytes_per_second", "gauge", "Each drive's measured read rate (0 before it has read).",
+	  ST_EXPERT(drive_rate) },
+	{ "k3_drive_read_p95_seconds", "gauge",
+	  "The p95 of each drive's recent expert read times (0: too few reads).", ST_EXPERT(drive_p95_ns),
+	  .scale = 1e-9 },
+	/* the streamed spine (issue 17; absent while k3d maps it) */
+	{ "k3_spine_bytes_read_total", "counter",
+	  "Spine bytes read from storage since k3d became ready (streamed layers, head, embedding rows).",
+	  ST_SENT(spine_bytes_read) },
+	{ "k3_spine_bytes_read_per_token", "gauge", "Spine bytes read / positions computed, since k3d started.",
+	  ST_PER_TOKEN(spine_bytes_read) },
+	{ "k3_spine_loads_total", "counter", "Spine layers (and heads) read whole.", ST_SENT(spine_loads) },
+	{ "k3_spine_memory_bytes", "gauge", "k3d's spine memory: resident prefix, ring of layer arenas, row scratch.",
+	  ST_SENT(spine_memory_bytes) },
+	/* Speculative decoding since k3d started (docs/draft.md): acceptance is
+	 * accepted / proposed, tokens per pass completion tokens / passes (1.0
+	 * without drafting); all there when decode_passes_total is. */
+	{ "k3_daemon_draft_proposed_total", "counter", "Draft proposals the target verified.",
+	  ST(draft_proposed_total), .has = { ST_HAS(decode_passes_total) } },
+	{ "k3_daemon_draft_accepted_total", "counter", "Draft proposals equal to the target's own greedy id.",
+	  ST(draft_accepted_total), .has = { ST_HAS(decode_passes_total) } },
+	{ "k3_daemon_decode_passes_total", "counter",
+	  "Target passes that produced generated ids (plain and verification).", ST_SENT(decode_passes_total) },
+	{ "k3_daemon_draft_seconds_total", "counter", "Time in the draft (proposing).", ST(draft_s_total),
+	  .has = { ST_HAS(decode_passes_total) }, .digits = 6 },
+	{ "k3_daemon_verify_seconds_total", "counter", "Time in verification passes, commit included.",
+	  ST(verify_s_total), .has = { ST_HAS(decode_passes_total) }, .digits = 6 },
+	{ "k3_daemon_tokens_per_pass", "gauge",
+	  "Generated tokens per target pass since k3d started (1 without drafting).",
+	  ST_RATIO(completion_tokens_total, ST_OFF(decode_passes_total)), .has = { ST_HAS(decode_passes_total) },
+	  .digits = 6 },
+};
 
 void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_reply *st,
 		       struct evbuffer *out)
@@ -218,73 +289,9 @@ void gw_metrics_render(const struct gw_metrics *m, const struct k3_msg_status_re
 		"k3_gateway_undelivered_tokens_total{kind=\"completion\"} %llu\n",
 		(unsigned long long)m->undelivered_prompt_tokens,
 		(unsigned long long)m->undelivered_completion_tokens);
-	metric_f64(out, "k3_gateway_prefill_seconds_total", "counter",
-		   "Prefill time of generations whose reply reached the client.", 6, m->prefill_s);
-	metric_f64(out, "k3_gateway_decode_seconds_total", "counter",
-		   "Decode time of generations whose reply reached the client.", 6, m->decode_s);
-	metric_u64(out, "k3_gateway_expert_bytes_read_total", "counter",
-		   "Expert bytes k3d read for the generations of this gateway (DONE, every reply).",
-		   m->done_expert_bytes);
-	metric_u64(out, "k3_gateway_spine_bytes_read_total", "counter",
-		   "Spine bytes k3d read for the generations of this gateway (DONE; 0 while k3d maps"
-		   " the spine).", m->done_spine_bytes);
-	metric_u64(out, "k3_gateway_cancels_total", "counter",
-		   "CANCELs sent to k3d because a client went away.", m->cancels_sent);
-	metric_u64(out, "k3_gateway_in_flight", "gauge",
-		   "API requests now holding a k3d connection (the /health and /metrics probes are not counted).",
-		   m->in_flight);
+	render_series(out, m, gateway_series, sizeof(gateway_series) / sizeof(gateway_series[0]));
 	metric_u64(out, "k3_gateway_daemon_up", "gauge",
 		   "1 when k3d answered STATUS for this scrape.", st ? 1 : 0);
-	if (!st)
-		return;
-	uint64_t lookups = st->expert_hits + st->expert_misses;
-	metric_u64(out, "k3_daemon_state", "gauge",
-		   "k3d state (0 loading, 1 ready, 2 draining, 3 no model).", st->state);
-	metric_u64(out, "k3_daemon_queue_depth", "gauge", "Generations waiting for the engine slot.",
-		   st->queued);
-	metric_u64(out, "k3_daemon_running", "gauge", "Generations running now.", st->running);
-	/* several sequences in one pass (k3d --parallel; absent from an older k3d) */
-	if (st->has_parallel)
-		metric_u64(out, "k3_daemon_parallel", "gauge",
-			   "Generations k3d advances together in one pass (--parallel seats).", st->parallel);
-	if (st->has_pass_width)
-		metric_u64(out, "k3_daemon_pass_width", "gauge",
-			   "Sequences in k3d's latest pass.", st->pass_width);
-	if (st->has_pass_width_mean)
-		metric_f64(out, "k3_daemon_pass_width_mean", "gauge",
-			   "Mean sequences per pass since k3d started.", 3, st->pass_width_mean);
-	if (st->has_passes_total)
-		metric_u64(out, "k3_daemon_passes_total", "counter",
-			   "Forward passes k3d ran since it started (prefill chunks, decode and "
-			   "verification passes).", st->passes_total);
-	metric_u64(out, "k3_daemon_expert_bytes_read_total", "counter",
-		   "Expert weight bytes read from storage.", st->expert_bytes_read);
-	metric_f64(out, "k3_daemon_expert_cache_hit_ratio", "gauge",
-		   "Expert cache hits / lookups since k3d started.", 6,
-		   lookups ? (double)st->expert_hits / (double)lookups : 0.0);
-	metric_f64(out, "k3_daemon_prefill_seconds_total", "counter", "Prefill time, all clients.", 6,
-		   st->prefill_s_total);
-	metric_f64(out, "k3_daemon_decode_seconds_total", "counter", "Decode time, all clients.", 6,
-		   st->decode_s_total);
-	if (st->has_expert_bytes_read) {
-		render_expert(st, out);
-		render_drives(st, out);
-	}
-	/* the streamed spine (issue 17; absent while k3d maps it) */
-	counter_u64(out, "k3_spine_bytes_read_total",
-		    "Spine bytes read from storage since k3d became ready (streamed layers, head,"
-		    " embedding rows).", st->has_spine_bytes_read, st->spine_bytes_read);
-	if (st->has_spine_bytes_read && st->has_positions_total)
-		metric_f64(out, "k3_spine_bytes_read_per_token", "gauge",
-			   "Spine bytes read / positions computed, since k3d started.", 1,
-			   st->positions_total ? (double)st->spine_bytes_read / (double)st->positions_total
-					       : 0.0);
-	counter_u64(out, "k3_spine_loads_total", "Spine layers (and heads) read whole.",
-		    st->has_spine_loads, st->spine_loads);
-	if (st->has_spine_memory_bytes)
-		metric_u64(out, "k3_spine_memory_bytes", "gauge",
-			   "k3d's spine memory: resident prefix, ring of layer arenas, row scratch.",
-			   st->spine_memory_bytes);
-	if (st->has_decode_passes_total)
-		render_draft(st, out);
+	if (st)
+		render_series(out, st, status_series, sizeof(status_series) / sizeof(status_series[0]));
 }

@@ -65,6 +65,13 @@ static int bad_type(struct gw_openai_error *e, const char *param, const char *wa
 		    "Invalid type for '%s': expected %s, but got %s instead.", param, want, type_word(v));
 }
 
+/* param means something only beside tools (OpenAI's words for its refusal). */
+static int without_tools(struct gw_openai_error *e, const char *param)
+{
+	return fail(e, param, "invalid_value",
+		    "Invalid value for '%s': '%s' is only allowed when 'tools' are specified.", param, param);
+}
+
 /* null means absent for every optional field (docs/k3-gateway.md,
  * "Request fields"). */
 static json_t *opt(json_t *body, const char *key)
@@ -158,10 +165,24 @@ static bool is_word(json_t *v, const char *w)
 
 /* A copy of the JSON string v, U+0000 included, NUL-terminated; its
  * length in *len. NULL when out of memory. */
-static char *dup_string(json_t *v, uint32_t *len)
+/* Adds s (NULL: an allocation that failed) to what r owns; returns it, or
+ * NULL, having freed it, past GW_OPENAI_OWNED_MAX (not reached: each
+ * string field is set once). */
+static char *own(struct gw_openai_request *r, char *s)
+{
+	if (s && r->n_owned == GW_OPENAI_OWNED_MAX) {
+		free(s);
+		return NULL;
+	}
+	if (s)
+		r->owned[r->n_owned++] = s;
+	return s;
+}
+
+static char *dup_string(struct gw_openai_request *r, json_t *v, uint32_t *len)
 {
 	size_t n = json_string_length(v);
-	char *s = malloc(n + 1);
+	char *s = own(r, malloc(n + 1));
 
 	if (s) {
 		memcpy(s, json_string_value(v), n);
@@ -171,9 +192,10 @@ static char *dup_string(json_t *v, uint32_t *len)
 	return s;
 }
 
-static int dup_json(json_t *v, char **out, struct gw_openai_error *e, const char *param)
+static int dup_json(struct gw_openai_request *r, json_t *v, const char **out, struct gw_openai_error *e,
+		    const char *param)
 {
-	*out = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+	*out = own(r, json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER));
 	if (!*out)
 		return fail(e, param, NULL, "Cannot encode '%s'.", param);
 	return 0;
@@ -191,7 +213,7 @@ static int parse_stop(json_t *body, struct gw_openai_request *r, struct gw_opena
 	if (json_is_string(v)) {
 		if (json_string_length(v) == 0)
 			return fail(e, "stop", "invalid_value", "Invalid 'stop': empty string.");
-		r->stop[0] = dup_string(v, &r->stop_len[0]);
+		r->stop[0] = dup_string(r, v, &r->stop_len[0]);
 		r->n_stop = 1;
 	} else if (json_is_array(v)) {
 		if (json_array_size(v) > K3_LIM_STOP_COUNT)
@@ -209,7 +231,7 @@ static int parse_stop(json_t *body, struct gw_openai_request *r, struct gw_opena
 				return fail(e, "stop", "invalid_value", "Invalid 'stop': empty string.");
 		}
 		json_array_foreach(v, i, s) {
-			r->stop[r->n_stop] = dup_string(s, &r->stop_len[r->n_stop]);
+			r->stop[r->n_stop] = dup_string(r, s, &r->stop_len[r->n_stop]);
 			r->n_stop++;
 		}
 	} else {
@@ -555,7 +577,7 @@ static int parse_messages(json_t *body, struct gw_openai_request *r, struct gw_o
 			json_object_set(c, "tool_call_id", v);
 		}
 	}
-	r->messages = json_dumps(canon, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	r->messages = own(r, json_dumps(canon, JSON_COMPACT | JSON_PRESERVE_ORDER));
 	json_decref(canon);
 	if (!r->messages)
 		return fail(e, "messages", NULL, "Cannot encode 'messages'.");
@@ -589,13 +611,11 @@ static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_open
 		if (json_array_size(tools) == 0)
 			tools = NULL;
 	}
-	if (tools && dup_json(tools, &r->tools, e, "tools"))
+	if (tools && dup_json(r, tools, &r->tools, e, "tools"))
 		return -1;
 	if (tc) {
 		if (!tools)
-			return fail(e, "tool_choice", "invalid_value",
-				    "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
-				    "specified.");
+			return without_tools(e, "tool_choice");
 		if (json_is_object(tc))
 			return fail(e, "tool_choice", "unsupported_value",
 				    "Unsupported value: 'tool_choice' naming a function is not supported; use 'auto', "
@@ -606,14 +626,12 @@ static int parse_tools(json_t *body, struct gw_openai_request *r, struct gw_open
 			return fail(e, "tool_choice", "invalid_value",
 				    "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.",
 				    json_string_value(tc));
-		if (dup_json(tc, &r->tool_choice, e, "tool_choice"))
+		if (dup_json(r, tc, &r->tool_choice, e, "tool_choice"))
 			return -1;
 	}
 	if (ptc) {
 		if (!tools)
-			return fail(e, "parallel_tool_calls", "invalid_value",
-				    "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed "
-				    "when 'tools' are specified.");
+			return without_tools(e, "parallel_tool_calls");
 		if (!json_is_boolean(ptc))
 			return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
 		if (json_is_false(ptc))
@@ -649,7 +667,7 @@ static int parse_response_format(json_t *body, struct gw_openai_request *r, stru
 		return fail(e, "response_format.type", "invalid_value",
 			    "Invalid value: '%s'. Supported values are: 'text', 'json_object', and 'json_schema'.", t);
 	}
-	return dup_json(rf, &r->response_format, e, "response_format");
+	return dup_json(r, rf, &r->response_format, e, "response_format");
 }
 
 static int parse_effort(json_t *body, struct gw_openai_request *r, struct gw_openai_error *e)
@@ -803,7 +821,7 @@ static int parse_completions(json_t *body, struct gw_openai_request *r, struct g
 	if (!json_is_string(prompt))
 		return fail(e, "prompt", "unsupported_value",
 			    "Unsupported value: 'prompt' must be a string; token-id prompts are not supported.");
-	r->prompt = dup_string(prompt, &r->prompt_len);
+	r->prompt = dup_string(r, prompt, &r->prompt_len);
 	if (!r->prompt)
 		return fail(e, "prompt", NULL, "Out of memory.");
 	v = opt(body, "logprobs");
@@ -883,13 +901,8 @@ int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, stru
 
 void gw_openai_request_release(struct gw_openai_request *r)
 {
-	free(r->messages);
-	free(r->tools);
-	free(r->tool_choice);
-	free(r->response_format);
-	free(r->prompt);
-	for (uint32_t i = 0; i < r->n_stop; i++)
-		free(r->stop[i]);
+	for (uint32_t i = 0; i < r->n_owned; i++)
+		free(r->owned[i]);
 	memset(r, 0, sizeof(*r));
 }
 

@@ -45,21 +45,26 @@ struct gw_openai_error {
 	char code[64];          /* "" = null */
 };
 
-/* What a valid request asks for. Strings are owned (freed by
- * gw_openai_request_release) and NUL-terminated; prompt and stop may hold
- * U+0000 too, hence their lengths. The JSON texts escape it. */
+/* The most strings a request owns: messages, tools, tool_choice,
+ * response_format, prompt and the stop strings. */
+#define GW_OPENAI_OWNED_MAX (5 + K3_LIM_STOP_COUNT)
+
+/* What a valid request asks for. Its strings are NUL-terminated and point
+ * into what it owns (owned[], freed by gw_openai_request_release); prompt
+ * and stop may hold U+0000 too, hence their lengths. The JSON texts
+ * escape it. */
 struct gw_openai_request {
 	enum gw_endpoint ep;
 	bool stream;
 	bool include_usage;
-	char *messages;         /* CHAT: canonical messages JSON */
-	char *tools;            /* CHAT: tools JSON or NULL */
-	char *tool_choice;      /* CHAT: JSON or NULL */
-	char *response_format;  /* CHAT: JSON or NULL */
-	char *prompt;           /* RAW */
+	const char *messages;         /* CHAT: canonical messages JSON */
+	const char *tools;            /* CHAT: tools JSON or NULL */
+	const char *tool_choice;      /* CHAT: JSON or NULL */
+	const char *response_format;  /* CHAT: JSON or NULL */
+	const char *prompt;           /* RAW */
 	uint32_t prompt_len;
 	uint32_t n_stop;
-	char *stop[K3_LIM_STOP_COUNT];
+	const char *stop[K3_LIM_STOP_COUNT];
 	uint32_t stop_len[K3_LIM_STOP_COUNT];
 	bool has_max_new;
 	uint32_t max_new;
@@ -67,6 +72,9 @@ struct gw_openai_request {
 	long long max_asked;    /* its value as sent; above K3_LIM_MAX_NEW, max_new is the bound */
 	uint32_t effort;        /* enum k3_proto_effort */
 	uint32_t draft;         /* "draft" (a k3d extension): enum k3_proto_draft_policy, 0 = absent */
+	/* every string the parse allocated, each once: what release frees */
+	char *owned[GW_OPENAI_OWNED_MAX];
+	uint32_t n_owned;
 };
 
 /*
@@ -87,6 +95,8 @@ int gw_openai_parse(enum gw_endpoint ep, json_t *body, struct gw_openai_request 
 int gw_openai_parse_body(enum gw_endpoint ep, const char *body, size_t len, struct gw_openai_request *out,
 			 struct gw_openai_error *e);
 
+/* Frees what r owns (owned[], so also what a failed parse left) and
+ * zeroes r, which may be parsed into again. */
 void gw_openai_request_release(struct gw_openai_request *r);
 
 /*

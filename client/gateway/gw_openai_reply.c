@@ -332,8 +332,9 @@ void gw_openai_k3d_error(const struct gw_openai_request *rq, const struct k3_msg
 		if (rq->has_max_new && rq->max_asked > (long long)rq->max_new && strcmp(param, max_param) == 0)
 			snprintf(asked, sizeof(asked), " ('%.32s' was %lld, sent to k3d as its bound %u)", param,
 				 rq->max_asked, (unsigned)rq->max_new);
+		/* no param: the prompt ran over, under the client's name for it */
 		if (!param[0])
-			snprintf(e->param, sizeof(e->param), "messages");
+			snprintf(e->param, sizeof(e->param), "%s", rq->ep == GW_EP_CHAT ? "messages" : "prompt");
 		snprintf(e->message, sizeof(e->message), "%s%s%s", strstr(msg, "maximum context length") ? "" :
 			 "This model's maximum context length was exceeded: ", msg, asked);
 	} else if (!row->suffix) {

@@ -157,24 +157,34 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	gw_http_stop(arg);
 }
 
+/* The options, each listed once (its O_ value and its row of getopt_long's
+ * table come from the line): those that take a value, then the flags. */
+#define GW_VALUE_OPTIONS(X) \
+	X(LISTEN, "listen") \
+	X(SOCKET, "socket") \
+	X(KEY, "api-key-file") \
+	X(CORS, "cors") \
+	X(BODY, "max-body") \
+	X(RTO, "read-timeout") \
+	X(KA, "keepalive") \
+	X(RA, "retry-after") \
+	X(DTO, "daemon-timeout")
+#define GW_FLAG_OPTIONS(X) \
+	X(REMOTE, "allow-remote") \
+	X(QUIET, "quiet") \
+	X(VER, "version") \
+	X(HELP, "help")
+#define GW_OPTION_ID(id, name) O_##id,
+#define GW_VALUE_ROW(id, name) { name, required_argument, NULL, O_##id },
+#define GW_FLAG_ROW(id, name) { name, no_argument, NULL, O_##id },
+
 int main(int argc, char **argv)
 {
-	enum { O_LISTEN = 1, O_REMOTE, O_SOCKET, O_KEY, O_CORS, O_BODY, O_RTO, O_KA, O_RA, O_DTO, O_QUIET, O_VER,
-	       O_HELP };
+	/* from 1: getopt_long's 0 is no option of ours */
+	enum { O_NONE_, GW_VALUE_OPTIONS(GW_OPTION_ID) GW_FLAG_OPTIONS(GW_OPTION_ID) };
 	static const struct option opts[] = {
-		{ "listen", required_argument, NULL, O_LISTEN },
-		{ "allow-remote", no_argument, NULL, O_REMOTE },
-		{ "socket", required_argument, NULL, O_SOCKET },
-		{ "api-key-file", required_argument, NULL, O_KEY },
-		{ "cors", required_argument, NULL, O_CORS },
-		{ "max-body", required_argument, NULL, O_BODY },
-		{ "read-timeout", required_argument, NULL, O_RTO },
-		{ "keepalive", required_argument, NULL, O_KA },
-		{ "retry-after", required_argument, NULL, O_RA },
-		{ "daemon-timeout", required_argument, NULL, O_DTO },
-		{ "quiet", no_argument, NULL, O_QUIET },
-		{ "version", no_argument, NULL, O_VER },
-		{ "help", no_argument, NULL, O_HELP },
+		GW_VALUE_OPTIONS(GW_VALUE_ROW)
+		GW_FLAG_OPTIONS(GW_FLAG_ROW)
 		{ NULL, 0, NULL, 0 },
 	};
 	static struct gw g;

@@ -90,13 +90,19 @@ class K3d:
         self.log.close()
 
 
-def main():
+def bench_args(**ints):
+    """The parser of a bench that drives k3d: the K3D and K3CTL paths, then
+    an integer --NAME option per keyword (its default; _ in a name is -)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("k3d")
     ap.add_argument("k3ctl")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--max-new", type=int, default=64)
-    ap.add_argument("--experts", type=int, default=32)
+    for name, default in ints.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+    return ap
+
+
+def main():
+    ap = bench_args(rounds=5, max_new=64, experts=32)
     ap.add_argument("--cache-gb", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--io-rate", type=float, default=0)

@@ -14,7 +14,6 @@ the tokens/s say nothing about K3's bandwidth (bench_draft.py does that).
 
     bench_draft_chat.py K3D K3CTL [--width N] [--threads N]
 """
-import argparse
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_draft import K3d, generate  # noqa
+from bench_draft import K3d, bench_args, generate  # noqa
 from k3proto import f64, u32, u64  # noqa
 TOOLS = [{"type": "function", "function": {
     "name": n, "description": d,
@@ -54,12 +53,7 @@ RAW = [("raw: capitals", "The capital of France is Paris. The capital of Japan i
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("k3d")
-    ap.add_argument("k3ctl")
-    ap.add_argument("--width", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
+    a = bench_args(width=3, threads=1).parse_args()
     tmp = tempfile.mkdtemp(prefix="k3-bench-draft-chat-")
     model = os.path.join(tmp, "trained")
     subprocess.run([a.k3ctl, "demo-model", "--out", model, "--preset", "trained"], check=True,

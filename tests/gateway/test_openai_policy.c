@@ -61,12 +61,13 @@ static const struct refusal refusals[] = {
 	{ GW_EP_CHAT, "{" M ",\"store\":true}", "store", "unsupported_value" },
 	{ GW_EP_CHAT, "{" M ",\"draft\":\"eagle\"}", "draft", "invalid_value" },
 	{ GW_EP_CHAT, "{" M ",\"draft\":1}", "draft", "invalid_type" },
-	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"draft\":\"unset\"}", "draft", "invalid_value" },
+#define P "\"model\":\"m\",\"prompt\":\"a\""   /* a legacy request's minimum, as M is a chat's */
+	{ GW_EP_COMPLETIONS, "{" P ",\"draft\":\"unset\"}", "draft", "invalid_value" },
 	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt", "unsupported_value" },
 	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[1,2]}", "prompt", "unsupported_value" },
-	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"echo\":true}", "echo", "unsupported_value" },
-	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"best_of\":2}", "best_of", "unsupported_value" },
-	{ GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"messages\":[]}", "messages", "unknown_parameter" },
+	{ GW_EP_COMPLETIONS, "{" P ",\"echo\":true}", "echo", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{" P ",\"best_of\":2}", "best_of", "unsupported_value" },
+	{ GW_EP_COMPLETIONS, "{" P ",\"messages\":[]}", "messages", "unknown_parameter" },
 };
 
 static int parse(enum gw_endpoint ep, const char *text, struct gw_openai_request *r, struct gw_openai_error *e)
@@ -109,6 +110,28 @@ static void test_image_message(void)
 	      &r, &e);
 	T_EQ_STR(e.message, "Invalid content type. input_audio is only supported by certain models.");
 	gw_openai_request_release(&r);
+}
+
+/* The refusal of a field that needs tools quotes the field twice, in
+ * OpenAI's words. */
+static void test_needs_tools(void)
+{
+	static const char *const said[][2] = {
+		{ "{" M ",\"tool_choice\":\"auto\"}",
+		  "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified." },
+		{ "{" M ",\"parallel_tool_calls\":true}",
+		  "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when 'tools' are "
+		  "specified." },
+	};
+	struct gw_openai_request r;
+	struct gw_openai_error e;
+
+	for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++) {
+		T_EQ_INT(parse(GW_EP_CHAT, said[i][0], &r, &e), -1);
+		T_EQ_STR(e.code, "invalid_value");
+		T_EQ_STR(e.message, said[i][1]);
+		gw_openai_request_release(&r);
+	}
 }
 
 static void test_chat_mapping(void)
@@ -166,7 +189,7 @@ static void test_chat_mapping(void)
 	T_OK(g.has_draft_policy);
 	T_EQ_INT(g.draft_policy, K3_PROTO_DRAFT_NGRAM);
 	gw_openai_request_release(&r);
-	T_EQ_INT(parse(GW_EP_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"a\",\"draft\":\"off\"}", &r, &e), 0);
+	T_EQ_INT(parse(GW_EP_COMPLETIONS, "{" P ",\"draft\":\"off\"}", &r, &e), 0);
 	gw_openai_to_generate(&r, &g);
 	T_EQ_INT(g.draft_policy, K3_PROTO_DRAFT_OFF);
 	gw_openai_request_release(&r);
@@ -309,6 +332,7 @@ int main(void)
 {
 	test_refusals();
 	test_image_message();
+	test_needs_tools();
 	test_chat_mapping();
 	test_legacy_mapping();
 	test_nul_is_text();

@@ -221,6 +221,9 @@ static const struct {
 	  "context_length_exceeded", "prompt", "This model's maximum context length was exceeded: MSG" },
 	{ K3_STATUS_CONTEXT_EXCEEDED, NULL, GW_EP_CHAT, 400, "invalid_request_error", "context_length_exceeded",
 	  "messages", "This model's maximum context length was exceeded: MSG" },
+	/* no param from k3d: the prompt is the client's field that ran over */
+	{ K3_STATUS_CONTEXT_EXCEEDED, NULL, GW_EP_COMPLETIONS, 400, "invalid_request_error",
+	  "context_length_exceeded", "prompt", "This model's maximum context length was exceeded: MSG" },
 	{ K3_STATUS_INVALID_ARGUMENT, "stop", GW_EP_CHAT, 400, "invalid_request_error", "invalid_value", "stop", "MSG" },
 	{ K3_STATUS_BAD_REQUEST, NULL, GW_EP_CHAT, 400, "invalid_request_error", "invalid_value", "", "MSG" },
 	{ K3_STATUS_UNSUPPORTED, "tools", GW_EP_CHAT, 400, "invalid_request_error", "unsupported_value", "tools", "MSG" },

@@ -215,6 +215,13 @@ class Daemon:
                 raise RuntimeError("k3d did not start: " + self.log_text())
             time.sleep(0.02)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        """`with Daemon(...) as d:` stops it however the block ends."""
+        self.stop()
+
     def log_text(self):
         with open(self.log) as f:
             return f.read()

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 
-from k3proto import trace_routes
+from k3proto import Daemon, generate_ids, trace_routes
 
 failures = []
 
@@ -109,6 +109,19 @@ def big_spine_model(k3ctl, prefix):
     subprocess.run([k3ctl, "demo-model", "--out", model, *BIG_SPINE_DEMO], check=True,
                    capture_output=True)
     return work, model
+
+
+def mapped_run(k3d, model, prompt, n_new, stop=None):
+    """Runs prompt for n_new ids through a k3d on model with no memory
+    limit (the spine mapped: the reference a limited run is held to) and
+    stops it (stop(d) when given, else d.stop()). Returns (ids, that k3d's
+    log, its VmHWM in bytes)."""
+    d = Daemon(k3d, model=model)
+    try:
+        ids, _ = generate_ids(d.sock, prompt, n_new)
+        return ids, d.log_text(), vm_hwm(d.proc.pid)
+    finally:
+        (stop or Daemon.stop)(d)
 
 
 def check_routes(ref, trace, what, against):

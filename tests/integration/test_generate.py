@@ -119,8 +119,7 @@ def test_golden(k3d):
         if not os.path.isdir(model):
             print("skip golden: no", model)
             continue
-        d = Daemon(k3d, model=model)
-        try:
+        with Daemon(k3d, model=model) as d:
             for p in ("p1", "p8", "p40"):
                 g = json.load(open(os.path.join(SHARED, "golden", "forward", case, "golden", p + ".json")))
                 want = g["greedy"]["tokens"]
@@ -131,8 +130,6 @@ def test_golden(k3d):
             st = generate(d.sock, raw(prompt="hello", max_new=1))
             check(st.error and st.error[0] == STATUS["unsupported"] if "unsupported" in STATUS else
                   st.error and st.error[0] == 13, f"text prompt on ids-only model refused: {st.error}")
-        finally:
-            d.stop()
 
 
 def test_forward_matches(k3d):
@@ -147,12 +144,9 @@ def test_forward_matches(k3d):
     if r.returncode:
         return
     want = json.loads(r.stdout)["greedy"]["tokens"]
-    d = Daemon(k3d, model=model)
-    try:
+    with Daemon(k3d, model=model) as d:
         st = generate(d.sock, raw(ids=[5, 6, 7, 8], max_new=6))
         check(st.ids == want, f"k3d {st.ids} == k3ctl forward {want}")
-    finally:
-        d.stop()
 
 
 def test_edges(d):
@@ -226,8 +220,7 @@ def test_cancel(d):
 
 
 def test_busy_and_queue(k3d):
-    d = Daemon(k3d)   # --queue 0
-    try:
+    with Daemon(k3d) as d:   # --queue 0
         a = connect(d.sock)
         sa = start_long(a, 1)
         st = generate(d.sock, raw(prompt="second", max_new=2))
@@ -260,10 +253,7 @@ def test_busy_and_queue(k3d):
                 break
             time.sleep(0.05)
         check(st.error is None and st.finish_reason() == 1, "slot freed by the disconnect")
-    finally:
-        d.stop()
-    d = Daemon(k3d, "--queue", "1")
-    try:
+    with Daemon(k3d, "--queue", "1") as d:
         a = connect(d.sock)
         sa = start_long(a, 1)
         b = connect(d.sock)
@@ -291,8 +281,6 @@ def test_busy_and_queue(k3d):
         check(any(e == "ACCEPTED" for e in sb.events), "ACCEPTED sent")
         a.close()
         b.close()
-    finally:
-        d.stop()
 
 
 def warm(layers, experts):
@@ -314,8 +302,7 @@ def test_admission_kinds(k3d):
     is admitted like GENERATE: it queues behind a job told to stop instead
     of BUSY, may not reuse the request id of a live job on its connection,
     and a full queue's BUSY names what is running."""
-    d = Daemon(k3d)   # --queue 0
-    try:
+    with Daemon(k3d) as d:   # --queue 0
         a = connect(d.sock)
         sa = start_long(a, 1)
         b = connect(d.sock)
@@ -339,10 +326,7 @@ def test_admission_kinds(k3d):
               f"({r and NAMES.get(r[0])} {r and r[2].get(2)})")
         check(1 in got and u32(got[1][2], 1) == 2, "the cancelled generation ends with DONE{cancelled}")
         a.close()
-    finally:
-        d.stop()
-    d = Daemon(k3d, "--queue", "1")
-    try:
+    with Daemon(k3d, "--queue", "1") as d:
         a = connect(d.sock)
         sa = start_long(a, 5)
         a.sendall(frame(T["WARM_EXPERTS"], 5, warm([1], [0])))
@@ -354,8 +338,6 @@ def test_admission_kinds(k3d):
         sa.finish()
         check(sa.finish_reason() == 2, "the GENERATE with that id is unaffected and cancellable")
         a.close()
-    finally:
-        d.stop()
 
 
 def hello_caps(caps):
@@ -366,8 +348,7 @@ def test_status_jobs(k3d):
     """Issue 16: `k3ctl status` lists running and queued jobs with id,
     client uid/pid, kind and age, so `k3ctl cancel` needs no guess; only
     peers that announce the jobs capability get the list on the wire."""
-    d = Daemon(k3d, "--queue", "2")
-    try:
+    with Daemon(k3d, "--queue", "2") as d:
         a = connect(d.sock)
         sa = start_long_prefill(a, 1, 3000)
         b, w = connect(d.sock), connect(d.sock)
@@ -425,14 +406,11 @@ def test_status_jobs(k3d):
         j = json.loads(r.stdout) if r.returncode == 0 else {}
         check(j.get("jobs") == [], f"idle: an empty job list ({j.get('jobs')})")
         a.close(); b.close(); w.close()
-    finally:
-        d.stop()
 
 
 def test_reuse_and_transactions(k3d):
     turn1 = [{"role": "user", "content": "Hello there"}]
-    d = Daemon(k3d)
-    try:
+    with Daemon(k3d) as d:
         first = generate(d.sock, chat(turn1, 6))
         reasoning = first.text.decode("utf-8", "replace")
         hist = turn1 + [{"role": "assistant", "content": "", "reasoning_content": reasoning},
@@ -457,13 +435,10 @@ def test_reuse_and_transactions(k3d):
             s.close()
         second = generate(d.sock, chat(hist, 6))
         cached = second.done_u32(5)
-    finally:
-        d.stop()
     # A finished job whose DONE its client leaves unread holds two branch
     # states; after a deadline they are dropped (never published), so a
     # client that stops reading cannot pin state memory forever.
-    d = Daemon(k3d)
-    try:
+    with Daemon(k3d) as d:
         generate(d.sock, chat(turn1, 6))
         s = connect(d.sock)
         # ~1000 unread STATUS replies fill the socket buffer, so DONE waits.
@@ -480,13 +455,8 @@ def test_reuse_and_transactions(k3d):
                                               {"role": "user", "content": "more"}], 2))
         check(st.finish_reason() == 1 and later.done_u32(5) < st.done_u32(2),
               f"state of a DONE read after the deadline is not published (cached {later.done_u32(5)})")
-    finally:
-        d.stop()
-    d2 = Daemon(k3d)
-    try:
+    with Daemon(k3d) as d2:
         fresh = generate(d2.sock, chat(hist, 6))
-    finally:
-        d2.stop()
     check(second.ids == fresh.ids and len(fresh.ids) == 6, "reuse gives the ids of a fresh run")
     check(fresh.done_u32(5) == 0, "fresh run used no cache")
     print(f"  turn 2 reused {cached} cached tokens of {second.done_u32(2)}")
@@ -675,8 +645,7 @@ def expect_done_cancelled(sa, why):
 def test_drain(k3d):
     """SIGTERM mid-generation: the running job's client always gets its
     terminal frame, also when the drain timeout cuts the job short."""
-    d = Daemon(k3d, "--queue", "1", "--drain-timeout", "30")
-    try:
+    with Daemon(k3d, "--queue", "1", "--drain-timeout", "30") as d:
         a, b = connect(d.sock), connect(d.sock)
         sa = Stream(a, 1, raw(prompt="Once upon a time", max_new=40))
         while sa.step() != "TOKEN":
@@ -689,20 +658,14 @@ def test_drain(k3d):
         check(sa.finish_reason() == 1 and len(sa.ids) == 40, f"SIGTERM lets the running job finish: {sa.done}")
         check(sb.error and sb.error[0] == STATUS["shutting_down"], f"queued job: shutting_down {sb.error}")
         check(d.proc.wait(20) == 0, "exit 0 after the drain")
-    finally:
-        d.stop()
-    d = Daemon(k3d, "--drain-timeout", "0.5")
-    try:
+    with Daemon(k3d, "--drain-timeout", "0.5") as d:
         a, sa = sigterm_during_long_prefill(d)
         expect_done_cancelled(sa, "drain timeout")
         check(d.proc.wait(20) == 0, "exit 0 after the drain timeout")
-    finally:
-        d.stop()
     # While running work finishes, the socket stays and a new client learns
     # the state (what k3-gateway's /health reports) instead of finding no
     # socket; it may not start work.
-    d = Daemon(k3d, "--drain-timeout", "60")
-    try:
+    with Daemon(k3d, "--drain-timeout", "60") as d:
         a, sa = sigterm_during_long_prefill(d)
         state, deadline = None, time.time() + 10
         while state != 2 and time.time() < deadline:
@@ -738,15 +701,12 @@ def test_drain(k3d):
               f"exit 0 soon after the second SIGTERM ({time.time() - t0:.1f} s)")
         check(not os.path.exists(d.sock), "socket removed when the drain ends")
         a.close()
-    finally:
-        d.stop()
 
 
 def test_shutdown_twice(k3d):
     """Issue 16: a second `k3ctl shutdown` during the drain cancels the
     running work at once, and says so; the first one does not."""
-    d = Daemon(k3d, "--drain-timeout", "60")
-    try:
+    with Daemon(k3d, "--drain-timeout", "60") as d:
         a = connect(d.sock)
         sa = start_long_prefill(a, 1, 20000)
         r1 = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
@@ -763,11 +723,8 @@ def test_shutdown_twice(k3d):
         check(d.proc.wait(20) == 0 and time.time() - t0 < 20,
               f"exit 0 soon after the second shutdown ({time.time() - t0:.1f} s)")
         a.close()
-    finally:
-        d.stop()
     # The text form, when the running work is cancelled by the second one.
-    d = Daemon(k3d, "--drain-timeout", "60")
-    try:
+    with Daemon(k3d, "--drain-timeout", "60") as d:
         a, sa = sigterm_during_long_prefill(d)
         r = subprocess.run([K3CTL, "--socket", d.sock, "shutdown"], capture_output=True, text=True,
                            timeout=30)
@@ -775,8 +732,6 @@ def test_shutdown_twice(k3d):
               f"k3ctl shutdown after SIGTERM says the running work was cancelled ({r.stdout!r})")
         expect_done_cancelled(sa, "k3ctl shutdown after SIGTERM")
         a.close()
-    finally:
-        d.stop()
 
 
 def test_cancel_permissions(k3d):
@@ -786,8 +741,7 @@ def test_cancel_permissions(k3d):
     if os.getuid() != 0 or not shutil.which("setpriv"):
         print("skip: cancel permission test needs root and setpriv")
         return
-    d = Daemon(k3d, "--allow-gid", "65534")
-    try:
+    with Daemon(k3d, "--allow-gid", "65534") as d:
         os.chmod(d.dir, 0o755)
         os.chmod(d.sock, 0o666)
         a = connect(d.sock)
@@ -813,8 +767,6 @@ def test_cancel_permissions(k3d):
         sa.finish()
         check(sa.finish_reason() == 2, "cancelled by root")
         a.close()
-    finally:
-        d.stop()
 
 
 def fake_k3d_once(path, done_extra):

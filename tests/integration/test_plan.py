@@ -21,7 +21,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import (T, Daemon, connect, frame, generate_ids, make_model, read_frame,  # noqa
                      u32, u64)
-from k3test import BIG_SPINE_PROMPT, asan_build, big_spine_model, check, report, vm_hwm  # noqa
+from k3test import (BIG_SPINE_PROMPT, asan_build, big_spine_model, check, mapped_run, report,  # noqa
+                    vm_hwm)
 
 K3D, K3CTL = sys.argv[1], sys.argv[2]
 
@@ -70,12 +71,8 @@ def run_limit():
     work, model = big_spine_model(K3CTL, "k3d-plan-rss-")
     prompt = BIG_SPINE_PROMPT
     try:
-        d = Daemon(K3D, model=model)
-        try:
-            check("; mapped)" in d.log_text(), "without a limit the spine stays mapped")
-            mapped, _ = generate_ids(d.sock, prompt, 6)
-        finally:
-            stop(d)
+        mapped, log, _ = mapped_run(K3D, model, prompt, 6, stop)
+        check("; mapped)" in log, "without a limit the spine stays mapped")
         d = Daemon(K3D, "--memory-limit", str(LIMIT), "--context", "256", model=model)
         try:
             log = d.log_text()

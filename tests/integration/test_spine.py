@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from k3proto import Daemon, direct_ok, generate_ids as generate, u64  # noqa
 from k3proto import trace_routes as routes  # noqa
 from k3test import (BIG_SPINE_PROMPT, asan_build, big_spine_model, check, check_routes,  # noqa
-                    golden_model, golden_runs, packed_copy, report, vm_hwm)
+                    golden_model, golden_runs, mapped_run, packed_copy, report, vm_hwm)
 
 K3D, K3CTL, SHARED = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -153,12 +153,7 @@ def run_rss():
     work, model = big_spine_model(K3CTL, "k3d-spine-rss-")
     prompt = BIG_SPINE_PROMPT
     try:
-        d = Daemon(K3D, model=model)
-        try:
-            mapped, _ = generate(d.sock, prompt, 6)
-            mapped_hwm = vm_hwm(d.proc.pid)
-        finally:
-            d.stop()
+        mapped, _, mapped_hwm = mapped_run(K3D, model, prompt, 6)
         # --prefill-chunk 64: the auto chunk plans activations for a
         # sixteenth of the machine's RAM, not for this test's limit
         d = Daemon(K3D, "--spine-resident", "none", "--expert-cache-gb", "0.005",

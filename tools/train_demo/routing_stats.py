@@ -24,7 +24,6 @@ chats rendered by k3d's renderer), with the checkpoint loaded by k3torch
 
 K3's published figures for comparison: reuse ~29.5%, lookahead recall ~59%.
 """
-import argparse
 import json
 import math
 import os
@@ -53,12 +52,7 @@ def ngram_draft(seq, t, n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--k3ctl", required=True)
-    ap.add_argument("--seed", type=int, default=2)
-    ap.add_argument("--texts", type=int, default=150)
-    ap.add_argument("--chats", type=int, default=100)
+    ap = train.options(("model", "k3ctl"), seed=2, texts=150, chats=100)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)

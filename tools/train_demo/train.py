@@ -296,13 +296,19 @@ def debian_versions(pkgs):
     return out
 
 
-def main():
+def options(required, **ints):
+    """The command line of a demo tool: a required --NAME string per name in
+    required, then an integer --NAME per keyword (its default)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--k3ctl", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=TRAIN["steps"])
-    ap.add_argument("--bench", type=int, default=0)
+    for name in required:
+        ap.add_argument("--" + name, required=True)
+    for name, default in ints.items():
+        ap.add_argument("--" + name, type=int, default=default)
+    return ap
+
+
+def main():
+    ap = options(("k3ctl", "out"), seed=1, steps=TRAIN["steps"], bench=0)
     ap.add_argument("--recipe", default=None,
                     help="RECIPE.json of an earlier run: its seed, dims and training settings")
     a = ap.parse_args()
