@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,16 +139,32 @@ static bool url_ok(const char *s, bool dir)
 	return !dir || s[n - 1] == '/';
 }
 
+/* The inventory's top-level strings, in the order they are checked: the
+ * one list that parsing and freeing both walk. */
+static const struct {
+	const char *key;
+	size_t off;          /* of the char * in struct k3_setup_inventory */
+	bool required;
+} inv_strs[] = {
+	{ "name", offsetof(struct k3_setup_inventory, name), true },
+	{ "repository", offsetof(struct k3_setup_inventory, repository), true },
+	{ "revision", offsetof(struct k3_setup_inventory, revision), true },
+	{ "base_url", offsetof(struct k3_setup_inventory, base_url), false },
+	{ "listing_url", offsetof(struct k3_setup_inventory, listing_url), false },
+	{ "expert_table", offsetof(struct k3_setup_inventory, expert_table), false },
+};
+
+static char **inv_str(struct k3_setup_inventory *inv, size_t i)
+{
+	return (char **)((char *)inv + inv_strs[i].off);
+}
+
 void k3_setup_inventory_free(struct k3_setup_inventory *inv)
 {
 	if (!inv)
 		return;
-	free(inv->name);
-	free(inv->repository);
-	free(inv->revision);
-	free(inv->base_url);
-	free(inv->listing_url);
-	free(inv->expert_table);
+	for (size_t i = 0; i < sizeof(inv_strs) / sizeof(inv_strs[0]); i++)
+		free(*inv_str(inv, i));
 	for (size_t i = 0; i < inv->n_allow_hosts; i++)
 		free(inv->allow_hosts[i]);
 	free(inv->allow_hosts);
@@ -262,13 +279,9 @@ int k3_setup_inventory_parse(const char *json, size_t len, struct k3_setup_inven
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = get_str(root, "name", true, &inv->name, err)) ||
-	    (rc = get_str(root, "repository", true, &inv->repository, err)) ||
-	    (rc = get_str(root, "revision", true, &inv->revision, err)) ||
-	    (rc = get_str(root, "base_url", false, &inv->base_url, err)) ||
-	    (rc = get_str(root, "listing_url", false, &inv->listing_url, err)) ||
-	    (rc = get_str(root, "expert_table", false, &inv->expert_table, err)))
-		goto out;
+	for (size_t i = 0; i < sizeof(inv_strs) / sizeof(inv_strs[0]); i++)
+		if ((rc = get_str(root, inv_strs[i].key, inv_strs[i].required, inv_str(inv, i), err)))
+			goto out;
 	if (!k3_setup_name_ok(inv->name))
 		BAD("inventory: 'name' must be a plain directory name");
 	if (!repository_ok(inv->repository))

@@ -11,8 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/log.h"
+#include "base/carve.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "setup/setup_experts.h"
 #include "setup/setup_publish.h"
 #include "setup/setup_session.h"
@@ -51,6 +52,7 @@ struct k3_setup_remote {
 	struct k3_setup_expert_map *map;
 	struct k3_setup_expert_table *table;
 	uint32_t layers, experts, n_shards;
+	void *arrays;                          /* one block (base/carve.h): fds to tries */
 	int *fds;                              /* per shard; -1 when not streamed */
 	uint32_t *shard_total, *shard_present;
 	struct span *spans;
@@ -364,19 +366,25 @@ int k3_setup_remote_open(const struct k3_setup_opts *o, const struct k3_model *m
 			goto fail;
 	}
 	r->n_shards = k3_model_shard_count(m);
-	r->fds = malloc(r->n_shards * sizeof(int));
-	r->shard_total = calloc(r->n_shards, sizeof(uint32_t));
-	r->shard_present = calloc(r->n_shards, sizeof(uint32_t));
-	r->xs = calloc((size_t)r->layers * r->experts, 1);
-	r->tries = calloc((size_t)r->layers * r->experts, 1);
-	r->spans = calloc((size_t)r->layers * r->experts * 6 + 1, sizeof(*r->spans));
-	if (!r->fds || !r->shard_total || !r->shard_present || !r->xs || !r->tries || !r->spans) {
+	size_t n_ex = (size_t)r->layers * r->experts;
+	struct k3_carve k = { 0 };
+	while (k3_carve_next(&k)) {
+		K3_CARVE(&k, r->fds, r->n_shards);
+		K3_CARVE(&k, r->shard_total, r->n_shards);
+		K3_CARVE(&k, r->shard_present, r->n_shards);
+		K3_CARVE(&k, r->xs, n_ex);
+		K3_CARVE(&k, r->tries, n_ex);
+		K3_CARVE(&k, r->spans, n_ex * 6 + 1);
+	}
+	r->arrays = k.block;
+	if (!r->arrays) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
+	for (uint32_t i = 0; i < r->n_shards; i++)
+		r->fds[i] = -1;   /* before any open: close skips what was never opened */
 	for (uint32_t i = 0; i < r->n_shards; i++) {
 		const struct k3_setup_record *rec = k3_setup_state_find(r->s.state, shard_name(r, i));
-		r->fds[i] = -1;
 		if (rec && rec->have == K3_SETUP_HAVE_SPARSE) {
 			r->fds[i] = k3_setup_open_file(r->s.dirfd, shard_name(r, i), O_RDWR, 0,
 						       shard_name(r, i), err);
@@ -430,15 +438,10 @@ void k3_setup_remote_close(struct k3_setup_remote *r)
 		(void)k3_setup_expert_map_sync(r->map);
 	k3_setup_expert_map_close(r->map);
 	k3_setup_expert_table_free(r->table);
-	for (uint32_t i = 0; r->fds && i < r->n_shards; i++)
+	for (uint32_t i = 0; r->arrays && i < r->n_shards; i++)
 		if (r->fds[i] >= 0)
 			close(r->fds[i]);
-	free(r->fds);
-	free(r->shard_total);
-	free(r->shard_present);
-	free(r->xs);
-	free(r->tries);
-	free(r->spans);
+	free(r->arrays);
 	k3_setup_session_close(&r->s);
 	pthread_mutex_destroy(&r->lock);
 	pthread_cond_destroy(&r->cond);

@@ -11,29 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/carve.h"
 #include "store/store_cache.h"
 #include "store/store_io.h"
 #include "store/store_prefetch.h"
 
 _Static_assert((int)K3_STORE_MAX_IO_THREADS == (int)K3_STORE_IO_MAX_THREADS,
 	       "store.h and store_io.h disagree on the reader limit");
-
-/* Slots, arrays and s itself: what k3_store_new allocates before it
- * starts the readers (also its failure path). */
-static void free_memory(struct k3_store *s)
-{
-	if (s->slots)
-		for (uint32_t i = 0; i < s->n_slots; i++)
-			free(s->slots[i].mem);
-	for (uint32_t h = 0; h < s->n_hedges; h++)
-		free(s->hedges[h].mem);
-	free(s->seen);
-	free(s->slots);
-	free(s->slot_of);
-	free(s->uses);
-	k3_store_guesses_release(&s->guesses);
-	free(s);
-}
 
 /* Checks what the config may get wrong. Returns 0 or -EINVAL. */
 static int check_config(const struct k3_store_config *cfg, struct k3_err *err)
@@ -146,15 +130,19 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 		if (l + 1 > n_layers)
 			n_layers = l + 1;   /* <= K3_STORE_MAX_LAYERS (store_source.h) */
 	}
-	s->slots = calloc(s->n_slots, sizeof(*s->slots));
-	s->slot_of = malloc(n_ex * sizeof(*s->slot_of));
-	s->uses = calloc(n_ex, sizeof(*s->uses));
-	s->seen = calloc(n_ex, sizeof(*s->seen));
+	struct k3_carve k = { 0 };
+	while (k3_carve_next(&k)) {
+		K3_CARVE(&k, s->slots, s->n_slots);
+		K3_CARVE(&k, s->slot_of, n_ex);
+		K3_CARVE(&k, s->uses, n_ex);
+		K3_CARVE(&k, s->seen, n_ex);
+	}
+	s->arrays = k.block;
 	s->epoch = 1;
 	rc = k3_store_guesses_init(&s->guesses, n_layers,
 				   cfg->prefetch_min_precision > 0 ? cfg->prefetch_min_precision
 								   : K3_STORE_PREFETCH_MIN_PRECISION);
-	if (!s->slots || !s->slot_of || !s->uses || !s->seen || rc) {
+	if (!s->arrays || rc) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory");
 		goto fail;
 	}
@@ -181,7 +169,7 @@ int k3_store_new(const struct k3_store_source *src, const struct k3_store_config
 	*out = s;
 	return 0;
 fail:
-	free_memory(s);
+	k3_store_free(s);
 	return rc;
 }
 
@@ -189,8 +177,14 @@ void k3_store_free(struct k3_store *s)
 {
 	if (!s)
 		return;
-	k3_store_io_free(s->io);
-	free_memory(s);
+	k3_store_io_free(s->io);   /* first: the readers write into the slots */
+	for (uint32_t i = 0; s->slots && i < s->n_slots; i++)
+		free(s->slots[i].mem);
+	for (uint32_t h = 0; h < s->n_hedges; h++)
+		free(s->hedges[h].mem);
+	free(s->arrays);
+	k3_store_guesses_release(&s->guesses);
+	free(s);
 }
 
 void k3_store_step_begin(struct k3_store *s)

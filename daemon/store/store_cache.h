@@ -95,6 +95,7 @@ struct k3_store {
 	struct k3_store_config cfg;
 	uint64_t slot_bytes;
 	uint32_t n_slots;
+	void *arrays;                /* one block (base/carve.h): slots, slot_of, uses, seen */
 	struct k3_store_slot *slots;
 	int32_t *slot_of;            /* per source expert: slot or -1 */
 	uint32_t *uses;              /* per source expert: decayed acquire count (FREQ) */

@@ -88,24 +88,31 @@ static bool ahead_class(enum k3_store_io_class c)
 	return c == K3_STORE_IO_DEMAND || c == K3_STORE_IO_SPINE;
 }
 
-static void q_remove(struct k3_store_io *io, struct k3_store_io_job *job)
+/* Takes job out of the doubly linked list at *head: a class queue, or a
+ * drive's running list, which keeps no tail (tail NULL). */
+static void list_unlink(struct k3_store_io_job **head, struct k3_store_io_job **tail,
+			struct k3_store_io_job *job)
 {
-	struct io_drive *d = drive_of(io, job);
-	struct io_queue *q = &d->q[job->cls];
-
 	if (job->prev)
 		job->prev->next = job->next;
 	else
-		q->head = job->next;
+		*head = job->next;
 	if (job->next)
 		job->next->prev = job->prev;
-	else
-		q->tail = job->prev;
+	else if (tail)
+		*tail = job->prev;
+	job->prev = job->next = NULL;
+}
+
+static void q_remove(struct k3_store_io *io, struct k3_store_io_job *job)
+{
+	struct io_queue *q = &drive_of(io, job)->q[job->cls];
+
+	list_unlink(&q->head, &q->tail, job);
 	q->len--;
 	q->bytes -= job->bytes_planned;
 	if (job->cls == K3_STORE_IO_DEMAND)
 		io->demand_queued--;
-	job->prev = job->next = NULL;
 }
 
 static void q_push(struct k3_store_io *io, struct k3_store_io_job *job)
@@ -132,17 +139,6 @@ static void run_add(struct io_drive *d, struct k3_store_io_job *job)
 	if (d->run_head)
 		d->run_head->prev = job;
 	d->run_head = job;
-}
-
-static void run_remove(struct io_drive *d, struct k3_store_io_job *job)
-{
-	if (job->prev)
-		job->prev->next = job->next;
-	else
-		d->run_head = job->next;
-	if (job->next)
-		job->next->prev = job->prev;
-	job->prev = job->next = NULL;
 }
 
 /* The job a free reader of drive d should start now, or NULL. A guess
@@ -339,7 +335,7 @@ static void job_ends(struct io_drive *d, struct k3_store_io_job *job, uint64_t b
 		d->st.busy_ns += now - d->busy_since_ns;
 	d->io->in_flight--;
 	d->running[job->cls]--;
-	run_remove(d, job);
+	list_unlink(&d->run_head, NULL, job);
 	if (ok && job->timed && !job->untimed && job->bytes_planned) {
 		d->sample[d->next_sample] = (double)(now - job->t_start_ns) /
 					    (double)job->bytes_planned;

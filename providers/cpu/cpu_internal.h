@@ -55,6 +55,9 @@ struct k3_prov_model {
 	uint32_t P;              /* KDA width */
 	uint32_t qhd;            /* MLA q head dim (nope + rope) */
 	uint32_t wide;           /* widest per-position scratch row */
+	/* The arrays from sx to edone (not mla_s, which grows) are parts of
+	 * one block, scratch, freed with the model. */
+	void *scratch;
 	float *sx, *s[8];        /* [max_batch][D], [max_batch][wide] */
 	float *tmp;              /* [wide] per-position temporaries */
 	float *tmp2;             /* [wide] */

@@ -15,12 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One allocation: the struct, then win (padded to whole 64-byte lines, so
+ * S is as aligned as win), then S. */
 struct k3_prov_kda_state {
 	k3_prov_model *m;
 	uint32_t layer;
 	float *win;              /* [3 streams][K-1][P] raw projections */
 	float *S;                /* [H][dk][dk], row = key channel */
 	size_t n_win, n_S;
+	float mem[];
 };
 
 /* ---------------------------------------------------------------- state */
@@ -30,31 +33,20 @@ int cpu_kda_state_new(k3_prov_model *m, uint32_t layer, k3_prov_kda_state **out,
 {
 	if (layer >= m->cfg.n_layers || m->cfg.attn_kind[layer] != K3_PROV_ATTN_KDA)
 		return cpu_fail(st, -EINVAL, "layer %u is not a KDA layer", layer);
-	k3_prov_kda_state *s = calloc(1, sizeof(*s));
+	size_t n_win = (size_t)3 * (m->cfg.conv_kernel - 1) * m->P;
+	size_t n_S = (size_t)m->cfg.kda_heads * m->cfg.kda_head_dim * m->cfg.kda_head_dim;
+	size_t win_cap = (n_win + 16) / 16 * 16;    /* >= n_win + 1 floats */
+	k3_prov_kda_state *s = calloc(1, sizeof(*s) + (win_cap + n_S) * sizeof(float));
 	if (!s)
-		return cpu_fail(st, -ENOMEM, "out of memory");
-	s->m = m;
-	s->layer = layer;
-	s->n_win = (size_t)3 * (m->cfg.conv_kernel - 1) * m->P;
-	s->n_S = (size_t)m->cfg.kda_heads * m->cfg.kda_head_dim * m->cfg.kda_head_dim;
-	s->win = calloc(s->n_win + 1, sizeof(float));
-	s->S = calloc(s->n_S, sizeof(float));
-	if (!s->win || !s->S) {
-		free(s->win);
-		free(s->S);
-		free(s);
 		return cpu_fail(st, -ENOMEM, "out of memory for KDA state");
-	}
+	*s = (struct k3_prov_kda_state){ .m = m, .layer = layer, .win = s->mem,
+					 .S = s->mem + win_cap, .n_win = n_win, .n_S = n_S };
 	*out = s;
 	return 0;
 }
 
 void cpu_kda_state_free(k3_prov_kda_state *s)
 {
-	if (!s)
-		return;
-	free(s->win);
-	free(s->S);
 	free(s);
 }
 

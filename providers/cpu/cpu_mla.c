@@ -9,6 +9,8 @@
  */
 #include "cpu/cpu_internal.h"
 
+#include "base/array.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -27,19 +29,14 @@ static int mla_reserve(k3_prov_mla_cache *c, uint32_t need, struct k3_prov_statu
 {
 	if (need <= c->cap)
 		return 0;
-	uint64_t cap = c->cap ? c->cap : 16;
-	while (cap < need)
-		cap *= 2;
-	if (cap > (1u << 24))
+	/* caps double from 16, so they stay powers of two and this is the
+	 * limit on the grown cap too */
+	if (need > (1u << 24))
 		return cpu_fail(st, -E2BIG, "MLA cache of %u tokens exceeds the limit of %u", need, 1u << 24);
-	float *rows = realloc(c->rows, cap * c->row * sizeof(float));
-	if (!rows)
+	size_t cap = c->cap, score_cap = c->cap;
+	if (k3_array_reserve(&c->rows, &cap, need, (size_t)c->row * sizeof(float), 16) ||
+	    k3_array_reserve(&c->score, &score_cap, need, sizeof(float), 16))
 		return cpu_fail(st, -ENOMEM, "out of memory for an MLA cache of %u tokens", need);
-	c->rows = rows;
-	float *score = realloc(c->score, cap * sizeof(float));
-	if (!score)
-		return cpu_fail(st, -ENOMEM, "out of memory for an MLA cache of %u tokens", need);
-	c->score = score;
 	c->cap = (uint32_t)cap;
 	/* the provider-wide score rows must hold the longest cache */
 	k3_prov_model *m = c->m;

@@ -19,6 +19,8 @@
  */
 #include "cpu/cpu_internal.h"
 
+#include "base/carve.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -203,6 +205,38 @@ static void free_layer(struct cpu_layer *L)
 	free(L->rbias); free(L->lnorm);
 }
 
+/* The per-model scratch arrays, all sized at open and freed with the model:
+ * one block (base/carve.h), laid out by this list in its two passes. The +1s
+ * keep a part of a model without KDA or MLA layers from being empty. */
+static void carve_scratch(struct k3_carve *k, k3_prov_model *m)
+{
+	const struct k3_prov_config *c = &m->cfg;
+	size_t B = m->max_batch;
+	size_t slots = B * (c->top_k ? c->top_k : 1);
+	size_t ew = cpu_umax(cpu_umax(c->latent, c->moe_inter), 1);
+	size_t heads = cpu_umax(c->mla_heads, 1);
+
+	K3_CARVE(k, m->sx, B * c->hidden);
+	for (int i = 0; i < 8; i++)
+		K3_CARVE(k, m->s[i], B * m->wide);
+	K3_CARVE(k, m->tmp, m->wide);
+	K3_CARVE(k, m->tmp2, m->wide);
+	K3_CARVE(k, m->mla_q, heads * (c->kv_lora + c->qk_rope + 1));
+	K3_CARVE(k, m->mla_wuv, heads);
+	K3_CARVE(k, m->mla_jobs, heads);
+	K3_CARVE(k, m->mla_cbar, heads * (c->kv_lora + 1));
+	K3_CARVE(k, m->work, (size_t)6 * cpu_umax(c->kda_head_dim, 1) * cpu_umax(c->kda_heads, 1));
+	K3_CARVE(k, m->kda_win, (size_t)3 * (c->conv_kernel - 1) * m->P + 1);
+	K3_CARVE(k, m->kda_S, (size_t)c->kda_heads * c->kda_head_dim * c->kda_head_dim + 1);
+	K3_CARVE(k, m->ey, slots * ew);
+	K3_CARVE(k, m->ex, slots * ew);
+	K3_CARVE(k, m->eg, slots * ew);
+	K3_CARVE(k, m->eu, slots * ew);
+	K3_CARVE(k, m->eslot, slots);
+	K3_CARVE(k, m->ejobs, 3 * slots);
+	K3_CARVE(k, m->edone, slots);
+}
+
 static void cpu_close(k3_prov_model *m)
 {
 	if (!m)
@@ -213,26 +247,8 @@ static void cpu_close(k3_prov_model *m)
 	free(m->layers);
 	free(m->norm);
 	free(m->out_u);
-	free(m->sx);
-	for (int i = 0; i < 8; i++)
-		free(m->s[i]);
-	free(m->tmp);
-	free(m->tmp2);
-	free(m->work);
-	free(m->kda_win);
-	free(m->kda_S);
-	free(m->mla_q);
-	free(m->mla_cbar);
+	free(m->scratch);
 	free(m->mla_s);
-	free(m->mla_wuv);
-	free(m->mla_jobs);
-	free(m->ey);
-	free(m->ex);
-	free(m->eg);
-	free(m->eu);
-	free(m->eslot);
-	free(m->ejobs);
-	free(m->edone);
 	k3_cpu_ctx_release(&m->ctx);
 	free(m);
 }
@@ -427,37 +443,13 @@ static int cpu_open(const struct k3_prov_open_args *a, k3_prov_model **out,
 	wide = cpu_umax(wide, c->moe_inter);
 	wide = cpu_umax(wide, c->n_experts);
 	m->wide = wide;
-	size_t B = m->max_batch;
-	m->sx = malloc(B * D * sizeof(float));
-	m->tmp = malloc((size_t)wide * sizeof(float));
-	m->tmp2 = malloc((size_t)wide * sizeof(float));
-	size_t slots = B * (c->top_k ? c->top_k : 1);
-	size_t ew = cpu_umax(cpu_umax(c->latent, c->moe_inter), 1);
-	m->mla_q = malloc((size_t)cpu_umax(c->mla_heads, 1) * (c->kv_lora + c->qk_rope + 1) * sizeof(float));
-	m->mla_wuv = calloc(cpu_umax(c->mla_heads, 1), sizeof(*m->mla_wuv));
-	m->mla_jobs = calloc(cpu_umax(c->mla_heads, 1), sizeof(*m->mla_jobs));
-	m->mla_cbar = malloc((size_t)cpu_umax(c->mla_heads, 1) * (c->kv_lora + 1) * sizeof(float));
-	m->work = malloc((size_t)6 * cpu_umax(c->kda_head_dim, 1) * cpu_umax(c->kda_heads, 1) * sizeof(float));
-	m->kda_win = malloc(((size_t)3 * (c->conv_kernel - 1) * m->P + 1) * sizeof(float));
-	m->kda_S = malloc(((size_t)c->kda_heads * c->kda_head_dim * c->kda_head_dim + 1) * sizeof(float));
-	m->ey = malloc(slots * ew * sizeof(float));
-	m->ex = malloc(slots * ew * sizeof(float));
-	m->eg = malloc(slots * ew * sizeof(float));
-	m->eu = malloc(slots * ew * sizeof(float));
-	m->eslot = malloc(slots * sizeof(uint32_t));
-	m->ejobs = malloc(3 * slots * sizeof(struct k3_cpu_job));
-	m->edone = malloc(slots);
-	rc = (m->sx && m->tmp && m->tmp2 && m->work && m->kda_win && m->kda_S && m->mla_q &&
-	      m->mla_cbar && m->mla_wuv &&
-	      m->mla_jobs && m->ey && m->ex && m->eg && m->eu &&
-	      m->eslot && m->ejobs && m->edone) ? 0 : -ENOMEM;
-	for (int i = 0; i < 8; i++) {
-		m->s[i] = malloc(B * wide * sizeof(float));
-		if (!m->s[i])
-			rc = -ENOMEM;
-	}
-	if (rc) {
-		cpu_fail(st, rc, "out of memory for scratch (%zu x %u floats)", B, wide);
+	struct k3_carve k = { 0 };
+	while (k3_carve_next(&k))
+		carve_scratch(&k, m);
+	m->scratch = k.block;
+	if (!m->scratch) {
+		rc = -ENOMEM;
+		cpu_fail(st, rc, "out of memory for scratch (%u x %u floats)", m->max_batch, wide);
 		goto err;
 	}
 	*out = m;

@@ -41,6 +41,20 @@ def file_requests(srv, name):
     return [r for r in srv.requests(name) if r["path"].startswith("/repo/")]
 
 
+def requests_under(srv, prefix):
+    """Every request the server saw for a path under prefix."""
+    return [q for q in srv.requests() if q["path"].startswith(prefix)]
+
+
+def setup_redirected(env, name, location, world_kw=None, setup_env=None):
+    """Runs setup --full (with setup_env's variables) in a fresh world
+    whose server redirects every request for name to location (a format
+    of the server's port); returns (src, srv, the setup's result)."""
+    src, srv, inv, _ = world(env, **(world_kw or {}))
+    srv.set_faults({name: [{"type": "redirect", "location": location % srv.port, "repeat": True}]})
+    return src, srv, env.setup(inv, "--full", env=setup_env)
+
+
 # ---- tests ----
 
 def full_install_and_rerun(env):
@@ -168,26 +182,22 @@ def stall_retried_after_idle_timeout(env):
 
 
 def redirect_off_allow_list_refused(env):
-    src, srv, inv, _ = world(env)
-    loc = "https://localhost:%d/cdn/config.json" % srv.port
-    srv.set_faults({"config.json": [{"type": "redirect", "location": loc, "repeat": True}]})
-    r = env.setup(inv, "--full")
+    src, srv, r = setup_redirected(env, "config.json", "https://localhost:%d/cdn/config.json")
     check(r.returncode == 1 and "'localhost'" in r.stderr and "allow list" in r.stderr,
           "a redirect off the allow list is refused: %s" % r.stderr)
-    check(not [q for q in srv.requests() if q["path"].startswith("/cdn/")],
+    check(not requests_under(srv, "/cdn/"),
           "the refused host is never contacted")
     check(not os.path.exists(os.path.join(env.root, "demo", "config.json")), "nothing published")
 
 
 def redirect_allowed_token_scoped(env):
     token = "hf_scopeTEST0123"
-    src, srv, inv, _ = world(env, token=token, edit=lambda d: d.update(allow_hosts=["localhost"]))
-    loc = "https://localhost:%d/cdn/%s" % (srv.port, SHARD1)
-    srv.set_faults({SHARD1: [{"type": "redirect", "location": loc, "repeat": True}]})
-    r = env.setup(inv, "--full", env={"HF_TOKEN": token})
+    src, srv, r = setup_redirected(
+        env, SHARD1, "https://localhost:%d/cdn/" + SHARD1, setup_env={"HF_TOKEN": token},
+        world_kw=dict(token=token, edit=lambda d: d.update(allow_hosts=["localhost"])))
     check(r.returncode == 0, "an allowed redirect is followed: %s" % r.stderr)
-    repo = [q for q in srv.requests() if q["path"].startswith("/repo/")]
-    cdn = [q for q in srv.requests() if q["path"].startswith("/cdn/")]
+    repo = requests_under(srv, "/repo/")
+    cdn = requests_under(srv, "/cdn/")
     check(repo and all(q["auth"] for q in repo), "the token goes to the repository host")
     check(len(cdn) == 1 and not cdn[0]["auth"], "never to the redirect target: %s" % cdn)
     check(token not in r.stdout + r.stderr, "the token is never printed")
@@ -195,12 +205,9 @@ def redirect_allowed_token_scoped(env):
 
 
 def redirect_to_http_refused(env):
-    src, srv, inv, _ = world(env)
-    loc = "http://127.0.0.1:%d/cdn/config.json" % srv.port
-    srv.set_faults({"config.json": [{"type": "redirect", "location": loc, "repeat": True}]})
-    r = env.setup(inv, "--full")
+    src, srv, r = setup_redirected(env, "config.json", "http://127.0.0.1:%d/cdn/config.json")
     check(r.returncode == 1 and "not https://" in r.stderr, "plain HTTP is refused: %s" % r.stderr)
-    check(not [q for q in srv.requests() if q["path"].startswith("/cdn/")], "never contacted")
+    check(not requests_under(srv, "/cdn/"), "never contacted")
 
 
 def symlink_at_destination_refused(env):
@@ -310,18 +317,27 @@ def token_never_logged(env):
     assert_installed(env, src)
 
 
-def listing_completes_unknowns(env):
+def listing_edit(also):
+    """An inventory edit: the files come with a tree listing (listing_url)
+    and SHARD1's size is left to it; also(f) edits each other file."""
     def edit(d):
         d["listing_url"] = d["base_url"].replace("/repo/", "/api/tree")
         for f in d["files"]:
             if f["path"] == SHARD1:
                 f["size"] = None
-            if f["path"] == "tiktoken.model":
-                f["sha256"] = None
-    src, srv, inv, _ = world(env, edit=edit, page=2)
+            else:
+                also(f)
+    return edit
+
+
+def listing_completes_unknowns(env):
+    def unknown_sha(f):
+        if f["path"] == "tiktoken.model":
+            f["sha256"] = None
+    src, srv, inv, _ = world(env, edit=listing_edit(unknown_sha), page=2)
     r = env.setup(inv, "--full")
     check(r.returncode == 0, "setup succeeds: %s" % r.stderr)
-    pages = [q for q in srv.requests() if q["path"].startswith("/api/tree")]
+    pages = requests_under(srv, "/api/tree")
     check(len(pages) == 3, "every listing page is read (%d)" % len(pages))
     pinned = json.load(open(os.path.join(env.root, "demo", ".k3-setup", "inventory.json")))
     got = {f["path"]: f for f in pinned["files"]}
@@ -333,18 +349,14 @@ def listing_completes_unknowns(env):
 
 
 def listing_mismatch_fatal(env):
-    def edit(d):
-        d["listing_url"] = d["base_url"].replace("/repo/", "/api/tree")
-        for f in d["files"]:
-            if f["path"] == SHARD1:
-                f["size"] = None
-            if f["path"] == "model-00002-of-00002.safetensors":
-                f["size"] += 1
-    src, srv, inv, _ = world(env, edit=edit)
+    def wrong_size(f):
+        if f["path"] == "model-00002-of-00002.safetensors":
+            f["size"] += 1
+    src, srv, inv, _ = world(env, edit=listing_edit(wrong_size))
     r = env.setup(inv, "--full")
     check(r.returncode == 1 and "manifest mismatch" in r.stderr and "remote listing" in r.stderr,
           "a pinned value the listing contradicts is fatal: %s" % r.stderr)
-    check(not [q for q in srv.requests() if q["path"].startswith("/repo/")],
+    check(not requests_under(srv, "/repo/"),
           "no file is fetched")
 
 

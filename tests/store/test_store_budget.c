@@ -25,11 +25,31 @@ static void put(const char *rel, const char *text)
 	}
 }
 
+/* mkdir -p below dir: each level of rel is made (the last one must be new). */
 static void mk(const char *rel)
 {
 	char path[600];
-	snprintf(path, sizeof(path), "%s/%s", dir, rel);
+	int n = snprintf(path, sizeof(path), "%s/%s", dir, rel);
+	for (int i = (int)strlen(dir) + 1; i < n; i++)
+		if (path[i] == '/') {
+			path[i] = '\0';
+			(void)mkdir(path, 0700);
+			path[i] = '/';
+		}
 	T_EQ_INT(mkdir(path, 0700), 0);
+}
+
+static char proc[600], root[600];   /* the fake /proc/self/cgroup and cgroup root */
+
+/* The cgroup files as they are now give these limits (bytes). */
+static void expect_limits(uint64_t max_bytes, uint64_t high_bytes)
+{
+	struct k3_store_budget_cgroup cg;
+	struct k3_err err = { 0 };
+
+	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
+	T_EQ_U64(cg.max_bytes, max_bytes);
+	T_EQ_U64(cg.high_bytes, high_bytes);
 }
 
 int main(void)
@@ -64,33 +84,24 @@ int main(void)
 
 	if (!t_tempdir(dir, sizeof(dir), "k3budget"))
 		return t_skip("no temp dir");
-	char proc[600], root[600];
 	snprintf(proc, sizeof(proc), "%s/cgroup", dir);
 	snprintf(root, sizeof(root), "%s/fs", dir);
 
 	/* v2: the smallest memory.max along the path counts. */
-	mk("fs");
-	mk("fs/a");
 	mk("fs/a/b");
 	put("fs/a/memory.max", "8589934592\n");
 	put("fs/a/b/memory.max", "max\n");
 	put("cgroup", "0::/a/b\n");
-	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
-	T_EQ_U64(cg.max_bytes, 8 * GIB);
-	T_EQ_U64(cg.high_bytes, UINT64_MAX);
+	expect_limits(8 * GIB, UINT64_MAX);
 	put("fs/a/b/memory.max", "4294967296\n");
-	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
-	T_EQ_U64(cg.max_bytes, 4 * GIB);
+	expect_limits(4 * GIB, UINT64_MAX);
 	/* memory.high: its own smallest value along the path (the kernel
 	 * throttles there), reported apart from memory.max. */
 	put("fs/a/memory.high", "3221225472\n");
 	put("fs/a/b/memory.high", "max\n");
-	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
-	T_EQ_U64(cg.max_bytes, 4 * GIB);
-	T_EQ_U64(cg.high_bytes, 3 * GIB);
+	expect_limits(4 * GIB, 3 * GIB);
 	put("fs/a/b/memory.high", "1073741824\n");
-	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
-	T_EQ_U64(cg.high_bytes, GIB);
+	expect_limits(4 * GIB, GIB);
 	put("fs/a/b/memory.high", "soon\n");
 	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), -EINVAL);
 	put("fs/a/b/memory.high", "max\n");
@@ -98,17 +109,13 @@ int main(void)
 	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), -EINVAL);
 
 	/* v1: the memory controller's hierarchy; "unlimited" is no limit. */
-	mk("fs/memory");
 	mk("fs/memory/job");
 	put("fs/memory/memory.limit_in_bytes", "9223372036854771712\n");
 	put("fs/memory/job/memory.limit_in_bytes", "2147483648\n");
 	put("cgroup", "5:cpu,cpuacct:/\n4:memory:/job\n0::/\n");
-	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
-	T_EQ_U64(cg.max_bytes, 2 * GIB);
-	T_EQ_U64(cg.high_bytes, UINT64_MAX);
+	expect_limits(2 * GIB, UINT64_MAX);
 	put("cgroup", "4:memory:/gone\n");
-	T_EQ_INT(k3_store_budget_cgroup_limits(proc, root, &cg, &err), 0);
-	T_EQ_U64(cg.max_bytes, UINT64_MAX);
+	expect_limits(UINT64_MAX, UINT64_MAX);
 
 	/* No cgroup file: no limit. */
 	T_EQ_INT(k3_store_budget_cgroup_limits("/nonexistent/cgroup", root, &cg, &err), 0);

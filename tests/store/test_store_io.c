@@ -169,26 +169,38 @@ static void pool_end(struct k3_store_io *io, struct tjob *j, int n)
 		free(j[i].buf);
 }
 
-/* Demand first, then prefetch in queue order; a queued job taken back
- * never runs; counters per class. */
-static void test_order_and_cancel(void)
+/* With the pool lock held: lets go of it until n reads sit at the gate. */
+static void wait_blocked_unlocked(struct k3_store_io *io, int n)
 {
-	struct k3_store_io *io = pool(1, 0);
-	struct client c = { 0 };
-	struct tjob j[5];
-	struct k3_store_io_stats st;
+	k3_store_io_unlock(io);
+	wait_blocked(n);
+	k3_store_io_lock(io);
+}
 
-	if (!io)
-		return;
-	for (int i = 0; i < 5; i++)
-		tjob_init(&j[i], &c, "abcde"[i], i, 0);
+/* Locks the pool, holds every class and queues j[i] in the class that
+ * the letter classes[i] names (d demand, s spine, p prefetch). Returns
+ * with the lock held. */
+static void submit_held(struct k3_store_io *io, struct tjob *j, const char *classes)
+{
 	k3_store_io_lock(io);
 	k3_store_io_hold_all(io, true);
-	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
-	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_PREFETCH);
-	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_PREFETCH);
-	k3_store_io_submit(io, &j[3].job, K3_STORE_IO_DEMAND);
-	k3_store_io_submit(io, &j[4].job, K3_STORE_IO_DEMAND);
+	for (int i = 0; classes[i]; i++)
+		k3_store_io_submit(io, &j[i].job, classes[i] == 'd'   ? K3_STORE_IO_DEMAND
+						  : classes[i] == 's' ? K3_STORE_IO_SPINE
+								      : K3_STORE_IO_PREFETCH);
+}
+
+/* The body of a test on one pool: called with the pool lock not held,
+ * returns with it held (pool_end's contract). */
+typedef void pool_test(struct k3_store_io *io, struct client *c, struct tjob *j);
+
+/* Demand first, then prefetch in queue order; a queued job taken back
+ * never runs; counters per class. */
+static void test_order_and_cancel(struct k3_store_io *io, struct client *c, struct tjob *j)
+{
+	struct k3_store_io_stats st;
+
+	submit_held(io, j, "pppdd");
 	T_EQ_INT(k3_store_io_queued(&j[1].job), K3_STORE_IO_PREFETCH);
 	T_EQ_INT(k3_store_io_queued(&j[3].job), K3_STORE_IO_DEMAND);
 	T_OK(k3_store_io_first(io, K3_STORE_IO_PREFETCH) == &j[0].job);
@@ -200,11 +212,11 @@ static void test_order_and_cancel(void)
 	T_OK(k3_store_io_next(io, &j[0].job) == &j[2].job);
 	/* held: a drain does not wait for held jobs */
 	k3_store_io_drain(io);
-	T_EQ_INT(c.n_started, 0);
+	T_EQ_INT(c->n_started, 0);
 	k3_store_io_hold_all(io, false);
 	k3_store_io_drain(io);
-	T_EQ_STR(c.order, "deac");
-	T_EQ_INT(c.n_done, 4);
+	T_EQ_STR(c->order, "deac");
+	T_EQ_INT(c->n_done, 4);
 	T_OK(!j[1].done);
 	k3_store_io_stats_get(io, &st);
 	T_EQ_U64(st.jobs[K3_STORE_IO_DEMAND], 2);
@@ -215,39 +227,25 @@ static void test_order_and_cancel(void)
 	/* the bytes landed where the read said */
 	T_EQ_INT(j[3].buf[0], (uint8_t)8192);
 	T_EQ_INT(j[3].buf[4097], (uint8_t)(8192 + 4097));
-	pool_end(io, j, 5);
 }
 
 /* Two readers, prefetch capped at one: with guesses queued, one reader
  * stays free, and a demand job submitted while a guess is being read
  * starts at once instead of behind the other guesses. */
-static void test_cap(void)
+static void test_cap(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	struct k3_store_io *io = pool(2, 1);
-	struct client c = { 0 };
-	struct tjob j[4];
-
-	if (!io)
-		return;
-	for (int i = 0; i < 4; i++)
-		tjob_init(&j[i], &c, "pqrD"[i], i, 0);
 	gate(true);
 	k3_store_io_lock(io);
 	for (int i = 0; i < 3; i++)
 		k3_store_io_submit(io, &j[i].job, K3_STORE_IO_PREFETCH);
-	k3_store_io_unlock(io);
-	wait_blocked(1);
-	k3_store_io_lock(io);
-	T_EQ_INT(c.n_started, 1);                /* only one guess runs */
+	wait_blocked_unlocked(io, 1);
+	T_EQ_INT(c->n_started, 1);                /* only one guess runs */
 	k3_store_io_submit(io, &j[3].job, K3_STORE_IO_DEMAND);
-	k3_store_io_unlock(io);
-	wait_blocked(2);                         /* the free reader took the demand job */
-	k3_store_io_lock(io);
-	T_EQ_STR(c.order, "pD");
+	wait_blocked_unlocked(io, 2);   /* the free reader took the demand job */
+	T_EQ_STR(c->order, "pD");
 	open_gate_and_drain(io);
-	T_EQ_INT(c.n_done, 4);
-	T_EQ_INT(c.max_running_prefetch, 1);
-	pool_end(io, j, 4);
+	T_EQ_INT(c->n_done, 4);
+	T_EQ_INT(c->max_running_prefetch, 1);
 }
 
 /* The spine class between demand and prefetch: queued together, demand
@@ -255,42 +253,22 @@ static void test_cap(void)
  * prefetch cap at one, a guess does not start while a spine job holds the
  * other reader (the cap counts both classes), so a demand job arriving
  * then starts at once. */
-static void test_spine_class(void)
+static void test_spine_class(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	struct k3_store_io *io = pool(1, 0);
-	struct client c = { 0 };
-	struct tjob j[6];
-
-	if (!io)
-		return;
-	for (int i = 0; i < 6; i++)
-		tjob_init(&j[i], &c, "psDSdP"[i], i, 0);
-	k3_store_io_lock(io);
-	k3_store_io_hold_all(io, true);
-	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
-	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_SPINE);
-	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_DEMAND);
-	k3_store_io_submit(io, &j[3].job, K3_STORE_IO_SPINE);
-	k3_store_io_submit(io, &j[4].job, K3_STORE_IO_DEMAND);
-	k3_store_io_submit(io, &j[5].job, K3_STORE_IO_PREFETCH);
+	submit_held(io, j, "psdsdp");
 	k3_store_io_hold_all(io, false);
 	k3_store_io_drain(io);
-	T_EQ_STR(c.order, "DdsSpP");
+	T_EQ_STR(c->order, "DdsSpP");
 	struct k3_store_io_stats st;
 	k3_store_io_stats_get(io, &st);
 	T_EQ_U64(st.jobs[K3_STORE_IO_SPINE], 2);
 	T_EQ_U64(st.bytes[K3_STORE_IO_SPINE], 2 * 5 * 4096);
-	k3_store_io_unlock(io);
-	k3_store_io_free(io);
+}
 
-	io = pool(2, 1);
-	memset(&c, 0, sizeof(c));
-	for (int i = 0; i < 6; i++) {
-		free(j[i].buf);
-		tjob_init(&j[i], &c, "SpDqrs"[i], i, 0);
-	}
-	if (!io)
-		return;
+/* The second half of the spine class check (two readers, the prefetch
+ * cap at one). */
+static void test_spine_class_cap(struct k3_store_io *io, struct client *c, struct tjob *j)
+{
 	gate(true);
 	k3_store_io_lock(io);
 	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_SPINE);
@@ -299,15 +277,12 @@ static void test_spine_class(void)
 	wait_blocked(1);
 	nanosleep(&(struct timespec){ 0, 20000000 }, NULL);   /* time for a wrong start */
 	k3_store_io_lock(io);
-	T_EQ_INT(c.n_started, 1);                /* the guess waits: one reader stays free */
+	T_EQ_INT(c->n_started, 1);                /* the guess waits: one reader stays free */
 	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_DEMAND);
-	k3_store_io_unlock(io);
-	wait_blocked(2);
-	k3_store_io_lock(io);
-	T_EQ_STR(c.order, "SD");
+	wait_blocked_unlocked(io, 2);
+	T_EQ_STR(c->order, "SD");
 	open_gate_and_drain(io);
-	T_EQ_STR(c.order, "SDp");
-	pool_end(io, j, 6);
+	T_EQ_STR(c->order, "SDp");
 }
 
 /* Polls (lock held) until n jobs started: a start wakes no waiter. */
@@ -323,49 +298,41 @@ static void wait_started(struct k3_store_io *io, const struct client *c, int n)
 /* A job read in 4 KiB pieces, stopped while held between pieces: it ends
  * there (stopped, the bytes of one piece); cleared before the hold lifts,
  * it reads on. A failing check completes the job with its error. */
-static void test_stop_and_check(void)
+static void test_stop_and_check(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	struct k3_store_io *io = pool(1, 0);
-	struct client c = { 0 };
-	struct tjob j[3];
 	struct k3_store_io_stats st;
 
-	if (!io)
-		return;
-	for (int i = 0; i < 3; i++)
-		tjob_init(&j[i], &c, "xyz"[i], i, 4096);
 	k3_store_io_lock(io);
 	k3_store_io_hold_pieces(io, true);
 	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
-	wait_started(io, &c, 1);
+	wait_started(io, c, 1);
 	k3_store_io_set_stop(io, &j[0].job, true);
 	k3_store_io_hold_pieces(io, false);
 	while (!j[0].done)
 		k3_store_io_wait(io);
-	T_OK(c.stopped[0]);
-	T_EQ_INT(c.rc[0], 0);
-	T_EQ_U64(c.bytes[0], 4096);
+	T_OK(c->stopped[0]);
+	T_EQ_INT(c->rc[0], 0);
+	T_EQ_U64(c->bytes[0], 4096);
 
 	k3_store_io_hold_pieces(io, true);
 	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_PREFETCH);
-	wait_started(io, &c, 2);
+	wait_started(io, c, 2);
 	k3_store_io_set_stop(io, &j[1].job, true);
 	k3_store_io_set_stop(io, &j[1].job, false);   /* wanted after all */
 	k3_store_io_hold_pieces(io, false);
 	while (!j[1].done)
 		k3_store_io_wait(io);
-	T_OK(!c.stopped[1]);
-	T_EQ_U64(c.bytes[1], 5 * 4096);
+	T_OK(!c->stopped[1]);
+	T_EQ_U64(c->bytes[1], 5 * 4096);
 
-	c.fail_check = true;
+	c->fail_check = true;
 	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_DEMAND);
 	k3_store_io_drain(io);
-	T_EQ_INT(c.rc[2], -EBADMSG);
+	T_EQ_INT(c->rc[2], -EBADMSG);
 	k3_store_io_stats_get(io, &st);
 	T_EQ_U64(st.stopped[K3_STORE_IO_PREFETCH], 1);
 	T_EQ_U64(st.failed[K3_STORE_IO_DEMAND], 1);
 	T_EQ_U64(st.bytes[K3_STORE_IO_PREFETCH], 6 * 4096);
-	pool_end(io, j, 3);
 }
 
 /* The usual read (k3_store_io_read_source) lands a shard's bytes, with
@@ -425,18 +392,9 @@ static void sleep_ms(int ms)
 /* Two drives of one reader each: a job of drive 1 waits for drive 1's
  * reader even while drive 0's is idle, and the queues are walked drive
  * after drive. */
-static void test_drives(void)
+static void test_drives(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	struct k3_store_io *io = pool_drives(2, 1, 0);
-	struct client c = { 0 };
-	struct tjob j[3];
-
-	if (!io)
-		return;
-	for (int i = 0; i < 3; i++) {
-		tjob_init(&j[i], &c, "abc"[i], i, 0);
-		j[i].job.drive = i < 2 ? 1 : 0;
-	}
+	j[0].job.drive = j[1].job.drive = 1;
 	T_EQ_INT(k3_store_io_threads(io), 2);
 	T_EQ_INT(k3_store_io_drives(io), 2);
 	gate(true);
@@ -450,7 +408,7 @@ static void test_drives(void)
 	k3_store_io_unlock(io);
 	sleep_ms(20);   /* time for a wrong start */
 	k3_store_io_lock(io);
-	T_EQ_INT(c.n_started, 1);   /* b waits for drive 1; drive 0 has only a held guess */
+	T_EQ_INT(c->n_started, 1);   /* b waits for drive 1; drive 0 has only a held guess */
 	struct k3_store_io_drive_info di;
 	k3_store_io_drive_info_get(io, 1, &di);
 	T_EQ_INT(di.running, 1);
@@ -458,7 +416,7 @@ static void test_drives(void)
 	T_EQ_U64(di.queued_bytes, 5 * 4096);
 	k3_store_io_hold_class(io, K3_STORE_IO_PREFETCH, false);
 	open_gate_and_drain(io);
-	T_EQ_INT(c.n_done, 3);
+	T_EQ_INT(c->n_done, 3);
 	struct k3_store_io_stats st;
 	k3_store_io_stats_get(io, &st);
 	T_EQ_U64(st.drive[1].jobs[K3_STORE_IO_DEMAND], 2);
@@ -466,64 +424,49 @@ static void test_drives(void)
 	T_EQ_U64(st.drive[0].jobs[K3_STORE_IO_DEMAND], 0);
 	T_EQ_U64(st.jobs[K3_STORE_IO_DEMAND], 2);
 	T_EQ_U64(st.bytes[K3_STORE_IO_PREFETCH], 5 * 4096);
-	pool_end(io, j, 3);
 }
 
 /* A guess only in idle capacity: not while demand runs on its drive, not
  * while demand is queued on any drive; on a drive free of demand when no
  * demand waits anywhere, it starts. */
-static void test_idle_capacity(void)
+static void test_idle_capacity(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	struct k3_store_io *io = pool_drives(2, 2, 0);
-	struct client c = { 0 };
-	struct tjob j[6];
-
-	if (!io)
-		return;
-	for (int i = 0; i < 6; i++)
-		tjob_init(&j[i], &c, "DpqEFr"[i], i, 0);
 	j[2].job.drive = 1;
 	j[5].job.drive = 1;
 	gate(true);
 	k3_store_io_lock(io);
 	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_DEMAND);    /* D on drive 0 */
-	k3_store_io_unlock(io);
-	wait_blocked(1);
-	k3_store_io_lock(io);
+	wait_blocked_unlocked(io, 1);
 	k3_store_io_submit(io, &j[1].job, K3_STORE_IO_PREFETCH);  /* p on drive 0: D runs there */
 	k3_store_io_submit(io, &j[2].job, K3_STORE_IO_PREFETCH);  /* q on drive 1: idle */
 	k3_store_io_unlock(io);
 	wait_blocked(2);
 	sleep_ms(20);
 	k3_store_io_lock(io);
-	T_EQ_STR(c.order, "Dq");
+	T_EQ_STR(c->order, "Dq");
 	/* E takes drive 0's second reader, F waits for one: demand queued,
 	 * so r (drive 1, one reader free there) does not start */
 	k3_store_io_submit(io, &j[3].job, K3_STORE_IO_DEMAND);
 	k3_store_io_submit(io, &j[4].job, K3_STORE_IO_DEMAND);
-	k3_store_io_unlock(io);
-	wait_blocked(3);
-	k3_store_io_lock(io);
+	wait_blocked_unlocked(io, 3);
 	k3_store_io_submit(io, &j[5].job, K3_STORE_IO_PREFETCH);
 	k3_store_io_unlock(io);
 	sleep_ms(20);
 	k3_store_io_lock(io);
-	T_EQ_STR(c.order, "DqE");
+	T_EQ_STR(c->order, "DqE");
 	open_gate_and_drain(io);
-	T_EQ_INT(c.n_done, 6);
+	T_EQ_INT(c->n_done, 6);
 	/* F before the guesses waiting behind demand: p and r last */
-	T_OK(strchr(c.order, 'F') < strchr(c.order, 'p'));
-	T_OK(strchr(c.order, 'F') < strchr(c.order, 'r'));
-	pool_end(io, j, 6);
+	T_OK(strchr(c->order, 'F') < strchr(c->order, 'p'));
+	T_OK(strchr(c->order, 'F') < strchr(c->order, 'r'));
 }
 
-/* Sets up j[0] = p, a guess read in 4 KiB pieces, held after its first
- * piece, and j[1] = D, a demand job at the closed gate; then lifts the
- * hold. Returns with the pool lock held. */
+/* Of the jobs "pD": makes j[0] = p a guess read in 4 KiB pieces, held
+ * after its first piece, and j[1] = D a demand job at the closed gate;
+ * then lifts the hold. Returns with the pool lock held. */
 static void guess_held_demand_at_gate(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	tjob_init(&j[0], c, 'p', 0, 4096);
-	tjob_init(&j[1], c, 'D', 1, 0);
+	j[0].job.piece_bytes = 4096;
 	k3_store_io_lock(io);
 	k3_store_io_hold_pieces(io, true);
 	k3_store_io_submit(io, &j[0].job, K3_STORE_IO_PREFETCH);
@@ -538,61 +481,56 @@ static void guess_held_demand_at_gate(struct k3_store_io *io, struct client *c, 
 /* A guess read in pieces pauses before its next piece while a demand job
  * runs on its drive and resumes after it; one promoted while paused reads
  * on at once. Its bytes are exactly the whole read's. */
-static void test_pause(void)
+static void pause_case(struct k3_store_io *io, struct client *c, struct tjob *j, bool promote)
 {
-	for (int promote = 0; promote < 2; promote++) {
-		struct k3_store_io *io = pool(2, 0);
-		struct client c = { 0 };
-		struct tjob j[2];
-		struct k3_store_io_stats st;
+	struct k3_store_io_stats st;
 
-		if (!io)
-			return;
-		guess_held_demand_at_gate(io, &c, j);
-		if (promote)
-			k3_store_io_promote(io, &j[0].job);
-		k3_store_io_unlock(io);
-		if (promote) {
-			wait_blocked(2);   /* p reads on beside D */
-			k3_store_io_lock(io);
-		} else {
-			sleep_ms(30);
-			k3_store_io_lock(io);
-			T_OK(!j[0].done);  /* paused while D runs */
-			k3_store_io_stats_get(io, &st);
-			T_EQ_U64(st.drive[0].pauses, 1);
-		}
-		open_gate_and_drain(io);
-		T_EQ_INT(c.n_done, 2);
-		T_OK(!c.stopped[0]);
-		T_EQ_U64(c.bytes[0], 5 * 4096);
+	guess_held_demand_at_gate(io, c, j);
+	if (promote)
+		k3_store_io_promote(io, &j[0].job);
+	k3_store_io_unlock(io);
+	if (promote) {
+		wait_blocked(2);   /* p reads on beside D */
+		k3_store_io_lock(io);
+	} else {
+		sleep_ms(30);
+		k3_store_io_lock(io);
+		T_OK(!j[0].done);  /* paused while D runs */
 		k3_store_io_stats_get(io, &st);
-		T_EQ_U64(st.drive[0].pauses, promote ? 0 : 1);
-		pool_end(io, j, 2);
+		T_EQ_U64(st.drive[0].pauses, 1);
 	}
+	open_gate_and_drain(io);
+	T_EQ_INT(c->n_done, 2);
+	T_OK(!c->stopped[0]);
+	T_EQ_U64(c->bytes[0], 5 * 4096);
+	k3_store_io_stats_get(io, &st);
+	T_EQ_U64(st.drive[0].pauses, promote ? 0 : 1);
+}
+
+static void test_pause(struct k3_store_io *io, struct client *c, struct tjob *j)
+{
+	pause_case(io, c, j, false);
+}
+
+static void test_pause_promoted(struct k3_store_io *io, struct client *c, struct tjob *j)
+{
+	pause_case(io, c, j, true);
 }
 
 /* A paused guess whose stop flag is set ends at once (not after demand). */
-static void test_pause_stop(void)
+static void test_pause_stop(struct k3_store_io *io, struct client *c, struct tjob *j)
 {
-	struct k3_store_io *io = pool(2, 0);
-	struct client c = { 0 };
-	struct tjob j[2];
-
-	if (!io)
-		return;
-	guess_held_demand_at_gate(io, &c, j);
+	guess_held_demand_at_gate(io, c, j);
 	k3_store_io_unlock(io);
 	sleep_ms(10);
 	k3_store_io_lock(io);
 	k3_store_io_set_stop(io, &j[0].job, true);
 	while (!j[0].done)
 		k3_store_io_wait(io);
-	T_OK(c.stopped[0]);
-	T_EQ_U64(c.bytes[0], 4096);
+	T_OK(c->stopped[0]);
+	T_EQ_U64(c->bytes[0], 4096);
 	T_OK(!j[1].done);            /* D still at the gate */
 	open_gate_and_drain(io);
-	pool_end(io, j, 2);
 }
 
 static struct k3_store_read big_rd = { .file = 0, .offset = 0, .length = 1 << 20, .slot_offset = 0 };
@@ -747,6 +685,42 @@ static void test_hedge_after(void)
 	pool_end(io, j, n + 1);
 }
 
+/* The tests on one pool, each with its pool and jobs (run). */
+static const struct pool_case {
+	pool_test *test;
+	unsigned drives, threads, prefetch_cap;   /* pool_drives' */
+	const char *jobs;                         /* one job per letter, its name */
+	uint64_t piece;                           /* every job's piece bytes (0: whole) */
+} pool_tests[] = {
+	{ test_order_and_cancel, 0, 1, 0, "abcde", 0 },
+	{ test_cap, 0, 2, 1, "pqrD", 0 },
+	{ test_spine_class, 0, 1, 0, "psDSdP", 0 },
+	{ test_spine_class_cap, 0, 2, 1, "SpDqrs", 0 },
+	{ test_stop_and_check, 0, 1, 0, "xyz", 4096 },
+	{ test_drives, 2, 1, 0, "abc", 0 },
+	{ test_idle_capacity, 2, 2, 0, "DpqEFr", 0 },
+	{ test_pause, 0, 2, 0, "pD", 0 },
+	{ test_pause_promoted, 0, 2, 0, "pD", 0 },
+	{ test_pause_stop, 0, 2, 0, "pD", 0 },
+};
+
+/* Runs one test on a fresh pool with one job per letter of its jobs (at
+ * most 8), seen by one client; then ends the pool. */
+static void run(const struct pool_case *t)
+{
+	struct k3_store_io *io = pool_drives(t->drives, t->threads, t->prefetch_cap);
+	struct client c = { 0 };
+	struct tjob j[8];
+	int n = (int)strlen(t->jobs);
+
+	if (!io || n > 8)
+		return;
+	for (int i = 0; i < n; i++)
+		tjob_init(&j[i], &c, t->jobs[i], i, t->piece);
+	t->test(io, &c, j);
+	pool_end(io, j, n);
+}
+
 int main(void)
 {
 	struct k3_store_io_config bad = { .threads = K3_STORE_IO_MAX_THREADS + 1 };
@@ -755,15 +729,9 @@ int main(void)
 
 	T_EQ_INT(k3_store_io_new(&bad, &io, &err), -EINVAL);
 	T_OK(io == NULL && strstr(err.msg, "at most 16") != NULL);
-	test_order_and_cancel();
-	test_cap();
-	test_spine_class();
-	test_stop_and_check();
+	for (size_t i = 0; i < sizeof(pool_tests) / sizeof(pool_tests[0]); i++)
+		run(&pool_tests[i]);
 	test_source_read();
-	test_drives();
-	test_idle_capacity();
-	test_pause();
-	test_pause_stop();
 	test_emulated();
 	test_hedge_after();
 	return t_done();
