@@ -5,7 +5,6 @@
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 void *k3_carve_part(struct k3_carve *c, size_t n, size_t size)
 {
@@ -16,12 +15,12 @@ void *k3_carve_part(struct k3_carve *c, size_t n, size_t size)
 	/* round up to the next part's alignment; a part of 0 bytes still
 	 * takes one aligned place so it is distinct and non-NULL */
 	size_t step = bytes ? (bytes + K3_CARVE_ALIGN - 1) / K3_CARVE_ALIGN * K3_CARVE_ALIGN : K3_CARVE_ALIGN;
-	if ((size && n > SIZE_MAX / size) || bytes > SIZE_MAX - K3_CARVE_ALIGN || step > SIZE_MAX - at - 1) {
+	if ((size && n > SIZE_MAX / size) || bytes > SIZE_MAX - K3_CARVE_ALIGN || step > SIZE_MAX - K3_CARVE_ALIGN - at) {
 		c->used = SIZE_MAX;
 		return NULL;
 	}
 	c->used = at + step;
-	return c->block ? (unsigned char *)c->block + at : NULL;
+	return c->block ? c->base + at : NULL;
 }
 
 bool k3_carve_next(struct k3_carve *c)
@@ -30,11 +29,14 @@ bool k3_carve_next(struct k3_carve *c)
 		return true;
 	if (c->pass > 2 || c->used == SIZE_MAX)
 		return false;
-	size_t bytes = c->used ? c->used : K3_CARVE_ALIGN;
-	c->block = aligned_alloc(K3_CARVE_ALIGN, bytes);
+	/* room to round the start up to the alignment; used is a multiple
+	 * of it and at most SIZE_MAX - K3_CARVE_ALIGN (k3_carve_part) */
+	size_t bytes = (c->used ? c->used : K3_CARVE_ALIGN) + K3_CARVE_ALIGN - 1;
+	c->block = calloc(1, bytes);
 	if (!c->block)
 		return false;
-	memset(c->block, 0, bytes);
+	uintptr_t at = (uintptr_t)c->block;
+	c->base = (unsigned char *)c->block + ((K3_CARVE_ALIGN - at % K3_CARVE_ALIGN) % K3_CARVE_ALIGN);
 	c->used = 0;
 	return true;
 }

@@ -15,10 +15,12 @@
  *   }
  *   x->block = k.block;     NULL: out of memory; free(x->block) frees all
  *
- * Each part starts at a multiple of K3_CARVE_ALIGN bytes from the block,
- * which is allocated at that alignment, so a part is at least as aligned
- * as its own malloc would have been. Arrays that grow later (realloc) do
- * not belong in a block.
+ * Each part starts at a K3_CARVE_ALIGN-byte boundary, so a part is at
+ * least as aligned as its own malloc would have been and no two parts share
+ * a cache line. The block comes from calloc, not malloc + memset: a large
+ * block is fresh zero pages, and a part the caller never touches (a long
+ * prefill chunk's rows on a short prompt) costs no resident memory. Arrays
+ * that grow later (realloc) do not belong in a block.
  */
 #ifndef K3_BASE_CARVE_H
 #define K3_BASE_CARVE_H
@@ -30,6 +32,7 @@ enum { K3_CARVE_ALIGN = 64 };   /* a cache line: no two parts share one */
 
 struct k3_carve {
 	void *block;     /* NULL while measuring; the caller owns it (free()) */
+	unsigned char *base;  /* block rounded up to K3_CARVE_ALIGN: parts start here */
 	size_t used;     /* bytes handed out (or measured) so far; SIZE_MAX on overflow */
 	int pass;        /* passes begun (k3_carve_next) */
 };

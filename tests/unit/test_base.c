@@ -1,5 +1,5 @@
 /* test_base.c - base/: strict number and size parsing, error messages, growing
- * arrays, whole-file reads, path joining and systemd socket activation,
+ * arrays, carved blocks, whole-file reads, path joining and systemd socket activation,
  * linked without the core. */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/array.h"
+#include "base/carve.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "base/parse.h"
@@ -137,6 +138,57 @@ static void test_array_reserve(void)
 	T_EQ_INT(k3_array_reserve(&v, &cap, SIZE_MAX / 2, sizeof(*v), 8), -ENOMEM);
 	T_OK(v == was && cap == 128 && v[7] == 77);
 	free(v);
+}
+
+/* Carving: the measuring pass hands out NULLs, the second pass aligned,
+ * zeroed, disjoint parts in order; sizes that overflow end the loop with no
+ * block and every part NULL (out of memory takes the same path). */
+static void test_carve(void)
+{
+	double *a = (double *)1;
+	uint8_t *b = (uint8_t *)1, *z = (uint8_t *)1;
+	uint32_t *c = (uint32_t *)1;
+	struct k3_carve k = { 0 };
+	int passes = 0;
+	while (k3_carve_next(&k)) {
+		passes++;
+		K3_CARVE(&k, a, 3);
+		K3_CARVE(&k, b, 65);
+		K3_CARVE(&k, z, 0);
+		K3_CARVE(&k, c, 1000);
+		if (passes == 1)
+			T_OK(!a && !b && !z && !c && !k.block);
+	}
+	T_EQ_INT(passes, 2);
+	T_OK(k.block != NULL);
+	/* each part on its own 64-byte boundary, in order, none overlapping */
+	T_EQ_U64((uintptr_t)a % K3_CARVE_ALIGN, 0);
+	T_EQ_U64((uintptr_t)b - (uintptr_t)a, 64);      /* 24 bytes round to 64 */
+	T_EQ_U64((uintptr_t)z - (uintptr_t)b, 128);     /* 65 bytes round to 128 */
+	T_EQ_U64((uintptr_t)c - (uintptr_t)z, 64);      /* an empty part still has a place */
+	T_EQ_U64(k.used, 64 + 128 + 64 + 4032);
+	int zero = 1;
+	for (int i = 0; i < 3; i++)
+		zero &= a[i] == 0.0;
+	for (int i = 0; i < 65; i++)
+		zero &= b[i] == 0;
+	for (int i = 0; i < 1000; i++)
+		zero &= c[i] == 0;
+	T_OK(zero);
+	c[999] = 7;     /* the last element is inside the block (ASan checks) */
+	free(k.block);
+
+	/* sizes that overflow: no block, the loop never reaches a second pass */
+	struct k3_carve o = { 0 };
+	passes = 0;
+	while (k3_carve_next(&o)) {
+		passes++;
+		K3_CARVE(&o, a, SIZE_MAX / 4);
+		K3_CARVE(&o, b, 1);
+	}
+	T_EQ_INT(passes, 1);
+	T_OK(!o.block && !a && !b);
+
 }
 
 static void test_path_join(void)
@@ -328,6 +380,7 @@ int main(void)
 	test_parse_size();
 	test_err();
 	test_array_reserve();
+	test_carve();
 	test_path_join();
 	test_file_read();
 	test_sockact();
