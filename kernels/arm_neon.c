@@ -350,12 +350,4 @@ static void neon_kda_step(size_t dk, size_t dv, float *S, const float *q,
 	}
 }
 
-const struct k3_kern_ops k3_kern_ops_neon = {
-	.isa = K3_KERN_ISA_NEON,
-	.matmul_rows = neon_matmul_rows,
-	.matmul_t_cols = neon_matmul_t_cols,
-	.dot = neon_dot,
-	.sumsq = neon_sumsq,
-	.axpy = neon_axpy,
-	.kda_step = neon_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_neon = { K3_KERN_OPS_INIT(K3_KERN_ISA_NEON, neon) };

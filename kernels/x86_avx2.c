@@ -357,7 +357,7 @@ INLINE void rows_mxfp4_pair(size_t nr, size_t nt, size_t cols,
 /* T = 1 over rows [r, r1): the row loop sits next to the inline kernel so
  * a short row (K3's smallest MXFP4 rows are 1536 bytes, a demo model's
  * 256) pays only two pointer increments between rows, not the block
- * dispatch of avx2_matmul_rows. Same row kernel, same bits. */
+ * dispatch of x86_matmul_rows. Same row kernel, same bits. */
 static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales,
 	size_t r, size_t r1, const float *xp, float *out)
 {
@@ -372,19 +372,11 @@ static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales
 /* Block shapes (K3_KERN_BLOCK): T = 1 takes 4 rows at once (independent FMA chains hide
  * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
  * once per 4 tokens). Both call the same row kernel, so results match. */
-/* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
- * up to 4, so a group's permuted x is made once per tile and reused by the
- * tile's rows. Loop order never changes an element's arithmetic. */
-enum { ROW_TILE = 256 };
-/* Dense rows of at most this many bytes are taken one row per call at
- * T = 1 (one linear stream, the next row prefetched) instead of four
- * interleaved: measured on Zen 3 with bench_gemv --shape, 1 and 2 threads,
- * BF16 1024x1024 / 8192x1024 / 1024x512 went from 60-66 % to 78-91 % of
- * the memory bandwidth, while rows of 4 KiB and more (every K3 matrix)
- * stay faster four at a time (84-113 % vs 67-80 %). */
-enum { DENSE_SHORT_ROW = 2048 };
+/* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
+#define X86_ROWS_HAVE_PAIR
+#include "x86_rows.h"
 
-static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
+static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {
 	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
@@ -430,68 +422,11 @@ static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 				t += nt;
 				continue;
 			}
-			for (size_t r = tile; r < tile_end; ) {
-				/* one token: nr1 rows at once; more: 1 row x nt tokens */
-				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
-				float *out = y + t * ldy + (r - r0);
-
-				if (w->dtype == K3_KERN_DT_MXFP4) {
-					const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++) {
-						pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
-						sr[i] = w->scales + (r + i) * (cols / 32);
-					}
-					if (pair) {
-						K3_KERN_BLOCK(rows_mxfp4_pair, nr, nt, cols, pr, sr, xt, out, ldy);
-					} else if (perm) {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, true);
-					} else {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
-					}
-				} else if (w->dtype == K3_KERN_DT_BF16) {
-					const uint16_t *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				} else {
-					const float *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const float *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				}
-				r += nr;
-			}
+			x86_rows_walk(w, r0, tile, tile_end, nr1, nt, xt, y + t * ldy,
+				ldy, perm, pair);
 			t += nt;
 		}
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* Vector ops                                                          */
-
-static float avx2_dot(size_t n, const float *a, const float *b)
-{
-	const float *wr[1] = { a }, *xt[1] = { b };
-	float out;
-
-	rows_f32(1, 1, n, wr, xt, &out, 1, 0);
-	return out;
-}
-
-static float avx2_sumsq(size_t n, const float *x)
-{
-	return avx2_dot(n, x, x);
-}
-
-const struct k3_kern_ops k3_kern_ops_avx2 = {
-	.isa = K3_KERN_ISA_AVX2,
-	.matmul_rows = avx2_matmul_rows,
-	.matmul_t_cols = x86_matmul_t_cols,
-	.dot = avx2_dot,
-	.sumsq = avx2_sumsq,
-	.axpy = x86_axpy,
-	.kda_step = x86_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_avx2 = { K3_KERN_OPS_INIT(K3_KERN_ISA_AVX2, x86) };

@@ -289,16 +289,10 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
  * results match. */
 /* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
 enum { MX_ROWS = 1 };
-/* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
- * up to 4, so a group's permuted x is made once per tile and reused by the
- * tile's rows. Loop order never changes an element's arithmetic. */
-enum { ROW_TILE = 256 };
-/* Dense rows of at most this many bytes go one row per call at T = 1 (one
- * stream, the next row prefetched); longer ones four at a time. The AVX2
- * measurement (x86_avx2.c) carried over. */
-enum { DENSE_SHORT_ROW = 2048 };
+/* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
+#include "x86_rows.h"
 
-static void avx512_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
+static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {
 	const size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
@@ -334,66 +328,11 @@ static void avx512_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1
 					xt[k] = xperm + k * padded;
 				}
 			}
-			for (size_t r = tile; r < tile_end; ) {
-				/* one token: nr1 rows at once; more: 1 row x nt tokens */
-				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
-				float *out = y + t * ldy + (r - r0);
-
-				if (mx) {
-					const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++) {
-						pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
-						sr[i] = w->scales + (r + i) * (cols / 32);
-					}
-					if (perm) {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, true);
-					} else {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
-					}
-				} else if (w->dtype == K3_KERN_DT_BF16) {
-					const uint16_t *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				} else {
-					const float *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const float *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				}
-				r += nr;
-			}
+			x86_rows_walk(w, r0, tile, tile_end, nr1, nt, xt, y + t * ldy,
+				ldy, perm, false);
 			t += nt;
 		}
 	}
 }
 
-/* ------------------------------------------------------------------ */
-/* Vector ops                                                          */
-
-static float avx512_dot(size_t n, const float *a, const float *b)
-{
-	const float *wr[1] = { a }, *xt[1] = { b };
-	float out;
-
-	rows_f32(1, 1, n, wr, xt, &out, 1, 0);
-	return out;
-}
-
-static float avx512_sumsq(size_t n, const float *x)
-{
-	return avx512_dot(n, x, x);
-}
-
-const struct k3_kern_ops k3_kern_ops_avx512 = {
-	.isa = K3_KERN_ISA_AVX512,
-	.matmul_rows = avx512_matmul_rows,
-	.matmul_t_cols = x86_matmul_t_cols,
-	.dot = avx512_dot,
-	.sumsq = avx512_sumsq,
-	.axpy = x86_axpy,
-	.kda_step = x86_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_avx512 = { K3_KERN_OPS_INIT(K3_KERN_ISA_AVX512, x86) };
