@@ -1,7 +1,9 @@
 /*
  * x86_rows.h - internal: the parts of the AVX2 and AVX-512 row drivers that
- * do not depend on the lane width: the walk over a tile's rows that picks
- * each block's row kernel, and dot/sumsq as a 1 x 1 block of rows_f32.
+ * do not depend on the lane width: the walk over row tiles and token
+ * groups, the walk over a tile's rows that picks each block's row kernel,
+ * and dot/sumsq as a 1 x 1 block of rows_f32. Each ISA file only chooses
+ * the blocking (struct x86_walk).
  *
  * Included by x86_avx2.c and x86_avx512.c after their row kernels, which
  * it calls by name (each file's own, compiled with its -m flags):
@@ -83,6 +85,65 @@ static inline __attribute__((always_inline)) void x86_rows_walk(
 			K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
 		}
 		r += nr;
+	}
+}
+
+/* How an ISA's driver walks its product (x86_matmul_walk). */
+struct x86_walk {
+	size_t nr1;      /* rows per kernel call at T = 1 */
+	size_t max_nt;   /* tokens per group, 1..4 */
+	/* NULL: the kernels read x rows as they are; else each token of a
+	 * group is permuted into slot k of xperm (perm_stride floats apart)
+	 * once per group and reused by every tile */
+	void (*perm)(size_t cols, const float *x, float *xp);
+	float *xperm;
+	size_t perm_stride;
+	bool pair;       /* AVX2's pair-of-groups MXFP4 kernels */
+};
+
+/*
+ * matmul_rows (kern_ops.h) over row tiles of ROW_TILE and token groups of
+ * up to wk->max_nt: a group's x is permuted once (perm_tok remembers which
+ * token a slot holds) and every tile's rows are walked with it. With
+ * X86_ROWS_HAVE_PAIR, a single token on the pair path goes to the
+ * includer's mx64_rows_t1 (when MX64_ROWS is 1) instead of the block walk.
+ */
+static inline __attribute__((always_inline)) void x86_matmul_walk(
+	const struct k3_kern_mat *w, size_t r0, size_t r1, size_t T,
+	const float *x, size_t ldx, float *y, size_t ldy,
+	const struct x86_walk *wk)
+{
+	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
+
+	for (size_t tile = r0; tile < r1; tile += ROW_TILE) {
+		size_t tile_end = r1 - tile > ROW_TILE ? tile + ROW_TILE : r1;
+
+		for (size_t t = 0; t < T; ) {
+			size_t nt = T - t >= wk->max_nt ? wk->max_nt : T - t;
+			const float *xt[4] = { 0 };
+
+			for (size_t k = 0; k < nt; k++) {
+				xt[k] = x + (t + k) * ldx;
+				if (wk->perm) {
+					if (perm_tok[k] != t + k) {
+						wk->perm(w->cols, xt[k], wk->xperm + k * wk->perm_stride);
+						perm_tok[k] = t + k;
+					}
+					xt[k] = wk->xperm + k * wk->perm_stride;
+				}
+			}
+#if defined(X86_ROWS_HAVE_PAIR)
+			if (wk->pair && nt == 1 && MX64_ROWS == 1) {
+				mx64_rows_t1(w->cols, w->data, w->scales, tile, tile_end, xt[0],
+					y + t * ldy + (tile - r0));
+				t += nt;
+				continue;
+			}
+#endif
+			x86_rows_walk(w, r0, tile, tile_end, wk->nr1, nt, xt, y + t * ldy,
+				ldy, wk->perm != NULL, wk->pair);
+			t += nt;
+		}
 	}
 }
 
