@@ -13,6 +13,10 @@
  *   KC_PREFIX                  the functions are KC_PREFIX_matmul_t_cols,
  *                              KC_PREFIX_axpy, KC_PREFIX_kda_step
  *
+ * (so x86_matmul_t_cols, x86_axpy, x86_kda_step of x86_chain.h and
+ * neon_matmul_t_cols, neon_axpy, neon_kda_step of arm_neon.c are defined
+ * below).
+ *
  * The lane width never changes an element's bits (a fused multiply-add
  * rounds once, like the fmaf of the tails, and an element's chain does not
  * depend on its neighbours), so every ISA that includes this file gives
