@@ -325,6 +325,15 @@ static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales
 /* Block shapes (K3_KERN_BLOCK): T = 1 takes 4 rows at once (independent FMA chains hide
  * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
  * once per 4 tokens). Both call the same row kernel, so results match. */
+/* x permuted for the pair or the column-order MXFP4 kernels. */
+INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
+{
+	if (pair)
+		perm64_x(cols, x, xp);
+	else
+		perm_x(cols, x, xp);
+}
+
 /* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
 #define X86_ROWS_HAVE_PAIR
 #include "x86_rows.h"
@@ -346,7 +355,7 @@ static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 		.nr1 = pair ? MX64_ROWS : w->dtype == K3_KERN_DT_MXFP4 ? 4 :
 			ld * elem <= DENSE_SHORT_ROW ? 1 : 4,
 		.max_nt = perm ? slots : 4,
-		.perm = !perm ? NULL : pair ? perm64_x : perm_x,
+		.perm = perm,
 		.xperm = xperm,
 		.perm_stride = cols,
 		.pair = pair,

@@ -232,6 +232,13 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
  * results match. */
 /* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
 enum { MX_ROWS = 1 };
+/* x permuted for the MXFP4 kernels (one layout here). */
+INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
+{
+	(void)pair;
+	perm_x(cols, x, xp);
+}
+
 /* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
 #include "x86_rows.h"
 
@@ -253,7 +260,7 @@ static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	const struct x86_walk wk = {
 		.nr1 = mx ? MX_ROWS : ld * elem <= DENSE_SHORT_ROW ? 1 : 4,
 		.max_nt = perm ? slots : 4,
-		.perm = perm ? perm_x : NULL,
+		.perm = perm,
 		.xperm = xperm,
 		.perm_stride = padded,
 		.pair = false,

@@ -10,7 +10,8 @@
  *   rows_f32, rows_bf16 (nr, nt, cols, wr, xt, out, ldo, prefetch step)
  *   rows_mxfp4 (nr, nt, cols, pr, sr, xt, out, ldo, permuted x)
  *   rows_mxfp4_pair (nr, nt, cols, pr, sr, xt, out, ldo), only where the
- *   includer defines X86_ROWS_HAVE_PAIR (AVX2).
+ *   includer defines X86_ROWS_HAVE_PAIR (AVX2)
+ *   x86_perm (pair, cols, x, xp): x permuted for the MXFP4 kernels.
  * Which kernel a block goes to depends on the matrix alone, never on the
  * rows or tokens in the block, so batch invariance holds as in each file.
  */
@@ -49,13 +50,14 @@ static inline __attribute__((always_inline)) void x86_rows_walk(
 	bool perm, bool pair)
 {
 	const size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
+	const enum k3_kern_dtype dt = w->dtype;
 
 	while (r < r_end) {
 		/* one token: nr1 rows at once; more: 1 row x nt tokens */
 		size_t nr = (nt == 1 && r + nr1 <= r_end) ? nr1 : 1;
 		float *out = y_t + (r - r0);
 
-		if (w->dtype == K3_KERN_DT_MXFP4) {
+		if (dt == K3_KERN_DT_MXFP4) {
 			const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
 
 			for (size_t i = 0; i < nr; i++) {
@@ -71,7 +73,7 @@ static inline __attribute__((always_inline)) void x86_rows_walk(
 			} else {
 				K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
 			}
-		} else if (w->dtype == K3_KERN_DT_BF16) {
+		} else if (dt == K3_KERN_DT_BF16) {
 			const uint16_t *wr[4] = { 0 };
 
 			for (size_t i = 0; i < nr; i++)
@@ -92,10 +94,10 @@ static inline __attribute__((always_inline)) void x86_rows_walk(
 struct x86_walk {
 	size_t nr1;      /* rows per kernel call at T = 1 */
 	size_t max_nt;   /* tokens per group, 1..4 */
-	/* NULL: the kernels read x rows as they are; else each token of a
-	 * group is permuted into slot k of xperm (perm_stride floats apart)
-	 * once per group and reused by every tile */
-	void (*perm)(size_t cols, const float *x, float *xp);
+	/* false: the kernels read x rows as they are; true: each token of a
+	 * group is permuted (x86_perm) into slot k of xperm, perm_stride
+	 * floats apart, once per group and reused by every tile */
+	bool perm;
 	float *xperm;
 	size_t perm_stride;
 	bool pair;       /* AVX2's pair-of-groups MXFP4 kernels */
@@ -126,7 +128,8 @@ static inline __attribute__((always_inline)) void x86_matmul_walk(
 				xt[k] = x + (t + k) * ldx;
 				if (wk->perm) {
 					if (perm_tok[k] != t + k) {
-						wk->perm(w->cols, xt[k], wk->xperm + k * wk->perm_stride);
+						x86_perm(wk->pair, w->cols, xt[k],
+							wk->xperm + k * wk->perm_stride);
 						perm_tok[k] = t + k;
 					}
 					xt[k] = wk->xperm + k * wk->perm_stride;
@@ -141,7 +144,7 @@ static inline __attribute__((always_inline)) void x86_matmul_walk(
 			}
 #endif
 			x86_rows_walk(w, r0, tile, tile_end, wk->nr1, nt, xt, y + t * ldy,
-				ldy, wk->perm != NULL, wk->pair);
+				ldy, wk->perm, wk->pair);
 			t += nt;
 		}
 	}
