@@ -322,9 +322,6 @@ static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales
 
 /* ------------------------------------------------------------------ */
 
-/* Block shapes (K3_KERN_BLOCK): T = 1 takes 4 rows at once (independent FMA chains hide
- * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
- * once per 4 tokens). Both call the same row kernel, so results match. */
 /* x permuted for the pair or the column-order MXFP4 kernels. */
 INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
 {
@@ -338,6 +335,9 @@ INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
 #define X86_ROWS_HAVE_PAIR
 #include "x86_rows.h"
 
+/* Block shapes (K3_KERN_BLOCK): T = 1 takes 4 rows at once (independent FMA chains hide
+ * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
+ * once per 4 tokens). Both call the same row kernel, so results match. */
 static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {

@@ -226,12 +226,6 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 
 /* ------------------------------------------------------------------ */
 
-/* Block shapes (K3_KERN_BLOCK): T = 1 takes NR rows at once (dense rows: 4, see
- * DENSE_SHORT_ROW; MXFP4: MX_ROWS); T > 1 takes 1 row x up to 4 tokens
- * (weights decoded once per 4 tokens). All call the same row kernel, so
- * results match. */
-/* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
-enum { MX_ROWS = 1 };
 /* x permuted for the MXFP4 kernels (one layout here). */
 INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
 {
@@ -241,6 +235,14 @@ INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
 
 /* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
 #include "x86_rows.h"
+
+/* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
+enum { MX_ROWS = 1 };
+
+/* Block shapes (K3_KERN_BLOCK): T = 1 takes NR rows at once (dense rows: 4, see
+ * DENSE_SHORT_ROW; MXFP4: MX_ROWS); T > 1 takes 1 row x up to 4 tokens
+ * (weights decoded once per 4 tokens). All call the same row kernel, so
+ * results match. */
 
 static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
