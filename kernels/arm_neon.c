@@ -234,54 +234,19 @@ static void neon_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	}
 }
 
-static float bf16_f32(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	__builtin_memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-static void neon_matmul_t_cols(const struct k3_kern_mat *w, size_t c0,
-	size_t c1, size_t T, const float *x, size_t ldx, float *y, size_t ldy)
-{
-	size_t ld = w->ld ? w->ld : w->cols;
-	bool bf = w->dtype == K3_KERN_DT_BF16;
-
-	for (size_t t = 0; t < T; t++) {
-		const float *xt = x + t * ldx;
-		float *yt = y + t * ldy;
-		size_t c = c0;
-
-		for (; c + 16 <= c1; c += 16) {
-			float32x4_t a[4] = { vdupq_n_f32(0), vdupq_n_f32(0),
-				vdupq_n_f32(0), vdupq_n_f32(0) };
-
-			for (size_t r = 0; r < w->rows; r++) {
-				for (int k = 0; k < 4; k++) {
-					float32x4_t wv = bf ? load_bf16x4((const uint16_t *)w->data + r * ld + c + 4 * k)
-						: vld1q_f32((const float *)w->data + r * ld + c + 4 * k);
-
-					a[k] = vfmaq_n_f32(a[k], wv, xt[r]);
-				}
-			}
-			for (int k = 0; k < 4; k++)
-				vst1q_f32(yt + c + 4 * k, a[k]);
-		}
-		for (; c < c1; c++) {
-			float acc = 0.0f;
-
-			for (size_t r = 0; r < w->rows; r++) {
-				float wv = bf ? bf16_f32(((const uint16_t *)w->data)[r * ld + c])
-					: ((const float *)w->data)[r * ld + c];
-
-				acc = __builtin_fmaf(wv, xt[r], acc);
-			}
-			yt[c] = acc;
-		}
-	}
-}
+/* The FMA-chain ops (transposed product, axpy, KDA step) of kern_chain.h
+ * at 4 lanes: the same bits as the x86 tables' 8. */
+typedef float32x4_t kc_t;
+enum { KC_LANES = 4 };
+#define kc_zero() vdupq_n_f32(0)
+#define kc_set1(s) vdupq_n_f32(s)
+#define kc_load(p) vld1q_f32(p)
+#define kc_store(p, v) vst1q_f32((p), (v))
+#define kc_load_bf16(p) load_bf16x4(p)
+#define kc_mul(a, b) vmulq_f32((a), (b))
+#define kc_fma(a, b, c) vfmaq_f32((c), (a), (b))
+#define KC_PREFIX neon
+#include "kern_chain.h"
 
 static float neon_dot(size_t n, const float *a, const float *b)
 {
@@ -297,65 +262,4 @@ static float neon_sumsq(size_t n, const float *x)
 	return neon_dot(n, x, x);
 }
 
-static void neon_axpy(size_t n, float a, const float *x, float *y)
-{
-	size_t i = 0;
-
-	for (; i + 4 <= n; i += 4)
-		vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
-	for (; i < n; i++)
-		y[i] = __builtin_fmaf(a, x[i], y[i]);
-}
-
-static void neon_kda_step(size_t dk, size_t dv, float *S, const float *q,
-	const float *k, const float *v, const float *alpha, float beta,
-	float *o, float *scratch)
-{
-	float *pred = scratch, *u = scratch + dv;
-	size_t j;
-
-	for (j = 0; j < dv; j++)
-		pred[j] = 0.0f;
-	for (size_t i = 0; i < dk; i++) {
-		float *Si = S + i * dv;
-
-		for (j = 0; j + 4 <= dv; j += 4) {
-			float32x4_t s = vmulq_n_f32(vld1q_f32(Si + j), alpha[i]);
-
-			vst1q_f32(Si + j, s);
-			vst1q_f32(pred + j, vfmaq_n_f32(vld1q_f32(pred + j), s, k[i]));
-		}
-		for (; j < dv; j++) {
-			Si[j] *= alpha[i];
-			pred[j] = __builtin_fmaf(k[i], Si[j], pred[j]);
-		}
-	}
-	for (j = 0; j < dv; j++) {
-		u[j] = beta * (v[j] - pred[j]);
-		o[j] = 0.0f;
-	}
-	for (size_t i = 0; i < dk; i++) {
-		float *Si = S + i * dv;
-
-		for (j = 0; j + 4 <= dv; j += 4) {
-			float32x4_t s = vfmaq_n_f32(vld1q_f32(Si + j), vld1q_f32(u + j), k[i]);
-
-			vst1q_f32(Si + j, s);
-			vst1q_f32(o + j, vfmaq_n_f32(vld1q_f32(o + j), s, q[i]));
-		}
-		for (; j < dv; j++) {
-			Si[j] = __builtin_fmaf(k[i], u[j], Si[j]);
-			o[j] = __builtin_fmaf(q[i], Si[j], o[j]);
-		}
-	}
-}
-
-const struct k3_kern_ops k3_kern_ops_neon = {
-	.isa = K3_KERN_ISA_NEON,
-	.matmul_rows = neon_matmul_rows,
-	.matmul_t_cols = neon_matmul_t_cols,
-	.dot = neon_dot,
-	.sumsq = neon_sumsq,
-	.axpy = neon_axpy,
-	.kda_step = neon_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_neon = { K3_KERN_OPS_INIT(K3_KERN_ISA_NEON, neon) };

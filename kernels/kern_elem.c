@@ -159,15 +159,7 @@ static void ref_kda_decay(size_t n, const float *f, const float *dt_bias,
 		alpha[i] = expf(lower_bound * sigmoid1(A * (f[i] + dt_bias[i])));
 }
 
-const struct k3_kern_elem_ops k3_kern_elem_ref = {
-	.isa = K3_KERN_ISA_REF,
-	.exp_shift = ref_exp_shift,
-	.sigmoid = ref_sigmoid,
-	.silu = ref_silu,
-	.tanh = ref_tanh,
-	.situ_glu = ref_situ_glu,
-	.kda_decay = ref_kda_decay,
-};
+const struct k3_kern_elem_ops k3_kern_elem_ref = { K3_KERN_ELEM_INIT(K3_KERN_ISA_REF, ref) };
 
 void k3_kern_sigmoid(size_t n, const float *x, float *y)
 {

@@ -21,20 +21,38 @@
  *
  * matmul_t_cols: y[t * ldy + c] = sum_{r < rows} W[r][c] x[t * ldx + r]
  * for c in [c0, c1): r ascending, each element independent of c0, c1, T.
+ *
+ * The slots are listed once here: X(P, slot, return type, parameters). The struct is made from this list and every ISA table
+ * from K3_KERN_OPS_INIT, so a slot added here is a compile error in any
+ * ISA file that lacks its P_slot function, never a NULL entry.
  */
+#define K3_KERN_OPS_SLOTS(X, P)                                               \
+	X(P, matmul_rows, void, (const struct k3_kern_mat *w, size_t r0,          \
+		size_t r1, size_t T, const float *x, size_t ldx, float *y,            \
+		size_t ldy))                                                          \
+	X(P, matmul_t_cols, void, (const struct k3_kern_mat *w, size_t c0,        \
+		size_t c1, size_t T, const float *x, size_t ldx, float *y,            \
+		size_t ldy))                                                          \
+	X(P, dot, float, (size_t n, const float *a, const float *b))              \
+	X(P, sumsq, float, (size_t n, const float *x))                            \
+	X(P, axpy, void, (size_t n, float a, const float *x, float *y))           \
+	X(P, kda_step, void, (size_t dk, size_t dv, float *S, const float *q,     \
+		const float *k, const float *v, const float *alpha, float beta,       \
+		float *o, float *scratch))
+
+/* A struct field, and a designated initializer naming function P_slot
+ * (used by both slot lists). */
+#define K3_KERN_SLOT_FIELD_(P, slot, ret, params) ret (*slot) params;
+#define K3_KERN_SLOT_INIT_(P, slot, ret, params) .slot = P##_##slot,
+
 struct k3_kern_ops {
 	enum k3_kern_isa isa;
-	void (*matmul_rows)(const struct k3_kern_mat *w, size_t r0, size_t r1,
-		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
-	void (*matmul_t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
-		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
-	float (*dot)(size_t n, const float *a, const float *b);
-	float (*sumsq)(size_t n, const float *x);
-	void (*axpy)(size_t n, float a, const float *x, float *y);
-	void (*kda_step)(size_t dk, size_t dv, float *S, const float *q,
-		const float *k, const float *v, const float *alpha, float beta,
-		float *o, float *scratch);
+	K3_KERN_OPS_SLOTS(K3_KERN_SLOT_FIELD_, _)
 };
+
+/* The table of an ISA whose functions are named P_matmul_rows, P_dot, ... */
+#define K3_KERN_OPS_INIT(ISA, P)                                              \
+	K3_KERN_OPS_SLOTS(K3_KERN_SLOT_INIT_, P) .isa = (ISA)
 
 /*
  * The block shapes of the ISA row kernels: FN(NR, NT, ...) with NR rows x
@@ -83,19 +101,27 @@ extern const struct k3_kern_ops k3_kern_ops_neon;
  * x86_avx2_elem.c, within the ulp bounds of docs/kernels.md. AVX-512 uses
  * the AVX2 table; NEON the ref table.
  */
+#define K3_KERN_ELEM_SLOTS(X, P)                                              \
+	X(P, exp_shift, void, (size_t n, const float *x, float shift, float *y))  \
+	X(P, sigmoid, void, (size_t n, const float *x, float *y))                 \
+	X(P, silu, void, (size_t n, const float *x, float *y))                    \
+	X(P, tanh, void, (size_t n, const float *x, float *y))                    \
+	X(P, situ_glu, void, (size_t n, const float *g, const float *u,           \
+		float beta1, float beta2, float *act))                                \
+	X(P, kda_decay, void, (size_t n, const float *f, const float *dt_bias,    \
+		float A, float lower_bound, float *alpha))
+
 struct k3_kern_elem_ops {
 	enum k3_kern_isa isa;
-	void (*exp_shift)(size_t n, const float *x, float shift, float *y);
-	void (*sigmoid)(size_t n, const float *x, float *y);
-	void (*silu)(size_t n, const float *x, float *y);
-	void (*tanh)(size_t n, const float *x, float *y);
-	void (*situ_glu)(size_t n, const float *g, const float *u, float beta1,
-		float beta2, float *act);
-	void (*kda_decay)(size_t n, const float *f, const float *dt_bias, float A,
-		float lower_bound, float *alpha);
+	K3_KERN_ELEM_SLOTS(K3_KERN_SLOT_FIELD_, _)
 	void (*matmul_t_cols)(const struct k3_kern_mat *w, size_t c0, size_t c1,
 		size_t T, const float *x, size_t ldx, float *y, size_t ldy);
 };
+
+/* The six elementwise slots of an ISA's table (functions P_exp_shift, ...);
+ * matmul_t_cols, optional, is written beside it where an ISA has one. */
+#define K3_KERN_ELEM_INIT(ISA, P)                                             \
+	K3_KERN_ELEM_SLOTS(K3_KERN_SLOT_INIT_, P) .isa = (ISA)
 
 extern const struct k3_kern_elem_ops k3_kern_elem_ref;
 #if defined(K3_KERN_HAVE_AVX2)

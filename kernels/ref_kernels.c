@@ -156,12 +156,4 @@ static void ref_kda_step(size_t dk, size_t dv, float *S, const float *q,
 	}
 }
 
-const struct k3_kern_ops k3_kern_ops_ref = {
-	.isa = K3_KERN_ISA_REF,
-	.matmul_rows = ref_matmul_rows,
-	.matmul_t_cols = ref_matmul_t_cols,
-	.dot = ref_dot,
-	.sumsq = ref_sumsq,
-	.axpy = ref_axpy,
-	.kda_step = ref_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_ref = { K3_KERN_OPS_INIT(K3_KERN_ISA_REF, ref) };

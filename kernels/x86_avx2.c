@@ -32,77 +32,30 @@
 
 #include "kern_ops.h"
 #include "x86_chain.h"
+#define X86_VEC_BITS 256
+#include "x86_vec.h"
 
-#define INLINE static inline __attribute__((always_inline))
-/* Full unrolling of the rows x tokens loops keeps every accumulator in a
- * register (block sizes are compile-time constants at each call site). */
-#define K3_UNROLL _Pragma("GCC unroll 8")
-
-INLINE __m256 load_bf16_part(const uint16_t *p, size_t n)
+INLINE __m256 load_bf16_part(const uint16_t *p, size_t n, __m256i m)
 {
 	uint16_t tmp[8] = { 0 };
 
+	(void)m;
 	memcpy(tmp, p, n * sizeof(*p));
 	return chain_bf16x8(tmp);
 }
 
-/* ------------------------------------------------------------------ */
-/* BF16 / F32 rows: NR rows x NT tokens per call, 2 accumulators each.  */
-
-#define DEF_ROWS_DENSE(NAME, WT, LOAD8, LOADPART)                            \
-INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
-	const float *const *xt, float *out, size_t ldo, size_t pf)            \
-{                                                                            \
-	__m256 a0[8], a1[8];                                                     \
-	size_t c = 0;                                                            \
-	K3_UNROLL for (size_t k = 0; k < nr * nt; k++) {                                   \
-		a0[k] = _mm256_setzero_ps();                                         \
-		a1[k] = _mm256_setzero_ps();                                         \
-	}                                                                        \
-	for (; c + 16 <= cols; c += 16) {                                        \
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
-			__m256 w0 = LOAD8(wr[i] + c), w1 = LOAD8(wr[i] + c + 8);         \
-			if (pf)                                                          \
-				_mm_prefetch((const char *)(wr[i] + c + pf), _MM_HINT_T0);   \
-			K3_UNROLL for (size_t t = 0; t < nt; t++) {                                \
-				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
-					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
-				a1[i * nt + t] = _mm256_fmadd_ps(w1,                         \
-					_mm256_loadu_ps(xt[t] + c + 8), a1[i * nt + t]);          \
-			}                                                                \
-		}                                                                    \
-	}                                                                        \
-	if (c + 8 <= cols) {                                                     \
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
-			__m256 w0 = LOAD8(wr[i] + c);                                    \
-			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
-				a0[i * nt + t] = _mm256_fmadd_ps(w0,                         \
-					_mm256_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
-		}                                                                    \
-		c += 8;                                                              \
-	}                                                                        \
-	if (c < cols) {                                                          \
-		__m256i m = fold_tail_mask8(cols - c);                                     \
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {                                    \
-			__m256 w0 = LOADPART(wr[i] + c, cols - c);                       \
-			K3_UNROLL for (size_t t = 0; t < nt; t++)                                  \
-				a1[i * nt + t] = _mm256_fmadd_ps(w0,                         \
-					_mm256_maskload_ps(xt[t] + c, m), a1[i * nt + t]);        \
-		}                                                                    \
-	}                                                                        \
-	K3_UNROLL for (size_t i = 0; i < nr; i++)                                          \
-		K3_UNROLL for (size_t t = 0; t < nt; t++)                                      \
-			out[t * ldo + i] = fold_hsum8(_mm256_add_ps(a0[i * nt + t],           \
-				a1[i * nt + t]));                                            \
-}
-
-INLINE __m256 load_f32_part(const float *p, size_t n)
+INLINE __m256 load_f32_part(const float *p, size_t n, __m256i m)
 {
-	return _mm256_maskload_ps(p, fold_tail_mask8(n));
+	(void)n;
+	return _mm256_maskload_ps(p, m);
 }
 
-DEF_ROWS_DENSE(rows_bf16, uint16_t, chain_bf16x8, load_bf16_part)
-DEF_ROWS_DENSE(rows_f32, float, _mm256_loadu_ps, load_f32_part)
+/* ------------------------------------------------------------------ */
+/* BF16 / F32 rows: NR rows x NT tokens per call, 2 accumulators each
+ * (x86_vec.h).                                                        */
+
+X86_DEF_ROWS_DENSE(rows_bf16, uint16_t, chain_bf16x8, load_bf16_part)
+X86_DEF_ROWS_DENSE(rows_f32, float, _mm256_loadu_ps, load_f32_part)
 
 /* ------------------------------------------------------------------ */
 /* MXFP4 rows                                                           */
@@ -357,7 +310,7 @@ INLINE void rows_mxfp4_pair(size_t nr, size_t nt, size_t cols,
 /* T = 1 over rows [r, r1): the row loop sits next to the inline kernel so
  * a short row (K3's smallest MXFP4 rows are 1536 bytes, a demo model's
  * 256) pays only two pointer increments between rows, not the block
- * dispatch of avx2_matmul_rows. Same row kernel, same bits. */
+ * dispatch of x86_matmul_rows. Same row kernel, same bits. */
 static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales,
 	size_t r, size_t r1, const float *xp, float *out)
 {
@@ -369,129 +322,48 @@ static void mx64_rows_t1(size_t cols, const uint8_t *data, const uint8_t *scales
 
 /* ------------------------------------------------------------------ */
 
+/* x permuted for the pair or the column-order MXFP4 kernels. */
+INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
+{
+	if (pair)
+		perm64_x(cols, x, xp);
+	else
+		perm_x(cols, x, xp);
+}
+
+/* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
+#define X86_ROWS_HAVE_PAIR
+#include "x86_rows.h"
+
 /* Block shapes (K3_KERN_BLOCK): T = 1 takes 4 rows at once (independent FMA chains hide
  * latency, 4 weight streams); T > 1 takes 1 row x 4 tokens (weights decoded
  * once per 4 tokens). Both call the same row kernel, so results match. */
-/* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
- * up to 4, so a group's permuted x is made once per tile and reused by the
- * tile's rows. Loop order never changes an element's arithmetic. */
-enum { ROW_TILE = 256 };
-/* Dense rows of at most this many bytes are taken one row per call at
- * T = 1 (one linear stream, the next row prefetched) instead of four
- * interleaved: measured on Zen 3 with bench_gemv --shape, 1 and 2 threads,
- * BF16 1024x1024 / 8192x1024 / 1024x512 went from 60-66 % to 78-91 % of
- * the memory bandwidth, while rows of 4 KiB and more (every K3 matrix)
- * stay faster four at a time (84-113 % vs 67-80 %). */
-enum { DENSE_SHORT_ROW = 2048 };
-
-static void avx2_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
+static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {
 	size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
 	/* token slots of permuted x (64 KiB of stack, no allocation) */
 	float xperm[PERM_SCRATCH] __attribute__((aligned(32)));
-	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
 	size_t slots = PERM_SCRATCH / cols > 4 ? 4 : PERM_SCRATCH / cols;
 	bool perm = w->dtype == K3_KERN_DT_MXFP4 && slots >= 1;
 	bool pair = perm && cols % 64 == 0;
-	size_t max_nt = perm ? slots : 4;
-	/* rows per call at T = 1 (the pair path keeps its eight weight vectors
-	 * in registers only with few rows; short dense rows stream best one
-	 * at a time, see DENSE_SHORT_ROW) */
 	size_t elem = w->dtype == K3_KERN_DT_BF16 ? 2 : 4;
-	size_t nr1 = pair ? MX64_ROWS : w->dtype == K3_KERN_DT_MXFP4 ? 4 :
-		ld * elem <= DENSE_SHORT_ROW ? 1 : 4;
+	const struct x86_walk wk = {
+		/* rows per call at T = 1 (the pair path keeps its eight weight
+		 * vectors in registers only with few rows; short dense rows stream
+		 * best one at a time, see DENSE_SHORT_ROW) */
+		.nr1 = pair ? MX64_ROWS : w->dtype == K3_KERN_DT_MXFP4 ? 4 :
+			ld * elem <= DENSE_SHORT_ROW ? 1 : 4,
+		.max_nt = perm ? slots : 4,
+		.perm = perm,
+		.xperm = xperm,
+		.perm_stride = cols,
+		.pair = pair,
+	};
 
 	if (w->dtype == K3_KERN_DT_MXFP4)
 		pthread_once(&scale_once, scale_init);
-	for (size_t tile = r0; tile < r1; tile += ROW_TILE) {
-		size_t tile_end = r1 - tile > ROW_TILE ? tile + ROW_TILE : r1;
-
-		for (size_t t = 0; t < T; ) {
-			size_t nt = T - t >= max_nt ? max_nt : T - t;
-			const float *xt[4] = { 0 };
-
-			for (size_t k = 0; k < nt; k++) {
-				xt[k] = x + (t + k) * ldx;
-				if (perm) {
-					if (perm_tok[k] != t + k) {
-						if (pair)
-							perm64_x(cols, xt[k], xperm + k * cols);
-						else
-							perm_x(cols, xt[k], xperm + k * cols);
-						perm_tok[k] = t + k;
-					}
-					xt[k] = xperm + k * cols;
-				}
-			}
-			if (pair && nt == 1 && MX64_ROWS == 1) {
-				mx64_rows_t1(cols, w->data, w->scales, tile, tile_end, xt[0],
-					y + t * ldy + (tile - r0));
-				t += nt;
-				continue;
-			}
-			for (size_t r = tile; r < tile_end; ) {
-				/* one token: nr1 rows at once; more: 1 row x nt tokens */
-				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
-				float *out = y + t * ldy + (r - r0);
-
-				if (w->dtype == K3_KERN_DT_MXFP4) {
-					const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++) {
-						pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
-						sr[i] = w->scales + (r + i) * (cols / 32);
-					}
-					if (pair) {
-						K3_KERN_BLOCK(rows_mxfp4_pair, nr, nt, cols, pr, sr, xt, out, ldy);
-					} else if (perm) {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, true);
-					} else {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
-					}
-				} else if (w->dtype == K3_KERN_DT_BF16) {
-					const uint16_t *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				} else {
-					const float *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const float *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				}
-				r += nr;
-			}
-			t += nt;
-		}
-	}
+	x86_matmul_walk(w, r0, r1, T, x, ldx, y, ldy, &wk);
 }
 
-/* ------------------------------------------------------------------ */
-/* Vector ops                                                          */
-
-static float avx2_dot(size_t n, const float *a, const float *b)
-{
-	const float *wr[1] = { a }, *xt[1] = { b };
-	float out;
-
-	rows_f32(1, 1, n, wr, xt, &out, 1, 0);
-	return out;
-}
-
-static float avx2_sumsq(size_t n, const float *x)
-{
-	return avx2_dot(n, x, x);
-}
-
-const struct k3_kern_ops k3_kern_ops_avx2 = {
-	.isa = K3_KERN_ISA_AVX2,
-	.matmul_rows = avx2_matmul_rows,
-	.matmul_t_cols = x86_matmul_t_cols,
-	.dot = avx2_dot,
-	.sumsq = avx2_sumsq,
-	.axpy = x86_axpy,
-	.kda_step = x86_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_avx2 = { K3_KERN_OPS_INIT(K3_KERN_ISA_AVX2, x86) };

@@ -288,12 +288,6 @@ static void avx2_matmul_t_stream(const struct k3_kern_mat *w, size_t c0,
 }
 
 const struct k3_kern_elem_ops k3_kern_elem_avx2 = {
+	K3_KERN_ELEM_INIT(K3_KERN_ISA_AVX2, avx2),
 	.matmul_t_cols = avx2_matmul_t_stream,
-	.isa = K3_KERN_ISA_AVX2,
-	.exp_shift = avx2_exp_shift,
-	.sigmoid = avx2_sigmoid,
-	.silu = avx2_silu,
-	.tanh = avx2_tanh,
-	.situ_glu = avx2_situ_glu,
-	.kda_decay = avx2_kda_decay,
 };

@@ -49,17 +49,8 @@
 
 #include "kern_ops.h"
 #include "x86_chain.h"
-
-#define INLINE static inline __attribute__((always_inline))
-/* Full unrolling of the rows x tokens loops keeps every accumulator in a
- * register (block sizes are compile-time constants at each call site). */
-#define K3_UNROLL _Pragma("GCC unroll 8")
-
-/* Lanes [0, n) set (n in 0..16). */
-INLINE __mmask16 lanes(size_t n)
-{
-	return (__mmask16)((1u << n) - 1u);
-}
+#define X86_VEC_BITS 512
+#include "x86_vec.h"
 
 INLINE __m512 load_bf16x16(const uint16_t *p)
 {
@@ -68,74 +59,26 @@ INLINE __m512 load_bf16x16(const uint16_t *p)
 	return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-INLINE __m512 load_bf16_part(const uint16_t *p, __mmask16 m)
+INLINE __m512 load_bf16_part(const uint16_t *p, size_t n, __mmask16 m)
 {
 	__m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
 
+	(void)n;
 	return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-INLINE __m512 load_f32_part(const float *p, __mmask16 m)
+INLINE __m512 load_f32_part(const float *p, size_t n, __mmask16 m)
 {
+	(void)n;
 	return _mm512_maskz_loadu_ps(m, p);
 }
 
 /* ------------------------------------------------------------------ */
-/* BF16 / F32 rows: NR rows x NT tokens per call, 2 accumulators each.  */
+/* BF16 / F32 rows: NR rows x NT tokens per call, 2 accumulators each
+ * (x86_vec.h).                                                        */
 
-#define DEF_ROWS_DENSE(NAME, WT, LOAD16, LOADPART)                           \
-INLINE void NAME(size_t nr, size_t nt, size_t cols, const WT *const *wr,    \
-	const float *const *xt, float *out, size_t ldo, size_t pf)            \
-{                                                                            \
-	__m512 a0[8], a1[8];                                                     \
-	size_t c = 0;                                                            \
-	K3_UNROLL for (size_t k = 0; k < nr * nt; k++) {                         \
-		a0[k] = _mm512_setzero_ps();                                         \
-		a1[k] = _mm512_setzero_ps();                                         \
-	}                                                                        \
-	for (; c + 32 <= cols; c += 32) {                                        \
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {                          \
-			__m512 w0 = LOAD16(wr[i] + c), w1 = LOAD16(wr[i] + c + 16);      \
-			if (pf) {   /* 64 bytes per step for bf16, 128 for f32 */        \
-				_mm_prefetch((const char *)(wr[i] + c + pf), _MM_HINT_T0);   \
-				if (sizeof(WT) == 4)                                         \
-					_mm_prefetch((const char *)(wr[i] + c + pf + 16),        \
-						_MM_HINT_T0);                                        \
-			}                                                                \
-			K3_UNROLL for (size_t t = 0; t < nt; t++) {                      \
-				a0[i * nt + t] = _mm512_fmadd_ps(w0,                         \
-					_mm512_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
-				a1[i * nt + t] = _mm512_fmadd_ps(w1,                         \
-					_mm512_loadu_ps(xt[t] + c + 16), a1[i * nt + t]);         \
-			}                                                                \
-		}                                                                    \
-	}                                                                        \
-	if (c + 16 <= cols) {                                                    \
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {                          \
-			__m512 w0 = LOAD16(wr[i] + c);                                   \
-			K3_UNROLL for (size_t t = 0; t < nt; t++)                        \
-				a0[i * nt + t] = _mm512_fmadd_ps(w0,                         \
-					_mm512_loadu_ps(xt[t] + c), a0[i * nt + t]);              \
-		}                                                                    \
-		c += 16;                                                             \
-	}                                                                        \
-	if (c < cols) {                                                          \
-		__mmask16 m = lanes(cols - c);                                       \
-		K3_UNROLL for (size_t i = 0; i < nr; i++) {                          \
-			__m512 w0 = LOADPART(wr[i] + c, m);                              \
-			K3_UNROLL for (size_t t = 0; t < nt; t++)                        \
-				a1[i * nt + t] = _mm512_fmadd_ps(w0,                         \
-					_mm512_maskz_loadu_ps(m, xt[t] + c), a1[i * nt + t]);     \
-		}                                                                    \
-	}                                                                        \
-	K3_UNROLL for (size_t i = 0; i < nr; i++)                                \
-		K3_UNROLL for (size_t t = 0; t < nt; t++)                            \
-			out[t * ldo + i] = fold_hsum16(_mm512_add_ps(a0[i * nt + t],          \
-				a1[i * nt + t]));                                            \
-}
-
-DEF_ROWS_DENSE(rows_bf16, uint16_t, load_bf16x16, load_bf16_part)
-DEF_ROWS_DENSE(rows_f32, float, _mm512_loadu_ps, load_f32_part)
+X86_DEF_ROWS_DENSE(rows_bf16, uint16_t, load_bf16x16, load_bf16_part)
+X86_DEF_ROWS_DENSE(rows_f32, float, _mm512_loadu_ps, load_f32_part)
 
 /* ------------------------------------------------------------------ */
 /* MXFP4 rows                                                           */
@@ -273,7 +216,7 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 			s = block_scales(s4);
 			K3_UNROLL for (size_t t = 0; t < nt; t++)
 				acc[i * nt + t] = block_dot(w, s, xt[t] + MX_BLOCK * b, perm,
-					lanes(4 * ng), acc[i * nt + t]);
+					xv_tail_mask(4 * ng), acc[i * nt + t]);
 		}
 	}
 	K3_UNROLL for (size_t i = 0; i < nr; i++)
@@ -283,22 +226,25 @@ INLINE void rows_mxfp4(size_t nr, size_t nt, size_t cols,
 
 /* ------------------------------------------------------------------ */
 
+/* x permuted for the MXFP4 kernels (one layout here). */
+INLINE void x86_perm(bool pair, size_t cols, const float *x, float *xp)
+{
+	(void)pair;
+	perm_x(cols, x, xp);
+}
+
+/* ROW_TILE, DENSE_SHORT_ROW: x86_rows.h. */
+#include "x86_rows.h"
+
+/* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
+enum { MX_ROWS = 1 };
+
 /* Block shapes (K3_KERN_BLOCK): T = 1 takes NR rows at once (dense rows: 4, see
  * DENSE_SHORT_ROW; MXFP4: MX_ROWS); T > 1 takes 1 row x up to 4 tokens
  * (weights decoded once per 4 tokens). All call the same row kernel, so
  * results match. */
-/* Rows per call at T = 1 for MXFP4 (measured: see docs/kernels.md). */
-enum { MX_ROWS = 1 };
-/* Rows are walked in tiles of ROW_TILE; inside a tile, tokens in groups of
- * up to 4, so a group's permuted x is made once per tile and reused by the
- * tile's rows. Loop order never changes an element's arithmetic. */
-enum { ROW_TILE = 256 };
-/* Dense rows of at most this many bytes go one row per call at T = 1 (one
- * stream, the next row prefetched); longer ones four at a time. The AVX2
- * measurement (x86_avx2.c) carried over. */
-enum { DENSE_SHORT_ROW = 2048 };
 
-static void avx512_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
+static void x86_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1,
 	size_t T, const float *x, size_t ldx, float *y, size_t ldy)
 {
 	const size_t cols = w->cols, ld = w->ld ? w->ld : w->cols;
@@ -306,94 +252,23 @@ static void avx512_matmul_rows(const struct k3_kern_mat *w, size_t r0, size_t r1
 	const size_t padded = (cols + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK;
 	/* token slots of permuted x (64 KiB of stack, no allocation) */
 	float xperm[PERM_SCRATCH] __attribute__((aligned(64)));
-	size_t perm_tok[4] = { SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX };
 	/* tokens per permuted pass: 1..4 as L1 allows, 0 if one does not fit
 	 * the scratch (gather path) */
 	const size_t l1_slots = X_L1_BYTES / (padded * sizeof(float));
 	const size_t want = l1_slots > 4 ? 4 : l1_slots > 1 ? l1_slots : 1;
 	const size_t slots = PERM_SCRATCH / padded < want ? PERM_SCRATCH / padded : want;
 	const bool perm = mx && slots >= 1;
-	const size_t max_nt = perm ? slots : 4;
 	const size_t elem = w->dtype == K3_KERN_DT_BF16 ? 2 : 4;
-	const size_t nr1 = mx ? MX_ROWS : ld * elem <= DENSE_SHORT_ROW ? 1 : 4;
+	const struct x86_walk wk = {
+		.nr1 = mx ? MX_ROWS : ld * elem <= DENSE_SHORT_ROW ? 1 : 4,
+		.max_nt = perm ? slots : 4,
+		.perm = perm,
+		.xperm = xperm,
+		.perm_stride = padded,
+		.pair = false,
+	};
 
-	for (size_t tile = r0; tile < r1; tile += ROW_TILE) {
-		size_t tile_end = r1 - tile > ROW_TILE ? tile + ROW_TILE : r1;
-
-		for (size_t t = 0; t < T; ) {
-			size_t nt = T - t >= max_nt ? max_nt : T - t;
-			const float *xt[4] = { 0 };
-
-			for (size_t k = 0; k < nt; k++) {
-				xt[k] = x + (t + k) * ldx;
-				if (perm) {
-					if (perm_tok[k] != t + k) {
-						perm_x(cols, xt[k], xperm + k * padded);
-						perm_tok[k] = t + k;
-					}
-					xt[k] = xperm + k * padded;
-				}
-			}
-			for (size_t r = tile; r < tile_end; ) {
-				/* one token: nr1 rows at once; more: 1 row x nt tokens */
-				size_t nr = (nt == 1 && r + nr1 <= tile_end) ? nr1 : 1;
-				float *out = y + t * ldy + (r - r0);
-
-				if (mx) {
-					const uint8_t *pr[4] = { 0 }, *sr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++) {
-						pr[i] = (const uint8_t *)w->data + (r + i) * (cols / 2);
-						sr[i] = w->scales + (r + i) * (cols / 32);
-					}
-					if (perm) {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, true);
-					} else {
-						K3_KERN_BLOCK(rows_mxfp4, nr, nt, cols, pr, sr, xt, out, ldy, false);
-					}
-				} else if (w->dtype == K3_KERN_DT_BF16) {
-					const uint16_t *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const uint16_t *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_bf16, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				} else {
-					const float *wr[4] = { 0 };
-
-					for (size_t i = 0; i < nr; i++)
-						wr[i] = (const float *)w->data + (r + i) * ld;
-					K3_KERN_BLOCK(rows_f32, nr, nt, cols, wr, xt, out, ldy, nr * ld);
-				}
-				r += nr;
-			}
-			t += nt;
-		}
-	}
+	x86_matmul_walk(w, r0, r1, T, x, ldx, y, ldy, &wk);
 }
 
-/* ------------------------------------------------------------------ */
-/* Vector ops                                                          */
-
-static float avx512_dot(size_t n, const float *a, const float *b)
-{
-	const float *wr[1] = { a }, *xt[1] = { b };
-	float out;
-
-	rows_f32(1, 1, n, wr, xt, &out, 1, 0);
-	return out;
-}
-
-static float avx512_sumsq(size_t n, const float *x)
-{
-	return avx512_dot(n, x, x);
-}
-
-const struct k3_kern_ops k3_kern_ops_avx512 = {
-	.isa = K3_KERN_ISA_AVX512,
-	.matmul_rows = avx512_matmul_rows,
-	.matmul_t_cols = x86_matmul_t_cols,
-	.dot = avx512_dot,
-	.sumsq = avx512_sumsq,
-	.axpy = x86_axpy,
-	.kda_step = x86_kda_step,
-};
+const struct k3_kern_ops k3_kern_ops_avx512 = { K3_KERN_OPS_INIT(K3_KERN_ISA_AVX512, x86) };

@@ -206,19 +206,30 @@ int k3_cuda_query(struct k3_cuda_dev *d, struct k3_cuda_info *info,
 
 /* ------------------------------------------------------------------ */
 
-int k3_cuda_alloc(struct k3_cuda_dev *d, size_t bytes, void **dptr,
+/* Device memory (host false) or page-locked host memory into *p, after the
+ * checks both entry points make. */
+static int alloc_into(struct k3_cuda_dev *d, size_t bytes, void **p, bool host,
 	struct k3_cuda_status *st)
 {
 	int rc = check_dev(d, st);
 
 	if (rc)
 		return rc;
-	if (!dptr || bytes == 0)
-		return set_status(st, -EINVAL, "cuda: alloc of %zu bytes into %p", bytes,
-			(void *)dptr);
-	*dptr = NULL;
-	K3_CUDA_TRY(d, st, cudaMalloc(dptr, bytes));
+	if (!p || bytes == 0)
+		return set_status(st, -EINVAL, "cuda: %salloc of %zu bytes into %p",
+			host ? "host " : "", bytes, (void *)p);
+	*p = NULL;
+	if (host)
+		K3_CUDA_TRY(d, st, cudaMallocHost(p, bytes));
+	else
+		K3_CUDA_TRY(d, st, cudaMalloc(p, bytes));
 	return 0;
+}
+
+int k3_cuda_alloc(struct k3_cuda_dev *d, size_t bytes, void **dptr,
+	struct k3_cuda_status *st)
+{
+	return alloc_into(d, bytes, dptr, false, st);
 }
 
 void k3_cuda_free(struct k3_cuda_dev *d, void *dptr)
@@ -230,16 +241,7 @@ void k3_cuda_free(struct k3_cuda_dev *d, void *dptr)
 int k3_cuda_host_alloc(struct k3_cuda_dev *d, size_t bytes, void **hptr,
 	struct k3_cuda_status *st)
 {
-	int rc = check_dev(d, st);
-
-	if (rc)
-		return rc;
-	if (!hptr || bytes == 0)
-		return set_status(st, -EINVAL, "cuda: host alloc of %zu bytes into %p",
-			bytes, (void *)hptr);
-	*hptr = NULL;
-	K3_CUDA_TRY(d, st, cudaMallocHost(hptr, bytes));
-	return 0;
+	return alloc_into(d, bytes, hptr, true, st);
 }
 
 void k3_cuda_host_free(struct k3_cuda_dev *d, void *hptr)

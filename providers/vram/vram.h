@@ -81,6 +81,15 @@ struct k3_vram_dev {
 	int (*fence)(void *ctx, struct k3_err *err);
 };
 
+/* The callbacks of a device whose functions are named P_mem_info, P_alloc,
+ * ... P_fence (every slot, in struct order), as a designated initializer
+ * list for a struct k3_vram_dev with context CTX. */
+#define K3_VRAM_DEV_INIT(CTX, P)                                              \
+	.ctx = (CTX), .mem_info = P##_mem_info, .alloc = P##_alloc,               \
+	.free = P##_free, .host_alloc = P##_host_alloc,                           \
+	.host_free = P##_host_free, .upload = P##_upload, .wait = P##_wait,       \
+	.fence = P##_fence
+
 struct k3_vram_config {
 	/* Device bytes for resident experts, transient slots included;
 	 * 0 = auto: free memory now minus max(K3_VRAM_HEADROOM_MIN,

@@ -79,15 +79,5 @@ static int c_fence(void *ctx, struct k3_err *err)
 
 void k3_vram_cuda_dev(struct k3_vram_cuda *ctx, struct k3_vram_dev *dev)
 {
-	*dev = (struct k3_vram_dev){
-		.ctx = ctx,
-		.mem_info = c_mem_info,
-		.alloc = c_alloc,
-		.free = c_free,
-		.host_alloc = c_host_alloc,
-		.host_free = c_host_free,
-		.upload = c_upload,
-		.wait = c_wait,
-		.fence = c_fence,
-	};
+	*dev = (struct k3_vram_dev){ K3_VRAM_DEV_INIT(ctx, c) };
 }

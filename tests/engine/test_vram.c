@@ -45,7 +45,7 @@ struct fake {
 	int nq;
 };
 
-static int f_mem(void *c, uint64_t *fr, uint64_t *tot, struct k3_err *err)
+static int f_mem_info(void *c, uint64_t *fr, uint64_t *tot, struct k3_err *err)
 {
 	struct fake *f = c;
 	(void)err;
@@ -73,7 +73,7 @@ static void f_free(void *c, void *p)
 	free(p);
 }
 
-static int f_halloc(void *c, uint64_t bytes, void **p, struct k3_err *err)
+static int f_host_alloc(void *c, uint64_t bytes, void **p, struct k3_err *err)
 {
 	struct fake *f = c;
 	if (f->host_fail)
@@ -83,7 +83,7 @@ static int f_halloc(void *c, uint64_t bytes, void **p, struct k3_err *err)
 	return 0;
 }
 
-static void f_hfree(void *c, void *p)
+static void f_host_free(void *c, void *p)
 {
 	struct fake *f = c;
 	if (p)
@@ -135,8 +135,7 @@ static int f_fence(void *c, struct k3_err *err)
 
 static struct k3_vram_dev dev_of(struct fake *f)
 {
-	return (struct k3_vram_dev){ f, f_mem, f_alloc, f_free, f_halloc, f_hfree, f_upload, f_wait,
-				     f_fence };
+	return (struct k3_vram_dev){ K3_VRAM_DEV_INIT(f, f) };
 }
 
 /* Array sizes that need padding to K3_VRAM_ALIGN. */
