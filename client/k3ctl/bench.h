@@ -14,6 +14,7 @@
 #include "base/err.h"
 #include "store/store.h"
 #include "store/store_drives.h"
+#include "store/store_engine.h"
 #include "store/store_spine.h"
 
 enum { BENCH_MAX_NEW = 4096, BENCH_MAX_PROMPT = 4096, BENCH_MAX_SAMPLES = 64 };
@@ -146,5 +147,33 @@ struct k3ctl_bench_result {
 /* Prints the report of r: one JSON object on stdout under --json, else
  * the text lines. */
 void k3ctl_bench_report(const struct k3ctl_bench_result *r);
+
+/* The spine loader (when the plan streams) and the engine over it, with
+ * the store's experts as the engine's expert source: both bench runs
+ * (cmd_bench_run.c, cmd_bench_batch.c) make them as k3d does. */
+struct k3ctl_bench_engine {
+	struct k3_engine *e;
+	struct k3_store_spine *spine;        /* NULL: the spine is mapped */
+	struct k3_store_spine_info sinfo;    /* zero when mapped */
+	struct k3_store_spine_report srep;
+	struct k3_store_engine_src ectx;     /* the expert source's state; outlives e */
+	bool ectx_init;
+};
+
+/* Opens be over model and store (both borrowed; they must outlive be):
+ * with streams, the spine loader of plan's resident set and ring (from
+ * packdir's spine pack when packdir is not NULL, else the shards) read
+ * with direct through the store's readers; then the engine (threads,
+ * max_chunk: 0 for the defaults) with the store's experts, prefetching
+ * per_position guesses per position (0: off). Returns 0 or a negative
+ * errno (err says why); call k3ctl_bench_engine_close after either. */
+struct k3_store_plan_out;
+int k3ctl_bench_engine_open(struct k3ctl_bench_engine *be, struct k3_model *model,
+			    struct k3_store *store, const struct k3_store_plan_out *plan,
+			    bool streams, const char *packdir, enum k3_store_direct direct,
+			    uint32_t threads, uint32_t max_chunk, uint32_t per_position,
+			    struct k3_err *err);
+/* Frees the engine, then the spine loader (NULL-safe on a zeroed be). */
+void k3ctl_bench_engine_close(struct k3ctl_bench_engine *be);
 
 #endif

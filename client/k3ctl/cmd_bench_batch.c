@@ -158,13 +158,10 @@ int k3ctl_bench_batch(int argc, char **argv)
 		nmax = list[i] > nmax ? list[i] : nmax;
 
 	struct k3_model *model = NULL;
-	struct k3_engine *e = NULL;
 	struct k3_engine_seq *seqs[BB_MAX_N] = { 0 };
 	struct k3_store_source *src = NULL;
 	struct k3_store *store = NULL;
-	struct k3_store_spine *spine = NULL;
-	struct k3_store_engine_src ectx;
-	bool ectx_init = false;
+	struct k3ctl_bench_engine be = { 0 };
 	struct k3_store_open_report rep = { 0 };
 	struct k3_store_plan_out plan;
 	struct k3_tok_ids text_ids = { 0 };
@@ -221,31 +218,12 @@ int k3ctl_bench_batch(int argc, char **argv)
 	double io_rate = 0;
 	for (uint32_t d = 0; d < info.n_drives; d++)
 		io_rate += (double)info.drive[d].emulated_rate / 1e9;
-	struct k3_engine_opts eo = { .threads = (uint32_t)threads, .max_chunk = (uint32_t)prefill_chunk };
-	struct k3_spine_source ss;
-	struct k3_store_spine_info sinfo = { 0 };
-	struct k3_store_spine_report srep = { 0 };
-	if (streams) {
-		struct k3_store_spine_config scfg = {
-			.resident_layers = plan.resident_layers, .head_resident = plan.head_resident,
-			.ring_arenas = plan.ring_arenas, .direct = direct,
-			.io = k3_store_reader_pool(store), .max_rows = (uint32_t)prefill_chunk,
-		};
-		char spath[4200];
-		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
-		if ((rc = k3_store_spine_new(model, have_packs ? spath : NULL, &scfg, &spine, &srep, &err)))
-			goto fail;
-		k3_store_spine_source(spine, &ss);
-		k3_store_spine_info_get(spine, &sinfo);
-		eo.spine = &ss;
-	}
-	if ((rc = k3_engine_open(model, &eo, &e, &err)))
+	if ((rc = k3ctl_bench_engine_open(&be, model, store, &plan, streams,
+					  have_packs ? packdir : NULL, direct, (uint32_t)threads,
+					  (uint32_t)prefill_chunk, mc->num_experts_per_token, &err)))
 		goto fail;
-	struct k3_expert_source es;
-	k3_store_engine_src_init(&ectx, store, &es);
-	ectx_init = true;
-	k3_store_engine_src_set_prefetch(&ectx, mc->num_experts_per_token, &es);
-	k3_engine_set_expert_source(e, &es);
+	struct k3_engine *e = be.e;
+	struct k3_store_spine *spine = be.spine;
 
 	const uint32_t V = k3_engine_vocab(e);
 	uint64_t rng = seed * 0x9E3779B97F4A7C15ull;
@@ -276,8 +254,9 @@ int k3ctl_bench_batch(int argc, char **argv)
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
 	       spine ? "streamed" : "mapped", io_rate > 0 ? "" : "off: ", io_rate);
 	if (spine)
-		printf("spine: %u of %u layers resident, %.3f GB streamed per pass\n", sinfo.resident_layers,
-		       sinfo.n_layers, (double)sinfo.streamed_bytes_per_pass / 1e9);
+		printf("spine: %u of %u layers resident, %.3f GB streamed per pass\n",
+		       be.sinfo.resident_layers, be.sinfo.n_layers,
+		       (double)be.sinfo.streamed_bytes_per_pass / 1e9);
 	printf("%u sequences of %u..%u prompt ids, %llu ids each; %llu rounds, N interleaved\n", nmax,
 	       plen[nmax - 1], plen[0], (unsigned long long)max_new, (unsigned long long)reps);
 	fflush(stdout);
@@ -383,10 +362,7 @@ fail:
 		free(logits[k]);
 	}
 	free(runs);
-	k3_engine_free(e);
-	if (ectx_init)
-		k3_store_engine_src_release(&ectx);
-	k3_store_spine_free(spine);
+	k3ctl_bench_engine_close(&be);   /* before the store its spine loader borrows */
 	k3_store_free(store);
 	k3_store_source_free(src);
 	k3_model_free(model);

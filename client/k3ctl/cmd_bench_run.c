@@ -70,20 +70,63 @@ static void snapshot(struct k3_store *store, struct k3_store_spine *spine,
 	}
 }
 
+int k3ctl_bench_engine_open(struct k3ctl_bench_engine *be, struct k3_model *model,
+			    struct k3_store *store, const struct k3_store_plan_out *plan,
+			    bool streams, const char *packdir, enum k3_store_direct direct,
+			    uint32_t threads, uint32_t max_chunk, uint32_t per_position,
+			    struct k3_err *err)
+{
+	struct k3_engine_opts eo = { .threads = threads, .max_chunk = max_chunk };
+	struct k3_spine_source ss;   /* copied by the engine */
+	int rc;
+
+	memset(be, 0, sizeof(*be));
+	if (streams) {
+		struct k3_store_spine_config scfg = {
+			.resident_layers = plan->resident_layers, .head_resident = plan->head_resident,
+			.ring_arenas = plan->ring_arenas, .direct = direct,
+			.io = k3_store_reader_pool(store), .max_rows = max_chunk,
+		};
+		char spath[4200];
+		if (packdir)
+			snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
+		if ((rc = k3_store_spine_new(model, packdir ? spath : NULL, &scfg, &be->spine,
+					     &be->srep, err)))
+			return rc;
+		k3_store_spine_source(be->spine, &ss);
+		k3_store_spine_info_get(be->spine, &be->sinfo);
+		eo.spine = &ss;
+	}
+	if ((rc = k3_engine_open(model, &eo, &be->e, err)))
+		return rc;
+	struct k3_expert_source es;   /* copied by the engine */
+	k3_store_engine_src_init(&be->ectx, store, &es);
+	be->ectx_init = true;
+	k3_store_engine_src_set_prefetch(&be->ectx, per_position, &es);
+	k3_engine_set_expert_source(be->e, &es);
+	return 0;
+}
+
+void k3ctl_bench_engine_close(struct k3ctl_bench_engine *be)
+{
+	k3_engine_free(be->e);
+	if (be->ectx_init)
+		k3_store_engine_src_release(&be->ectx);
+	k3_store_spine_free(be->spine);   /* before the store's reader pool it borrows */
+	memset(be, 0, sizeof(*be));
+}
+
 int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 {
 	struct k3ctl_bench_opts o = *opts;   /* --preset: model_dir and prompt_len change */
 	struct k3_err err = { 0 };
 	struct k3_model *model = NULL;
-	struct k3_engine *e = NULL;
 	struct k3_engine_seq *seq = NULL;
 	struct k3_store_source *src = NULL, *dsrc = NULL;
 	struct k3_store *store = NULL;
-	struct k3_store_spine *spine = NULL;
 	struct k3ctl_bench_probe probe = { 0 };
 	bool probe_init = false;
-	struct k3_store_engine_src ectx;
-	bool ectx_init = false;
+	struct k3ctl_bench_engine be = { 0 };
 	struct k3_store_open_report rep = { 0 };
 	struct k3_store_plan_out *plan = NULL;
 	int32_t *ids = NULL;
@@ -197,33 +240,12 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	for (uint32_t f = 0; f < k3_store_source_file_count(dsrc); f++)
 		d_buffered += !k3_store_source_file_direct(dsrc, f);
 
-	struct k3_engine_opts eo = { .threads = (uint32_t)o.threads,
-				     .max_chunk = (uint32_t)o.prefill_chunk };
-	struct k3_spine_source ss;
-	struct k3_store_spine_info sinfo = { 0 };
-	struct k3_store_spine_report srep = { 0 };
-	if (streams) {
-		struct k3_store_spine_config scfg = {
-			.resident_layers = plan->resident_layers, .head_resident = plan->head_resident,
-			.ring_arenas = plan->ring_arenas, .direct = o.direct,
-			.io = k3_store_reader_pool(store), .max_rows = (uint32_t)o.prefill_chunk,
-		};
-		char spath[4200];
-		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
-		if ((rc = k3_store_spine_new(model, have_packs ? spath : NULL, &scfg, &spine, &srep,
-					     &err)))
-			goto fail;
-		k3_store_spine_source(spine, &ss);
-		k3_store_spine_info_get(spine, &sinfo);
-		eo.spine = &ss;
-	}
-	if ((rc = k3_engine_open(model, &eo, &e, &err)))
+	if ((rc = k3ctl_bench_engine_open(&be, model, store, plan, streams,
+					  have_packs ? packdir : NULL, o.direct, (uint32_t)o.threads,
+					  (uint32_t)o.prefill_chunk, per_position, &err)))
 		goto fail;
-	struct k3_expert_source es;
-	k3_store_engine_src_init(&ectx, store, &es);
-	ectx_init = true;
-	k3_store_engine_src_set_prefetch(&ectx, per_position, &es);
-	k3_engine_set_expert_source(e, &es);
+	struct k3_engine *e = be.e;
+	struct k3_store_spine *spine = be.spine;
 
 	uint32_t V = k3_engine_vocab(e);
 	ids = calloc(o.prompt_len, sizeof(*ids));
@@ -269,12 +291,14 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 			rep.packs_rejected, rep.first_rejection);
 	if (spine)
 		fprintf(hdr, "spine: %u layers resident, %u streamed%s from %s (%.3f GB per pass)"
-			" through %u arenas of %.3f GB%s%s\n", sinfo.resident_layers,
-			sinfo.n_layers - sinfo.resident_layers, sinfo.head_resident ? "" : " and the head",
-			srep.from_pack ? "the spine pack" : "the shards",
-			(double)sinfo.streamed_bytes_per_pass / 1e9, sinfo.ring_arenas,
-			(double)sinfo.arena_bytes / 1e9, srep.pack_rejected ? "; pack rejected: " : "",
-			srep.pack_rejected ? srep.rejection : "");
+			" through %u arenas of %.3f GB%s%s\n", be.sinfo.resident_layers,
+			be.sinfo.n_layers - be.sinfo.resident_layers,
+			be.sinfo.head_resident ? "" : " and the head",
+			be.srep.from_pack ? "the spine pack" : "the shards",
+			(double)be.sinfo.streamed_bytes_per_pass / 1e9, be.sinfo.ring_arenas,
+			(double)be.sinfo.arena_bytes / 1e9,
+			be.srep.pack_rejected ? "; pack rejected: " : "",
+			be.srep.pack_rejected ? be.srep.rejection : "");
 	if (info.files_buffered)
 		fprintf(hdr, "note: buffered store reads may be served from the page cache; bytes "
 			"counted are bytes asked of the kernel\n");
@@ -413,12 +437,9 @@ fail:
 	for (unsigned i = 0; i < K3_STORE_MAX_IO_THREADS; i++)
 		free(dbufs[i]);
 	k3_engine_seq_free(seq);
-	k3_engine_free(e);
-	if (ectx_init)
-		k3_store_engine_src_release(&ectx);
+	k3ctl_bench_engine_close(&be);   /* before the store its spine loader borrows */
 	if (probe_init)
 		k3ctl_bench_probe_close(&probe);
-	k3_store_spine_free(spine);   /* before the pool it borrows */
 	k3_store_free(store);
 	k3_store_source_free(src);
 	k3_store_source_free(dsrc);
