@@ -16,6 +16,7 @@
 #include "store/store_drives.h"
 #include "store/store_engine.h"
 #include "store/store_spine.h"
+#include "text/text_tok.h"
 
 enum { BENCH_MAX_NEW = 4096, BENCH_MAX_PROMPT = 4096, BENCH_MAX_SAMPLES = 64 };
 
@@ -148,10 +149,19 @@ struct k3ctl_bench_result {
  * the text lines. */
 void k3ctl_bench_report(const struct k3ctl_bench_result *r);
 
-/* The spine loader (when the plan streams) and the engine over it, with
- * the store's experts as the engine's expert source: both bench runs
- * (cmd_bench_run.c, cmd_bench_batch.c) make them as k3d does. */
-struct k3ctl_bench_engine {
+/* What both bench runs (cmd_bench_run.c, cmd_bench_batch.c) measure
+ * through, made as k3d makes it: the model, its expert source and store,
+ * the spine loader (when the plan streams) and the engine over them with
+ * the store's experts as its expert source. */
+struct k3ctl_bench_setup {
+	char tmpdir[2048];                   /* --preset: the installed model ("": none);
+					      * leaves packdir room for its suffix */
+	char packdir[4096];                  /* the model's pack directory */
+	bool have_packs;                     /* packdir is there, and no --no-packs */
+	struct k3_tok_ids text_ids;          /* --preset: the prompt's ids */
+	struct k3_model *model;
+	struct k3_store_source *src;         /* opened by the caller */
+	struct k3_store *store;              /* made by the caller, over src */
 	struct k3_engine *e;
 	struct k3_store_spine *spine;        /* NULL: the spine is mapped */
 	struct k3_store_spine_info sinfo;    /* zero when mapped */
@@ -160,20 +170,27 @@ struct k3ctl_bench_engine {
 	bool ectx_init;
 };
 
-/* Opens be over model and store (both borrowed; they must outlive be):
- * with streams, the spine loader of plan's resident set and ring (from
- * packdir's spine pack when packdir is not NULL, else the shards) read
- * with direct through the store's readers; then the engine (threads,
- * max_chunk: 0 for the defaults) with the store's experts, prefetching
- * per_position guesses per position (0: off). Returns 0 or a negative
- * errno (err says why); call k3ctl_bench_engine_close after either. */
+/* Zeroes s and opens its model: with tag (--preset trained) the trained
+ * demo model installed by k3ctl_bench_trained_model under tag (model_dir
+ * is then s->tmpdir), else model_dir; refuses a model without MoE layers
+ * and finds its packs (none with no_packs). Returns 0 or a negative errno
+ * (err says why); call k3ctl_bench_setup_close after either. */
+int k3ctl_bench_model_open(struct k3ctl_bench_setup *s, const char *model_dir, const char *tag,
+			   bool no_packs, struct k3_err *err);
+
+/* Opens s's spine loader (when streams: plan's resident set and ring, from
+ * the spine pack when s has packs, else the shards, read with direct
+ * through the store's readers) and then the engine (threads, max_chunk: 0
+ * for the defaults) with s->store's experts, prefetching per_position
+ * guesses per position (0: off). s->store must be made. Returns 0 or a
+ * negative errno (err says why). */
 struct k3_store_plan_out;
-int k3ctl_bench_engine_open(struct k3ctl_bench_engine *be, struct k3_model *model,
-			    struct k3_store *store, const struct k3_store_plan_out *plan,
-			    bool streams, const char *packdir, enum k3_store_direct direct,
-			    uint32_t threads, uint32_t max_chunk, uint32_t per_position,
-			    struct k3_err *err);
-/* Frees the engine, then the spine loader (NULL-safe on a zeroed be). */
-void k3ctl_bench_engine_close(struct k3ctl_bench_engine *be);
+int k3ctl_bench_engine_open(struct k3ctl_bench_setup *s, const struct k3_store_plan_out *plan,
+			    bool streams, enum k3_store_direct direct, uint32_t threads,
+			    uint32_t max_chunk, uint32_t per_position, struct k3_err *err);
+
+/* Frees what s holds, each before what it borrows (the engine, the spine
+ * loader, the store, the source, the model) and removes s->tmpdir. */
+void k3ctl_bench_setup_close(struct k3ctl_bench_setup *s);
 
 #endif
