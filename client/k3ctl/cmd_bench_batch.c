@@ -89,6 +89,11 @@ static void bb_settle(struct k3_store *store, struct k3_store_spine *spine)
 	k3_store_idle(store);
 }
 
+static const char *const batch_flags[] = { "--no-packs", NULL };
+static const struct k3ctl_args_spec batch_args = {
+	.cmd = "bench", .flags = batch_flags, .need = "%s needs a value (see --help)",
+};
+
 int k3ctl_bench_batch(int argc, char **argv)
 {
 	const char *model_dir = NULL, *preset = NULL;
@@ -104,16 +109,13 @@ int k3ctl_bench_batch(int argc, char **argv)
 	int rc = 0, code = K3CTL_EXIT_ERROR;
 
 	k3_store_drive_opts_init(&dopts);
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "--no-packs")) {
+	struct k3ctl_args args = { .spec = &batch_args, .argc = argc, .argv = argv, .rc = &rc,
+				   .err = &err };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *val = args.val;
+		if (!strcmp(a, "--no-packs"))
 			no_packs = true;
-			continue;
-		}
-		if (i + 1 >= argc)
-			return k3ctl_usage("bench", "%s needs a value (see --help)", a);
-		const char *val = argv[++i];
-		if (!strcmp(a, "--parallel"))
+		else if (!strcmp(a, "--parallel"))
 			rc = bb_parse_list(val, list, &n_list, &err);
 		else if (!strcmp(a, "--model"))
 			model_dir = val;
@@ -148,9 +150,9 @@ int k3ctl_bench_batch(int argc, char **argv)
 		else
 			return k3ctl_usage("bench", "--parallel: option '%s' is not taken here (see "
 					   "--help)", a);
-		if (rc)
-			return k3ctl_usage("bench", "%s: %s", a, err.msg);
 	}
+	if (args.stop)
+		return args.code;
 	if (!!model_dir + !!preset != 1)
 		return k3ctl_usage("bench", "one of --model DIR and --preset trained is required");
 	uint32_t nmax = 1;
