@@ -35,6 +35,7 @@
 
 #include "base/parse.h"
 #include "engine/engine.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "model/model.h"
 #include "store/store_int8.h"
@@ -344,11 +345,7 @@ int k3ctl_bench_compare_spine(int argc, char **argv)
 		for (size_t i = 1; i < n_sp; i++)
 			json_array_append_new(arr, figures_json(&sp[i]));
 		json_object_set_new(o, "int8", arr);
-		char *s = json_dumps(o, JSON_COMPACT);
-		if (s)
-			puts(s);
-		free(s);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT, NULL);
 	} else {
 		printf("compare-spine: %s, %u positions teacher-forced (%zu tokens of input), both"
 		       " spines in one process\n", model_dir, N, n_tok);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "model/model.h"
 #include "store/store_int8.h"
@@ -72,11 +73,7 @@ int k3ctl_cmd_convert_spine_int8(int argc, char **argv)
 				      "file_bytes", (json_int_t)rep.file_bytes,
 				      "max_step_error", rep.max_step_error, "seconds", rep.seconds,
 				      "weight_exact", 0);
-		char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
-		if (t)
-			puts(t);
-		free(t);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT, NULL);
 	} else if (!rep.written) {
 		printf("%s: up to date (made from the shards as they are now); kept (--force"
 		       " rewrites it)\n", dir);

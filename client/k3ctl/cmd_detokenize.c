@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "base/parse.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "text/text_detok.h"
 #include "text_cli.h"
@@ -95,12 +96,7 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 		k3_utf8_take((const uint8_t *)raw, rawn, true, &out);
 		k3_sbuf_add(&out, "", 0);
 		if (k3ctl_g.json) {
-			json_t *j = json_pack("{s:s%}", "text", out.p, out.n);
-			char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-			if (s)
-				puts(s);
-			free(s);
-			json_decref(j);
+			k3ctl_json_puts(json_pack("{s:s%}", "text", out.p, out.n), JSON_COMPACT, NULL);
 		} else {
 			fwrite(out.p, 1, out.n, stdout);
 			putchar('\n');

@@ -234,11 +234,7 @@ int k3ctl_cmd_plan(int argc, char **argv)
 	if (rc) {
 		code = k3ctl_fail(K3CTL_EXIT_ERROR, "plan: %s", err.msg);
 	} else if (k3ctl_g.json) {
-		json_t *o = plan_json(dir, &c, p, disk);
-		char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		puts(s ? s : "{}");
-		free(s);
-		json_decref(o);
+		k3ctl_json_puts(plan_json(dir, &c, p, disk), JSON_COMPACT | JSON_PRESERVE_ORDER, "{}");
 	} else {
 		plan_print(dir, &c, p, disk);
 	}

@@ -15,6 +15,7 @@
 
 #include <jansson.h>
 
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "text/text_chat.h"
 #include "text_cli.h"
@@ -94,13 +95,8 @@ int k3ctl_cmd_render_chat(int argc, char **argv)
 		for (size_t i = 0; arr && i < chat.n_segs; i++)
 			json_array_append_new(arr, json_pack("[s%b]", chat.text + chat.segs[i].off, chat.segs[i].len,
 							     chat.segs[i].special));
-		char *s = arr ? json_dumps(arr, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-		if (s)
-			puts(s);
-		else
+		if (k3ctl_json_puts(arr, JSON_COMPACT | JSON_ENSURE_ASCII, NULL))
 			rc = k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
-		free(s);
-		json_decref(arr);
 	} else {
 		fwrite(chat.text, 1, chat.text_len, stdout);
 		putchar('\n');

@@ -13,20 +13,15 @@
 
 #include <jansson.h>
 
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "text_cli.h"
 
 static int print_piece(void *ud, size_t off, size_t len)
 {
 	const char *text = ud;
-	json_t *s = json_stringn(text + off, len);
-	char *j = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
 
-	if (j)
-		puts(j);
-	free(j);
-	json_decref(s);
-	return j ? 0 : -12;
+	return k3ctl_json_puts(json_stringn(text + off, len), JSON_ENCODE_ANY, NULL);
 }
 
 int k3ctl_cmd_tokenize(int argc, char **argv)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/parse.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 
 volatile sig_atomic_t k3ctl_gen_interrupted;
@@ -440,12 +441,7 @@ int k3ctl_gen_parse_opts(const char *cmd, int argc, char **argv, struct k3ctl_ge
 int k3ctl_gen_print(const struct k3ctl_gen_opts *o, const struct k3ctl_gen_result *res)
 {
 	if (o->json) {
-		json_t *j = result_json(res);
-		char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-
-		puts(s ? s : "{}");
-		free(s);
-		json_decref(j);
+		k3ctl_json_puts(result_json(res), JSON_COMPACT | JSON_PRESERVE_ORDER, "{}");
 	} else {
 		if (res->text_len && res->text[res->text_len - 1] != '\n')
 			putchar('\n');
