@@ -153,7 +153,7 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	uint32_t *gen_ids = NULL;
 	float *logits = NULL;
 	struct k3ctl_bench_samples *sm = calloc(1, sizeof(*sm));
-	uint8_t *dbufs[K3_STORE_MAX_IO_THREADS] = { 0 };
+	uint8_t *dbufs[K3_STORE_MAX_IO_THREADS] = { 0 }, *dmem = NULL;   /* dbufs: slots of dmem */
 	int code = K3CTL_EXIT_ERROR, rc;
 
 	rc = k3ctl_bench_model_open(&bs, o.model_dir, o.preset ? "trained" : NULL, o.no_packs, &err);
@@ -237,13 +237,16 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	if ((rc = k3ctl_bench_probe_open(&probe, bs.src, mc->num_experts_per_token, info.io_threads,
 					  &err)))
 		goto fail;
-	for (unsigned i = 0; i < info.io_threads; i++) {
-		if (posix_memalign((void **)&dbufs[i], K3_STORE_ALIGN, slot) != 0) {
-			rc = k3_err_set(&err, -ENOMEM, "out of memory");
-			goto fail;
-		}
-		memset(dbufs[i], 0, slot);   /* prefault: no page faults inside the timing */
+	/* the yardstick's read buffers, one slot per reader, each aligned */
+	size_t dstride = (slot + K3_STORE_ALIGN - 1) / K3_STORE_ALIGN * K3_STORE_ALIGN;
+	if (posix_memalign((void **)&dmem, K3_STORE_ALIGN, dstride * info.io_threads) != 0) {
+		dmem = NULL;
+		rc = k3_err_set(&err, -ENOMEM, "out of memory");
+		goto fail;
 	}
+	memset(dmem, 0, dstride * info.io_threads);   /* prefault: no page faults inside the timing */
+	for (unsigned i = 0; i < info.io_threads; i++)
+		dbufs[i] = dmem + (size_t)i * dstride;
 	uint32_t d_buffered = 0;
 	for (uint32_t f = 0; f < k3_store_source_file_count(dsrc); f++)
 		d_buffered += !k3_store_source_file_direct(dsrc, f);
@@ -439,8 +442,7 @@ fail:
 	free(gen_ids);
 	free(logits);
 	free(sm);
-	for (unsigned i = 0; i < K3_STORE_MAX_IO_THREADS; i++)
-		free(dbufs[i]);
+	free(dmem);
 	k3_engine_seq_free(seq);
 	if (probe_init)
 		k3ctl_bench_probe_close(&probe);
