@@ -58,13 +58,8 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 	size_t rawn = 0;
 	int rc = 0, nargs = 0;
 
-	for (int i = 1; i < argc && !rc; i++) {
-		int r = text_cli_vocab_opt("detokenize", argc, argv, &i, &v);
-		if (r < 0)
-			rc = K3CTL_EXIT_USAGE;
-		else if (r)
-			continue;
-		else if (!strcmp(argv[i], "-")) {
+	for (int i = 0; !rc && text_cli_next("detokenize", argc, argv, &i, &v);) {
+		if (!strcmp(argv[i], "-")) {
 			char *in = NULL;
 			size_t n;
 			if (text_cli_read("-", &in, &n))
@@ -80,6 +75,8 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 			nargs++;
 		}
 	}
+	if (v.bad)
+		rc = K3CTL_EXIT_USAGE;
 	if (!rc && !nargs)
 		rc = k3ctl_usage("detokenize", "[--model DIR | --vocab FILE] IDS...|-");
 	if (rc) {

@@ -34,23 +34,16 @@ int k3ctl_cmd_render_chat(int argc, char **argv)
 	size_t len = 0;
 	int rc = K3CTL_EXIT_OK;
 
-	for (int i = 1; i < argc; i++) {
-		int r = text_cli_vocab_opt("render-chat", argc, argv, &i, &v);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r)
-			continue;
+	for (int i = 0; text_cli_next("render-chat", argc, argv, &i, &v);) {
 		if (!strcmp(argv[i], "--ids"))
 			want_ids = true;
 		else if (!strcmp(argv[i], "--segments"))
 			want_segs = true;
-		else if (argv[i][0] == '-' && argv[i][1])
-			return k3ctl_usage("render-chat", "unknown option '%s'", argv[i]);
-		else if (!path)
-			path = argv[i];
-		else
-			return k3ctl_usage("render-chat", "takes one FILE");
+		else if ((rc = text_cli_operand("render-chat", argv[i], &path, "takes one FILE")))
+			return rc;
 	}
+	if (v.bad)
+		return K3CTL_EXIT_USAGE;
 	if (!path)
 		return k3ctl_usage("render-chat", "FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]");
 	if (text_cli_read(path, &buf, &len))
