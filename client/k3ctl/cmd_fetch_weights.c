@@ -51,12 +51,7 @@ int k3ctl_cmd_fetch_weights(int argc, char **argv)
 
 	k3ctl_setup_cli_init(&c);
 	memset(layers, 0, sizeof(layers));
-	for (int i = 1; i < argc; i++) {
-		int r = k3ctl_setup_cli_option(&c, "fetch-weights", argc, argv, &i);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r > 0)
-			continue;
+	for (int i = 0; k3ctl_setup_cli_next(&c, "fetch-weights", argc, argv, &i);) {
 		if (strcmp(argv[i], "--spine-only") == 0) {
 			spine_only = true;
 		} else if (strcmp(argv[i], "--experts-only") == 0) {
@@ -73,6 +68,8 @@ int k3ctl_cmd_fetch_weights(int argc, char **argv)
 					   argv[i]);
 		}
 	}
+	if (c.bad)
+		return K3CTL_EXIT_USAGE;
 	if (spine_only && (experts_only || have_layers))
 		return k3ctl_usage("fetch-weights", "--spine-only excludes --experts-only and --layers");
 	if ((code = k3ctl_setup_cli_finish(&c, false)) != 0)

@@ -63,12 +63,7 @@ int k3ctl_cmd_setup(int argc, char **argv)
 	int rc, code;
 
 	k3ctl_setup_cli_init(&c);
-	for (int i = 1; i < argc; i++) {
-		int r = k3ctl_setup_cli_option(&c, "setup", argc, argv, &i);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r > 0)
-			continue;
+	for (int i = 0; k3ctl_setup_cli_next(&c, "setup", argc, argv, &i);) {
 		if (strcmp(argv[i], "--full") == 0)
 			full = true;
 		else if (strcmp(argv[i], "--stream") == 0)
@@ -82,6 +77,8 @@ int k3ctl_cmd_setup(int argc, char **argv)
 		else
 			return k3ctl_usage("setup", "usage: k3ctl setup " USAGE " (unexpected '%s')", argv[i]);
 	}
+	if (c.bad)
+		return K3CTL_EXIT_USAGE;
 	if (full && stream)
 		return k3ctl_usage("setup", "--full and --stream exclude each other");
 	if (do_plan && check)

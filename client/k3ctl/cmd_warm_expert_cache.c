@@ -108,12 +108,7 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 	int code;
 
 	k3ctl_setup_cli_init(&c);
-	for (int i = 1; i < argc; i++) {
-		int r = k3ctl_setup_cli_option(&c, "warm-expert-cache", argc, argv, &i);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r > 0)
-			continue;
+	for (int i = 0; k3ctl_setup_cli_next(&c, "warm-expert-cache", argc, argv, &i);) {
 		if (strcmp(argv[i], "--fetch") == 0 && i + 1 < argc) {
 			if (k3_parse_u64(argv[++i], 1, 1u << 24, &fetch, &err) != 0)
 				return k3ctl_usage("warm-expert-cache", "--fetch: %s", err.msg);
@@ -134,6 +129,8 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 					   argv[i]);
 		}
 	}
+	if (c.bad)
+		return K3CTL_EXIT_USAGE;
 	if (!trace)
 		return k3ctl_usage("warm-expert-cache", "--trace FILE is required");
 	if (fetch && preload)

@@ -23,8 +23,10 @@ void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c)
 	c->o.progress = k3ctl_g.json ? K3_SETUP_PROGRESS_JSON : K3_SETUP_PROGRESS_AUTO;
 }
 
-int k3ctl_setup_cli_option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
-			   int *i)
+/* If argv[*i] is one of the shared options, consumes it (and its value)
+ * and returns 1; 0 when it is not one; -1 after printing a usage error
+ * for `cmd`. */
+static int option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv, int *i)
 {
 	const char *a = argv[*i];
 	/* the options whose value is kept as given, and the counts */
@@ -82,6 +84,19 @@ int k3ctl_setup_cli_option(struct k3ctl_setup_cli *c, const char *cmd, int argc,
 bad:
 	k3ctl_usage(cmd, "%s: %s", a, err.msg);
 	return -1;
+}
+
+bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
+			  int *i)
+{
+	while (++*i < argc) {
+		int r = option(c, cmd, argc, argv, i);
+		if (r <= 0) {
+			c->bad = r < 0;
+			return r == 0;
+		}
+	}
+	return false;
 }
 
 /* The shipped inventory named name: $K3_INVENTORY_DIR, the installed data

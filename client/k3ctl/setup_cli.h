@@ -21,16 +21,19 @@ struct k3ctl_setup_cli {
 	struct k3_setup_inventory *inv;   /* loaded by k3ctl_setup_cli_finish */
 	char dir[4096];
 	char token[4096];
+	bool bad;                         /* a shared option was refused (usage printed) */
 };
 
 /* Sets the defaults. */
 void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c);
 
-/* If argv[*i] is one of the shared options, consumes it (and its value)
- * and returns 1; 0 when it is not one; -1 after printing a usage error
- * for `cmd`. */
-int k3ctl_setup_cli_option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
-			   int *i);
+/* Steps *i (start: 0) to the command's next argument, taking the shared
+ * options (and their values) on the way. True with argv[*i] that
+ * argument; false at the end of argv, or with c->bad set after a usage
+ * error for `cmd` (printed). A shared option without its value is the
+ * command's to refuse. */
+bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
+			  int *i);
 
 /* Loads the inventory, decides the model directory and reads the token.
  * need_inventory false: a missing default inventory is fine when --model
