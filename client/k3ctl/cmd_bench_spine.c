@@ -219,24 +219,19 @@ int k3ctl_bench_compare_spine(int argc, char **argv)
 	struct k3_err err = { 0 };
 	int rc = 0;
 
-	struct k3ctl_args args = { .spec = &compare_args, .argc = argc, .argv = argv, .rc = &rc,
-				   .err = &err };
+	const struct k3ctl_arg_str strs[] = {
+		{ "--model", &model_dir }, { "--text", &text_file }, { "--prompt", &prompt },
+		{ "--ids", &ids_s }, { "--spine-int8-dir", &int8_dir },
+	};
+	struct k3ctl_args args = { .spec = &compare_args, .argc = argc, .argv = argv,
+				   .strs = strs, .n_strs = sizeof(strs) / sizeof(strs[0]),
+				   .rc = &rc, .err = &err };
 	while (k3ctl_args_next(&args)) {
 		const char *a = args.opt, *val = args.val;
 		if (!strcmp(a, "--compare-spine"))
 			continue;   /* what brought the walk here */
 		if (!strcmp(a, "--per-class"))
 			per_class = true;
-		else if (!strcmp(a, "--model"))
-			model_dir = val;
-		else if (!strcmp(a, "--text"))
-			text_file = val;
-		else if (!strcmp(a, "--prompt"))
-			prompt = val;
-		else if (!strcmp(a, "--ids"))
-			ids_s = val;
-		else if (!strcmp(a, "--spine-int8-dir"))
-			int8_dir = val;
 		else if (!strcmp(a, "--positions"))
 			rc = k3_parse_u64(val, 1, CMP_MAX_POSITIONS, &positions, &err);
 		else if (!strcmp(a, "--threads"))

@@ -147,26 +147,23 @@ int k3ctl_cmd_forward(int argc, char **argv)
 	struct k3_err err = { 0, "" };
 	int rc = 0;
 
-	struct k3ctl_args args = { .spec = &forward_args, .argc = argc, .argv = argv, .rc = &rc,
-				   .err = &err };
+	const struct k3ctl_arg_str strs[] = {
+		{ "--model", &dir }, { "--ids", &ids_s }, { "--provider", &provider },
+		{ "--spine-int8-dir", &int8_dir },
+	};
+	struct k3ctl_args args = { .spec = &forward_args, .argc = argc, .argv = argv,
+				   .strs = strs, .n_strs = sizeof(strs) / sizeof(strs[0]),
+				   .rc = &rc, .err = &err };
 	while (k3ctl_args_next(&args)) {
 		const char *a = args.opt, *val = args.val;
 		if (!strcmp(a, "--json")) {
 			json = true;
 		} else if (!strcmp(a, "--reference")) {
 			reference = true;
-		} else if (!strcmp(a, "--model")) {
-			dir = val;
-		} else if (!strcmp(a, "--ids")) {
-			ids_s = val;
-		} else if (!strcmp(a, "--provider")) {
-			provider = val;
 		} else if (!strcmp(a, "--spine")) {
 			if (strcmp(val, "bf16") && strcmp(val, "int8"))
 				return k3ctl_usage("forward", "--spine: '%s' is not bf16 or int8", val);
 			int8 = !strcmp(val, "int8");
-		} else if (!strcmp(a, "--spine-int8-dir")) {
-			int8_dir = val;
 		} else if (!strcmp(a, "--steps")) {
 			rc = k3_parse_u64(val, 0, FWD_MAX_STEPS, &steps, &err);
 		} else if (!strcmp(a, "--threads")) {

@@ -72,10 +72,17 @@ struct k3ctl_args_spec {
 	const char *need;          /* the message (a k3ctl_usage format with one %s, the
 				    * option) for an option whose value is missing */
 };
+/* An option whose value is kept as given: the walk stores it in *to. */
+struct k3ctl_arg_str {
+	const char *name;
+	const char **to;
+};
 struct k3ctl_args {
 	const struct k3ctl_args_spec *spec;
 	int argc;
 	char **argv;               /* argv[0] is the command name */
+	const struct k3ctl_arg_str *strs;   /* taken on the way, not returned (may be NULL) */
+	size_t n_strs;
 	const int *rc;             /* the command's check of the last value (may be NULL):
 				    * nonzero stops the walk with "OPTION: err->msg" */
 	const struct k3_err *err;
@@ -84,7 +91,7 @@ struct k3ctl_args {
 	bool stop;                 /* the walk ended early: return code */
 	int code;
 };
-/* Steps to the next option: true with a->opt and a->val set; false at the
+/* Steps to the next option not in a->strs: true with a->opt and a->val set; false at the
  * end of argv, or with a->stop set after -h/--help (help printed, code
  * K3CTL_EXIT_OK), an option without its value or a value *a->rc refused
  * (usage printed, code K3CTL_EXIT_USAGE). */

@@ -58,6 +58,7 @@ bool k3ctl_args_next(struct k3ctl_args *a)
 		a->code = k3ctl_usage(sp->cmd, "%s: %s", a->opt, a->err->msg);
 		return false;
 	}
+next:
 	if (++a->i >= a->argc)
 		return false;
 	a->opt = a->argv[a->i];
@@ -77,6 +78,11 @@ bool k3ctl_args_next(struct k3ctl_args *a)
 		return false;
 	}
 	a->val = a->argv[++a->i];
+	for (size_t k = 0; k < a->n_strs; k++)
+		if (!strcmp(a->opt, a->strs[k].name)) {
+			*a->strs[k].to = a->val;
+			goto next;
+		}
 	return true;
 }
 
