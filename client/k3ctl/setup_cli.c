@@ -16,9 +16,11 @@
 
 #define DEFAULT_INVENTORY "kimi-k3.json"
 
-void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c)
+void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c, const char *cmd, const char *synopsis)
 {
 	memset(c, 0, sizeof(*c));
+	c->cmd = cmd;
+	c->synopsis = synopsis;
 	k3_setup_opts_default(&c->o);
 	c->o.progress = k3ctl_g.json ? K3_SETUP_PROGRESS_JSON : K3_SETUP_PROGRESS_AUTO;
 }
@@ -86,17 +88,23 @@ bad:
 	return -1;
 }
 
-bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
-			  int *i)
+bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, int argc, char **argv, int *i)
 {
 	while (++*i < argc) {
-		int r = option(c, cmd, argc, argv, i);
+		int r = option(c, c->cmd, argc, argv, i);
 		if (r <= 0) {
 			c->bad = r < 0;
-			return r == 0;
+			return true;
 		}
 	}
 	return false;
+}
+
+int k3ctl_setup_cli_unexpected(const struct k3ctl_setup_cli *c, const char *arg)
+{
+	if (c->bad)
+		return K3CTL_EXIT_USAGE;
+	return k3ctl_usage(c->cmd, "usage: k3ctl %s %s (unexpected '%s')", c->cmd, c->synopsis, arg);
 }
 
 /* The shipped inventory named name: $K3_INVENTORY_DIR, the installed data
