@@ -317,8 +317,8 @@ int k3ctl_cmd_status(int argc, char **argv)
 		printf("connections: %u\n", s->connections);
 		printf("generation:  %u running, %u/%u queued\n", s->running, s->queued, s->queue_max);
 		if (s->has_parallel)
-			printf("passes:      %u seats (--parallel); %llu passes, %.2f sequences per pass "
-			       "on average, %u in the latest\n", s->parallel,
+			printf("passes:      %u seat%s (--parallel); %llu passes, %.2f sequences per pass "
+			       "on average, %u in the latest\n", s->parallel, s->parallel == 1 ? "" : "s",
 			       (unsigned long long)s->passes_total, s->pass_width_mean, s->pass_width);
 		jobs_print(s, n_jobs);
 		if (s->has_requests_total)
