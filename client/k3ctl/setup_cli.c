@@ -26,13 +26,12 @@ void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c, const char *cmd, const char
 }
 
 /* If argv[*i] is one of the shared options, consumes it (and its value)
- * and returns 1; 0 when it is not one; -1 after printing a usage error
- * for `cmd`. */
-static int option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv, int *i)
+ * and returns 1; 0 when it is not one; -1 after printing a usage error. */
+static int option(struct k3ctl_setup_cli *c, int argc, char **argv, int *i)
 {
 	const char *a = argv[*i];
 	/* the options whose value is kept as given, and the counts */
-	const struct { const char *name; const char **to; } strs[] = {
+	const struct k3ctl_arg_str strs[] = {
 		{ "--model-root", &c->model_root }, { "--model", &c->model_dir },
 		{ "--inventory", &c->inventory_path }, { "--from", &c->o.from },
 		{ "--cacert", &c->o.cacert }, { "--token-file", &c->token_file },
@@ -54,7 +53,7 @@ static int option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **a
 		if (strcmp(a, strs[k].name) != 0)
 			continue;
 		if (strs[k].to == &c->o.from && strncmp(val, "https://", 8) != 0) {
-			k3ctl_usage(cmd, "--from must be an https:// URL (plain HTTP is never used)");
+			k3ctl_usage(c->cmd, "--from must be an https:// URL (plain HTTP is never used)");
 			return -1;
 		}
 		*strs[k].to = val;
@@ -84,14 +83,14 @@ static int option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **a
 	++*i;
 	return 1;
 bad:
-	k3ctl_usage(cmd, "%s: %s", a, err.msg);
+	k3ctl_usage(c->cmd, "%s: %s", a, err.msg);
 	return -1;
 }
 
 bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, int argc, char **argv, int *i)
 {
 	while (++*i < argc) {
-		int r = option(c, c->cmd, argc, argv, i);
+		int r = option(c, argc, argv, i);
 		if (r <= 0) {
 			c->bad = r < 0;
 			return true;
