@@ -2,7 +2,10 @@
  * bench.h - what the files of `k3ctl bench` share: its options
  * (cmd_bench.c parses them), the disk yardstick and the probe store's cold
  * reads (cmd_bench_disk.c), the run (cmd_bench_run.c) and its report
- * (cmd_bench_report.c). What the figures mean: cmd_bench.c's head comment.
+ * (cmd_bench_report.c), and the model, store and engine that the run and
+ * bench --parallel (cmd_bench_batch.c) both measure through
+ * (k3ctl_bench_setup, cmd_bench_run.c). What the figures mean:
+ * cmd_bench.c's head comment.
  */
 #ifndef K3CTL_BENCH_H
 #define K3CTL_BENCH_H
