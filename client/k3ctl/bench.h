@@ -2,7 +2,10 @@
  * bench.h - what the files of `k3ctl bench` share: its options
  * (cmd_bench.c parses them), the disk yardstick and the probe store's cold
  * reads (cmd_bench_disk.c), the run (cmd_bench_run.c) and its report
- * (cmd_bench_report.c). What the figures mean: cmd_bench.c's head comment.
+ * (cmd_bench_report.c), and the model, store and engine that the run and
+ * bench --parallel (cmd_bench_batch.c) both measure through
+ * (k3ctl_bench_setup, cmd_bench_run.c). What the figures mean:
+ * cmd_bench.c's head comment.
  */
 #ifndef K3CTL_BENCH_H
 #define K3CTL_BENCH_H
@@ -14,7 +17,9 @@
 #include "base/err.h"
 #include "store/store.h"
 #include "store/store_drives.h"
+#include "store/store_engine.h"
 #include "store/store_spine.h"
+#include "text/text_tok.h"
 
 enum { BENCH_MAX_NEW = 4096, BENCH_MAX_PROMPT = 4096, BENCH_MAX_SAMPLES = 64 };
 
@@ -146,5 +151,49 @@ struct k3ctl_bench_result {
 /* Prints the report of r: one JSON object on stdout under --json, else
  * the text lines. */
 void k3ctl_bench_report(const struct k3ctl_bench_result *r);
+
+/* What both bench runs (cmd_bench_run.c, cmd_bench_batch.c) measure
+ * through, made as k3d makes it: the model, its expert source and store,
+ * the spine loader (when the plan streams) and the engine over them with
+ * the store's experts as its expert source. */
+struct k3ctl_bench_setup {
+	char tmpdir[2048];                   /* --preset: the installed model ("": none);
+					      * leaves packdir room for its suffix */
+	char packdir[4096];                  /* the model's pack directory */
+	bool have_packs;                     /* packdir is there, and no --no-packs */
+	struct k3_tok_ids text_ids;          /* --preset: the prompt's ids */
+	struct k3_model *model;
+	struct k3_store_source *src;         /* opened by the caller */
+	struct k3_store *store;              /* made by the caller, over src */
+	struct k3_engine *e;
+	struct k3_store_spine *spine;        /* NULL: the spine is mapped */
+	struct k3_store_spine_info sinfo;    /* zero when mapped */
+	struct k3_store_spine_report srep;
+	struct k3_store_engine_src ectx;     /* the expert source's state; outlives e */
+	bool ectx_init;
+};
+
+/* Zeroes s and opens its model: with tag (--preset trained) the trained
+ * demo model installed by k3ctl_bench_trained_model under tag (model_dir
+ * is then s->tmpdir), else model_dir; refuses a model without MoE layers
+ * and finds its packs (none with no_packs). Returns 0 or a negative errno
+ * (err says why); call k3ctl_bench_setup_close after either. */
+int k3ctl_bench_model_open(struct k3ctl_bench_setup *s, const char *model_dir, const char *tag,
+			   bool no_packs, struct k3_err *err);
+
+/* Opens s's spine loader (when streams: plan's resident set and ring, from
+ * the spine pack when s has packs, else the shards, read with direct
+ * through the store's readers) and then the engine (threads, max_chunk: 0
+ * for the defaults) with s->store's experts, prefetching per_position
+ * guesses per position (0: off). s->store must be made. Returns 0 or a
+ * negative errno (err says why). */
+struct k3_store_plan_out;
+int k3ctl_bench_engine_open(struct k3ctl_bench_setup *s, const struct k3_store_plan_out *plan,
+			    bool streams, enum k3_store_direct direct, uint32_t threads,
+			    uint32_t max_chunk, uint32_t per_position, struct k3_err *err);
+
+/* Frees what s holds, each before what it borrows (the engine, the spine
+ * loader, the store, the source, the model) and removes s->tmpdir. */
+void k3ctl_bench_setup_close(struct k3ctl_bench_setup *s);
 
 #endif

@@ -101,6 +101,12 @@ static void usage(void)
 		"       per-sequence tok/s, bytes per token, ids against each one's solo run)\n");
 }
 
+static const char *const bench_flags[] = { "--no-packs", NULL };
+static const struct k3ctl_args_spec bench_args = {
+	.cmd = "bench", .flags = bench_flags, .help = usage,
+	.need = "%s needs a value (see --help)",
+};
+
 int k3ctl_cmd_bench(int argc, char **argv)
 {
 	struct k3ctl_bench_opts o = {
@@ -109,6 +115,7 @@ int k3ctl_cmd_bench(int argc, char **argv)
 		.spine_resident = K3_STORE_PLAN_RESIDENT_DEFAULT,
 	};
 	struct k3_err err = { 0 };
+	int rc = 0;
 
 	k3_store_drive_opts_init(&o.dopts);
 
@@ -120,22 +127,14 @@ int k3ctl_cmd_bench(int argc, char **argv)
 	for (int i = 1; i < argc; i++)
 		if (!strcmp(argv[i], "--parallel"))
 			return k3ctl_bench_batch(argc, argv);
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage();
-			return K3CTL_EXIT_OK;
-		}
-		if (!strcmp(a, "--no-packs")) {
-			o.no_packs = true;
-			continue;
-		}
-		if (i + 1 >= argc)
-			return k3ctl_usage("bench", "%s needs a value (see --help)", a);
-		const char *val = argv[++i];
+	struct k3ctl_args args = { .spec = &bench_args, .argc = argc, .argv = argv, .rc = &rc,
+				   .err = &err };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *val = args.val;
 		uint64_t v = 0;
-		int rc = 0;
-		if (!strcmp(a, "--model"))
+		if (!strcmp(a, "--no-packs"))
+			o.no_packs = true;
+		else if (!strcmp(a, "--model"))
 			o.model_dir = val;
 		else if (!strcmp(a, "--preset")) {
 			if (strcmp(val, "trained"))
@@ -191,9 +190,9 @@ int k3ctl_cmd_bench(int argc, char **argv)
 				o.prefetch = (int64_t)v;
 		} else
 			return k3ctl_usage("bench", "unknown option '%s' (see --help)", a);
-		if (rc)
-			return k3ctl_usage("bench", "%s: %s", a, err.msg);
 	}
+	if (args.stop)
+		return args.code;
 	if (!!o.model_dir + !!o.preset != 1)
 		return k3ctl_usage("bench", "one of --model DIR and --preset trained is required");
 	if (o.gate > 0 && o.prefetch >= 0)

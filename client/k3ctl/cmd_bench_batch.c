@@ -89,6 +89,11 @@ static void bb_settle(struct k3_store *store, struct k3_store_spine *spine)
 	k3_store_idle(store);
 }
 
+static const char *const batch_flags[] = { "--no-packs", NULL };
+static const struct k3ctl_args_spec batch_args = {
+	.cmd = "bench", .flags = batch_flags, .need = "%s needs a value (see --help)",
+};
+
 int k3ctl_bench_batch(int argc, char **argv)
 {
 	const char *model_dir = NULL, *preset = NULL;
@@ -104,16 +109,13 @@ int k3ctl_bench_batch(int argc, char **argv)
 	int rc = 0, code = K3CTL_EXIT_ERROR;
 
 	k3_store_drive_opts_init(&dopts);
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "--no-packs")) {
+	struct k3ctl_args args = { .spec = &batch_args, .argc = argc, .argv = argv, .rc = &rc,
+				   .err = &err };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *val = args.val;
+		if (!strcmp(a, "--no-packs"))
 			no_packs = true;
-			continue;
-		}
-		if (i + 1 >= argc)
-			return k3ctl_usage("bench", "%s needs a value (see --help)", a);
-		const char *val = argv[++i];
-		if (!strcmp(a, "--parallel"))
+		else if (!strcmp(a, "--parallel"))
 			rc = bb_parse_list(val, list, &n_list, &err);
 		else if (!strcmp(a, "--model"))
 			model_dir = val;
@@ -148,57 +150,41 @@ int k3ctl_bench_batch(int argc, char **argv)
 		else
 			return k3ctl_usage("bench", "--parallel: option '%s' is not taken here (see "
 					   "--help)", a);
-		if (rc)
-			return k3ctl_usage("bench", "%s: %s", a, err.msg);
 	}
+	if (args.stop)
+		return args.code;
 	if (!!model_dir + !!preset != 1)
 		return k3ctl_usage("bench", "one of --model DIR and --preset trained is required");
 	uint32_t nmax = 1;
 	for (unsigned i = 0; i < n_list; i++)
 		nmax = list[i] > nmax ? list[i] : nmax;
 
-	struct k3_model *model = NULL;
-	struct k3_engine *e = NULL;
+	struct k3ctl_bench_setup bs;
 	struct k3_engine_seq *seqs[BB_MAX_N] = { 0 };
-	struct k3_store_source *src = NULL;
-	struct k3_store *store = NULL;
-	struct k3_store_spine *spine = NULL;
-	struct k3_store_engine_src ectx;
-	bool ectx_init = false;
 	struct k3_store_open_report rep = { 0 };
 	struct k3_store_plan_out plan;
-	struct k3_tok_ids text_ids = { 0 };
-	char packdir[4096], tmpdir[2048] = "";
 	int32_t *prompts[BB_MAX_N] = { 0 };
 	uint32_t plen[BB_MAX_N] = { 0 };
 	uint32_t *ref[BB_MAX_N] = { 0 }, *got[BB_MAX_N] = { 0 };
 	float *logits[BB_MAX_N] = { 0 };
 	struct bb_run *runs = calloc(n_list, sizeof(*runs));
 
-	if (!runs) {
+	rc = k3ctl_bench_model_open(&bs, model_dir, preset ? "batch" : NULL, no_packs, &err);
+	if (!rc && !runs)
 		rc = k3_err_set(&err, -ENOMEM, "out of memory");
+	if (rc)
 		goto fail;
-	}
 	if (preset) {
-		if ((rc = k3ctl_bench_trained_model(tmpdir, sizeof(tmpdir), "batch", &text_ids, &err)))
-			goto fail;
-		model_dir = tmpdir;
-		if (prompt_len > text_ids.n)
-			prompt_len = text_ids.n;
+		model_dir = bs.tmpdir;
+		if (prompt_len > bs.text_ids.n)
+			prompt_len = bs.text_ids.n;
 	}
-	if ((rc = k3_model_open(model_dir, &model, &err)))
+	const struct k3_model_config *mc = k3_model_config(bs.model);
+	const char *packs = bs.have_packs ? bs.packdir : NULL;
+	if ((rc = k3_store_source_open_model(bs.model, packs, direct, &bs.src, &rep, &err)))
 		goto fail;
-	const struct k3_model_config *mc = k3_model_config(model);
-	if (!mc->n_moe) {
-		rc = k3_err_set(&err, -EINVAL, "the model has no MoE layers: nothing to stream");
-		goto fail;
-	}
-	snprintf(packdir, sizeof(packdir), "%s/%s", model_dir, K3_STORE_PACK_SUBDIR);
-	bool have_packs = !no_packs && access(packdir, F_OK) == 0;
-	if ((rc = k3_store_source_open_model(model, have_packs ? packdir : NULL, direct, &src, &rep, &err)))
-		goto fail;
-	uint64_t slot = k3_store_source_slot_bytes(src);
-	uint64_t pool = (uint64_t)k3_store_source_count(src) * slot;
+	uint64_t slot = k3_store_source_slot_bytes(bs.src);
+	uint64_t pool = (uint64_t)k3_store_source_count(bs.src) * slot;
 	/* the plan k3d would make with nmax seats */
 	struct k3_store_plan_in pi = {
 		.spine_resident = spine_resident, .expert_cache_bytes = cache_bytes,
@@ -206,48 +192,26 @@ int k3ctl_bench_batch(int argc, char **argv)
 		.slot_bytes = slot, .max_chunk = (uint32_t)prefill_chunk,
 	};
 	bool streams;
-	if ((rc = k3_store_plan_model(model, &pi, &plan, &streams, &err)))
+	if ((rc = k3_store_plan_model(bs.model, &pi, &plan, &streams, &err)))
 		goto fail;
 	struct k3_store_config cfg = {
 		.cache_bytes = plan.expert_cache_bytes, .io_threads = (unsigned)io_threads,
 		.prefetch_slots = -1, .prefetch_auto = true, .check_scales = true, .prefault = true,
 		.min_slots = mc->num_experts_per_token * nmax,
 	};
-	if ((rc = k3_store_drive_opts_apply(&dopts, k3_store_source_drive_count(src), &cfg, &err)) ||
-	    (rc = k3_store_new(src, &cfg, &store, &err)))
+	if ((rc = k3_store_drive_opts_apply(&dopts, k3_store_source_drive_count(bs.src), &cfg, &err)) ||
+	    (rc = k3_store_new(bs.src, &cfg, &bs.store, &err)))
 		goto fail;
 	struct k3_store_info info;
-	k3_store_info_get(store, &info);
+	k3_store_info_get(bs.store, &info);
 	double io_rate = 0;
 	for (uint32_t d = 0; d < info.n_drives; d++)
 		io_rate += (double)info.drive[d].emulated_rate / 1e9;
-	struct k3_engine_opts eo = { .threads = (uint32_t)threads, .max_chunk = (uint32_t)prefill_chunk };
-	struct k3_spine_source ss;
-	struct k3_store_spine_info sinfo = { 0 };
-	struct k3_store_spine_report srep = { 0 };
-	if (streams) {
-		struct k3_store_spine_config scfg = {
-			.resident_layers = plan.resident_layers, .head_resident = plan.head_resident,
-			.ring_arenas = plan.ring_arenas, .direct = direct,
-			.io = k3_store_reader_pool(store), .max_rows = (uint32_t)prefill_chunk,
-		};
-		char spath[4200];
-		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
-		if ((rc = k3_store_spine_new(model, have_packs ? spath : NULL, &scfg, &spine, &srep, &err)))
-			goto fail;
-		k3_store_spine_source(spine, &ss);
-		k3_store_spine_info_get(spine, &sinfo);
-		eo.spine = &ss;
-	}
-	if ((rc = k3_engine_open(model, &eo, &e, &err)))
+	if ((rc = k3ctl_bench_engine_open(&bs, &plan, streams, direct, (uint32_t)threads,
+					  (uint32_t)prefill_chunk, mc->num_experts_per_token, &err)))
 		goto fail;
-	struct k3_expert_source es;
-	k3_store_engine_src_init(&ectx, store, &es);
-	ectx_init = true;
-	k3_store_engine_src_set_prefetch(&ectx, mc->num_experts_per_token, &es);
-	k3_engine_set_expert_source(e, &es);
 
-	const uint32_t V = k3_engine_vocab(e);
+	const uint32_t V = k3_engine_vocab(bs.e);
 	uint64_t rng = seed * 0x9E3779B97F4A7C15ull;
 	for (uint32_t k = 0; k < nmax; k++) {
 		/* different lengths, different ids: the trained text from a
@@ -264,7 +228,7 @@ int k3ctl_bench_batch(int argc, char **argv)
 		plen[k] = len;
 		for (uint32_t i = 0; i < len; i++) {
 			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-			prompts[k][i] = preset ? (int32_t)text_ids.v[(i + k) % text_ids.n]
+			prompts[k][i] = preset ? (int32_t)bs.text_ids.v[(i + k) % bs.text_ids.n]
 					       : (int32_t)((rng >> 33) % V);
 		}
 	}
@@ -274,10 +238,11 @@ int k3ctl_bench_batch(int argc, char **argv)
 	       mc->num_experts_per_token, (double)pool / 1e9, info.n_slots,
 	       (double)info.n_slots * (double)info.slot_bytes / 1e9,
 	       100.0 * (double)info.n_slots * (double)info.slot_bytes / (double)pool,
-	       spine ? "streamed" : "mapped", io_rate > 0 ? "" : "off: ", io_rate);
-	if (spine)
-		printf("spine: %u of %u layers resident, %.3f GB streamed per pass\n", sinfo.resident_layers,
-		       sinfo.n_layers, (double)sinfo.streamed_bytes_per_pass / 1e9);
+	       bs.spine ? "streamed" : "mapped", io_rate > 0 ? "" : "off: ", io_rate);
+	if (bs.spine)
+		printf("spine: %u of %u layers resident, %.3f GB streamed per pass\n",
+		       bs.sinfo.resident_layers, bs.sinfo.n_layers,
+		       (double)bs.sinfo.streamed_bytes_per_pass / 1e9);
 	printf("%u sequences of %u..%u prompt ids, %llu ids each; %llu rounds, N interleaved\n", nmax,
 	       plen[nmax - 1], plen[0], (unsigned long long)max_new, (unsigned long long)reps);
 	fflush(stdout);
@@ -286,14 +251,14 @@ int k3ctl_bench_batch(int argc, char **argv)
 	for (uint32_t k = 0; k < nmax; k++) {
 		struct k3_engine_out out = { K3_ENGINE_LOGITS_LAST, logits[k], NULL, NULL };
 		struct k3_engine_seq *sq = NULL;
-		if ((rc = k3_engine_seq_new(e, plen[k] + (uint32_t)max_new + 1, &sq, &err)))
+		if ((rc = k3_engine_seq_new(bs.e, plen[k] + (uint32_t)max_new + 1, &sq, &err)))
 			goto fail;
-		rc = k3_engine_forward(e, sq, prompts[k], plen[k], &out, &err);
+		rc = k3_engine_forward(bs.e, sq, prompts[k], plen[k], &out, &err);
 		for (uint32_t g = 0; !rc && g < max_new; g++) {
 			int32_t tok = (int32_t)k3_engine_argmax(logits[k], V);
 			ref[k][g] = (uint32_t)tok;
 			if (g + 1 < max_new)
-				rc = k3_engine_forward(e, sq, &tok, 1, &out, &err);
+				rc = k3_engine_forward(bs.e, sq, &tok, 1, &out, &err);
 		}
 		k3_engine_seq_free(sq);
 		if (rc)
@@ -307,34 +272,34 @@ int k3ctl_bench_batch(int argc, char **argv)
 			int32_t tok[BB_MAX_N];
 			for (uint32_t k = 0; k < N; k++) {
 				outs[k] = (struct k3_engine_out){ K3_ENGINE_LOGITS_LAST, logits[k], NULL, NULL };
-				if ((rc = k3_engine_seq_new(e, plen[k] + (uint32_t)max_new + 1, &seqs[k], &err)) ||
-				    (rc = k3_engine_forward(e, seqs[k], prompts[k], plen[k], &outs[k], &err)))
+				if ((rc = k3_engine_seq_new(bs.e, plen[k] + (uint32_t)max_new + 1, &seqs[k], &err)) ||
+				    (rc = k3_engine_forward(bs.e, seqs[k], prompts[k], plen[k], &outs[k], &err)))
 					goto fail;
 				got[k][0] = k3_engine_argmax(logits[k], V);
 			}
-			bb_settle(store, spine);
+			bb_settle(bs.store, bs.spine);
 			struct k3_store_stats x0, x1, xd;
 			struct k3_store_spine_stats s0 = { 0 }, s1 = { 0 }, sd = { 0 };
-			k3_store_stats_get(store, &x0);
-			if (spine)
-				k3_store_spine_stats_get(spine, &s0);
+			k3_store_stats_get(bs.store, &x0);
+			if (bs.spine)
+				k3_store_spine_stats_get(bs.spine, &s0);
 			double t0 = k3ctl_bench_now_s();
 			for (uint32_t g = 1; g < max_new; g++) {
 				for (uint32_t k = 0; k < N; k++) {
 					tok[k] = (int32_t)got[k][g - 1];
 					parts[k] = (struct k3_engine_part){ seqs[k], &tok[k], 1, &outs[k], NULL };
 				}
-				if ((rc = k3_engine_forward_batch(e, parts, N, &err)))
+				if ((rc = k3_engine_forward_batch(bs.e, parts, N, &err)))
 					goto fail;
 				for (uint32_t k = 0; k < N; k++)
 					got[k][g] = k3_engine_argmax(logits[k], V);
 			}
-			bb_settle(store, spine);
+			bb_settle(bs.store, bs.spine);
 			double wall = k3ctl_bench_now_s() - t0;
-			k3_store_stats_get(store, &x1);
+			k3_store_stats_get(bs.store, &x1);
 			k3_store_stats_sub(&x1, &x0, &xd);
-			if (spine) {
-				k3_store_spine_stats_get(spine, &s1);
+			if (bs.spine) {
+				k3_store_spine_stats_get(bs.spine, &s1);
 				k3_store_spine_stats_sub(&s1, &s0, &sd);
 			}
 			struct bb_run *r = &runs[li];
@@ -383,15 +348,6 @@ fail:
 		free(logits[k]);
 	}
 	free(runs);
-	k3_engine_free(e);
-	if (ectx_init)
-		k3_store_engine_src_release(&ectx);
-	k3_store_spine_free(spine);
-	k3_store_free(store);
-	k3_store_source_free(src);
-	k3_model_free(model);
-	k3_tok_ids_release(&text_ids);
-	if (tmpdir[0])
-		k3ctl_trained_remove(tmpdir);
+	k3ctl_bench_setup_close(&bs);
 	return code;
 }

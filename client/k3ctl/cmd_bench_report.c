@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 
 enum { SHOW_RANKS = 8 };
@@ -230,11 +231,7 @@ void k3ctl_bench_report(const struct k3ctl_bench_result *r)
 		json_object_set_new(o, "hedge_buffers", json_integer(info->hedge_buffers));
 		json_object_set_new(o, "drives", drives_json(all, info_end, r->n_drives, drive_disk,
 							    r->home_experts));
-		char *txt = json_dumps(o, JSON_COMPACT);
-		if (txt)
-			puts(txt);
-		free(txt);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT, NULL);
 	} else {
 		phase_print("prefill", pre, (uint32_t)opt->prompt_len);
 		phase_print("decode", dec, (uint32_t)opt->max_new);

@@ -70,70 +70,121 @@ static void snapshot(struct k3_store *store, struct k3_store_spine *spine,
 	}
 }
 
+int k3ctl_bench_model_open(struct k3ctl_bench_setup *s, const char *model_dir, const char *tag,
+			   bool no_packs, struct k3_err *err)
+{
+	int rc;
+
+	memset(s, 0, sizeof(*s));
+	if (tag) {
+		if ((rc = k3ctl_bench_trained_model(s->tmpdir, sizeof(s->tmpdir), tag, &s->text_ids,
+						     err)))
+			return rc;
+		model_dir = s->tmpdir;
+	}
+	if ((rc = k3_model_open(model_dir, &s->model, err)))
+		return rc;
+	if (!k3_model_config(s->model)->n_moe)
+		return k3_err_set(err, -EINVAL, "the model has no MoE layers: nothing to stream");
+	snprintf(s->packdir, sizeof(s->packdir), "%s/%s", model_dir, K3_STORE_PACK_SUBDIR);
+	s->have_packs = !no_packs && access(s->packdir, F_OK) == 0;
+	return 0;
+}
+
+int k3ctl_bench_engine_open(struct k3ctl_bench_setup *s, const struct k3_store_plan_out *plan,
+			    bool streams, enum k3_store_direct direct, uint32_t threads,
+			    uint32_t max_chunk, uint32_t per_position, struct k3_err *err)
+{
+	struct k3_engine_opts eo = { .threads = threads, .max_chunk = max_chunk };
+	struct k3_spine_source ss;   /* copied by the engine */
+	int rc;
+
+	if (streams) {
+		struct k3_store_spine_config scfg = {
+			.resident_layers = plan->resident_layers, .head_resident = plan->head_resident,
+			.ring_arenas = plan->ring_arenas, .direct = direct,
+			.io = k3_store_reader_pool(s->store), .max_rows = max_chunk,
+		};
+		char spath[4200];
+		snprintf(spath, sizeof(spath), "%s/spine.k3pack", s->packdir);
+		if ((rc = k3_store_spine_new(s->model, s->have_packs ? spath : NULL, &scfg, &s->spine,
+					     &s->srep, err)))
+			return rc;
+		k3_store_spine_source(s->spine, &ss);
+		k3_store_spine_info_get(s->spine, &s->sinfo);
+		eo.spine = &ss;
+	}
+	if ((rc = k3_engine_open(s->model, &eo, &s->e, err)))
+		return rc;
+	struct k3_expert_source es;   /* copied by the engine */
+	k3_store_engine_src_init(&s->ectx, s->store, &es);
+	s->ectx_init = true;
+	k3_store_engine_src_set_prefetch(&s->ectx, per_position, &es);
+	k3_engine_set_expert_source(s->e, &es);
+	return 0;
+}
+
+void k3ctl_bench_setup_close(struct k3ctl_bench_setup *s)
+{
+	k3_engine_free(s->e);
+	if (s->ectx_init)
+		k3_store_engine_src_release(&s->ectx);
+	k3_store_spine_free(s->spine);   /* before the store's reader pool it borrows */
+	k3_store_free(s->store);
+	k3_store_source_free(s->src);
+	k3_model_free(s->model);
+	k3_tok_ids_release(&s->text_ids);
+	if (s->tmpdir[0])
+		k3ctl_trained_remove(s->tmpdir);
+}
+
 int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 {
 	struct k3ctl_bench_opts o = *opts;   /* --preset: model_dir and prompt_len change */
 	struct k3_err err = { 0 };
-	struct k3_model *model = NULL;
-	struct k3_engine *e = NULL;
 	struct k3_engine_seq *seq = NULL;
-	struct k3_store_source *src = NULL, *dsrc = NULL;
-	struct k3_store *store = NULL;
-	struct k3_store_spine *spine = NULL;
+	struct k3_store_source *dsrc = NULL;
+	struct k3ctl_bench_setup bs;
 	struct k3ctl_bench_probe probe = { 0 };
 	bool probe_init = false;
-	struct k3_store_engine_src ectx;
-	bool ectx_init = false;
 	struct k3_store_open_report rep = { 0 };
 	struct k3_store_plan_out *plan = NULL;
 	int32_t *ids = NULL;
 	uint32_t *gen_ids = NULL;
 	float *logits = NULL;
 	struct k3ctl_bench_samples *sm = calloc(1, sizeof(*sm));
-	uint8_t *dbufs[K3_STORE_MAX_IO_THREADS] = { 0 };
+	uint8_t *dbufs[K3_STORE_MAX_IO_THREADS] = { 0 }, *dmem = NULL;   /* dbufs: slots of dmem */
 	int code = K3CTL_EXIT_ERROR, rc;
-	char packdir[4096], tmpdir[2048] = "";   /* tmpdir: leaves packdir room for its suffix */
-	struct k3_tok_ids text_ids = { 0 };
 
-	if (!sm) {
+	rc = k3ctl_bench_model_open(&bs, o.model_dir, o.preset ? "trained" : NULL, o.no_packs, &err);
+	if (!rc && !sm)
 		rc = k3_err_set(&err, -ENOMEM, "out of memory");
-		goto fail;
-	}
-	if (o.preset) {
-		if ((rc = k3ctl_bench_trained_model(tmpdir, sizeof(tmpdir), "trained", &text_ids, &err)))
-			goto fail;
-		o.model_dir = tmpdir;
-		if (o.prompt_len > text_ids.n)
-			o.prompt_len = text_ids.n;
-	}
-	rc = k3_model_open(o.model_dir, &model, &err);
 	if (rc)
 		goto fail;
-	const struct k3_model_config *mc = k3_model_config(model);
-	if (!mc->n_moe) {
-		rc = k3_err_set(&err, -EINVAL, "the model has no MoE layers: nothing to stream");
-		goto fail;
+	if (o.preset) {
+		o.model_dir = bs.tmpdir;
+		if (o.prompt_len > bs.text_ids.n)
+			o.prompt_len = bs.text_ids.n;
 	}
-	snprintf(packdir, sizeof(packdir), "%s/%s", o.model_dir, K3_STORE_PACK_SUBDIR);
-	bool have_packs = !o.no_packs && access(packdir, F_OK) == 0;
-	if ((rc = k3_store_source_open_model(model, have_packs ? packdir : NULL, o.direct, &src, &rep,
-					     &err))) {
+	const struct k3_model_config *mc = k3_model_config(bs.model);
+	const char *packs = bs.have_packs ? bs.packdir : NULL;
+	if ((rc = k3_store_source_open_model(bs.model, packs, o.direct, &bs.src, &rep, &err))) {
 		if (rc == -EMEDIUMTYPE)
 			k3_err_prefix(&err, "--direct on");
 		goto fail;
 	}
 	/* The disk yardstick reads the same files with O_DIRECT where it
 	 * works, whatever --direct the store was given. */
-	if ((rc = k3_store_source_open_model(model, have_packs ? packdir : NULL, K3_STORE_DIRECT_AUTO,
-					     &dsrc, NULL, &err)))
+	if ((rc = k3_store_source_open_model(bs.model, packs, K3_STORE_DIRECT_AUTO, &dsrc, NULL,
+					     &err)))
 		goto fail;
 	/* each --expert-dir: copies on the next drive, for the store and the
 	 * yardstick alike */
 	uint32_t home_experts[K3_STORE_MAX_DRIVES] = { 0 };
 	for (unsigned i = 0; i < o.n_dirs; i++) {
 		struct k3_store_home_report hr, dhr;
-		if ((rc = k3_store_source_add_home(src, model, o.dirs[i], i + 1, &hr, &err)) ||
-		    (rc = k3_store_source_add_home(dsrc, model, o.dirs[i], i + 1, &dhr, &err))) {
+		if ((rc = k3_store_source_add_home(bs.src, bs.model, o.dirs[i], i + 1, &hr, &err)) ||
+		    (rc = k3_store_source_add_home(dsrc, bs.model, o.dirs[i], i + 1, &dhr, &err))) {
 			k3_err_prefix(&err, "--expert-dir '%s'", o.dirs[i]);
 			goto fail;
 		}
@@ -145,8 +196,8 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 		}
 		home_experts[i + 1] = hr.experts;
 	}
-	uint64_t slot = k3_store_source_slot_bytes(src);
-	uint64_t pool = (uint64_t)k3_store_source_count(src) * slot;
+	uint64_t slot = k3_store_source_slot_bytes(bs.src);
+	uint64_t pool = (uint64_t)k3_store_source_count(bs.src) * slot;
 	/* The memory plan k3d would make for this machine: the spine mapped
 	 * when it fits, else (or with --spine-resident) the plan's resident
 	 * set through the spine loader; the expert cache what it leaves, or
@@ -162,7 +213,7 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 		.max_chunk = (uint32_t)o.prefill_chunk,
 	};
 	bool streams;
-	if ((rc = k3_store_plan_model(model, &pi, plan, &streams, &err)))
+	if ((rc = k3_store_plan_model(bs.model, &pi, plan, &streams, &err)))
 		goto fail;
 	bool pf_auto = o.prefetch < 0;
 	uint32_t per_position = pf_auto ? mc->num_experts_per_token : (uint32_t)o.prefetch;
@@ -172,60 +223,39 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 		.prefetch_min_precision = o.gate, .check_scales = true, .prefault = true,
 		.min_slots = mc->num_experts_per_token,
 	};
-	uint32_t n_drives = k3_store_source_drive_count(src);
+	uint32_t n_drives = k3_store_source_drive_count(bs.src);
 	if ((rc = k3_store_drive_opts_apply(&o.dopts, n_drives, &cfg, &err)) ||
-	    (rc = k3_store_new(src, &cfg, &store, &err)))
+	    (rc = k3_store_new(bs.src, &cfg, &bs.store, &err)))
 		goto fail;
 	struct k3_store_info info;
-	k3_store_info_get(store, &info);
+	k3_store_info_get(bs.store, &info);
 	/* the emulated drives' bandwidth in all (the floor reads at it) */
 	double io_rate = 0, io_latency_ms = (double)info.drive[0].emulated_latency_ns / 1e6;
 	for (uint32_t d = 0; d < info.n_drives; d++)
 		io_rate += (double)info.drive[d].emulated_rate / 1e9;
 	probe_init = true;
-	if ((rc = k3ctl_bench_probe_open(&probe, src, mc->num_experts_per_token, info.io_threads,
+	if ((rc = k3ctl_bench_probe_open(&probe, bs.src, mc->num_experts_per_token, info.io_threads,
 					  &err)))
 		goto fail;
-	for (unsigned i = 0; i < info.io_threads; i++) {
-		if (posix_memalign((void **)&dbufs[i], K3_STORE_ALIGN, slot) != 0) {
-			rc = k3_err_set(&err, -ENOMEM, "out of memory");
-			goto fail;
-		}
-		memset(dbufs[i], 0, slot);   /* prefault: no page faults inside the timing */
+	/* the yardstick's read buffers, one slot per reader, each aligned */
+	size_t dstride = (slot + K3_STORE_ALIGN - 1) / K3_STORE_ALIGN * K3_STORE_ALIGN;
+	if (posix_memalign((void **)&dmem, K3_STORE_ALIGN, dstride * info.io_threads) != 0) {
+		dmem = NULL;
+		rc = k3_err_set(&err, -ENOMEM, "out of memory");
+		goto fail;
 	}
+	memset(dmem, 0, dstride * info.io_threads);   /* prefault: no page faults inside the timing */
+	for (unsigned i = 0; i < info.io_threads; i++)
+		dbufs[i] = dmem + (size_t)i * dstride;
 	uint32_t d_buffered = 0;
 	for (uint32_t f = 0; f < k3_store_source_file_count(dsrc); f++)
 		d_buffered += !k3_store_source_file_direct(dsrc, f);
 
-	struct k3_engine_opts eo = { .threads = (uint32_t)o.threads,
-				     .max_chunk = (uint32_t)o.prefill_chunk };
-	struct k3_spine_source ss;
-	struct k3_store_spine_info sinfo = { 0 };
-	struct k3_store_spine_report srep = { 0 };
-	if (streams) {
-		struct k3_store_spine_config scfg = {
-			.resident_layers = plan->resident_layers, .head_resident = plan->head_resident,
-			.ring_arenas = plan->ring_arenas, .direct = o.direct,
-			.io = k3_store_reader_pool(store), .max_rows = (uint32_t)o.prefill_chunk,
-		};
-		char spath[4200];
-		snprintf(spath, sizeof(spath), "%s/spine.k3pack", packdir);
-		if ((rc = k3_store_spine_new(model, have_packs ? spath : NULL, &scfg, &spine, &srep,
-					     &err)))
-			goto fail;
-		k3_store_spine_source(spine, &ss);
-		k3_store_spine_info_get(spine, &sinfo);
-		eo.spine = &ss;
-	}
-	if ((rc = k3_engine_open(model, &eo, &e, &err)))
+	if ((rc = k3ctl_bench_engine_open(&bs, plan, streams, o.direct, (uint32_t)o.threads,
+					  (uint32_t)o.prefill_chunk, per_position, &err)))
 		goto fail;
-	struct k3_expert_source es;
-	k3_store_engine_src_init(&ectx, store, &es);
-	ectx_init = true;
-	k3_store_engine_src_set_prefetch(&ectx, per_position, &es);
-	k3_engine_set_expert_source(e, &es);
 
-	uint32_t V = k3_engine_vocab(e);
+	uint32_t V = k3_engine_vocab(bs.e);
 	ids = calloc(o.prompt_len, sizeof(*ids));
 	logits = calloc(V, sizeof(*logits));
 	gen_ids = calloc(o.max_new, sizeof(*gen_ids));
@@ -236,7 +266,7 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	uint64_t rng = o.seed * 0x9E3779B97F4A7C15ull;
 	for (uint64_t i = 0; i < o.prompt_len; i++) {
 		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-		ids[i] = o.preset ? (int32_t)text_ids.v[i] : (int32_t)((rng >> 33) % V);
+		ids[i] = o.preset ? (int32_t)bs.text_ids.v[i] : (int32_t)((rng >> 33) % V);
 	}
 
 	char pfs[64];
@@ -252,7 +282,7 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 		"bytes (the largest expert read, O_DIRECT alignment included) = %.3f GB\n",
 	       o.preset ? "trained (k3ctl bench --preset trained)" : o.model_dir, mc->n_moe,
 	       mc->num_experts, mc->num_experts_per_token,
-	       k3_store_source_count(src), (unsigned long long)slot, (double)pool / 1e9);
+	       k3_store_source_count(bs.src), (unsigned long long)slot, (double)pool / 1e9);
 	fprintf(hdr, "prompt: %llu ids of %s\n", (unsigned long long)o.prompt_len,
 		o.preset ? "the model's training text (routing as on text)"
 		       : "seeded random ids (--seed)");
@@ -267,14 +297,16 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	if (rep.packs_rejected)
 		fprintf(hdr, "note: %u packs rejected, those layers read from the shards; first: %s\n",
 			rep.packs_rejected, rep.first_rejection);
-	if (spine)
+	if (bs.spine)
 		fprintf(hdr, "spine: %u layers resident, %u streamed%s from %s (%.3f GB per pass)"
-			" through %u arenas of %.3f GB%s%s\n", sinfo.resident_layers,
-			sinfo.n_layers - sinfo.resident_layers, sinfo.head_resident ? "" : " and the head",
-			srep.from_pack ? "the spine pack" : "the shards",
-			(double)sinfo.streamed_bytes_per_pass / 1e9, sinfo.ring_arenas,
-			(double)sinfo.arena_bytes / 1e9, srep.pack_rejected ? "; pack rejected: " : "",
-			srep.pack_rejected ? srep.rejection : "");
+			" through %u arenas of %.3f GB%s%s\n", bs.sinfo.resident_layers,
+			bs.sinfo.n_layers - bs.sinfo.resident_layers,
+			bs.sinfo.head_resident ? "" : " and the head",
+			bs.srep.from_pack ? "the spine pack" : "the shards",
+			(double)bs.sinfo.streamed_bytes_per_pass / 1e9, bs.sinfo.ring_arenas,
+			(double)bs.sinfo.arena_bytes / 1e9,
+			bs.srep.pack_rejected ? "; pack rejected: " : "",
+			bs.srep.pack_rejected ? bs.srep.rejection : "");
 	if (info.files_buffered)
 		fprintf(hdr, "note: buffered store reads may be served from the page cache; bytes "
 			"counted are bytes asked of the kernel\n");
@@ -315,21 +347,21 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	struct k3_store_stats s0, s1, s2;
 	struct k3_store_spine_stats p0, p1, p2;
 	struct k3ctl_bench_phase pre, dec;
-	if ((rc = k3_engine_seq_new(e, (uint32_t)(o.prompt_len + o.max_new + 1), &seq, &err)))
+	if ((rc = k3_engine_seq_new(bs.e, (uint32_t)(o.prompt_len + o.max_new + 1), &seq, &err)))
 		goto fail;
-	snapshot(store, spine, &s0, &p0);
-	k3_store_epoch_begin(store);   /* the prefill's distinct experts */
+	snapshot(bs.store, bs.spine, &s0, &p0);
+	k3_store_epoch_begin(bs.store);   /* the prefill's distinct experts */
 	double t0 = k3ctl_bench_now_s();
 	struct k3_engine_out out = { K3_ENGINE_LOGITS_LAST, logits, NULL, NULL };
-	if ((rc = k3_engine_forward(e, seq, ids, (uint32_t)o.prompt_len, &out, &err)))
+	if ((rc = k3_engine_forward(bs.e, seq, ids, (uint32_t)o.prompt_len, &out, &err)))
 		goto fail;
-	k3_store_prefetch_cancel(store, UINT32_MAX);
-	k3_store_drain(store);
-	if (spine)
-		k3_store_spine_drain(spine);
+	k3_store_prefetch_cancel(bs.store, UINT32_MAX);
+	k3_store_drain(bs.store);
+	if (bs.spine)
+		k3_store_spine_drain(bs.spine);
 	pre.wall_s = k3ctl_bench_now_s() - t0;
-	k3_store_idle(store);
-	snapshot(store, spine, &s1, &p1);
+	k3_store_idle(bs.store);
+	snapshot(bs.store, bs.spine, &s1, &p1);
 	if (o.n_samples > 2 &&
 	    (rc = k3ctl_bench_take_sample(sm, "after the prompt", dsrc, info.io_threads, dbufs, &probe,
 					  dmax, &dseed, &err)))
@@ -339,8 +371,8 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	for (; gen < o.max_new; gen++) {
 		if (next_mid <= mid && gen == (uint32_t)(o.max_new * next_mid / (mid + 1))) {
 			/* Between tokens, outside the timed part. */
-			k3_store_drain(store);
-			k3_store_idle(store);
+			k3_store_drain(bs.store);
+			k3_store_idle(bs.store);
 			if ((rc = k3ctl_bench_take_sample(sm, "during the decode", dsrc,
 							   info.io_threads, dbufs, &probe, dmax,
 							   &dseed, &err)))
@@ -350,18 +382,18 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 		int32_t tok = (int32_t)k3_engine_argmax(logits, V);
 		gen_ids[gen] = (uint32_t)tok;
 		double tt = k3ctl_bench_now_s();
-		if ((rc = k3_engine_forward(e, seq, &tok, 1, &out, &err)))
+		if ((rc = k3_engine_forward(bs.e, seq, &tok, 1, &out, &err)))
 			goto fail;
 		dec.wall_s += k3ctl_bench_now_s() - tt;
 	}
 	double tt = k3ctl_bench_now_s();
-	k3_store_prefetch_cancel(store, UINT32_MAX);
-	k3_store_drain(store);
-	if (spine)
-		k3_store_spine_drain(spine);
+	k3_store_prefetch_cancel(bs.store, UINT32_MAX);
+	k3_store_drain(bs.store);
+	if (bs.spine)
+		k3_store_spine_drain(bs.spine);
 	dec.wall_s += k3ctl_bench_now_s() - tt;
-	k3_store_idle(store);   /* unused guesses settle as wasted: the bytes add up */
-	snapshot(store, spine, &s2, &p2);
+	k3_store_idle(bs.store);   /* unused guesses settle as wasted: the bytes add up */
+	snapshot(bs.store, bs.spine, &s2, &p2);
 	k3_store_stats_sub(&s1, &s0, &pre.st);
 	k3_store_stats_sub(&s2, &s1, &dec.st);
 	k3_store_spine_stats_sub(&p1, &p0, &pre.sp);
@@ -385,11 +417,11 @@ int k3ctl_bench_run(const struct k3ctl_bench_opts *opts)
 	uint64_t scored[K3_STORE_GUESS_KINDS][K3_STORE_GUESS_RANKS];
 	uint64_t right[K3_STORE_GUESS_KINDS][K3_STORE_GUESS_RANKS];
 	for (int g = 0; g < K3_STORE_GUESS_KINDS; g++)
-		k3_store_guess_table(store, (enum k3_store_guess_kind)g, scored[g], right[g]);
+		k3_store_guess_table(bs.store, (enum k3_store_guess_kind)g, scored[g], right[g]);
 	struct k3_store_stats all;
 	k3_store_stats_sub(&s2, &s0, &all);
 	struct k3_store_info info_end;
-	k3_store_info_get(store, &info_end);
+	k3_store_info_get(bs.store, &info_end);
 
 	struct k3ctl_bench_result res = {
 		.o = &o, .top_k = mc->num_experts_per_token, .slot = slot, .pool = pool,
@@ -410,21 +442,11 @@ fail:
 	free(gen_ids);
 	free(logits);
 	free(sm);
-	for (unsigned i = 0; i < K3_STORE_MAX_IO_THREADS; i++)
-		free(dbufs[i]);
+	free(dmem);
 	k3_engine_seq_free(seq);
-	k3_engine_free(e);
-	if (ectx_init)
-		k3_store_engine_src_release(&ectx);
 	if (probe_init)
 		k3ctl_bench_probe_close(&probe);
-	k3_store_spine_free(spine);   /* before the pool it borrows */
-	k3_store_free(store);
-	k3_store_source_free(src);
 	k3_store_source_free(dsrc);
-	k3_model_free(model);
-	k3_tok_ids_release(&text_ids);
-	if (tmpdir[0])
-		k3ctl_trained_remove(tmpdir);
+	k3ctl_bench_setup_close(&bs);
 	return code;
 }

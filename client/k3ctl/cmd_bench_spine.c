@@ -35,6 +35,7 @@
 
 #include "base/parse.h"
 #include "engine/engine.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "model/model.h"
 #include "store/store_int8.h"
@@ -202,6 +203,12 @@ static json_t *figures_json(const struct spine *sp)
 			 "positions", (json_int_t)f->n, "bf16_bytes", (json_int_t)sp->info.bf16_bytes);
 }
 
+static const char *const compare_flags[] = { "--compare-spine", "--per-class", NULL };
+static const struct k3ctl_args_spec compare_args = {
+	.cmd = "bench", .flags = compare_flags, .help = usage,
+	.need = "%s needs a value (see --compare-spine --help)",
+};
+
 int k3ctl_bench_compare_spine(int argc, char **argv)
 {
 	const char *model_dir = NULL, *text_file = NULL, *prompt = NULL, *ids_s = NULL;
@@ -210,33 +217,21 @@ int k3ctl_bench_compare_spine(int argc, char **argv)
 	unsigned roles = K3_MODEL_INT8_DEFAULT;
 	bool per_class = false;
 	struct k3_err err = { 0 };
+	int rc = 0;
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
+	const struct k3ctl_arg_str strs[] = {
+		{ "--model", &model_dir }, { "--text", &text_file }, { "--prompt", &prompt },
+		{ "--ids", &ids_s }, { "--spine-int8-dir", &int8_dir },
+	};
+	struct k3ctl_args args = { .spec = &compare_args, .argc = argc, .argv = argv,
+				   .strs = strs, .n_strs = sizeof(strs) / sizeof(strs[0]),
+				   .rc = &rc, .err = &err };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *val = args.val;
 		if (!strcmp(a, "--compare-spine"))
-			continue;
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage();
-			return K3CTL_EXIT_OK;
-		}
-		if (!strcmp(a, "--per-class")) {
+			continue;   /* what brought the walk here */
+		if (!strcmp(a, "--per-class"))
 			per_class = true;
-			continue;
-		}
-		if (i + 1 >= argc)
-			return k3ctl_usage("bench", "%s needs a value (see --compare-spine --help)", a);
-		const char *val = argv[++i];
-		int rc = 0;
-		if (!strcmp(a, "--model"))
-			model_dir = val;
-		else if (!strcmp(a, "--text"))
-			text_file = val;
-		else if (!strcmp(a, "--prompt"))
-			prompt = val;
-		else if (!strcmp(a, "--ids"))
-			ids_s = val;
-		else if (!strcmp(a, "--spine-int8-dir"))
-			int8_dir = val;
 		else if (!strcmp(a, "--positions"))
 			rc = k3_parse_u64(val, 1, CMP_MAX_POSITIONS, &positions, &err);
 		else if (!strcmp(a, "--threads"))
@@ -247,9 +242,9 @@ int k3ctl_bench_compare_spine(int argc, char **argv)
 				rc = k3_err_set(&err, -EINVAL, "'none' leaves nothing to compare");
 		} else
 			return k3ctl_usage("bench", "unknown option '%s' for --compare-spine", a);
-		if (rc)
-			return k3ctl_usage("bench", "%s: %s", a, err.msg);
 	}
+	if (args.stop)
+		return args.code;
 	if (!model_dir)
 		return k3ctl_usage("bench", "--compare-spine needs --model DIR");
 	if (!!text_file + !!prompt + !!ids_s != 1)
@@ -260,7 +255,7 @@ int k3ctl_bench_compare_spine(int argc, char **argv)
 	size_t n_tok = 0;
 	char *text = NULL;
 	size_t text_len = 0;
-	int code = K3CTL_EXIT_ERROR, rc = 0;
+	int code = K3CTL_EXIT_ERROR;
 	struct spine sp[MAX_SPINES];
 	size_t n_sp = 0;
 	memset(sp, 0, sizeof(sp));
@@ -345,11 +340,7 @@ int k3ctl_bench_compare_spine(int argc, char **argv)
 		for (size_t i = 1; i < n_sp; i++)
 			json_array_append_new(arr, figures_json(&sp[i]));
 		json_object_set_new(o, "int8", arr);
-		char *s = json_dumps(o, JSON_COMPACT);
-		if (s)
-			puts(s);
-		free(s);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT, NULL);
 	} else {
 		printf("compare-spine: %s, %u positions teacher-forced (%zu tokens of input), both"
 		       " spines in one process\n", model_dir, N, n_tok);

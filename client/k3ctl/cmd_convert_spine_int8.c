@@ -14,9 +14,24 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "model/model.h"
 #include "store/store_int8.h"
+
+#define CONVERT_USAGE "usage: k3ctl convert-spine-int8 --model DIR [--out DIR] [--force]"
+
+static void usage(void)
+{
+	printf(CONVERT_USAGE "\n");
+}
+
+/* A value missing is an argument out of place, as any other. */
+static const char *const convert_flags[] = { "--force", NULL };
+static const struct k3ctl_args_spec convert_args = {
+	.cmd = "convert-spine-int8", .flags = convert_flags, .help = usage,
+	.need = CONVERT_USAGE " (unexpected '%s')",
+};
 
 int k3ctl_cmd_convert_spine_int8(int argc, char **argv)
 {
@@ -28,21 +43,18 @@ int k3ctl_cmd_convert_spine_int8(int argc, char **argv)
 	char dir[4096];
 	int code = K3CTL_EXIT_ERROR;
 
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
-			model_dir = argv[++i];
-		else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
-			out_dir = argv[++i];
-		else if (strcmp(argv[i], "--force") == 0)
+	const struct k3ctl_arg_str strs[] = { { "--model", &model_dir }, { "--out", &out_dir } };
+	struct k3ctl_args args = { .spec = &convert_args, .argc = argc, .argv = argv, .strs = strs,
+				   .n_strs = 2 };
+	while (k3ctl_args_next(&args)) {
+		if (strcmp(args.opt, "--force") == 0)
 			force = true;
-		else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-			printf("usage: k3ctl convert-spine-int8 --model DIR [--out DIR] [--force]\n");
-			return K3CTL_EXIT_OK;
-		} else
-			return k3ctl_usage("convert-spine-int8", "usage: k3ctl convert-spine-int8"
-					   " --model DIR [--out DIR] [--force] (unexpected '%s')",
-					   argv[i]);
+		else
+			return k3ctl_usage("convert-spine-int8", CONVERT_USAGE " (unexpected '%s')",
+					   args.opt);
 	}
+	if (args.stop)
+		return args.code;
 	if (!model_dir)
 		return k3ctl_usage("convert-spine-int8", "--model DIR is required");
 	if (k3_model_open(model_dir, &m, &err))
@@ -72,11 +84,7 @@ int k3ctl_cmd_convert_spine_int8(int argc, char **argv)
 				      "file_bytes", (json_int_t)rep.file_bytes,
 				      "max_step_error", rep.max_step_error, "seconds", rep.seconds,
 				      "weight_exact", 0);
-		char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
-		if (t)
-			puts(t);
-		free(t);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT, NULL);
 	} else if (!rep.written) {
 		printf("%s: up to date (made from the shards as they are now); kept (--force"
 		       " rewrites it)\n", dir);

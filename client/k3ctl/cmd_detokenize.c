@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "base/parse.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "text/text_detok.h"
 #include "text_cli.h"
@@ -57,13 +58,8 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 	size_t rawn = 0;
 	int rc = 0, nargs = 0;
 
-	for (int i = 1; i < argc && !rc; i++) {
-		int r = text_cli_vocab_opt("detokenize", argc, argv, &i, &v);
-		if (r < 0)
-			rc = K3CTL_EXIT_USAGE;
-		else if (r)
-			continue;
-		else if (!strcmp(argv[i], "-")) {
+	for (int i = 0; !rc && text_cli_next("detokenize", argc, argv, &i, &v);) {
+		if (!strcmp(argv[i], "-")) {
 			char *in = NULL;
 			size_t n;
 			if (text_cli_read("-", &in, &n))
@@ -79,6 +75,8 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 			nargs++;
 		}
 	}
+	if (v.bad)
+		rc = K3CTL_EXIT_USAGE;
 	if (!rc && !nargs)
 		rc = k3ctl_usage("detokenize", "[--model DIR | --vocab FILE] IDS...|-");
 	if (rc) {
@@ -95,12 +93,7 @@ int k3ctl_cmd_detokenize(int argc, char **argv)
 		k3_utf8_take((const uint8_t *)raw, rawn, true, &out);
 		k3_sbuf_add(&out, "", 0);
 		if (k3ctl_g.json) {
-			json_t *j = json_pack("{s:s%}", "text", out.p, out.n);
-			char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-			if (s)
-				puts(s);
-			free(s);
-			json_decref(j);
+			k3ctl_json_puts(json_pack("{s:s%}", "text", out.p, out.n), JSON_COMPACT, NULL);
 		} else {
 			fwrite(out.p, 1, out.n, stdout);
 			putchar('\n');

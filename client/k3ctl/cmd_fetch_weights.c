@@ -40,6 +40,9 @@ static int parse_layers(const char *s, bool *sel, struct k3_err *err)
 	return 0;
 }
 
+#define USAGE "[--spine-only | --experts-only] [--layers 1-40,45,92] [--model-root DIR |" \
+	" --model DIR] [--from URL] [--cacert FILE] [--workers N]"
+
 int k3ctl_cmd_fetch_weights(int argc, char **argv)
 {
 	static bool layers[K3_MODEL_MAX_LAYERS];
@@ -49,14 +52,9 @@ int k3ctl_cmd_fetch_weights(int argc, char **argv)
 	bool spine_only = false, experts_only = false, have_layers = false;
 	int code;
 
-	k3ctl_setup_cli_init(&c);
+	k3ctl_setup_cli_init(&c, "fetch-weights", USAGE);
 	memset(layers, 0, sizeof(layers));
-	for (int i = 1; i < argc; i++) {
-		int r = k3ctl_setup_cli_option(&c, "fetch-weights", argc, argv, &i);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r > 0)
-			continue;
+	for (int i = 0; k3ctl_setup_cli_next(&c, argc, argv, &i);) {
 		if (strcmp(argv[i], "--spine-only") == 0) {
 			spine_only = true;
 		} else if (strcmp(argv[i], "--experts-only") == 0) {
@@ -67,10 +65,7 @@ int k3ctl_cmd_fetch_weights(int argc, char **argv)
 						   err.msg);
 			have_layers = true;
 		} else {
-			return k3ctl_usage("fetch-weights", "usage: k3ctl fetch-weights [--spine-only |"
-					   " --experts-only] [--layers 1-40,45,92] [--model-root DIR | --model"
-					   " DIR] [--from URL] [--cacert FILE] [--workers N] (unexpected '%s')",
-					   argv[i]);
+			return k3ctl_setup_cli_unexpected(&c, argv[i]);
 		}
 	}
 	if (spine_only && (experts_only || have_layers))

@@ -132,6 +132,12 @@ static void print_text(const struct k3_engine *e, const float *logits, const uin
 	}
 }
 
+static const char *const forward_flags[] = { "--json", "--reference", NULL };
+static const struct k3ctl_args_spec forward_args = {
+	.cmd = "forward", .flags = forward_flags, .help = usage,
+	.need = "'%s' needs a value (or is unknown)",
+};
+
 int k3ctl_cmd_forward(int argc, char **argv)
 {
 	const char *dir = NULL, *ids_s = NULL, *provider = NULL, *int8_dir = NULL;
@@ -139,49 +145,37 @@ int k3ctl_cmd_forward(int argc, char **argv)
 	uint64_t steps = 0, threads = 0, chunk = 0;
 	bool json = k3ctl_g.json, reference = false;
 	struct k3_err err = { 0, "" };
+	int rc = 0;
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage();
-			return K3CTL_EXIT_OK;
-		}
+	const struct k3ctl_arg_str strs[] = {
+		{ "--model", &dir }, { "--ids", &ids_s }, { "--provider", &provider },
+		{ "--spine-int8-dir", &int8_dir },
+	};
+	struct k3ctl_args args = { .spec = &forward_args, .argc = argc, .argv = argv,
+				   .strs = strs, .n_strs = sizeof(strs) / sizeof(strs[0]),
+				   .rc = &rc, .err = &err };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *val = args.val;
 		if (!strcmp(a, "--json")) {
 			json = true;
-			continue;
-		}
-		if (!strcmp(a, "--reference")) {
+		} else if (!strcmp(a, "--reference")) {
 			reference = true;
-			continue;
-		}
-		if (i + 1 >= argc)
-			return k3ctl_usage("forward", "'%s' needs a value (or is unknown)", a);
-		const char *val = argv[++i];
-		if (!strcmp(a, "--model")) {
-			dir = val;
-		} else if (!strcmp(a, "--ids")) {
-			ids_s = val;
-		} else if (!strcmp(a, "--provider")) {
-			provider = val;
 		} else if (!strcmp(a, "--spine")) {
 			if (strcmp(val, "bf16") && strcmp(val, "int8"))
 				return k3ctl_usage("forward", "--spine: '%s' is not bf16 or int8", val);
 			int8 = !strcmp(val, "int8");
-		} else if (!strcmp(a, "--spine-int8-dir")) {
-			int8_dir = val;
 		} else if (!strcmp(a, "--steps")) {
-			if (k3_parse_u64(val, 0, FWD_MAX_STEPS, &steps, &err))
-				return k3ctl_usage("forward", "--steps: %s", err.msg);
+			rc = k3_parse_u64(val, 0, FWD_MAX_STEPS, &steps, &err);
 		} else if (!strcmp(a, "--threads")) {
-			if (k3_parse_u64(val, 1, 256, &threads, &err))
-				return k3ctl_usage("forward", "--threads: %s", err.msg);
+			rc = k3_parse_u64(val, 1, 256, &threads, &err);
 		} else if (!strcmp(a, "--chunk")) {
-			if (k3_parse_u64(val, 1, 4096, &chunk, &err))
-				return k3ctl_usage("forward", "--chunk: %s", err.msg);
+			rc = k3_parse_u64(val, 1, 4096, &chunk, &err);
 		} else {
 			return k3ctl_usage("forward", "unknown option '%s'", a);
 		}
 	}
+	if (args.stop)
+		return args.code;
 	if (!dir || !ids_s) {
 		usage();
 		return k3ctl_usage("forward", "--model DIR and --ids LIST are required");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/parse.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "model/inspect.h"
 #include "model/model.h"
@@ -138,10 +139,7 @@ int k3ctl_cmd_inspect(int argc, char **argv)
 			"expert_slots", (json_int_t)fit.expert_slots, "expert_pool", (json_int_t)fit.expert_pool,
 			"pool_fraction", fit.pool_fraction,
 			"per_layer", layers);
-		char *s = json_dumps(o, JSON_INDENT(2));
-		puts(s);
-		free(s);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_INDENT(2), NULL);
 		k3_model_free(m);
 		return K3CTL_EXIT_OK;
 	}

@@ -154,6 +154,15 @@ static int hot_experts(const char *trace, uint64_t n, const struct k3_model_plan
 	return kept ? 0 : k3ctl_fail(K3CTL_EXIT_ERROR, "--trace '%s' routes to no expert", trace);
 }
 
+#define PACK_USAGE "usage: k3ctl pack --model DIR [--out DIR] [--verify]" \
+	" [--spine bf16|int8] [--spine-int8-dir DIR] [--layers LIST | --hot-experts N --trace FILE]"
+
+/* A value missing is an argument out of place, as any other. */
+static const char *const pack_flags[] = { "--verify", NULL };
+static const struct k3ctl_args_spec pack_args = {
+	.cmd = "pack", .flags = pack_flags, .need = PACK_USAGE " (unexpected '%s')",
+};
+
 int k3ctl_cmd_pack(int argc, char **argv)
 {
 	const char *model_dir = NULL, *out_dir = NULL, *layers = NULL, *trace = NULL;
@@ -173,33 +182,29 @@ int k3ctl_cmd_pack(int argc, char **argv)
 	size_t n_id = 0;
 	int rc, code = K3CTL_EXIT_ERROR;
 
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
-			model_dir = argv[++i];
-		else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
-			out_dir = argv[++i];
-		else if (strcmp(argv[i], "--verify") == 0)
+	const struct k3ctl_arg_str strs[] = {
+		{ "--model", &model_dir }, { "--out", &out_dir }, { "--layers", &layers },
+		{ "--trace", &trace }, { "--spine-int8-dir", &int8_dir },
+	};
+	struct k3ctl_args args = { .spec = &pack_args, .argc = argc, .argv = argv, .strs = strs,
+				   .n_strs = sizeof(strs) / sizeof(strs[0]) };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *v = args.val;
+		if (strcmp(a, "--verify") == 0) {
 			flags |= K3_STORE_PACK_VERIFY;
-		else if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc)
-			layers = argv[++i];
-		else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc)
-			trace = argv[++i];
-		else if (strcmp(argv[i], "--hot-experts") == 0 && i + 1 < argc) {
-			if (k3_parse_u64(argv[++i], 1, UINT32_MAX, &hot, &err) < 0)
+		} else if (strcmp(a, "--hot-experts") == 0) {
+			if (k3_parse_u64(v, 1, UINT32_MAX, &hot, &err) < 0)
 				return k3ctl_usage("pack", "--hot-experts: %s", err.msg);
-		} else if (strcmp(argv[i], "--spine") == 0 && i + 1 < argc) {
-			const char *v = argv[++i];
+		} else if (strcmp(a, "--spine") == 0) {
 			if (strcmp(v, "bf16") && strcmp(v, "int8"))
 				return k3ctl_usage("pack", "--spine: '%s' is not bf16 or int8", v);
 			int8 = strcmp(v, "int8") == 0;
-		} else if (strcmp(argv[i], "--spine-int8-dir") == 0 && i + 1 < argc)
-			int8_dir = argv[++i];
-		else
-			return k3ctl_usage("pack", "usage: k3ctl pack --model DIR [--out DIR] [--verify]"
-					   " [--spine bf16|int8] [--spine-int8-dir DIR]"
-					   " [--layers LIST | --hot-experts N --trace FILE]"
-					   " (unexpected '%s')", argv[i]);
+		} else {
+			return k3ctl_usage("pack", PACK_USAGE " (unexpected '%s')", a);
+		}
 	}
+	if (args.stop)
+		return args.code;
 	if (!model_dir)
 		return k3ctl_usage("pack", "--model DIR is required");
 	if (int8_dir && !int8)

@@ -25,10 +25,13 @@
 #include "store/store_budget.h"
 #include "store/store_plan.h"
 
-static const char usage_text[] =
-	"usage: k3ctl plan --model DIR [--ram SIZE] [--context N] [--parallel auto|N]\n"
-	"       [--spine-resident auto|all|N|none]\n"
-	"       [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]\n";
+static void usage(void)
+{
+	fputs("usage: k3ctl plan --model DIR [--ram SIZE] [--context N] [--parallel auto|N]\n"
+	      "       [--spine-resident auto|all|N|none]\n"
+	      "       [--expert-cache-gb auto|G] [--spine bf16|int8] [--disk-gbps G] [--json]\n",
+	      stdout);
+}
 
 static double gb(uint64_t b)
 {
@@ -162,6 +165,10 @@ static void plan_print(const char *dir, const struct k3_model_config *c,
 		       gb(p->cold_spine_bytes_per_pass + p->uniform_expert_bytes_per_token) / disk, disk);
 }
 
+static const struct k3ctl_args_spec plan_args = {
+	.cmd = "plan", .help = usage, .need = "%s needs a value (see --help)",
+};
+
 int k3ctl_cmd_plan(int argc, char **argv)
 {
 	const char *dir = NULL;
@@ -169,17 +176,12 @@ int k3ctl_cmd_plan(int argc, char **argv)
 	struct k3_err err = { 0, "" };
 	double disk = 7.0;
 	uint64_t v;
+	int rc = 0;
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		int rc = 0;
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			fputs(usage_text, stdout);
-			return K3CTL_EXIT_OK;
-		}
-		if (i + 1 >= argc)
-			return k3ctl_usage("plan", "%s needs a value (see --help)", a);
-		const char *val = argv[++i];
+	struct k3ctl_args args = { .spec = &plan_args, .argc = argc, .argv = argv, .rc = &rc,
+				   .err = &err };
+	while (k3ctl_args_next(&args)) {
+		const char *a = args.opt, *val = args.val;
 		if (!strcmp(a, "--model")) {
 			dir = val;
 		} else if (!strcmp(a, "--ram")) {
@@ -209,9 +211,9 @@ int k3ctl_cmd_plan(int argc, char **argv)
 		} else {
 			return k3ctl_usage("plan", "unknown option '%s' (see --help)", a);
 		}
-		if (rc)
-			return k3ctl_usage("plan", "%s: %s", a, err.msg);
 	}
+	if (args.stop)
+		return args.code;
 	if (!dir)
 		return k3ctl_usage("plan", "--model DIR is required (a directory with config.json)");
 
@@ -223,7 +225,7 @@ int k3ctl_cmd_plan(int argc, char **argv)
 	if (!p)
 		return k3ctl_fail(K3CTL_EXIT_ERROR, "plan: out of memory");
 	bool seats_auto = in.sequences == 0;
-	int rc, code = K3CTL_EXIT_OK;
+	int code = K3CTL_EXIT_OK;
 	for (in.sequences = seats_auto ? 4 : in.sequences;; in.sequences--) {
 		rc = k3_store_plan_compute(&in, p, &err);
 		if (rc == 0 || !seats_auto || in.sequences == 1)
@@ -232,11 +234,7 @@ int k3ctl_cmd_plan(int argc, char **argv)
 	if (rc) {
 		code = k3ctl_fail(K3CTL_EXIT_ERROR, "plan: %s", err.msg);
 	} else if (k3ctl_g.json) {
-		json_t *o = plan_json(dir, &c, p, disk);
-		char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		puts(s ? s : "{}");
-		free(s);
-		json_decref(o);
+		k3ctl_json_puts(plan_json(dir, &c, p, disk), JSON_COMPACT | JSON_PRESERVE_ORDER, "{}");
 	} else {
 		plan_print(dir, &c, p, disk);
 	}

@@ -15,6 +15,7 @@
 
 #include <jansson.h>
 
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "text/text_chat.h"
 #include "text_cli.h"
@@ -33,23 +34,16 @@ int k3ctl_cmd_render_chat(int argc, char **argv)
 	size_t len = 0;
 	int rc = K3CTL_EXIT_OK;
 
-	for (int i = 1; i < argc; i++) {
-		int r = text_cli_vocab_opt("render-chat", argc, argv, &i, &v);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r)
-			continue;
+	for (int i = 0; text_cli_next("render-chat", argc, argv, &i, &v);) {
 		if (!strcmp(argv[i], "--ids"))
 			want_ids = true;
 		else if (!strcmp(argv[i], "--segments"))
 			want_segs = true;
-		else if (argv[i][0] == '-' && argv[i][1])
-			return k3ctl_usage("render-chat", "unknown option '%s'", argv[i]);
-		else if (!path)
-			path = argv[i];
-		else
-			return k3ctl_usage("render-chat", "takes one FILE");
+		else if ((rc = text_cli_operand("render-chat", argv[i], &path, "takes one FILE")))
+			return rc;
 	}
+	if (v.bad)
+		return K3CTL_EXIT_USAGE;
 	if (!path)
 		return k3ctl_usage("render-chat", "FILE.json [--segments] [--ids [--model DIR | --vocab FILE]]");
 	if (text_cli_read(path, &buf, &len))
@@ -94,13 +88,8 @@ int k3ctl_cmd_render_chat(int argc, char **argv)
 		for (size_t i = 0; arr && i < chat.n_segs; i++)
 			json_array_append_new(arr, json_pack("[s%b]", chat.text + chat.segs[i].off, chat.segs[i].len,
 							     chat.segs[i].special));
-		char *s = arr ? json_dumps(arr, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-		if (s)
-			puts(s);
-		else
+		if (k3ctl_json_puts(arr, JSON_COMPACT | JSON_ENSURE_ASCII, NULL))
 			rc = k3ctl_fail(K3CTL_EXIT_ERROR, "out of memory");
-		free(s);
-		json_decref(arr);
 	} else {
 		fwrite(chat.text, 1, chat.text_len, stdout);
 		putchar('\n');

@@ -62,13 +62,8 @@ int k3ctl_cmd_setup(int argc, char **argv)
 	bool full = false, stream = false, do_plan = false, check = false, rehash = false;
 	int rc, code;
 
-	k3ctl_setup_cli_init(&c);
-	for (int i = 1; i < argc; i++) {
-		int r = k3ctl_setup_cli_option(&c, "setup", argc, argv, &i);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r > 0)
-			continue;
+	k3ctl_setup_cli_init(&c, "setup", USAGE);
+	for (int i = 0; k3ctl_setup_cli_next(&c, argc, argv, &i);) {
 		if (strcmp(argv[i], "--full") == 0)
 			full = true;
 		else if (strcmp(argv[i], "--stream") == 0)
@@ -80,7 +75,7 @@ int k3ctl_cmd_setup(int argc, char **argv)
 		else if (strcmp(argv[i], "--rehash") == 0)
 			rehash = true;
 		else
-			return k3ctl_usage("setup", "usage: k3ctl setup " USAGE " (unexpected '%s')", argv[i]);
+			return k3ctl_setup_cli_unexpected(&c, argv[i]);
 	}
 	if (full && stream)
 		return k3ctl_usage("setup", "--full and --stream exclude each other");

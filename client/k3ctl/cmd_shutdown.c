@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "client.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 
 int k3ctl_cmd_shutdown(int argc, char **argv)
@@ -34,15 +35,11 @@ int k3ctl_cmd_shutdown(int argc, char **argv)
 	bool first = !ok->has_message || (m->len == 8 && memcmp(m->p, "draining", 8) == 0);
 	if (k3ctl_g.json) {
 		json_t *o = json_object();
-		char *text;
 
 		json_object_set_new(o, "ok", json_true());
 		if (ok->has_message)
 			json_object_set_new(o, "message", json_stringn(m->p ? m->p : "", m->len));
-		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		puts(text ? text : "{\"ok\":true}");
-		free(text);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT | JSON_PRESERVE_ORDER, "{\"ok\":true}");
 	} else if (first) {
 		printf("k3d is draining and will exit\n");
 	} else {

@@ -214,7 +214,6 @@ int k3ctl_cmd_status(int argc, char **argv)
 	}
 	if (k3ctl_g.json) {
 		json_t *o = json_object();
-		char *text;
 
 		json_object_set_new(o, "version", jstr(s->version));
 		json_object_set_new(o, "state", json_string(state_name(s->state)));
@@ -298,10 +297,7 @@ int k3ctl_cmd_status(int argc, char **argv)
 					    "draft_s", s->draft_s_total, "verify_s", s->verify_s_total));
 		/* null: a k3d that does not list jobs */
 		json_object_set_new(o, "jobs", s->has_job_ids ? jobs_json(s, n_jobs) : json_null());
-		text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		puts(text ? text : "{}");
-		free(text);
-		json_decref(o);
+		k3ctl_json_puts(o, JSON_COMPACT | JSON_PRESERVE_ORDER, "{}");
 	} else {
 		printf("k3d %.*s, pid %u, up %.1f s\n", (int)s->version.len, s->version.p, s->pid, s->uptime_s);
 		/* The status text only adds something when it is not the state's name. */
@@ -321,8 +317,8 @@ int k3ctl_cmd_status(int argc, char **argv)
 		printf("connections: %u\n", s->connections);
 		printf("generation:  %u running, %u/%u queued\n", s->running, s->queued, s->queue_max);
 		if (s->has_parallel)
-			printf("passes:      %u seats (--parallel); %llu passes, %.2f sequences per pass "
-			       "on average, %u in the latest\n", s->parallel,
+			printf("passes:      %u seat%s (--parallel); %llu passes, %.2f sequences per pass "
+			       "on average, %u in the latest\n", s->parallel, s->parallel == 1 ? "" : "s",
 			       (unsigned long long)s->passes_total, s->pass_width_mean, s->pass_width);
 		jobs_print(s, n_jobs);
 		if (s->has_requests_total)

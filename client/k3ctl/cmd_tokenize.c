@@ -13,20 +13,15 @@
 
 #include <jansson.h>
 
+#include "json_fields.h"
 #include "k3ctl.h"
 #include "text_cli.h"
 
 static int print_piece(void *ud, size_t off, size_t len)
 {
 	const char *text = ud;
-	json_t *s = json_stringn(text + off, len);
-	char *j = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
 
-	if (j)
-		puts(j);
-	free(j);
-	json_decref(s);
-	return j ? 0 : -12;
+	return k3ctl_json_puts(json_stringn(text + off, len), JSON_ENCODE_ANY, NULL);
 }
 
 int k3ctl_cmd_tokenize(int argc, char **argv)
@@ -41,25 +36,19 @@ int k3ctl_cmd_tokenize(int argc, char **argv)
 	size_t len = 0;
 	int rc;
 
-	for (int i = 1; i < argc; i++) {
-		int r = text_cli_vocab_opt("tokenize", argc, argv, &i, &v);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r)
-			continue;
+	for (int i = 0; text_cli_next("tokenize", argc, argv, &i, &v);) {
 		if (!strcmp(argv[i], "--special"))
 			special = true;
 		else if (!strcmp(argv[i], "--pieces"))
 			pieces = true;
 		else if (!strcmp(argv[i], "--") && i + 2 == argc)
 			arg = argv[++i];
-		else if (argv[i][0] == '-' && argv[i][1])
-			return k3ctl_usage("tokenize", "unknown option '%s'", argv[i]);
-		else if (!arg)
-			arg = argv[i];
-		else
-			return k3ctl_usage("tokenize", "takes one TEXT (quote it, or use - for stdin)");
+		else if ((rc = text_cli_operand("tokenize", argv[i], &arg,
+						"takes one TEXT (quote it, or use - for stdin)")))
+			return rc;
 	}
+	if (v.bad)
+		return K3CTL_EXIT_USAGE;
 	if (!arg)
 		return k3ctl_usage("tokenize", "[--special] [--pieces] [--model DIR | --vocab FILE] TEXT|-");
 	if ((rc = text_cli_load("tokenize", &v, &tok)))

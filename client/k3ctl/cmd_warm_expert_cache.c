@@ -95,6 +95,8 @@ static int preload_ranking(const struct k3_store_trace_rank *rk, size_t n, uint6
 	return K3CTL_EXIT_OK;
 }
 
+#define USAGE "--trace FILE [--show N] [--preload [--top N]] [--fetch N [--model DIR]]"
+
 int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 {
 	const char *trace = NULL;
@@ -107,13 +109,8 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 	struct k3ctl_setup_cli c;
 	int code;
 
-	k3ctl_setup_cli_init(&c);
-	for (int i = 1; i < argc; i++) {
-		int r = k3ctl_setup_cli_option(&c, "warm-expert-cache", argc, argv, &i);
-		if (r < 0)
-			return K3CTL_EXIT_USAGE;
-		if (r > 0)
-			continue;
+	k3ctl_setup_cli_init(&c, "warm-expert-cache", USAGE);
+	for (int i = 0; k3ctl_setup_cli_next(&c, argc, argv, &i);) {
 		if (strcmp(argv[i], "--fetch") == 0 && i + 1 < argc) {
 			if (k3_parse_u64(argv[++i], 1, 1u << 24, &fetch, &err) != 0)
 				return k3ctl_usage("warm-expert-cache", "--fetch: %s", err.msg);
@@ -128,10 +125,7 @@ int k3ctl_cmd_warm_expert_cache(int argc, char **argv)
 			if (k3_parse_u64(argv[++i], 1, 1u << 20, &top, &err) != 0)
 				return k3ctl_usage("warm-expert-cache", "--top: %s", err.msg);
 		} else {
-			return k3ctl_usage("warm-expert-cache", "usage: k3ctl warm-expert-cache"
-					   " --trace FILE [--show N] [--preload [--top N]] [--fetch N"
-					   " [--model DIR]] (unexpected '%s')",
-					   argv[i]);
+			return k3ctl_setup_cli_unexpected(&c, argv[i]);
 		}
 	}
 	if (!trace)

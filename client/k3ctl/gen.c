@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/parse.h"
+#include "json_fields.h"
 #include "k3ctl.h"
 
 volatile sig_atomic_t k3ctl_gen_interrupted;
@@ -367,22 +368,28 @@ static int parse_ids(const char *s, struct k3ctl_gen_opts *o)
 	return o->n_prompt_ids ? 0 : -EINVAL;
 }
 
+/* run's and chat's options, listed once: (id, --name, getopt_long's
+ * has_arg) make both the ids and the getopt_long table. */
+#define GEN_OPTIONS(X) \
+	X(O_MAX_NEW, "max-new", required_argument) \
+	X(O_STOP, "stop", required_argument) \
+	X(O_EFFORT, "reasoning-effort", required_argument) \
+	X(O_STATS, "stats", no_argument) \
+	X(O_IDS, "ids", no_argument) \
+	X(O_CHAT, "chat", no_argument) \
+	X(O_PROMPT_IDS, "prompt-ids", required_argument) \
+	X(O_NO_REASONING, "hide-reasoning", no_argument) \
+	X(O_DRAFT, "draft", required_argument)
+
 int k3ctl_gen_parse_opts(const char *cmd, int argc, char **argv, struct k3ctl_gen_opts *o)
 {
-	enum { O_MAX_NEW = 256, O_STOP, O_EFFORT, O_STATS, O_IDS, O_CHAT, O_PROMPT_IDS, O_NO_REASONING,
-	       O_DRAFT };
-	static const struct option longopts[] = {
-		{ "max-new", required_argument, NULL, O_MAX_NEW },
-		{ "stop", required_argument, NULL, O_STOP },
-		{ "reasoning-effort", required_argument, NULL, O_EFFORT },
-		{ "stats", no_argument, NULL, O_STATS },
-		{ "ids", no_argument, NULL, O_IDS },
-		{ "chat", no_argument, NULL, O_CHAT },
-		{ "prompt-ids", required_argument, NULL, O_PROMPT_IDS },
-		{ "hide-reasoning", no_argument, NULL, O_NO_REASONING },
-		{ "draft", required_argument, NULL, O_DRAFT },
-		{ NULL, 0, NULL, 0 },
-	};
+	/* ids above 255, so none is a character getopt_long returns */
+#define GEN_ID_(id, name, has_arg) id,
+	enum { O_BEFORE_FIRST_ = 255, GEN_OPTIONS(GEN_ID_) };
+#undef GEN_ID_
+#define GEN_ROW_(id, name, has_arg) { name, has_arg, NULL, id },
+	static const struct option longopts[] = { GEN_OPTIONS(GEN_ROW_) { NULL, 0, NULL, 0 } };
+#undef GEN_ROW_
 	uint64_t v;
 	int c;
 
@@ -440,12 +447,7 @@ int k3ctl_gen_parse_opts(const char *cmd, int argc, char **argv, struct k3ctl_ge
 int k3ctl_gen_print(const struct k3ctl_gen_opts *o, const struct k3ctl_gen_result *res)
 {
 	if (o->json) {
-		json_t *j = result_json(res);
-		char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-
-		puts(s ? s : "{}");
-		free(s);
-		json_decref(j);
+		k3ctl_json_puts(result_json(res), JSON_COMPACT | JSON_PRESERVE_ORDER, "{}");
 	} else {
 		if (res->text_len && res->text[res->text_len - 1] != '\n')
 			putchar('\n');

@@ -1,6 +1,7 @@
 /* json_fields.c - see json_fields.h. */
 #include "json_fields.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,4 +30,15 @@ void k3ctl_json_set_fields(json_t *o, const void *obj, const struct k3ctl_json_f
 				    t == K3CTL_JSON_U64 ? json_integer((json_int_t)v.u64) :
 				    t == K3CTL_JSON_F64 ? json_real(v.f64) : json_boolean(v.b));
 	}
+}
+
+int k3ctl_json_puts(json_t *j, size_t flags, const char *fallback)
+{
+	char *s = json_dumps(j, flags);   /* NULL for a NULL j */
+
+	if (s || fallback)
+		puts(s ? s : fallback);
+	free(s);
+	json_decref(j);
+	return s ? 0 : -ENOMEM;
 }

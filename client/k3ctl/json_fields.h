@@ -1,8 +1,9 @@
 /*
- * json_fields.h - a struct's plain fields as JSON members, from a table
- * of (key, offset, type): for the replies and reports that list dozens of
- * counters one after another (k3ctl status, k3ctl plan), so each list is
- * data, in output order, instead of a call per line.
+ * json_fields.h - k3ctl's JSON output: a struct's plain fields as JSON
+ * members, from a table of (key, offset, type), for the replies and
+ * reports that list dozens of counters one after another (k3ctl status,
+ * k3ctl plan), so each list is data, in output order, instead of a call
+ * per line; and the one line a --json command prints.
  */
 #ifndef K3CTL_JSON_FIELDS_H
 #define K3CTL_JSON_FIELDS_H
@@ -29,5 +30,11 @@ struct k3ctl_json_field {
  * size does not match its type is a programming error: it aborts. */
 void k3ctl_json_set_fields(json_t *o, const void *obj, const struct k3ctl_json_field *f,
 			   size_t n);
+
+/* Prints j encoded with flags (json_dumps's) as one line on stdout, or
+ * fallback (NULL: nothing) when it cannot be encoded (j NULL, out of
+ * memory), and drops the caller's reference to j. Returns 0, or -ENOMEM
+ * when j's encoding was not printed. */
+int k3ctl_json_puts(json_t *j, size_t flags, const char *fallback);
 
 #endif

@@ -11,6 +11,7 @@
 #define K3CTL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "client.h"
 #include "k3_client_socket.h"
@@ -58,6 +59,49 @@ int k3ctl_request(struct k3ctl_reply *r, uint32_t type, const void *body);
 int k3ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "k3ctl: message" to stderr and returns code. */
 int k3ctl_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * A command's options, walked in order: "-h" and "--help" (with help),
+ * the flags (options without a value), and the "--name VALUE" options,
+ * whose value is the next argument whatever it looks like. What a command
+ * takes is a static k3ctl_args_spec; each walk is a k3ctl_args:
+ *
+ *	struct k3ctl_args args = { .spec = &spec, .argc = argc, .argv = argv, ... };
+ *	while (k3ctl_args_next(&args)) { args.opt, args.val: a flag or an option }
+ *	if (args.stop)
+ *		return args.code;
+ */
+struct k3ctl_args_spec {
+	const char *cmd;           /* for the usage messages */
+	const char *const *flags;  /* the options without a value, NULL-terminated; may be NULL */
+	void (*help)(void);        /* prints the usage for -h/--help; NULL: those are options */
+	const char *need;          /* the message (a k3ctl_usage format with one %s, the
+				    * option) for an option whose value is missing */
+};
+/* An option whose value is kept as given: the walk stores it in *to. */
+struct k3ctl_arg_str {
+	const char *name;
+	const char **to;
+};
+struct k3ctl_args {
+	const struct k3ctl_args_spec *spec;
+	int argc;
+	char **argv;               /* argv[0] is the command name */
+	const struct k3ctl_arg_str *strs;   /* taken on the way, not returned; may be NULL */
+	size_t n_strs;
+	const int *rc;             /* the command's check of the last value (may be NULL):
+				    * nonzero stops the walk with "OPTION: err->msg" */
+	const struct k3_err *err;
+	int i;                     /* set by the walk: argv index of the last option */
+	const char *opt, *val;     /* that option and its value (NULL for a flag) */
+	bool stop;                 /* the walk ended early: return code */
+	int code;
+};
+/* Steps to the next option that a->strs does not take: true with a->opt
+ * and a->val set; false at the end of argv, or with a->stop set after
+ * -h/--help (help printed, code K3CTL_EXIT_OK), an option without its
+ * value or a value *a->rc refused (usage printed, code K3CTL_EXIT_USAGE). */
+bool k3ctl_args_next(struct k3ctl_args *a);
 
 #define K3CTL_COMMANDS(X) \
 	X(status,   "show the daemon's state and counters") \

@@ -49,6 +49,43 @@ int k3ctl_fail(int code, const char *fmt, ...)
 	return code;
 }
 
+bool k3ctl_args_next(struct k3ctl_args *a)
+{
+	const struct k3ctl_args_spec *sp = a->spec;
+
+	if (a->rc && *a->rc) {
+		a->stop = true;
+		a->code = k3ctl_usage(sp->cmd, "%s: %s", a->opt, a->err->msg);
+		return false;
+	}
+next:
+	if (++a->i >= a->argc)
+		return false;
+	a->opt = a->argv[a->i];
+	a->val = NULL;
+	if (sp->help && (!strcmp(a->opt, "-h") || !strcmp(a->opt, "--help"))) {
+		sp->help();
+		a->stop = true;
+		a->code = K3CTL_EXIT_OK;
+		return false;
+	}
+	for (const char *const *f = sp->flags; f && *f; f++)
+		if (!strcmp(a->opt, *f))
+			return true;
+	if (a->i + 1 >= a->argc) {
+		a->stop = true;
+		a->code = k3ctl_usage(sp->cmd, sp->need, a->opt);
+		return false;
+	}
+	a->val = a->argv[++a->i];
+	for (size_t k = 0; k < a->n_strs; k++)
+		if (!strcmp(a->opt, a->strs[k].name)) {
+			*a->strs[k].to = a->val;
+			goto next;
+		}
+	return true;
+}
+
 int k3ctl_connect(struct k3ctl_client *c)
 {
 	struct k3_err err = { 0, "" };

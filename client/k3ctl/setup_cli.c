@@ -16,71 +16,94 @@
 
 #define DEFAULT_INVENTORY "kimi-k3.json"
 
-void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c)
+void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c, const char *cmd, const char *synopsis)
 {
 	memset(c, 0, sizeof(*c));
+	c->cmd = cmd;
+	c->synopsis = synopsis;
 	k3_setup_opts_default(&c->o);
 	c->o.progress = k3ctl_g.json ? K3_SETUP_PROGRESS_JSON : K3_SETUP_PROGRESS_AUTO;
 }
 
-int k3ctl_setup_cli_option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
-			   int *i)
+/* If argv[*i] is one of the shared options, consumes it (and its value)
+ * and returns 1; 0 when it is not one; -1 after printing a usage error. */
+static int option(struct k3ctl_setup_cli *c, int argc, char **argv, int *i)
 {
 	const char *a = argv[*i];
+	/* the options whose value is kept as given, and the counts */
+	const struct k3ctl_arg_str strs[] = {
+		{ "--model-root", &c->model_root }, { "--model", &c->model_dir },
+		{ "--inventory", &c->inventory_path }, { "--from", &c->o.from },
+		{ "--cacert", &c->o.cacert }, { "--token-file", &c->token_file },
+	};
+	const struct { const char *name; uint64_t lo, hi; unsigned *to; } counts[] = {
+		{ "--workers", 1, K3_SETUP_MAX_WORKERS, &c->o.workers },
+		{ "--idle-timeout", 1, 3600, &c->o.idle_timeout_s },
+		{ "--retries", 0, 99, &c->o.retries },
+		{ "--retry-delay", 0, 60000, &c->o.retry_delay_ms },
+	};
 	struct k3_err err = { 0, "" };
 	uint64_t v;
 	double d;
-	bool has = *i + 1 < argc;
 
-#define VAL() (argv[++*i])
-	if (strcmp(a, "--model-root") == 0 && has) {
-		c->model_root = VAL();
-	} else if (strcmp(a, "--model") == 0 && has) {
-		c->model_dir = VAL();
-	} else if (strcmp(a, "--inventory") == 0 && has) {
-		c->inventory_path = VAL();
-	} else if (strcmp(a, "--from") == 0 && has) {
-		c->o.from = VAL();
-		if (strncmp(c->o.from, "https://", 8) != 0) {
-			k3ctl_usage(cmd, "--from must be an https:// URL (plain HTTP is never used)");
+	if (*i + 1 >= argc)
+		return 0;   /* every option here takes a value */
+	const char *val = argv[*i + 1];
+	for (size_t k = 0; k < sizeof(strs) / sizeof(strs[0]); k++) {
+		if (strcmp(a, strs[k].name) != 0)
+			continue;
+		if (strs[k].to == &c->o.from && strncmp(val, "https://", 8) != 0) {
+			k3ctl_usage(c->cmd, "--from must be an https:// URL (plain HTTP is never used)");
 			return -1;
 		}
-	} else if (strcmp(a, "--cacert") == 0 && has) {
-		c->o.cacert = VAL();
-	} else if (strcmp(a, "--token-file") == 0 && has) {
-		c->token_file = VAL();
-	} else if (strcmp(a, "--workers") == 0 && has) {
-		if (k3_parse_u64(VAL(), 1, K3_SETUP_MAX_WORKERS, &v, &err) != 0)
+		*strs[k].to = val;
+		++*i;
+		return 1;
+	}
+	for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+		if (strcmp(a, counts[k].name) != 0)
+			continue;
+		if (k3_parse_u64(val, counts[k].lo, counts[k].hi, &v, &err) != 0)
 			goto bad;
-		c->o.workers = (unsigned)v;
-	} else if (strcmp(a, "--idle-timeout") == 0 && has) {
-		if (k3_parse_u64(VAL(), 1, 3600, &v, &err) != 0)
-			goto bad;
-		c->o.idle_timeout_s = (unsigned)v;
-	} else if (strcmp(a, "--retries") == 0 && has) {
-		if (k3_parse_u64(VAL(), 0, 99, &v, &err) != 0)
-			goto bad;
-		c->o.retries = (unsigned)v;
-	} else if (strcmp(a, "--retry-delay") == 0 && has) {
-		if (k3_parse_u64(VAL(), 0, 60000, &v, &err) != 0)
-			goto bad;
-		c->o.retry_delay_ms = (unsigned)v;
-	} else if (strcmp(a, "--chunk-mib") == 0 && has) {
-		if (k3_parse_u64(VAL(), 1, 1024, &v, &err) != 0)
+		*counts[k].to = (unsigned)v;
+		++*i;
+		return 1;
+	}
+	if (strcmp(a, "--chunk-mib") == 0) {
+		if (k3_parse_u64(val, 1, 1024, &v, &err) != 0)
 			goto bad;
 		c->o.chunk = v << 20;
-	} else if (strcmp(a, "--reserve") == 0 && has) {
-		if (k3_parse_double(VAL(), 0, 1e9, &d, &err) != 0)
+	} else if (strcmp(a, "--reserve") == 0) {
+		if (k3_parse_double(val, 0, 1e9, &d, &err) != 0)
 			goto bad;
 		c->o.reserve = (int64_t)(d * 1e9);
 	} else {
 		return 0;
 	}
+	++*i;
 	return 1;
-#undef VAL
 bad:
-	k3ctl_usage(cmd, "%s: %s", a, err.msg);
+	k3ctl_usage(c->cmd, "%s: %s", a, err.msg);
 	return -1;
+}
+
+bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, int argc, char **argv, int *i)
+{
+	while (++*i < argc) {
+		int r = option(c, argc, argv, i);
+		if (r <= 0) {
+			c->bad = r < 0;
+			return true;
+		}
+	}
+	return false;
+}
+
+int k3ctl_setup_cli_unexpected(const struct k3ctl_setup_cli *c, const char *arg)
+{
+	if (c->bad)
+		return K3CTL_EXIT_USAGE;
+	return k3ctl_usage(c->cmd, "usage: k3ctl %s %s (unexpected '%s')", c->cmd, c->synopsis, arg);
 }
 
 /* The shipped inventory named name: $K3_INVENTORY_DIR, the installed data

@@ -21,16 +21,25 @@ struct k3ctl_setup_cli {
 	struct k3_setup_inventory *inv;   /* loaded by k3ctl_setup_cli_finish */
 	char dir[4096];
 	char token[4096];
+	const char *cmd, *synopsis;       /* for the usage messages */
+	bool bad;                         /* a shared option was refused (usage printed) */
 };
 
-/* Sets the defaults. */
-void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c);
+/* Sets the defaults; cmd and synopsis (its options, for "usage: k3ctl
+ * CMD SYNOPSIS") name the command in usage messages. */
+void k3ctl_setup_cli_init(struct k3ctl_setup_cli *c, const char *cmd, const char *synopsis);
 
-/* If argv[*i] is one of the shared options, consumes it (and its value)
- * and returns 1; 0 when it is not one; -1 after printing a usage error
- * for `cmd`. */
-int k3ctl_setup_cli_option(struct k3ctl_setup_cli *c, const char *cmd, int argc, char **argv,
-			   int *i);
+/* Steps *i (start: 0) to the command's next argument, taking the shared
+ * options (and their values) on the way. True with argv[*i] that
+ * argument (a shared option without its value included), or with c->bad
+ * set, a shared option refused (usage printed); false at the end of argv.
+ * What the command does not take goes to k3ctl_setup_cli_unexpected. */
+bool k3ctl_setup_cli_next(struct k3ctl_setup_cli *c, int argc, char **argv, int *i);
+
+/* Refuses arg, an argument the command does not take: prints the usage
+ * with it (nothing more after a refused shared option) and returns
+ * K3CTL_EXIT_USAGE. */
+int k3ctl_setup_cli_unexpected(const struct k3ctl_setup_cli *c, const char *arg);
 
 /* Loads the inventory, decides the model directory and reads the token.
  * need_inventory false: a missing default inventory is fine when --model

@@ -19,28 +19,49 @@
 
 struct text_cli_vocab {
 	const char *model_dir, *vocab, *config;
+	bool bad;      /* one of them came without its value (usage printed) */
 };
 
-/* Consumes --model/--vocab/--config at argv[*i]; returns 1 if taken, 0 if
- * not a vocabulary option, -1 on a missing value (usage printed). */
-static inline int text_cli_vocab_opt(const char *cmd, int argc, char **argv, int *i, struct text_cli_vocab *v)
+/* Steps *i (start: 0) to the command's next argument, taking the
+ * vocabulary options (--model/--vocab/--config VALUE) on the way into v.
+ * True with argv[*i] that argument; false at the end of argv, or with
+ * v->bad set after a vocabulary option without its value. */
+static inline bool text_cli_next(const char *cmd, int argc, char **argv, int *i,
+				 struct text_cli_vocab *v)
 {
-	const char **slot = NULL;
+	while (++*i < argc) {
+		const char **slot;
 
-	if (!strcmp(argv[*i], "--model"))
-		slot = &v->model_dir;
-	else if (!strcmp(argv[*i], "--vocab"))
-		slot = &v->vocab;
-	else if (!strcmp(argv[*i], "--config"))
-		slot = &v->config;
-	else
-		return 0;
-	if (*i + 1 >= argc) {
-		k3ctl_usage(cmd, "%s needs a value", argv[*i]);
-		return -1;
+		if (!strcmp(argv[*i], "--model"))
+			slot = &v->model_dir;
+		else if (!strcmp(argv[*i], "--vocab"))
+			slot = &v->vocab;
+		else if (!strcmp(argv[*i], "--config"))
+			slot = &v->config;
+		else
+			return true;
+		if (*i + 1 >= argc) {
+			k3ctl_usage(cmd, "%s needs a value", argv[*i]);
+			v->bad = true;
+			return false;
+		}
+		*slot = argv[++*i];
 	}
-	*slot = argv[++*i];
-	return 1;
+	return false;
+}
+
+/* Takes arg, not an option, as the command's one operand into *slot.
+ * Returns 0, or K3CTL_EXIT_USAGE after saying why: arg is an unknown
+ * option, or *slot was taken (the message `more`). */
+static inline int text_cli_operand(const char *cmd, const char *arg, const char **slot,
+				   const char *more)
+{
+	if (arg[0] == '-' && arg[1])
+		return k3ctl_usage(cmd, "unknown option '%s'", arg);
+	if (*slot)
+		return k3ctl_usage(cmd, "%s", more);
+	*slot = arg;
+	return 0;
 }
 
 /* Loads the tokenizer into *tok. Returns 0, K3CTL_EXIT_USAGE (no

@@ -147,6 +147,12 @@ def main():
         try:
             st = status(d.sock)
             check(d_u32(st, 78) == 1, f"--parallel 1: STATUS parallel {d_u32(st, 78)}")
+            out = subprocess.run([K3CTL, "--socket", d.sock, "status"], capture_output=True, text=True)
+            check("passes:      1 seat (--parallel);" in out.stdout,
+                  f"--parallel 1: k3ctl status says 1 seat: {out.stdout!r}")
+            js = json.loads(subprocess.run([K3CTL, "--socket", d.sock, "--json", "status"],
+                                           capture_output=True, text=True).stdout)
+            check(js.get("parallel") == 1, f"--parallel 1: k3ctl status --json parallel {js.get('parallel')}")
             for i, p in enumerate(PROMPTS):
                 r = finish(start(d.sock, p, MAX_NEW[i]))
                 check(r[0] != "error" and len(r[0]) == MAX_NEW[i], f"solo {i}: {r[:2]}")
