@@ -100,7 +100,7 @@ static int get_value(struct cfgctx *c, json_t *o, const char *key, bool integer,
 static int get_u32(struct cfgctx *c, json_t *o, const char *key, bool required,
 		   uint32_t dflt, uint32_t min, uint32_t max, uint32_t *out, bool *present)
 {
-	double x;
+	double x = 0;
 	int r = get_value(c, o, key, true, required, dflt, min, max, &x, present);
 
 	if (!r)
@@ -140,7 +140,7 @@ static int get_str(struct cfgctx *c, json_t *o, const char *key, const char *dfl
 static int get_choice(struct cfgctx *c, json_t *o, const char *key, const char *dflt,
 		      const char *w0, int v0, const char *w1, int v1, int *out)
 {
-	const char *s;
+	const char *s = NULL;
 	char want[96];
 	int r = get_str(c, o, key, dflt, &s);
 
@@ -226,7 +226,7 @@ static int parse_kda(struct cfgctx *c, json_t *lac, struct k3_model_config *k)
 
 static int parse_text(struct cfgctx *c, json_t *t, json_t *top, struct k3_model_config *k)
 {
-	const char *s;
+	const char *s = NULL;
 	int word;
 	double d;
 	bool set;
