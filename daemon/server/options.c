@@ -306,7 +306,7 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	int64_t w;
+	int64_t w = 0;
 	int c, r;
 	bool per_uid_set = false, gateway_set = false;
 
