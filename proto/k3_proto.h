@@ -218,6 +218,21 @@ enum k3_proto_state {
 #define K3_PROTO_FIELDS_PONG(F, m) \
 	F(m, 1, U32, state, 0, 1)
 #define K3_PROTO_FIELDS_STATUS(F, m)
+/* Tags 60-70, the same rows in STATUS_REPLY (k3d's totals) and DONE (the
+ * job's share): per-drive columns, K3_LIM_DRIVES long, and the demand and
+ * prefetch-used bytes of experts and spine that they add up to. */
+#define K3_PROTO_FIELDS_DRIVES_(F, m) \
+	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
+	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 63, U64S, drive_prefetch_wasted_bytes, K3_LIM_DRIVES, 0) \
+	F(m, 64, U64S, drive_spine_bytes_read, K3_LIM_DRIVES, 0) \
+	F(m, 65, U64S, drive_hedges, K3_LIM_DRIVES, 0) \
+	F(m, 66, U64S, drive_hedges_won, K3_LIM_DRIVES, 0) \
+	F(m, 67, U64, expert_demand_bytes, 0, 0) \
+	F(m, 68, U64, prefetch_used_bytes, 0, 0) \
+	F(m, 69, U64, spine_demand_bytes, 0, 0) \
+	F(m, 70, U64, spine_wasted_bytes, 0, 0)
 /* Tags 29-34 are the job list: parallel arrays of one length, entry i
  * describing one job (running first, then queued in queue order), sent
  * only to peers that announced K3_PROTO_CAP_JOBS, and only the jobs that
@@ -278,17 +293,7 @@ enum k3_proto_state {
 	F(m, 54, U64, decode_passes_total, 0, 0) \
 	F(m, 55, F64, draft_s_total, 0, 0) \
 	F(m, 56, F64, verify_s_total, 0, 0) \
-	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
-	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
-	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \
-	F(m, 63, U64S, drive_prefetch_wasted_bytes, K3_LIM_DRIVES, 0) \
-	F(m, 64, U64S, drive_spine_bytes_read, K3_LIM_DRIVES, 0) \
-	F(m, 65, U64S, drive_hedges, K3_LIM_DRIVES, 0) \
-	F(m, 66, U64S, drive_hedges_won, K3_LIM_DRIVES, 0) \
-	F(m, 67, U64, expert_demand_bytes, 0, 0) \
-	F(m, 68, U64, prefetch_used_bytes, 0, 0) \
-	F(m, 69, U64, spine_demand_bytes, 0, 0) \
-	F(m, 70, U64, spine_wasted_bytes, 0, 0) \
+	K3_PROTO_FIELDS_DRIVES_(F, m) \
 	F(m, 71, U64S, drive_rate, K3_LIM_DRIVES, 0) \
 	F(m, 72, U64S, drive_p95_ns, K3_LIM_DRIVES, 0) \
 	F(m, 73, IDS, drive_prefetch_on, K3_LIM_DRIVES, 0) \
@@ -392,17 +397,7 @@ enum k3_proto_state {
 	F(m, 32, F64, verify_s, 0, 0) \
 	F(m, 40, U32, spine, 0, 0) \
 	F(m, 41, STR, spine_label, K3_LIM_NAME_MAX, 0) \
-	F(m, 60, U64S, drive_expert_bytes_read, K3_LIM_DRIVES, 0) \
-	F(m, 61, U64S, drive_expert_demand_bytes, K3_LIM_DRIVES, 0) \
-	F(m, 62, U64S, drive_prefetch_used_bytes, K3_LIM_DRIVES, 0) \
-	F(m, 63, U64S, drive_prefetch_wasted_bytes, K3_LIM_DRIVES, 0) \
-	F(m, 64, U64S, drive_spine_bytes_read, K3_LIM_DRIVES, 0) \
-	F(m, 65, U64S, drive_hedges, K3_LIM_DRIVES, 0) \
-	F(m, 66, U64S, drive_hedges_won, K3_LIM_DRIVES, 0) \
-	F(m, 67, U64, expert_demand_bytes, 0, 0) \
-	F(m, 68, U64, prefetch_used_bytes, 0, 0) \
-	F(m, 69, U64, spine_demand_bytes, 0, 0) \
-	F(m, 70, U64, spine_wasted_bytes, 0, 0) \
+	K3_PROTO_FIELDS_DRIVES_(F, m) \
 	F(m, 71, U64, prefill_expert_bytes, 0, 0) \
 	F(m, 72, U64, prefill_distinct_experts, 0, 0) \
 	F(m, 73, U64, expert_span_bytes, 0, 0) \

@@ -256,7 +256,9 @@ struct dspark {
 	/* context rows: positions first .. first + n_ctx - 1 */
 	uint32_t first, n_ctx, cap;
 	float **cache;               /* [layers][cap + block][row] */
-	/* scratch */
+	/* scratch: one block (alloc_scratch) holding these, inv_freq and the
+	 * norm weights; prob and cx grow apart */
+	float *scratch;
 	float *x, *h, *qa, *Q, *kv, *att, *y, *g, *u, *qcat, *cbar, *prob;
 	float *logits, *bias, *w1row;
 	float *cx;                   /* [cx_cap][D] context rows being added */
@@ -288,8 +290,9 @@ static int get_mat(const struct k3_model *m, const char *name, uint64_t rows, ui
 	return 0;
 }
 
-/* A norm weight [n] (BF16 or F32) as an fp32 copy. */
-static int get_vec(const struct k3_model *m, const char *name, uint32_t n, float **out,
+/* A norm weight [n] (BF16 or F32) as an fp32 copy into out[0..n) (a
+ * part of the scratch block, alloc_scratch). */
+static int get_vec(const struct k3_model *m, const char *name, uint32_t n, float *out,
 		   struct k3_err *err)
 {
 	const struct k3_tensor *t = k3_model_tensor(m, name);
@@ -299,9 +302,7 @@ static int get_vec(const struct k3_model *m, const char *name, uint32_t n, float
 	snprintf(want, sizeof(want), "must be BF16 or F32 [%u]", n);
 	if ((t->dtype != K3_DTYPE_BF16 && t->dtype != K3_DTYPE_F32) || t->ndim != 1 || t->shape[0] != n)
 		return bad_tensor(err, name, want);
-	if (!(*out = malloc((size_t)n * sizeof(float))))
-		return k3_err_set(err, -ENOMEM, "out of memory");
-	return k3_tensor_read_f32(t, 0, n, *out);
+	return k3_tensor_read_f32(t, 0, n, out);
 }
 
 /* Tensors a DSpark checkpoint carries that this forward does not read. */
@@ -362,22 +363,22 @@ static int load_tensors(struct dspark *d, struct k3_err *err)
 					  "(docs/text-and-draft.md §4.3)");
 	if ((r = get_mat(m, "context_proj.weight", D, (uint64_t)c->n_taps * c->target_hidden,
 			 &d->ctx_proj, err)) ||
-	    (r = get_vec(m, "context_norm.weight", c->hidden, &d->ctx_norm, err)) ||
-	    (r = get_vec(m, "final_norm.weight", c->hidden, &d->final_norm, err)) ||
+	    (r = get_vec(m, "context_norm.weight", c->hidden, d->ctx_norm, err)) ||
+	    (r = get_vec(m, "final_norm.weight", c->hidden, d->final_norm, err)) ||
 	    (r = get_mat(m, "markov_head.markov_w1.weight", c->vocab, c->markov_rank, &d->m1, err)) ||
 	    (r = get_mat(m, "markov_head.markov_w2.weight", c->vocab, c->markov_rank, &d->m2, err)))
 		return r;
 	for (uint32_t l = 0; l < c->layers; l++) {
 		struct dsl_layer *L = &d->L[l];
 #define T(suffix) (snprintf(name, sizeof(name), "layers.%u." suffix, l), name)
-		if ((r = get_vec(m, T("input_layernorm.weight"), c->hidden, &L->in_norm, err)) ||
-		    (r = get_vec(m, T("post_attention_layernorm.weight"), c->hidden, &L->post_norm, err)) ||
+		if ((r = get_vec(m, T("input_layernorm.weight"), c->hidden, L->in_norm, err)) ||
+		    (r = get_vec(m, T("post_attention_layernorm.weight"), c->hidden, L->post_norm, err)) ||
 		    (r = get_mat(m, T("self_attn.q_a_proj.weight"), c->q_lora, D, &L->qa, err)) ||
-		    (r = get_vec(m, T("self_attn.q_a_layernorm.weight"), c->q_lora, &L->qa_norm, err)) ||
+		    (r = get_vec(m, T("self_attn.q_a_layernorm.weight"), c->q_lora, L->qa_norm, err)) ||
 		    (r = get_mat(m, T("self_attn.q_b_proj.weight"), H * qh, c->q_lora, &L->qb, err)) ||
 		    (r = get_mat(m, T("self_attn.kv_a_proj_with_mqa.weight"), (uint64_t)c->kv_lora + c->rope,
 				 D, &L->kva, err)) ||
-		    (r = get_vec(m, T("self_attn.kv_a_layernorm.weight"), c->kv_lora, &L->kva_norm, err)) ||
+		    (r = get_vec(m, T("self_attn.kv_a_layernorm.weight"), c->kv_lora, L->kva_norm, err)) ||
 		    (r = get_mat(m, T("self_attn.kv_b_proj.weight"), H * ((uint64_t)c->nope + c->v_head),
 				 c->kv_lora, &L->kvb, err)) ||
 		    (r = get_mat(m, T("self_attn.o_proj.weight"), D, H * c->v_head, &L->o, err)) ||
@@ -688,24 +689,13 @@ static void dspark_free(struct k3_draft *base)
 	struct dspark *d = (struct dspark *)base;
 	if (!d)
 		return;
-	for (uint32_t l = 0; d->L && l < d->c.layers; l++) {
-		struct dsl_layer *L = &d->L[l];
-		free(L->in_norm);
-		free(L->post_norm);
-		free(L->qa_norm);
-		free(L->kva_norm);
-		if (d->cache)
-			free(d->cache[l]);
-	}
-	free(d->L);
+	for (uint32_t l = 0; d->cache && l < d->c.layers; l++)
+		free(d->cache[l]);
 	free(d->cache);
-	free(d->ctx_norm);
-	free(d->final_norm);
-	free(d->inv_freq);
-	float *bufs[] = { d->x, d->h, d->qa, d->Q, d->kv, d->att, d->y, d->g, d->u, d->qcat,
-			  d->cbar, d->prob, d->logits, d->bias, d->w1row, d->cx };
-	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-		free(bufs[i]);
+	free(d->L);
+	free(d->scratch);
+	free(d->prob);
+	free(d->cx);
 	k3_model_free(d->ck);
 	free(d);
 }
@@ -718,25 +708,49 @@ static const struct k3_draft_ops dspark_ops = {
 	.free = dspark_free,
 };
 
+/* The buffers of the draft's lifetime, one float block carved in parts
+ * of whole cache lines (16 floats): the forward's scratch and every norm
+ * weight (get_vec fills them). prob and cx grow with the context, apart. */
 static int alloc_scratch(struct dspark *d, struct k3_err *err)
 {
 	const struct k3_dspark_config *c = &d->c;
 	size_t B = c->block, D = d->D;
+	d->L = calloc(c->layers, sizeof(*d->L));
+	d->cache = calloc(c->layers, sizeof(*d->cache));
+	if (!d->L || !d->cache)
+		return k3_err_set(err, -ENOMEM, "DSpark draft: out of memory");
 	struct { float **p; size_t n; } a[] = {
 		{ &d->x, B * D }, { &d->h, B * D }, { &d->qa, B * c->q_lora },
 		{ &d->Q, B * c->heads * ((size_t)c->nope + c->rope) }, { &d->kv, B * d->row },
 		{ &d->att, B * c->heads * c->v_head }, { &d->y, B * D }, { &d->g, B * c->inter },
 		{ &d->u, B * c->inter }, { &d->qcat, d->row }, { &d->cbar, c->kv_lora },
 		{ &d->logits, B * c->vocab }, { &d->bias, c->vocab }, { &d->w1row, c->markov_rank },
-		{ &d->inv_freq, c->rope / 2 },
+		{ &d->inv_freq, c->rope / 2 }, { &d->ctx_norm, D }, { &d->final_norm, D },
 	};
-	for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
-		if (!(*a[i].p = malloc(a[i].n * sizeof(float))))
-			return k3_err_set(err, -ENOMEM, "DSpark draft: out of memory");
-	d->L = calloc(c->layers, sizeof(*d->L));
-	d->cache = calloc(c->layers, sizeof(*d->cache));
-	if (!d->L || !d->cache)
+	const size_t n_a = sizeof(a) / sizeof(a[0]);
+	const size_t norm_n[4] = { D, D, c->q_lora, c->kv_lora };   /* each layer's */
+#define LINES_(n) (((n) + 15) & ~(size_t)15)
+	size_t total = 0;
+	for (size_t i = 0; i < n_a; i++)
+		total += LINES_(a[i].n);
+	for (size_t k = 0; k < 4; k++)
+		total += c->layers * LINES_(norm_n[k]);
+	float *f = d->scratch = malloc(total * sizeof(float));
+	if (!f)
 		return k3_err_set(err, -ENOMEM, "DSpark draft: out of memory");
+	for (size_t i = 0; i < n_a; i++) {
+		*a[i].p = f;
+		f += LINES_(a[i].n);
+	}
+	for (uint32_t l = 0; l < c->layers; l++) {
+		float **norm[4] = { &d->L[l].in_norm, &d->L[l].post_norm, &d->L[l].qa_norm,
+				    &d->L[l].kva_norm };
+		for (size_t k = 0; k < 4; k++) {
+			*norm[k] = f;
+			f += LINES_(norm_n[k]);
+		}
+	}
+#undef LINES_
 	return 0;
 }
 

@@ -20,8 +20,8 @@ struct k3_draft_run {
 	struct k3_draft_cost own_cost, *cost;
 	struct k3_draft_ctl ctl;
 	uint32_t fixed, width_max, V, per, n_taps, D;
-	float *logits;               /* [width_max + 1][V] */
-	uint32_t *route_ids;         /* [width_max + 1][per] */
+	float *logits;               /* [width_max + 1][V]; owns route_w and taps */
+	uint32_t *route_ids;         /* [width_max + 1][per]; owns in and next */
 	float *route_w;
 	float *taps;                 /* [max(chunk, width_max + 1)][n_taps][D] */
 	uint32_t *in;                /* [width_max + 1]: the anchor, then the proposals */
@@ -49,12 +49,8 @@ void k3_draft_run_free(struct k3_draft_run *r)
 		k3_engine_set_taps(r->e, NULL, 0, NULL);
 		k3_engine_set_tap_out(r->e, NULL);
 	}
-	free(r->logits);
-	free(r->route_ids);
-	free(r->route_w);
-	free(r->taps);
-	free(r->in);
-	free(r->next);
+	free(r->logits);      /* and route_w, taps */
+	free(r->route_ids);   /* and in, next */
 	free(r);
 }
 
@@ -88,15 +84,18 @@ int k3_draft_run_new(struct k3_engine *e, const struct k3_draft_run_opts *o,
 	r->D = k3_engine_hidden(e);
 	r->n_taps = r->d ? r->d->n_taps : 0;
 	size_t rows = (size_t)w + 1, tap_rows = chunk > rows ? chunk : rows;
-	r->logits = malloc(rows * r->V * sizeof(float));
-	r->route_ids = malloc((rows * r->per + 1) * sizeof(uint32_t));
-	r->route_w = malloc((rows * r->per + 1) * sizeof(float));
-	r->in = malloc(rows * sizeof(uint32_t));
-	r->next = malloc(rows * sizeof(uint32_t));
-	if (r->n_taps)
-		r->taps = malloc(tap_rows * r->n_taps * r->D * sizeof(float));
-	if (!r->logits || !r->route_ids || !r->route_w || !r->in || !r->next ||
-	    (r->n_taps && !r->taps)) {
+	/* two blocks for the pass buffers, one of floats (logits, route
+	 * weights, taps) and one of ids (route ids, in, next) */
+	size_t n_logits = rows * r->V, n_route = rows * r->per + 1;
+	size_t n_taps = r->n_taps ? tap_rows * r->n_taps * r->D : 0;
+	r->logits = malloc((n_logits + n_route + n_taps) * sizeof(float));
+	r->route_ids = malloc((n_route + 2 * rows) * sizeof(uint32_t));
+	if (r->logits && r->route_ids) {
+		r->route_w = r->logits + n_logits;
+		r->taps = n_taps ? r->route_w + n_route : NULL;
+		r->in = r->route_ids + n_route;
+		r->next = r->in + rows;
+	} else {
 		k3_draft_run_free(r);
 		return k3_err_set(err, -ENOMEM, "out of memory for %zu-position draft passes", rows);
 	}

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,6 +236,50 @@ static void model_release(void *ctx, uint32_t layer, uint32_t expert)
 
 /* ---------------------------------------------------------------- engine */
 
+/* The chunk scratch, every buffer the engine sizes at open for its
+ * lifetime: rows of [chunk][D] floats, [chunk][K] routing arrays, the
+ * pool's pointers and rows. One allocation carved into parts, each
+ * aligned to a cache line and zeroed; e->scratch owns it all. */
+#define ENGINE_SCRATCH_(X) \
+	X(pool, (e->n_blocks + 1) * sizeof(*e->pool)) \
+	X(cands, (e->n_blocks + 1) * sizeof(*e->cands)) \
+	X(h, rowb) X(x, rowb) X(mb, rowb) X(z, rowb) X(part, rowb) \
+	X(rows, e->has_spine ? rowb : 0) \
+	X(pass_ids, e->chunk * sizeof(*e->pass_ids)) \
+	X(ids, nk * sizeof(*e->ids)) X(w, nk * sizeof(*e->w)) \
+	X(spans, nk * sizeof(*e->spans)) \
+	X(stamp, (e->cfg.n_experts ? e->cfg.n_experts : 1) * sizeof(*e->stamp)) \
+	X(pids, nk * sizeof(*e->pids)) X(pw, nk * sizeof(*e->pw)) \
+	X(guess, nk * sizeof(*e->guess)) X(guess_rank, nk * sizeof(*e->guess_rank)) \
+	X(tier_ids, nk * sizeof(*e->tier_ids)) X(tier_miss, nk * sizeof(*e->tier_miss)) \
+	X(tier_res, nk * sizeof(*e->tier_res))
+#define SCRATCH_ALIGN_(n) (((n) + 63) & ~(size_t)63)
+
+static int alloc_scratch(struct k3_engine *e)
+{
+	size_t rowb = (size_t)e->chunk * e->D * sizeof(float);
+	size_t nk = (size_t)e->chunk * (e->K ? e->K : 1);
+	size_t total = SCRATCH_ALIGN_((e->n_blocks + 1) * rowb);   /* the pool's rows, first */
+#define SIZE_(field, bytes) total += SCRATCH_ALIGN_(bytes);
+	ENGINE_SCRATCH_(SIZE_)
+#undef SIZE_
+	/* calloc, not aligned_alloc + memset: the rows of a long chunk stay
+	 * untouched pages until a pass writes them, as separate mallocs were */
+	if (!(e->scratch = calloc(1, total + 63)))
+		return -ENOMEM;
+	char *at = (char *)e->scratch + (-(uintptr_t)e->scratch & 63);
+	float *pool_rows = (float *)(void *)at;
+	at += SCRATCH_ALIGN_((e->n_blocks + 1) * rowb);
+#define TAKE_(field, bytes) e->field = (void *)at; at += SCRATCH_ALIGN_(bytes);
+	ENGINE_SCRATCH_(TAKE_)
+#undef TAKE_
+	for (uint32_t i = 0; i <= e->n_blocks; i++)
+		e->pool[i] = pool_rows + (size_t)i * e->chunk * e->D;
+	if (!e->has_spine)
+		e->rows = NULL;   /* embeddings come from the mapped table */
+	return 0;
+}
+
 /* Whether prov sets the optional op `field` (struct_size covers it). */
 #define PROV_HAS(prov, field) \
 	((prov)->struct_size >= offsetof(struct k3_provider, field) + sizeof((prov)->field) && \
@@ -246,30 +291,8 @@ void k3_engine_free(struct k3_engine *e)
 		return;
 	if (e->pm)
 		e->prov->close(e->pm);
-	if (e->pool)
-		for (uint32_t i = 0; i <= e->n_blocks; i++)
-			free(e->pool[i]);
-	free(e->pool);
-	free(e->cands);
-	free(e->h);
-	free(e->x);
-	free(e->mb);
-	free(e->z);
-	free(e->part);
-	free(e->pass_ids);
+	free(e->scratch);
 	free(e->blog);
-	free(e->ids);
-	free(e->w);
-	free(e->spans);
-	free(e->stamp);
-	free(e->pids);
-	free(e->pw);
-	free(e->guess);
-	free(e->guess_rank);
-	free(e->tier_ids);
-	free(e->tier_miss);
-	free(e->tier_res);
-	free(e->rows);
 	engine_verify_free(e);
 	/* what open acquired of the spine source, after the provider let go */
 	for (uint32_t l = 0; l < e->spine_opened; l++)
@@ -421,34 +444,7 @@ int k3_engine_open(const struct k3_model *model, const struct k3_engine_opts *op
 	}
 	k3_engine_set_expert_source(e, NULL);
 
-	size_t rowb = (size_t)e->chunk * e->D * sizeof(float);
-	e->pool = calloc(e->n_blocks + 1, sizeof(*e->pool));
-	e->cands = calloc(e->n_blocks + 1, sizeof(*e->cands));
-	e->h = malloc(rowb);
-	e->x = malloc(rowb);
-	e->mb = malloc(rowb);
-	e->z = malloc(rowb);
-	e->part = malloc(rowb);
-	e->pass_ids = calloc(e->chunk, sizeof(*e->pass_ids));
-	e->ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->ids));
-	e->w = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->w));
-	e->spans = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->spans));
-	e->stamp = calloc(e->cfg.n_experts ? e->cfg.n_experts : 1, sizeof(*e->stamp));
-	e->pids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pids));
-	e->pw = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->pw));
-	e->guess = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess));
-	e->guess_rank = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->guess_rank));
-	if (e->has_spine)
-		e->rows = malloc(rowb);
-	e->tier_ids = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_ids));
-	e->tier_miss = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_miss));
-	e->tier_res = calloc((size_t)e->chunk * (e->K ? e->K : 1), sizeof(*e->tier_res));
-	rc = (e->pool && e->cands && e->h && e->x && e->mb && e->z && e->part && e->pass_ids && e->ids && e->w &&
-	      e->spans && e->stamp && e->pids && e->pw && e->guess && e->guess_rank &&
-	      (e->rows || !e->has_spine) && e->tier_ids && e->tier_miss && e->tier_res) ? 0 : -ENOMEM;
-	for (uint32_t i = 0; !rc && i <= e->n_blocks; i++)
-		if (!(e->pool[i] = malloc(rowb)))
-			rc = -ENOMEM;
+	rc = alloc_scratch(e);
 	if (rc) {
 		k3_err_set(err, rc, "out of memory for a %u-position chunk", e->chunk);
 		goto fail;

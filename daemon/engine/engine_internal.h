@@ -42,7 +42,8 @@ struct k3_engine {
 	uint32_t chunk, n_blocks, n_moe, K, D, V;
 	uint32_t moe_layers[K3_PROV_MAX_LAYERS];
 	int32_t moe_index[K3_PROV_MAX_LAYERS];   /* layer -> MoE ordinal, -1 */
-	/* chunk scratch */
+	/* chunk scratch, all in one allocation (alloc_scratch, engine.c) */
+	void *scratch;
 	float **pool;                /* [n_blocks + 1] of [chunk][D] */
 	const float **cands;         /* [n_blocks + 1] */
 	float *h, *x, *mb, *z;       /* [chunk][D] */

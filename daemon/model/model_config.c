@@ -55,64 +55,63 @@ static json_t *value_of(json_t *o, const char *key)
 	return v && !json_is_null(v) ? v : NULL;
 }
 
-/* Reads an unsigned integer. Absent or null -> *out = dflt and *present
- * false (when required, that is an error). */
-static int get_u32(struct cfgctx *c, json_t *o, const char *key, bool required,
-		   uint32_t dflt, uint32_t min, uint32_t max, uint32_t *out, bool *present)
+/* Reads a number, with integer an integer, in [min, max]. Absent or null
+ * -> *out = dflt and *present false (when required, that is an error). */
+static int get_value(struct cfgctx *c, json_t *o, const char *key, bool integer, bool required,
+		     double dflt, double min, double max, double *out, bool *present)
 {
 	json_t *v = value_of(o, key);
-	char buf[96];
+	const char *what = integer ? "an integer" : "a number";
+	char want[96], got[40];
 
 	if (present)
 		*present = false;
 	if (!v) {
-		if (required)
-			return bad(c, key, "required field is missing or null (expected an integer)", NULL);
+		if (required) {
+			snprintf(want, sizeof(want), "required field is missing or null (expected %s)", what);
+			return bad(c, key, want, NULL);
+		}
 		*out = dflt;
 		return 0;
 	}
-	if (!json_is_integer(v))
-		return bad(c, key, "expected an integer", json_kind(v));
-	json_int_t x = json_integer_value(v);
-	if (x < (json_int_t)min || x > (json_int_t)max) {
-		snprintf(buf, sizeof(buf), "expected an integer in [%u, %u]", min, max);
-		char got[32];
-		snprintf(got, sizeof(got), "%lld", (long long)x);
-		return bad(c, key, buf, got);
+	if (integer ? !json_is_integer(v) : !json_is_number(v)) {
+		snprintf(want, sizeof(want), "expected %s", what);
+		return bad(c, key, want, json_kind(v));
 	}
-	*out = (uint32_t)x;
-	if (present)
-		*present = true;
-	return 0;
-}
-
-static int get_num(struct cfgctx *c, json_t *o, const char *key, bool required,
-		   double dflt, double min, double max, double *out, bool *present)
-{
-	json_t *v = value_of(o, key);
-	char buf[96];
-
-	if (present)
-		*present = false;
-	if (!v) {
-		if (required)
-			return bad(c, key, "required field is missing or null (expected a number)", NULL);
-		*out = dflt;
-		return 0;
-	}
-	if (!json_is_number(v))
-		return bad(c, key, "expected a number", json_kind(v));
 	double x = json_number_value(v);
 	if (!isfinite(x) || x < min || x > max) {
-		char got[40];
-		snprintf(buf, sizeof(buf), "expected a number in [%g, %g]", min, max);
-		snprintf(got, sizeof(got), "%g", x);
-		return bad(c, key, buf, got);
+		if (integer) {
+			snprintf(want, sizeof(want), "expected an integer in [%u, %u]", (unsigned)min,
+				 (unsigned)max);
+			snprintf(got, sizeof(got), "%lld", (long long)json_integer_value(v));
+		} else {
+			snprintf(want, sizeof(want), "expected a number in [%g, %g]", min, max);
+			snprintf(got, sizeof(got), "%g", x);
+		}
+		return bad(c, key, want, got);
 	}
 	*out = x;
 	if (present)
 		*present = true;
 	return 0;
+}
+
+/* get_value for an unsigned integer (exact in a double: at most 2^32). */
+static int get_u32(struct cfgctx *c, json_t *o, const char *key, bool required,
+		   uint32_t dflt, uint32_t min, uint32_t max, uint32_t *out, bool *present)
+{
+	double x = 0;
+	int r = get_value(c, o, key, true, required, dflt, min, max, &x, present);
+
+	if (!r)
+		*out = (uint32_t)x;
+	return r;
+}
+
+static int get_num(struct cfgctx *c, json_t *o, const char *key, bool required,
+		   double dflt, double min, double max, double *out, bool *present)
+{
+	return get_value(c, o, key, false, required, dflt, min, max, out, present);
 }
 
 /* Booleans by value (§1.2: presence-based parsing is a known bug). */
@@ -135,6 +134,24 @@ static int get_str(struct cfgctx *c, json_t *o, const char *key, const char *dfl
 		return bad(c, key, "expected a string", json_kind(v));
 	*out = v ? json_string_value(v) : dflt;
 	return 0;
+}
+
+/* A string that must be w0 (-> v0) or w1 (-> v1); absent or null: dflt. */
+static int get_choice(struct cfgctx *c, json_t *o, const char *key, const char *dflt,
+		      const char *w0, int v0, const char *w1, int v1, int *out)
+{
+	const char *s = NULL;
+	char want[96];
+	int r = get_str(c, o, key, dflt, &s);
+
+	if (r)
+		return r;
+	if (strcmp(s, w0) == 0 || strcmp(s, w1) == 0) {
+		*out = strcmp(s, w0) == 0 ? v0 : v1;
+		return 0;
+	}
+	snprintf(want, sizeof(want), "expected '%s' or '%s'", w0, w1);
+	return bad(c, key, want, s);
 }
 
 /* A token id: integer, null, or (HF allows it for eos) a list whose first
@@ -209,7 +226,8 @@ static int parse_kda(struct cfgctx *c, json_t *lac, struct k3_model_config *k)
 
 static int parse_text(struct cfgctx *c, json_t *t, json_t *top, struct k3_model_config *k)
 {
-	const char *s;
+	const char *s = NULL;
+	int word;
 	double d;
 	bool set;
 
@@ -219,13 +237,8 @@ static int parse_text(struct cfgctx *c, json_t *t, json_t *top, struct k3_model_
 		    &k->num_hidden_layers, NULL));
 	TRY(get_u32(c, t, "intermediate_size", false, 11008, 1, 1u << 20, &k->intermediate_size, NULL));
 
-	TRY(get_str(c, t, "hidden_act", "silu", &s));
-	if (strcmp(s, "situ") == 0)
-		k->hidden_act = K3_ACT_SITU;
-	else if (strcmp(s, "silu") == 0)
-		k->hidden_act = K3_ACT_SILU;
-	else
-		return bad(c, "hidden_act", "expected 'situ' or 'silu'", s);
+	TRY(get_choice(c, t, "hidden_act", "silu", "situ", K3_ACT_SITU, "silu", K3_ACT_SILU, &word));
+	k->hidden_act = (enum k3_hidden_act)word;
 	TRY(get_num(c, t, "activation_situ_beta", false, 1.0, 1e-6, 1e6, &d, NULL));
 	k->situ_beta = (float)d;
 	TRY(get_num(c, t, "activation_situ_linear_beta", false, 0.0, 1e-6, 1e6, &d, &set));
@@ -267,13 +280,9 @@ static int parse_text(struct cfgctx *c, json_t *t, json_t *top, struct k3_model_
 	TRY(get_u32(c, t, "moe_intermediate_size", have_moe, 0, 1, 1u << 20,
 		    &k->moe_intermediate_size, NULL));
 	TRY(get_bool(c, t, "moe_renormalize", true, &k->moe_renormalize));
-	TRY(get_str(c, t, "moe_router_activation_func", "sigmoid", &s));
-	if (strcmp(s, "sigmoid") == 0)
-		k->moe_router_activation_func = K3_ROUTER_SIGMOID;
-	else if (strcmp(s, "softmax") == 0)
-		k->moe_router_activation_func = K3_ROUTER_SOFTMAX;
-	else
-		return bad(c, "moe_router_activation_func", "expected 'sigmoid' or 'softmax'", s);
+	TRY(get_choice(c, t, "moe_router_activation_func", "sigmoid", "sigmoid", K3_ROUTER_SIGMOID,
+		       "softmax", K3_ROUTER_SOFTMAX, &word));
+	k->moe_router_activation_func = (enum k3_router_act)word;
 	TRY(get_num(c, t, "routed_scaling_factor", false, 1.0, 0.0, 1e6, &d, NULL));
 	k->routed_scaling_factor = (float)d;
 	TRY(get_u32(c, t, "first_k_dense_replace", false, 0, 0, K3_MODEL_MAX_LAYERS,

@@ -155,6 +155,22 @@ static int parse_entry(const char *what, const char *name, json_t *v, uint64_t d
 	return 0;
 }
 
+/* Zeroed room for the n entries of a header or an index (what: its name
+ * in errors, noun: what its entries are called there), n being at most
+ * K3_MODEL_MAX_TENSORS. NULL with *r set on an error. */
+static void *alloc_entries(size_t n, size_t size, const char *what, const char *noun,
+			   struct k3_err *err, int *r)
+{
+	void *v = NULL;
+
+	if (n > K3_MODEL_MAX_TENSORS)
+		*r = k3_err_set(err, -EINVAL, "%s: %zu %s exceed the limit of %u", what, n, noun,
+				K3_MODEL_MAX_TENSORS);
+	else if (!(v = calloc(n ? n : 1, size)))
+		*r = k3_err_set(err, -ENOMEM, "%s: out of memory for %zu tensors", what, n);
+	return v;
+}
+
 int k3_st_parse_header(const char *json, size_t len, uint64_t data_len,
 		       const char *what, struct k3_st_header *out,
 		       struct k3_err *err)
@@ -177,17 +193,9 @@ int k3_st_parse_header(const char *json, size_t len, uint64_t data_len,
 		r = k3_err_set(err, -EINVAL, "%s: header is not a JSON object", what);
 		goto out;
 	}
-	size_t cap = json_object_size(root);
-	if (cap > K3_MODEL_MAX_TENSORS) {
-		r = k3_err_set(err, -EINVAL, "%s: %zu header entries exceed the limit of %u", what, cap,
-			       K3_MODEL_MAX_TENSORS);
+	if (!(out->v = alloc_entries(json_object_size(root), sizeof(*out->v), what, "header entries",
+				     err, &r)))
 		goto out;
-	}
-	out->v = calloc(cap ? cap : 1, sizeof(*out->v));
-	if (!out->v) {
-		r = k3_err_set(err, -ENOMEM, "%s: out of memory for %zu tensors", what, cap);
-		goto out;
-	}
 	void *it;
 	for (it = json_object_iter(root); it; it = json_object_iter_next(root, it)) {
 		key = json_object_iter_key(it);
@@ -322,17 +330,8 @@ int k3_st_parse_index(const char *json, size_t len, struct k3_st_index *out,
 		r = k3_err_set(err, -EINVAL, "%s: 'weight_map' object is missing", what);
 		goto out;
 	}
-	size_t cap = json_object_size(wm);
-	if (cap > K3_MODEL_MAX_TENSORS) {
-		r = k3_err_set(err, -EINVAL, "%s: %zu entries exceed the limit of %u", what, cap,
-			       K3_MODEL_MAX_TENSORS);
+	if (!(out->v = alloc_entries(json_object_size(wm), sizeof(*out->v), what, "entries", err, &r)))
 		goto out;
-	}
-	out->v = calloc(cap ? cap : 1, sizeof(*out->v));
-	if (!out->v) {
-		r = k3_err_set(err, -ENOMEM, "%s: out of memory", what);
-		goto out;
-	}
 	for (void *it = json_object_iter(wm); it; it = json_object_iter_next(wm, it)) {
 		const char *key = json_object_iter_key(it);
 		json_t *v = json_object_iter_value(it);

@@ -202,63 +202,111 @@ static int finish_connection_limits(struct k3_options *opts, bool per_uid_set, b
 	return 0;
 }
 
+/* The options, each named once: the rows give the ids, the getopt table
+ * and, for the plain kinds, their cases in k3_options_parse.
+ * COUNT: a count in [min, max] into an unsigned field (parse_count);
+ * REAL: a number in [min, max] into a double field;
+ * PATH: a non-empty path, kept as given;
+ * PARSED: its own parser(value, &field, err), which names the option;
+ * UID: a uid or user name appended to the list field (add_uid);
+ * OTHER: parsed by its own case (has_arg as getopt_long takes it). */
+#define K3D_COUNT_OPTS_(X) \
+	X("queue", O_QUEUE, queue_max, 0, K3_LIM_QUEUE_MAX) \
+	X("threads", O_THREADS, threads, 0, 1024) \
+	X("max-connections", O_MAX_CONN, max_connections, K3_LIM_CONNECTIONS_MIN, \
+	  K3_LIM_CONNECTIONS_MAX) \
+	X("max-connections-per-uid", O_MAX_CONN_UID, max_connections_per_uid, 1, \
+	  K3_LIM_CONNECTIONS_MAX) \
+	X("gateway-connections", O_GW_CONN, gateway_connections, 1, K3_LIM_CONNECTIONS_MAX) \
+	X("io-threads", O_IOT, io_threads, 1, K3_STORE_MAX_IO_THREADS) \
+	X("context", O_CONTEXT, context_tokens, 1, 1u << 24) \
+	X("draft-width", O_DRAFT_WIDTH, draft_width, 0, K3_OPTIONS_DRAFT_MAX) \
+	X("draft-max", O_DRAFT_MAX, draft_max, 1, K3_OPTIONS_DRAFT_MAX)
+#define K3D_REAL_OPTS_(X) \
+	X("frame-timeout", O_FRAME_TIMEOUT, frame_timeout_s, 0.1, 86400) \
+	X("idle-timeout", O_IDLE, idle_timeout_s, 0, K3_LIM_IDLE_TIMEOUT_MAX_S) \
+	X("drain-timeout", O_DRAIN, drain_timeout_s, 0, 86400) \
+	X("draft-oracle-spoil", O_DRAFT_SPOIL, draft_oracle_spoil, 0, 1)
+#define K3D_PATH_OPTS_(X) \
+	X("router-trace", O_TRACE, router_trace) \
+	X("spine-int8-dir", O_SPINE_INT8_DIR, spine_int8_dir) \
+	X("draft-model", O_DRAFT_MODEL, draft_model) \
+	X("draft-oracle", O_DRAFT_ORACLE, draft_oracle)
+#define K3D_PARSED_OPTS_(X) \
+	X("log-level", O_LOG, parse_level, log_level) \
+	X("expert-cache-gb", O_CACHE, k3_store_budget_parse_gb, expert_cache_bytes) \
+	X("spine-resident", O_RESIDENT, k3_store_plan_parse_resident, spine_resident) \
+	X("hedge", O_HEDGE, k3_store_drive_parse_hedge, drives) \
+	X("io-rate", O_IO_RATE, k3_store_drive_parse_rate, drives) \
+	X("io-latency", O_IO_LATENCY, k3_store_drive_parse_latency, drives) \
+	X("io-stall", O_IO_STALL, k3_store_drive_parse_stall, drives)
+#define K3D_UID_OPTS_(X) \
+	X("allow-uid", O_UID, allow_uid, n_allow_uid) \
+	X("gateway-uid", O_GW_UID, gateway_uid, n_gateway_uid)
+#define K3D_OTHER_OPTS_(X) \
+	X("socket", O_SOCKET, required_argument) \
+	X("model", O_MODEL, required_argument) \
+	X("allow-gid", O_GID, required_argument) \
+	X("parallel", O_PARALLEL, required_argument) \
+	X("prefetch", O_PREFETCH, required_argument) \
+	X("no-packs", O_NOPACKS, no_argument) \
+	X("fetch-experts", O_FETCH, no_argument) \
+	X("direct", O_DIRECT, required_argument) \
+	X("memory-limit", O_MEMLIMIT, required_argument) \
+	X("expert-dir", O_EXPERT_DIR, required_argument) \
+	X("prefill-chunk", O_PREFILL_CHUNK, required_argument) \
+	X("spine", O_SPINE_DTYPE, required_argument) \
+	X("draft", O_DRAFT, required_argument) \
+	X("provider", O_PROVIDER, required_argument) \
+	X("vram-cache-gb", O_VRAM, required_argument) \
+	X("version", O_VERSION, no_argument)
+
+enum k3d_option_id {
+	O_FIRST_ = 255,   /* after every short option */
+#define ID_(name, id, ...) id,
+	K3D_COUNT_OPTS_(ID_) K3D_REAL_OPTS_(ID_) K3D_PATH_OPTS_(ID_) K3D_PARSED_OPTS_(ID_)
+	K3D_UID_OPTS_(ID_) K3D_OTHER_OPTS_(ID_)
+#undef ID_
+};
+
+/* A value that is one of these words or a count. */
+struct opt_word {
+	const char *word;
+	int64_t value;
+};
+static const struct opt_word auto_zero[] = { { "auto", 0 }, { NULL, 0 } };
+
+/* s as one of words[] (NULL-ended) or a count in [min, max], a bad count's
+ * error prefixed with what (the option, and what it takes). */
+static int parse_word_or_count(const char *what, const char *s, const struct opt_word *words,
+			       uint64_t min, uint64_t max, int64_t *out, struct k3_err *err)
+{
+	uint64_t v;
+
+	for (; words->word; words++)
+		if (strcmp(s, words->word) == 0) {
+			*out = words->value;
+			return 0;
+		}
+	if (k3_parse_u64(s, min, max, &v, err) < 0)
+		return k3_err_prefix(err, "%s", what);
+	*out = (int64_t)v;
+	return 0;
+}
+
 int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_err *err)
 {
-	enum { O_SOCKET = 256, O_MODEL, O_UID, O_GID, O_QUEUE, O_THREADS, O_DRAIN, O_LOG, O_VERSION,
-	       O_FRAME_TIMEOUT, O_MAX_CONN, O_MAX_CONN_UID, O_GW_UID, O_GW_CONN, O_IDLE,
-	       O_CACHE, O_IOT, O_PREFETCH, O_TRACE, O_NOPACKS, O_DIRECT, O_SPINE_DTYPE,
-	       O_SPINE_INT8_DIR, O_MEMLIMIT, O_CONTEXT, O_RESIDENT, O_FETCH,
-	       O_DRAFT, O_DRAFT_MODEL, O_DRAFT_MAX, O_DRAFT_ORACLE, O_DRAFT_WIDTH, O_DRAFT_SPOIL,
-	       O_PROVIDER, O_VRAM,
-	       O_EXPERT_DIR, O_HEDGE, O_IO_RATE, O_IO_LATENCY, O_IO_STALL, O_PREFILL_CHUNK,
-	       O_PARALLEL };
 	static const struct option longopts[] = {
-		{ "socket", required_argument, NULL, O_SOCKET },
-		{ "model", required_argument, NULL, O_MODEL },
-		{ "allow-uid", required_argument, NULL, O_UID },
-		{ "allow-gid", required_argument, NULL, O_GID },
-		{ "queue", required_argument, NULL, O_QUEUE },
-		{ "parallel", required_argument, NULL, O_PARALLEL },
-		{ "threads", required_argument, NULL, O_THREADS },
-		{ "drain-timeout", required_argument, NULL, O_DRAIN },
-		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
-		{ "max-connections", required_argument, NULL, O_MAX_CONN },
-		{ "max-connections-per-uid", required_argument, NULL, O_MAX_CONN_UID },
-		{ "gateway-uid", required_argument, NULL, O_GW_UID },
-		{ "gateway-connections", required_argument, NULL, O_GW_CONN },
-		{ "idle-timeout", required_argument, NULL, O_IDLE },
-		{ "log-level", required_argument, NULL, O_LOG },
-		{ "expert-cache-gb", required_argument, NULL, O_CACHE },
-		{ "io-threads", required_argument, NULL, O_IOT },
-		{ "prefetch", required_argument, NULL, O_PREFETCH },
-		{ "router-trace", required_argument, NULL, O_TRACE },
-		{ "no-packs", no_argument, NULL, O_NOPACKS },
-		{ "fetch-experts", no_argument, NULL, O_FETCH },
-		{ "direct", required_argument, NULL, O_DIRECT },
-		{ "memory-limit", required_argument, NULL, O_MEMLIMIT },
-		{ "context", required_argument, NULL, O_CONTEXT },
-		{ "spine-resident", required_argument, NULL, O_RESIDENT },
-		{ "expert-dir", required_argument, NULL, O_EXPERT_DIR },
-		{ "hedge", required_argument, NULL, O_HEDGE },
-		{ "io-rate", required_argument, NULL, O_IO_RATE },
-		{ "io-latency", required_argument, NULL, O_IO_LATENCY },
-		{ "io-stall", required_argument, NULL, O_IO_STALL },
-		{ "prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK },
-		{ "spine", required_argument, NULL, O_SPINE_DTYPE },
-		{ "spine-int8-dir", required_argument, NULL, O_SPINE_INT8_DIR },
-		{ "draft", required_argument, NULL, O_DRAFT },
-		{ "draft-model", required_argument, NULL, O_DRAFT_MODEL },
-		{ "draft-max", required_argument, NULL, O_DRAFT_MAX },
-		{ "draft-oracle", required_argument, NULL, O_DRAFT_ORACLE },
-		{ "draft-width", required_argument, NULL, O_DRAFT_WIDTH },
-		{ "draft-oracle-spoil", required_argument, NULL, O_DRAFT_SPOIL },
-		{ "provider", required_argument, NULL, O_PROVIDER },
-		{ "vram-cache-gb", required_argument, NULL, O_VRAM },
+#define LONG_(name, id, ...) { name, required_argument, NULL, id },
+#define LONG_OTHER_(name, id, has_arg) { name, has_arg, NULL, id },
+		K3D_COUNT_OPTS_(LONG_) K3D_REAL_OPTS_(LONG_) K3D_PATH_OPTS_(LONG_)
+		K3D_PARSED_OPTS_(LONG_) K3D_UID_OPTS_(LONG_) K3D_OTHER_OPTS_(LONG_OTHER_)
+#undef LONG_OTHER_
+#undef LONG_
 		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
-	uint64_t v;
+	int64_t w = 0;
 	int c, r;
 	bool per_uid_set = false, gateway_set = false;
 
@@ -278,6 +326,37 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 	optind = 1;
 	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		switch (c) {
+#define COUNT_CASE_(name, id, field, min, max) case id: \
+			if ((r = parse_count("--" name, optarg, min, max, &opts->field, err)) < 0) \
+				return r; \
+			break;
+#define REAL_CASE_(name, id, field, min, max) case id: \
+			if (k3_parse_double(optarg, min, max, &opts->field, err) < 0) \
+				return k3_err_prefix(err, "--" name); \
+			break;
+#define PATH_CASE_(name, id, field) case id: \
+			if (!optarg[0]) \
+				return k3_err_set(err, -EINVAL, "--" name ": empty path"); \
+			opts->field = optarg; \
+			break;
+		K3D_COUNT_OPTS_(COUNT_CASE_)
+		K3D_REAL_OPTS_(REAL_CASE_)
+#define PARSED_CASE_(name, id, parser, field) case id: \
+			if ((r = parser(optarg, &opts->field, err)) < 0) \
+				return r; \
+			break;
+		K3D_PATH_OPTS_(PATH_CASE_)
+#define UID_CASE_(name, id, list, n) case id: \
+			if ((r = add_uid("--" name, optarg, opts->list, &opts->n, err)) < 0) \
+				return r; \
+			break;
+		K3D_PARSED_OPTS_(PARSED_CASE_)
+		K3D_UID_OPTS_(UID_CASE_)
+#undef UID_CASE_
+#undef PARSED_CASE_
+#undef PATH_CASE_
+#undef REAL_CASE_
+#undef COUNT_CASE_
 		case O_SOCKET:
 			if (strlen(optarg) >= sizeof(opts->socket_path) || optarg[0] == '\0')
 				return k3_err_set(err, -EINVAL, "--socket: path must be 1..%zu bytes",
@@ -286,10 +365,6 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			break;
 		case O_MODEL:
 			opts->model_dir = optarg;
-			break;
-		case O_UID:
-			if ((r = add_uid("--allow-uid", optarg, opts->allow_uid, &opts->n_allow_uid, err)) < 0)
-				return r;
 			break;
 		case O_GID: {
 			uint32_t id = 0;
@@ -301,81 +376,20 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->allow_gid[opts->n_allow_gid++] = (gid_t)id;
 			break;
 		}
-		case O_QUEUE:
-			if ((r = parse_count("--queue", optarg, 0, K3_LIM_QUEUE_MAX, &opts->queue_max, err)) < 0)
-				return r;
-			break;
 		case O_PARALLEL:
-			if (strcmp(optarg, "auto") == 0)
-				opts->parallel = 0;
-			else if ((r = parse_count("--parallel", optarg, 1, K3_OPTIONS_PARALLEL_MAX,
-						  &opts->parallel, err)) < 0)
+			if ((r = parse_word_or_count("--parallel", optarg, auto_zero, 1,
+						     K3_OPTIONS_PARALLEL_MAX, &w, err)) < 0)
 				return r;
+			opts->parallel = (unsigned)w;
 			break;
-		case O_THREADS:
-			if ((r = parse_count("--threads", optarg, 0, 1024, &opts->threads, err)) < 0)
+		case O_PREFETCH: {
+			static const struct opt_word words[] = { { "off", 0 }, { "auto", -1 }, { NULL, 0 } };
+			if ((r = parse_word_or_count("--prefetch ('auto', a count or 'off')", optarg, words,
+						     1, K3_OPTIONS_PREFETCH_MAX, &w, err)) < 0)
 				return r;
+			opts->prefetch = (int)w;
 			break;
-		case O_FRAME_TIMEOUT:
-			if ((r = k3_parse_double(optarg, 0.1, 86400, &opts->frame_timeout_s, err)) < 0)
-				return k3_err_prefix(err, "--frame-timeout");
-			break;
-		case O_MAX_CONN:
-			if ((r = parse_count("--max-connections", optarg, K3_LIM_CONNECTIONS_MIN,
-					     K3_LIM_CONNECTIONS_MAX, &opts->max_connections, err)) < 0)
-				return r;
-			break;
-		case O_MAX_CONN_UID:
-			if ((r = parse_count("--max-connections-per-uid", optarg, 1, K3_LIM_CONNECTIONS_MAX,
-					     &opts->max_connections_per_uid, err)) < 0)
-				return r;
-			per_uid_set = true;
-			break;
-		case O_GW_UID:
-			if ((r = add_uid("--gateway-uid", optarg, opts->gateway_uid, &opts->n_gateway_uid, err)) < 0)
-				return r;
-			break;
-		case O_GW_CONN:
-			if ((r = parse_count("--gateway-connections", optarg, 1, K3_LIM_CONNECTIONS_MAX,
-					     &opts->gateway_connections, err)) < 0)
-				return r;
-			gateway_set = true;
-			break;
-		case O_IDLE:
-			if ((r = k3_parse_double(optarg, 0, K3_LIM_IDLE_TIMEOUT_MAX_S, &opts->idle_timeout_s,
-						 err)) < 0)
-				return k3_err_prefix(err, "--idle-timeout");
-			break;
-		case O_DRAIN:
-			if ((r = k3_parse_double(optarg, 0, 86400, &opts->drain_timeout_s, err)) < 0)
-				return k3_err_prefix(err, "--drain-timeout");
-			break;
-		case O_LOG:
-			if ((r = parse_level(optarg, &opts->log_level, err)) < 0)
-				return r;
-			break;
-		case O_CACHE:
-			if ((r = k3_store_budget_parse_gb(optarg, &opts->expert_cache_bytes, err)) < 0)
-				return r;
-			break;
-		case O_IOT:
-			if ((r = parse_count("--io-threads", optarg, 1, K3_STORE_MAX_IO_THREADS,
-					     &opts->io_threads, err)) < 0)
-				return r;
-			break;
-		case O_PREFETCH:
-			if (strcmp(optarg, "off") == 0) {
-				opts->prefetch = 0;
-				break;
-			}
-			if (strcmp(optarg, "auto") == 0) {
-				opts->prefetch = -1;
-				break;
-			}
-			if ((r = k3_parse_u64(optarg, 1, K3_OPTIONS_PREFETCH_MAX, &v, err)) < 0)
-				return k3_err_prefix(err, "--prefetch ('auto', a count or 'off')");
-			opts->prefetch = (int)v;
-			break;
+		}
 		case O_DIRECT: {
 			enum k3_store_direct d;
 			if ((r = k3_store_direct_parse(optarg, &d, err)) < 0)
@@ -383,11 +397,6 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->direct = (int)d;
 			break;
 		}
-		case O_TRACE:
-			if (!optarg[0])
-				return k3_err_set(err, -EINVAL, "--router-trace: empty path");
-			opts->router_trace = optarg;
-			break;
 		case O_NOPACKS:
 			opts->no_packs = true;
 			break;
@@ -403,30 +412,11 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 						  K3_STORE_MAX_DRIVES - 1);
 			opts->expert_dirs[opts->n_expert_dirs++] = optarg;
 			break;
-		case O_HEDGE:
-			if ((r = k3_store_drive_parse_hedge(optarg, &opts->drives, err)) < 0)
-				return r;
-			break;
-		case O_IO_RATE:
-			if ((r = k3_store_drive_parse_rate(optarg, &opts->drives, err)) < 0)
-				return r;
-			break;
-		case O_IO_LATENCY:
-			if ((r = k3_store_drive_parse_latency(optarg, &opts->drives, err)) < 0)
-				return r;
-			break;
-		case O_IO_STALL:
-			if ((r = k3_store_drive_parse_stall(optarg, &opts->drives, err)) < 0)
-				return r;
-			break;
 		case O_PREFILL_CHUNK:
-			if (strcmp(optarg, "auto") == 0) {
-				opts->prefill_chunk = 0;
-				break;
-			}
-			if ((r = k3_parse_u64(optarg, 1, 4096, &v, err)) < 0)
-				return k3_err_prefix(err, "--prefill-chunk ('auto' or 1..4096)");
-			opts->prefill_chunk = (uint32_t)v;
+			if ((r = parse_word_or_count("--prefill-chunk ('auto' or 1..4096)", optarg, auto_zero,
+						     1, 4096, &w, err)) < 0)
+				return r;
+			opts->prefill_chunk = (uint32_t)w;
 			break;
 		case O_SPINE_DTYPE:
 			if (strcmp(optarg, "bf16") && strcmp(optarg, "int8"))
@@ -434,20 +424,6 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 						  " picks the int8 spine by itself: it is not weight-exact)",
 						  optarg);
 			opts->spine_int8 = strcmp(optarg, "int8") == 0;
-			break;
-		case O_SPINE_INT8_DIR:
-			if (!optarg[0])
-				return k3_err_set(err, -EINVAL, "--spine-int8-dir: empty path");
-			opts->spine_int8_dir = optarg;
-			break;
-		case O_CONTEXT:
-			if ((r = k3_parse_u64(optarg, 1, 1u << 24, &v, err)) < 0)
-				return k3_err_prefix(err, "--context");
-			opts->context_tokens = (uint32_t)v;
-			break;
-		case O_RESIDENT:
-			if ((r = k3_store_plan_parse_resident(optarg, &opts->spine_resident, err)) < 0)
-				return r;
 			break;
 		case O_FETCH:
 			opts->fetch_experts = true;
@@ -460,30 +436,6 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 			opts->draft = (int)p;
 			break;
 		}
-		case O_DRAFT_MODEL:
-			if (!optarg[0])
-				return k3_err_set(err, -EINVAL, "--draft-model: empty path");
-			opts->draft_model = optarg;
-			break;
-		case O_DRAFT_ORACLE:
-			if (!optarg[0])
-				return k3_err_set(err, -EINVAL, "--draft-oracle: empty path");
-			opts->draft_oracle = optarg;
-			break;
-		case O_DRAFT_SPOIL:
-			if ((r = k3_parse_double(optarg, 0, 1, &opts->draft_oracle_spoil, err)) < 0)
-				return k3_err_prefix(err, "--draft-oracle-spoil");
-			break;
-		case O_DRAFT_WIDTH:
-			if ((r = parse_count("--draft-width", optarg, 0, K3_OPTIONS_DRAFT_MAX,
-					     &opts->draft_width, err)) < 0)
-				return r;
-			break;
-		case O_DRAFT_MAX:
-			if ((r = parse_count("--draft-max", optarg, 1, K3_OPTIONS_DRAFT_MAX,
-					     &opts->draft_max, err)) < 0)
-				return r;
-			break;
 		case O_PROVIDER:
 			if (k3_engine_provider_check(optarg, err) < 0)
 				return k3_err_prefix(err, "--provider");
@@ -509,6 +461,8 @@ int k3_options_parse(struct k3_options *opts, int argc, char **argv, struct k3_e
 		default:
 			return k3_err_set(err, -EINVAL, "unknown option '%s' (see k3d --help)", argv[optind - 1]);
 		}
+		per_uid_set |= c == O_MAX_CONN_UID;
+		gateway_set |= c == O_GW_CONN;
 	}
 	if (optind < argc)
 		return k3_err_set(err, -EINVAL, "unexpected argument '%s' (see k3d --help)", argv[optind]);
@@ -542,6 +496,15 @@ int k3_options_default_socket(struct k3_options *opts, struct k3_err *err)
 	return 0;
 }
 
+/* v as text in buf, or zero (the word a 0 stands for) when v is 0. */
+static const char *count_or(char *buf, size_t n, unsigned v, const char *zero)
+{
+	if (!v)
+		return zero;
+	snprintf(buf, n, "%u", v);
+	return buf;
+}
+
 void k3_options_log(const struct k3_options *opts)
 {
 	char ids[512];
@@ -565,12 +528,9 @@ void k3_options_log(const struct k3_options *opts)
 		    opts->n_gateway_uid ? opts->gateway_connections : 0, opts->max_connections_per_uid,
 		    ids, opts->idle_timeout_s);
 	char par[16];
-	if (opts->parallel)
-		snprintf(par, sizeof(par), "%u", opts->parallel);
-	else
-		snprintf(par, sizeof(par), "auto");
 	k3_log_info("config: model=%s queue=%u parallel=%s threads=%u drain-timeout=%gs",
-		    opts->model_dir ? opts->model_dir : "(none)", opts->queue_max, par, opts->threads,
+		    opts->model_dir ? opts->model_dir : "(none)", opts->queue_max,
+		    count_or(par, sizeof(par), opts->parallel, "auto"), opts->threads,
 		    opts->drain_timeout_s);
 	char cache[32];
 	if (opts->expert_cache_bytes)
@@ -595,12 +555,9 @@ void k3_options_log(const struct k3_options *opts)
 		    opts->router_trace ? opts->router_trace : "(none)",
 		    opts->no_packs ? "no" : "when valid", sp, opts->fetch_experts ? "yes" : "no");
 	char hedge[16], chunk[16];
-	if (opts->prefill_chunk)
-		snprintf(chunk, sizeof(chunk), "%u", opts->prefill_chunk);
-	else
-		snprintf(chunk, sizeof(chunk), "auto");
 	k3_log_info("config: expert-dirs=%u hedge=%s prefill-chunk=%s%s", opts->n_expert_dirs,
-		    k3_store_drive_hedge_name(&opts->drives, hedge, sizeof(hedge)), chunk,
+		    k3_store_drive_hedge_name(&opts->drives, hedge, sizeof(hedge)),
+		    count_or(chunk, sizeof(chunk), opts->prefill_chunk, "auto"),
 		    opts->drives.n_rate || opts->drives.n_latency || opts->drives.n_stall
 		    ? " emulated-drive=on" : "");
 	char mem[32], ctx[32];
@@ -608,24 +565,18 @@ void k3_options_log(const struct k3_options *opts)
 		snprintf(mem, sizeof(mem), "%.3fGB", (double)opts->memory_limit_bytes / 1e9);
 	else
 		snprintf(mem, sizeof(mem), "none");
-	if (opts->context_tokens)
-		snprintf(ctx, sizeof(ctx), "%u", opts->context_tokens);
-	else
-		snprintf(ctx, sizeof(ctx), "auto");
-	k3_log_info("config: memory-limit=%s context=%s", mem, ctx);
+	k3_log_info("config: memory-limit=%s context=%s", mem,
+		    count_or(ctx, sizeof(ctx), opts->context_tokens, "auto"));
 	if (opts->spine_int8)
 		k3_log_info("config: spine=int8 (NOT weight-exact) spine-int8-dir=%s",
 			    opts->spine_int8_dir ? opts->spine_int8_dir : "(MODEL/spine-int8)");
 	else
 		k3_log_info("config: spine=bf16 (the checkpoint's weights)");
 	char width[16];
-	if (opts->draft_width)
-		snprintf(width, sizeof(width), "%u", opts->draft_width);
-	else
-		snprintf(width, sizeof(width), "measured");
 	k3_log_info("config: draft=%s draft-model=%s draft-max=%u draft-width=%s%s%s",
 		    k3_proto_draft_policy_name((uint32_t)opts->draft),
-		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max, width,
+		    opts->draft_model ? opts->draft_model : "(none)", opts->draft_max,
+		    count_or(width, sizeof(width), opts->draft_width, "measured"),
 		    opts->draft_oracle ? " draft-oracle=" : "",
 		    opts->draft_oracle ? opts->draft_oracle : "");
 	char vram[32];

@@ -563,27 +563,23 @@ static void hook_status(void *ctx, const struct k3_conn *c, struct k3_server_inf
 	/* Only a peer that said it decodes the list gets it (docs/protocol.md). */
 	if (k3_conn_caps(c) & K3_PROTO_CAP_JOBS)
 		status_jobs(s, c, r);
-	k3_msg_status_reply_set_requests_total(r, s->totals.requests_total);
-	k3_msg_status_reply_set_prompt_tokens_total(r, s->totals.prompt_tokens_total);
-	k3_msg_status_reply_set_completion_tokens_total(r, s->totals.completion_tokens_total);
-	k3_msg_status_reply_set_reasoning_tokens_total(r, s->totals.reasoning_tokens_total);
-	k3_msg_status_reply_set_positions_total(r, s->totals.positions_total);
-	k3_msg_status_reply_set_prefill_s_total(r, s->totals.prefill_s_total);
-	k3_msg_status_reply_set_decode_s_total(r, s->totals.decode_s_total);
-	/* honest split of the engine's time (DONE io_wait_s / compute_s, summed) */
-	k3_msg_status_reply_set_io_wait_s_total(r, s->totals.io_wait_s_total);
-	k3_msg_status_reply_set_compute_s_total(r, s->totals.compute_s_total);
+	/* The totals of finished jobs, io_wait_s / compute_s being the honest
+	 * split of the engine's time and the draft ones speculative decoding's
+	 * (docs/draft.md). */
+#define SCHED_TOTALS_(X) \
+	X(requests_total) X(prompt_tokens_total) X(completion_tokens_total) \
+	X(reasoning_tokens_total) X(positions_total) X(prefill_s_total) X(decode_s_total) \
+	X(io_wait_s_total) X(compute_s_total) X(draft_proposed_total) X(draft_accepted_total) \
+	X(decode_passes_total) X(draft_s_total) X(verify_s_total)
+#define SET_TOTAL_(f) k3_msg_status_reply_set_##f(r, s->totals.f);
+	SCHED_TOTALS_(SET_TOTAL_)
+#undef SET_TOTAL_
+#undef SCHED_TOTALS_
 	if (s->ready) {
 		k3_msg_status_reply_set_spine(r, s->spine_kind);
 		if (s->spine_kind == K3_SPINE_INT8)
 			k3_msg_status_reply_set_spine_label(r, k3_proto_str_of(K3_PROTO_SPINE_INT8_LABEL));
 	}
-	/* speculative decoding (docs/draft.md) */
-	k3_msg_status_reply_set_draft_proposed_total(r, s->totals.draft_proposed_total);
-	k3_msg_status_reply_set_draft_accepted_total(r, s->totals.draft_accepted_total);
-	k3_msg_status_reply_set_decode_passes_total(r, s->totals.decode_passes_total);
-	k3_msg_status_reply_set_draft_s_total(r, s->totals.draft_s_total);
-	k3_msg_status_reply_set_verify_s_total(r, s->totals.verify_s_total);
 	/* several sequences in one pass (docs/scheduler.md) */
 	if (s->ready) {
 		uint64_t passes = atomic_load(&s->passes_total);

@@ -14,6 +14,19 @@
 #include <errno.h>
 #include <string.h>
 
+/* The position ACCEPTED gives the queue's index-th job (0 = its head):
+ * how many jobs wait for a seat before it, counting itself, once the free
+ * seats have taken the first ones; 0 = a seat takes it at once. A job a
+ * free seat is about to take is not queued, so it is never told it is.
+ * Under s->lock. */
+static uint32_t queue_position(const struct k3_sched *s, unsigned index)
+{
+	unsigned seats = s->parallel ? s->parallel : 1;
+	unsigned free_seats = s->n_running < seats ? seats - s->n_running : 0;
+
+	return index < free_seats ? 0 : index + 1 - free_seats;
+}
+
 /* What a job of kind is called in refusals. */
 static const char *kind_noun(enum k3_proto_job_kind kind)
 {
@@ -105,8 +118,7 @@ void sched_enqueue(struct k3_sched *s, struct k3_conn *c, struct sched_job *j)
 	j->id = ++s->next_job_id;
 	clock_gettime(CLOCK_MONOTONIC, &j->t_submit);
 	pthread_mutex_lock(&s->lock);
-	/* 0: it takes a seat at once */
-	ahead = s->queue.n + (s->n_running >= (s->parallel ? s->parallel : 1) ? 1 : 0);
+	ahead = queue_position(s, s->queue.n);
 	sched_fifo_push(&s->queue, &j->link);
 	pthread_cond_signal(&s->cond);
 	pthread_mutex_unlock(&s->lock);
@@ -122,13 +134,14 @@ void sched_enqueue(struct k3_sched *s, struct k3_conn *c, struct sched_job *j)
 
 void sched_send_positions(struct k3_sched *s)
 {
-	uint32_t pos = 1;
+	unsigned index = 0;
 
 	pthread_mutex_lock(&s->lock);
-	for (struct sched_link *l = s->queue.head; l; l = l->next, pos++) {
+	for (struct sched_link *l = s->queue.head; l; l = l->next, index++) {
 		struct sched_job *j = sched_entry(l, struct sched_job, link);
+		uint32_t pos = queue_position(s, index);
 
-		if (j->kind == K3_JOB_GENERATE && j->queue_pos_sent != pos && j->conn &&
+		if (j->kind == K3_JOB_GENERATE && pos && j->queue_pos_sent != pos && j->conn &&
 		    k3_conn_is_open(j->conn)) {
 			struct k3_msg_accepted a;
 

@@ -354,9 +354,8 @@ struct sched_prep {
 	struct k3_conn *conn;           /* ref held; loop thread only */
 	uint32_t rid;
 	struct sched_job *job;          /* GENERATE */
-	struct k3_msg_generate g;       /* GENERATE, strings and ids in blob */
-	void *blob;
-	char *text;                     /* TOKENIZE */
+	struct k3_msg_generate g;       /* GENERATE, strings and ids in payload */
+	char *text;                     /* TOKENIZE, in payload */
 	size_t text_len;
 	bool special;
 	uint8_t *frame;                 /* TOKENIZE: reply or ERROR, encoded */
@@ -364,6 +363,7 @@ struct sched_prep {
 	bool cancel;                    /* loop thread only */
 	struct sched_link link;         /* in s->prep_queue (under lock) */
 	struct sched_link inflight;     /* in s->prep_inflight (loop thread) */
+	uint32_t payload[];             /* the request's bytes, copied: one allocation */
 };
 
 /* GENERATE: admission, then the job's preparation (inline or on the prep

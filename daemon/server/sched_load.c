@@ -819,6 +819,26 @@ static void drive_columns(const struct k3_store_stats *st, uint64_t spine, uint3
 			b[c * K3_STORE_MAX_DRIVES + d] = cols[c] ? cols[c][d] : d == 0 ? spine : 0;
 }
 
+/* Sets what DONE and STATUS_REPLY (msg: the message's lower-case name, r
+ * its struct) both carry from the store's counters st: the per-drive
+ * columns of K3_PROTO_FIELDS_DRIVES_, through b (drive_columns), the
+ * expert demand and prefetch-used totals, hedges and hedges won. One
+ * list for both, so a column added to the shared rows is sent by both. */
+#define SET_DRIVE_ROWS_(msg, r, st, spine, n, b) do { \
+	drive_columns(st, spine, n, b); \
+	k3_msg_##msg##_set_drive_expert_bytes_read(r, u64s(b, n)); \
+	k3_msg_##msg##_set_drive_expert_demand_bytes(r, u64s(b + K3_STORE_MAX_DRIVES, n)); \
+	k3_msg_##msg##_set_drive_prefetch_used_bytes(r, u64s(b + 2 * K3_STORE_MAX_DRIVES, n)); \
+	k3_msg_##msg##_set_drive_prefetch_wasted_bytes(r, u64s(b + 3 * K3_STORE_MAX_DRIVES, n)); \
+	k3_msg_##msg##_set_drive_spine_bytes_read(r, u64s(b + 4 * K3_STORE_MAX_DRIVES, n)); \
+	k3_msg_##msg##_set_drive_hedges(r, u64s(b + 5 * K3_STORE_MAX_DRIVES, n)); \
+	k3_msg_##msg##_set_drive_hedges_won(r, u64s(b + 6 * K3_STORE_MAX_DRIVES, n)); \
+	k3_msg_##msg##_set_expert_demand_bytes(r, (st)->demand_bytes); \
+	k3_msg_##msg##_set_prefetch_used_bytes(r, (st)->prefetch_used_bytes); \
+	k3_msg_##msg##_set_hedges(r, (st)->hedges); \
+	k3_msg_##msg##_set_hedges_won(r, (st)->hedges_won); \
+} while (0)
+
 void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 {
 	uint64_t *b = s->status_u64;
@@ -841,29 +861,18 @@ void sched_status_drives(struct k3_sched *s, struct k3_msg_status_reply *r)
 		k3_msg_status_reply_set_spine_demand_bytes(r, ss.demand_bytes);
 		k3_msg_status_reply_set_spine_wasted_bytes(r, ss.wasted_bytes);
 	}
-	drive_columns(&st, spine, n, b);
+	SET_DRIVE_ROWS_(status_reply, r, &st, spine, n, b);
 	for (uint32_t d = 0; d < n; d++) {
 		b[7 * K3_STORE_MAX_DRIVES + d] = in.drive[d].rate_bytes_per_s;
 		b[8 * K3_STORE_MAX_DRIVES + d] = in.drive[d].p95_ns;
 		u[d] = in.drive_prefetch_on[d];
 		u[K3_STORE_MAX_DRIVES + d] = in.drive_experts[d];
 	}
-	k3_msg_status_reply_set_drive_expert_bytes_read(r, u64s(b, n));
-	k3_msg_status_reply_set_drive_expert_demand_bytes(r, u64s(b + K3_STORE_MAX_DRIVES, n));
-	k3_msg_status_reply_set_drive_prefetch_used_bytes(r, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_status_reply_set_drive_prefetch_wasted_bytes(r, u64s(b + 3 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_status_reply_set_drive_spine_bytes_read(r, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_status_reply_set_drive_hedges(r, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_status_reply_set_drive_hedges_won(r, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
 	k3_msg_status_reply_set_drive_rate(r, u64s(b + 7 * K3_STORE_MAX_DRIVES, n));
 	k3_msg_status_reply_set_drive_p95_ns(r, u64s(b + 8 * K3_STORE_MAX_DRIVES, n));
 	k3_msg_status_reply_set_drive_prefetch_on(r, (struct k3_proto_ids){ n, u, NULL });
 	k3_msg_status_reply_set_drive_experts(r, (struct k3_proto_ids){ n, u + K3_STORE_MAX_DRIVES,
 									 NULL });
-	k3_msg_status_reply_set_expert_demand_bytes(r, st.demand_bytes);
-	k3_msg_status_reply_set_prefetch_used_bytes(r, st.prefetch_used_bytes);
-	k3_msg_status_reply_set_hedges(r, st.hedges);
-	k3_msg_status_reply_set_hedges_won(r, st.hedges_won);
 }
 
 void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
@@ -880,18 +889,7 @@ void sched_done_drives(const struct k3_sched *s, const struct sched_seq *q,
 	struct k3_store_info in;
 	k3_store_info_get(s->store, &in);
 	uint32_t n = in.n_drives;
-	drive_columns(xd, s->spine ? sd->bytes_read : 0, n, b);
-	k3_msg_done_set_drive_expert_bytes_read(done, u64s(b, n));
-	k3_msg_done_set_drive_expert_demand_bytes(done, u64s(b + K3_STORE_MAX_DRIVES, n));
-	k3_msg_done_set_drive_prefetch_used_bytes(done, u64s(b + 2 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_done_set_drive_prefetch_wasted_bytes(done, u64s(b + 3 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_done_set_drive_spine_bytes_read(done, u64s(b + 4 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_done_set_drive_hedges(done, u64s(b + 5 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_done_set_drive_hedges_won(done, u64s(b + 6 * K3_STORE_MAX_DRIVES, n));
-	k3_msg_done_set_expert_demand_bytes(done, xd->demand_bytes);
-	k3_msg_done_set_prefetch_used_bytes(done, xd->prefetch_used_bytes);
-	k3_msg_done_set_hedges(done, xd->hedges);
-	k3_msg_done_set_hedges_won(done, xd->hedges_won);
+	SET_DRIVE_ROWS_(done, done, xd, s->spine ? sd->bytes_read : 0, n, b);
 	/* the prefill's cost against one read of each distinct expert */
 	struct k3_store_stats pf;
 	k3_store_stats_sub(&q->xs_prefilled, &q->xs0, &pf);

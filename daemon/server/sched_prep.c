@@ -205,8 +205,6 @@ void sched_prep_free(struct sched_prep *t)
 		return;
 	k3_conn_unref(t->conn);
 	sched_job_free(t->job);
-	free(t->blob);
-	free(t->text);
 	free(t->frame);
 	free(t);
 }
@@ -249,14 +247,25 @@ unsigned sched_prep_cancel(struct k3_sched *s, const struct k3_conn *c, bool by_
 	return n;
 }
 
-/* A deep copy of a GENERATE whose strings and ids live in one blob, so the
- * request outlives the connection's frame buffer. */
-static int generate_copy(const struct k3_msg_generate *g, struct k3_msg_generate *out, void **blob)
+/* The bytes generate_copy needs for g's strings and ids. */
+static size_t generate_bytes(const struct k3_msg_generate *g)
+{
+	size_t bytes = (size_t)g->prompt.len + g->messages.len + g->tools.len + g->tool_choice.len +
+		       g->response_format.len;
+
+	for (uint32_t i = 0; i < g->stop.n; i++)
+		bytes += g->stop.v[i].len;
+	return bytes + ((size_t)g->prompt_ids.n + g->stop_ids.n) * sizeof(uint32_t);
+}
+
+/* A deep copy of a GENERATE: *out = g with its strings and ids copied into
+ * b (generate_bytes(g) bytes, 4-byte aligned), so that the request
+ * outlives the connection's frame buffer. */
+static void generate_copy(const struct k3_msg_generate *g, struct k3_msg_generate *out, uint8_t *b)
 {
 	const struct k3_proto_str *strs[5 + K3_LIM_STOP_COUNT];
 	struct k3_proto_str *dst[5 + K3_LIM_STOP_COUNT];
-	size_t n = 0, bytes = 0, off;
-	uint8_t *b;
+	size_t n = 0, off;
 
 	*out = *g;
 	strs[n] = &g->prompt; dst[n++] = &out->prompt;
@@ -268,12 +277,6 @@ static int generate_copy(const struct k3_msg_generate *g, struct k3_msg_generate
 		strs[n] = &g->stop.v[i];
 		dst[n++] = &out->stop.v[i];
 	}
-	for (size_t i = 0; i < n; i++)
-		bytes += strs[i]->len;
-	bytes += ((size_t)g->prompt_ids.n + g->stop_ids.n) * sizeof(uint32_t);
-	b = malloc(bytes ? bytes : 1);
-	if (!b)
-		return -ENOMEM;
 	off = ((size_t)g->prompt_ids.n + g->stop_ids.n) * sizeof(uint32_t);
 	for (uint32_t i = 0; i < g->prompt_ids.n; i++)
 		((uint32_t *)b)[i] = k3_proto_ids_at(&g->prompt_ids, i);
@@ -289,8 +292,6 @@ static int generate_copy(const struct k3_msg_generate *g, struct k3_msg_generate
 		dst[i]->p = (const char *)b + off;
 		off += strs[i]->len;
 	}
-	*blob = b;
-	return 0;
 }
 
 void sched_prep_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
@@ -314,13 +315,14 @@ void sched_prep_generate(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		sched_enqueue(s, c, j);
 		return;
 	}
-	t = calloc(1, sizeof(*t));
-	if (!t || generate_copy(g, &t->g, &t->blob) < 0) {
-		free(t);
+	size_t bytes = generate_bytes(g);
+	t = calloc(1, sizeof(*t) + bytes);
+	if (!t) {
 		sched_job_free(j);
 		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
 		return;
 	}
+	generate_copy(g, &t->g, (uint8_t *)t->payload);
 	t->conn = k3_conn_ref(c);
 	t->rid = rid;
 	t->job = j;
@@ -373,14 +375,12 @@ void sched_prep_tokenize(struct k3_sched *s, struct k3_conn *c, uint32_t rid,
 		k3_proto_buf_release(&out);
 		return;
 	}
-	t = calloc(1, sizeof(*t));
-	if (t)
-		t->text = malloc(m->text.len);
-	if (!t || !t->text) {
-		free(t);
+	t = calloc(1, sizeof(*t) + m->text.len);
+	if (!t) {
 		k3_conn_send_error(c, rid, K3_STATUS_INTERNAL, NULL, "out of memory");
 		return;
 	}
+	t->text = (char *)t->payload;
 	memcpy(t->text, m->text.p, m->text.len);
 	t->text_len = m->text.len;
 	t->special = m->has_special && m->special;

@@ -282,6 +282,21 @@ static void seat_prefilled(struct sched_seq *q)
 		seat_decoded(q, 0);
 }
 
+/* The step after a prefill chunk of c positions whose pass returned r:
+ * the prompt advances, then the seat ends on an error or starts decoding
+ * once its whole prompt is in. Both pass kinds take it. */
+static void seat_prefill_done(struct k3_sched *s, struct sched_seq *q, uint32_t c, int r)
+{
+	if (r == 0)
+		r = sched_seq_prefill_advanced(s, q, c);
+	if (r < 0) {
+		q->finished = true;
+		q->end_r = r;
+	} else if (q->prefilled) {
+		seat_prefilled(q);
+	}
+}
+
 /* One pass of a seat alone: exactly --parallel 1's steps. */
 static void pass_alone(struct k3_sched *s, struct seats *t, struct sched_seq *q)
 {
@@ -300,14 +315,7 @@ static void pass_alone(struct k3_sched *s, struct seats *t, struct sched_seq *q)
 		j->pass_width_sum++;
 		uint32_t w = 1;
 		charge(s, t, &q, &w, 1);
-		if (r == 0)
-			r = sched_seq_prefill_advanced(s, q, c);
-		if (r < 0) {
-			q->finished = true;
-			q->end_r = r;
-		} else if (q->prefilled) {
-			seat_prefilled(q);
-		}
+		seat_prefill_done(s, q, c, r);
 		return;
 	}
 	r = sched_seq_step(s, q);
@@ -433,14 +441,8 @@ static void pass_shared(struct k3_sched *s, struct seats *t)
 			/* the routes are traced: advance without tracing again */
 			struct k3_store_trace *tr = s->trace;
 			s->trace = NULL;
-			int ra = sched_seq_prefill_advanced(s, q, w[i]);
+			seat_prefill_done(s, q, w[i], 0);
 			s->trace = tr;
-			if (ra < 0) {
-				q->finished = true;
-				q->end_r = ra;
-			} else if (q->prefilled) {
-				seat_prefilled(q);
-			}
 			continue;
 		}
 		j->decode_passes++;

@@ -108,6 +108,8 @@ def build(ud):
     number = {c for c in cps if gc[c][0] == "N"}
     upper = {c for c in cps if gc[c] in ("Lu", "Lt", "Lm", "Lo") or gc[c][0] == "M"}
     lower = {c for c in cps if gc[c] in ("Ll", "Lm", "Lo") or gc[c][0] == "M"}
+    # what UPPER and LOWER both hold: written once (K3_UCD_CASELESS_RANGES)
+    caseless = (upper & lower) - han
     # name, what (the release's spelling), exact members, PCRE2 spelling of
     # the part assigned by FAST_BASE, members of that part assigned later
     classes = [
@@ -122,7 +124,7 @@ def build(ud):
          (letter | number) & new),
     ]
     check_base(cps, new, gc)
-    return canon, classes
+    return canon, classes, caseless
 
 
 def check_base(cps, new, gc):
@@ -185,11 +187,16 @@ def no_han(expr):
     return ['(?:(?!\\\\p{sc:Han})'] + expr + [")"]
 
 
-def render(canon, classes):
+def render(canon, classes, caseless):
     out, new_all = [], set()
     for name, what, members, pcre2_base, added in classes:
         exact = body(members)
         new_all |= added
+        if name == "UPPER":
+            out.append("/* [\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]], what UPPER and LOWER both hold, as\n"
+                       " * class text without brackets: %u code points in %u ranges */\n"
+                       "#define K3_UCD_CASELESS_RANGES \\\n\t%s\n"
+                       % (len(caseless), len(body(caseless)), literal(body(caseless))))
         if name == "LN":
             out.append("/* [^EXTRA\\p{L}\\p{N}], EXTRA being further BMP characters (PCRE2\n"
                        " * class text): %u letters and numbers in %u ranges, %u of them\n"
@@ -205,11 +212,18 @@ def render(canon, classes):
         fast = with_new(pcre2_base, added)
         if name in ("UPPER", "LOWER"):
             plain, fast = no_han(plain), no_han(fast)
-        out.append("/* %s:\n * %u code points in %u ranges, %u of them assigned after %s */\n"
+        if name in ("UPPER", "LOWER"):
+            exact = body(members - caseless)
+            spelled = literal(["["] + exact) + ' \\\n\tK3_UCD_CASELESS_RANGES "]"'
+            ranges_said = "%u ranges plus\n * K3_UCD_CASELESS_RANGES" % len(exact)
+        else:
+            spelled = literal(["["] + exact + ["]"])
+            ranges_said = "%u ranges" % len(exact)
+        out.append("/* %s:\n * %u code points in %s, %u of them assigned after %s */\n"
                    "#define K3_UCD_%s \\\n\t%s\n#define K3_UCD_%s_PCRE2 \\\n\t%s\n"
                    "#define K3_UCD_%s_PCRE2_NEW \\\n\t%s\n"
-                   % (what, len(members), len(exact), len(added), FAST_BASE, name,
-                      literal(["["] + exact + ["]"]), name, literal(plain), name, literal(fast)))
+                   % (what, len(members), ranges_said, len(added), FAST_BASE, name,
+                      spelled, name, literal(plain), name, literal(fast)))
     rs = ranges(new_all)
     rows = ["\t{ 0x%05X, 0x%05X }," % r for r in rs]
     out.append("/* Code points assigned after %s that are in some class above (%u in\n"

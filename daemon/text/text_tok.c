@@ -266,11 +266,7 @@ void k3_tok_free(struct k3_tok *tok)
 {
 	if (!tok)
 		return;
-	free(tok->arena);
-	free(tok->off);
-	free(tok->ht);
-	free(tok->pair);
-	free(tok->trie);
+	free(tok->trie);   /* and off, ht, pair, arena */
 	pcre2_code_free(tok->re.code);
 	pcre2_code_free(tok->re_new.code);
 	free(tok);
@@ -409,17 +405,24 @@ int k3_tok_load_buffers(const char *ranks, size_t ranks_len, const char *config,
 	tok->n_ranks = n;
 	tok->n_vocab = n + K3_TOK_N_SPECIAL;
 	arena_len += (size_t)K3_TOK_N_SPECIAL * (K3_TOK_SPECIAL_NAME_MAX + 1);
-	tok->arena = malloc(arena_len);
-	tok->off = calloc((size_t)tok->n_vocab + 1, sizeof(uint32_t));
-	line_rank = malloc((size_t)n * sizeof(uint32_t));
-	seen = calloc(n, 1);
 	tok->ht_mask = 1;
 	while (tok->ht_mask < 2 * n)
 		tok->ht_mask <<= 1;
-	tok->ht = calloc(tok->ht_mask, sizeof(uint32_t));
+	/* The tables live as long as tok and are sized now: one zeroed
+	 * allocation holds the specials' trie, off, ht, pair and the arena. */
+	size_t n_trie = (size_t)K3_TOK_N_SPECIAL * K3_TOK_SPECIAL_NAME_MAX + 1;
+	size_t n_u32 = (size_t)tok->n_vocab + 1 + tok->ht_mask + 65536;
+	tok->trie = calloc(1, n_trie * sizeof(*tok->trie) + n_u32 * sizeof(uint32_t) + arena_len);
+	if (tok->trie) {
+		tok->off = (uint32_t *)(void *)(tok->trie + n_trie);
+		tok->ht = tok->off + tok->n_vocab + 1;
+		tok->pair = tok->ht + tok->ht_mask;
+		tok->arena = (uint8_t *)(tok->pair + 65536);
+	}
 	tok->ht_mask--;
-	tok->pair = malloc(65536 * sizeof(uint32_t));
-	if (!tok->arena || !tok->off || !line_rank || !seen || !tok->ht || !tok->pair) {
+	line_rank = malloc((size_t)n * sizeof(uint32_t));
+	seen = calloc(n, 1);
+	if (!tok->trie || !line_rank || !seen) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory loading %u ranks", n);
 		goto fail;
 	}
@@ -588,11 +591,6 @@ pass2_done:
 		}
 		if ((rc = load_config(cfg, n, names, err)))
 			goto fail;
-	}
-	tok->trie = malloc(((size_t)K3_TOK_N_SPECIAL * K3_TOK_SPECIAL_NAME_MAX + 1) * sizeof(*tok->trie));
-	if (!tok->trie) {
-		rc = k3_err_set(err, -ENOMEM, "out of memory");
-		goto fail;
 	}
 	tok->trie[0] = (struct trie_node){ 0, 0, NO_RANK, 0 };
 	tok->n_trie = 1;

@@ -171,6 +171,22 @@ static void same_bits(const float *l1, const uint32_t *r1, const float *w1, cons
 	T_OK(memcmp(w1, w2, n * sizeof(float)) == 0);
 }
 
+/* ids through a fresh sequence of e that reads its experts from ss, into o
+ * (its V logits zeroed first); the sequence is the caller's to free. */
+static struct k3_engine_seq *forward_from(struct k3_engine *e, const struct k3_expert_source *ss,
+					  const int32_t *ids, uint32_t T, const struct k3_engine_out *o,
+					  size_t V)
+{
+	struct k3_err err = { 0 };
+	struct k3_engine_seq *s = NULL;
+
+	memset(o->logits, 0, V * sizeof(float));
+	T_OK(k3_engine_seq_new(e, 16, &s, &err) == 0);
+	k3_engine_set_expert_source(e, ss);
+	T_OK(k3_engine_forward(e, s, ids, T, o, &err) == 0);
+	return s;
+}
+
 int main(void)
 {
 	struct k3_err err = { 0 };
@@ -229,7 +245,7 @@ int main(void)
 	/* streaming source, experts computed in reverse arrival order: same
 	 * bits (the provider sums in route order whatever the order) */
 	{
-		struct k3_engine_seq *s3 = NULL;
+		struct k3_engine_seq *s3;
 		struct streaming sc = { .m = model };
 		struct k3_expert_source ss = { .ctx = &sc, .acquire = src_acquire,
 					       .release = src_release,
@@ -239,10 +255,8 @@ int main(void)
 		float *l3 = calloc((size_t)V, sizeof(float));
 		uint32_t *r3 = calloc((size_t)T * nm * K, sizeof(uint32_t));
 		float *w3 = calloc((size_t)T * nm * K, sizeof(float));
-		T_OK(k3_engine_seq_new(e, 16, &s3, &err) == 0);
-		k3_engine_set_expert_source(e, &ss);
 		struct k3_engine_out o4 = { K3_ENGINE_LOGITS_LAST, l3, r3, w3 };
-		T_OK(k3_engine_forward(e, s3, ids, T, &o4, &err) == 0);
+		s3 = forward_from(e, &ss, ids, T, &o4, V);
 		same_bits(l1, r1, w1, l3, r3, w3, V, (size_t)T * nm * K);
 		T_EQ_INT(sc.requests, 2 * (long)nm);   /* chunks of 4 and 2 */
 		T_EQ_INT(sc.releases, sc.requests);
@@ -258,13 +272,10 @@ int main(void)
 		ss.would_block = st_would_block;
 		ss.prefetch = st_prefetch;
 		for (int block = 0; block < 2; block++) {
-			struct k3_engine_seq *s4 = NULL;
+			struct k3_engine_seq *s4;
 			sc.block = block;
 			sc.asked = sc.partial = sc.late = sc.bad_partial = 0;
-			memset(l3, 0, V * sizeof(float));
-			T_OK(k3_engine_seq_new(e, 16, &s4, &err) == 0);
-			k3_engine_set_expert_source(e, &ss);
-			T_OK(k3_engine_forward(e, s4, ids, T, &o4, &err) == 0);
+			s4 = forward_from(e, &ss, ids, T, &o4, V);
 			same_bits(l1, r1, w1, l3, r3, w3, V, (size_t)T * nm * K);
 			T_OK(sc.asked > 0);
 			/* two chunks; per chunk one partial lookahead per MoE layer
@@ -278,18 +289,13 @@ int main(void)
 		/* a cache of top_k experts: groups of positions, each requested
 		 * and awaited, the same bits */
 		{
-			struct k3_engine_seq *s5 = NULL;
+			struct k3_engine_seq *s5;
 			ss.would_block = NULL;
 			ss.prefetch = NULL;
 			ss.max_experts = K;
 			sc.requests = sc.releases = sc.acquires = sc.awaited = 0;
-			memset(l3, 0, V * sizeof(float));
-			T_OK(k3_engine_seq_new(e, 16, &s5, &err) == 0);
-			k3_engine_set_expert_source(e, &ss);
-			T_OK(k3_engine_forward(e, s5, ids, T, &o4, &err) == 0);
-			T_OK(memcmp(l1, l3, V * sizeof(float)) == 0);
-			T_OK(memcmp(r1, r3, (size_t)T * nm * K * sizeof(uint32_t)) == 0);
-			T_OK(memcmp(w1, w3, (size_t)T * nm * K * sizeof(float)) == 0);
+			s5 = forward_from(e, &ss, ids, T, &o4, V);
+			same_bits(l1, r1, w1, l3, r3, w3, V, (size_t)T * nm * K);
 			T_OK(sc.requests > 2 * (long)nm);    /* more than one group a chunk */
 			T_EQ_INT(sc.acquires, 0);
 			T_EQ_INT(sc.releases, sc.requests);

@@ -82,6 +82,21 @@ def finish(c, cancel_after=None, close_after=None, rid=7):
             return "error", u32(f, 1), f[2][0].decode()
 
 
+def positions(c):
+    """Reads a generation to its end: the queue_position of each ACCEPTED."""
+    out = []
+    while True:
+        r = read_frame(c, 120)
+        if r is None:
+            return out
+        t, _, f = r
+        if NAMES.get(t) == "ACCEPTED":
+            out.append(d_u32(f, 2))
+        elif NAMES.get(t) in ("DONE", "ERROR"):
+            c.close()
+            return out
+
+
 def routes_by_job(path):
     """--router-trace records grouped by request (job) id, in order:
     {job: [(position, layer, ids, weights)]}."""
@@ -316,6 +331,25 @@ def main():
                 r = finish(c, rid=20 + k)
                 check(r[0] != "error" and len(r[0]) > 0 and d_u32(r[1], 1) in (0, 1),
                       f"seat job {k}: {r[:2]}")
+        finally:
+            d.stop()
+
+        # ---- queue positions: a job a free seat takes is never told it is queued ----------------
+        # (it was: with one seat busy, the third and fourth of four got "[queued at position 1]"
+        # and 2 while free seats took them); a job behind four busy seats is told 1.
+        d = Daemon(K3D, "--parallel", "4", "--queue", "4", "--threads", "1", model=model)
+        try:
+            cs = [start(d.sock, PROMPTS[2], 60, draft=OFF, rid=40)]
+            time.sleep(0.05)
+            cs += [start(d.sock, PROMPTS[0], 8, draft=OFF, rid=41 + k) for k in range(3)]
+            pos = [positions(c) for c in cs]
+            check(all(p == [0] for p in pos), f"4 seats, 4 jobs: every ACCEPTED says position 0: {pos}")
+            cs = [start(d.sock, PROMPTS[2], 60, draft=OFF, rid=50 + k) for k in range(4)]
+            time.sleep(0.3)
+            fifth = start(d.sock, PROMPTS[0], 4, draft=OFF, rid=54)
+            pos = [positions(c) for c in cs + [fifth]]
+            check(all(p == [0] for p in pos[:4]) and pos[4][:1] == [1],
+                  f"4 busy seats: the fifth is told position 1, the four 0: {pos}")
         finally:
             d.stop()
 
