@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/carve.h"
 #include "base/file.h"
 #include "base/path.h"
 #include "k3_kernels.h"
@@ -258,7 +259,7 @@ struct dspark {
 	float **cache;               /* [layers][cap + block][row] */
 	/* scratch: one block (alloc_scratch) holding these, inv_freq and the
 	 * norm weights; prob and cx grow apart */
-	float *scratch;
+	void *scratch;
 	float *x, *h, *qa, *Q, *kv, *att, *y, *g, *u, *qcat, *cbar, *prob;
 	float *logits, *bias, *w1row;
 	float *cx;                   /* [cx_cap][D] context rows being added */
@@ -708,9 +709,9 @@ static const struct k3_draft_ops dspark_ops = {
 	.free = dspark_free,
 };
 
-/* The buffers of the draft's lifetime, one float block carved in parts
- * of whole cache lines (16 floats): the forward's scratch and every norm
- * weight (get_vec fills them). prob and cx grow with the context, apart. */
+/* The buffers of the draft's lifetime, one carved block (base/carve.h):
+ * the forward's scratch and every norm weight (get_vec fills them). prob
+ * and cx grow with the context, apart. */
 static int alloc_scratch(struct dspark *d, struct k3_err *err)
 {
 	const struct k3_dspark_config *c = &d->c;
@@ -719,38 +720,34 @@ static int alloc_scratch(struct dspark *d, struct k3_err *err)
 	d->cache = calloc(c->layers, sizeof(*d->cache));
 	if (!d->L || !d->cache)
 		return k3_err_set(err, -ENOMEM, "DSpark draft: out of memory");
-	struct { float **p; size_t n; } a[] = {
-		{ &d->x, B * D }, { &d->h, B * D }, { &d->qa, B * c->q_lora },
-		{ &d->Q, B * c->heads * ((size_t)c->nope + c->rope) }, { &d->kv, B * d->row },
-		{ &d->att, B * c->heads * c->v_head }, { &d->y, B * D }, { &d->g, B * c->inter },
-		{ &d->u, B * c->inter }, { &d->qcat, d->row }, { &d->cbar, c->kv_lora },
-		{ &d->logits, B * c->vocab }, { &d->bias, c->vocab }, { &d->w1row, c->markov_rank },
-		{ &d->inv_freq, c->rope / 2 }, { &d->ctx_norm, D }, { &d->final_norm, D },
-	};
-	const size_t n_a = sizeof(a) / sizeof(a[0]);
-	const size_t norm_n[4] = { D, D, c->q_lora, c->kv_lora };   /* each layer's */
-#define LINES_(n) (((n) + 15) & ~(size_t)15)
-	size_t total = 0;
-	for (size_t i = 0; i < n_a; i++)
-		total += LINES_(a[i].n);
-	for (size_t k = 0; k < 4; k++)
-		total += c->layers * LINES_(norm_n[k]);
-	float *f = d->scratch = malloc(total * sizeof(float));
-	if (!f)
-		return k3_err_set(err, -ENOMEM, "DSpark draft: out of memory");
-	for (size_t i = 0; i < n_a; i++) {
-		*a[i].p = f;
-		f += LINES_(a[i].n);
-	}
-	for (uint32_t l = 0; l < c->layers; l++) {
-		float **norm[4] = { &d->L[l].in_norm, &d->L[l].post_norm, &d->L[l].qa_norm,
-				    &d->L[l].kva_norm };
-		for (size_t k = 0; k < 4; k++) {
-			*norm[k] = f;
-			f += LINES_(norm_n[k]);
+	struct k3_carve k = { 0 };
+	while (k3_carve_next(&k)) {
+		K3_CARVE(&k, d->x, B * D);
+		K3_CARVE(&k, d->h, B * D);
+		K3_CARVE(&k, d->qa, B * c->q_lora);
+		K3_CARVE(&k, d->Q, B * c->heads * ((size_t)c->nope + c->rope));
+		K3_CARVE(&k, d->kv, B * d->row);
+		K3_CARVE(&k, d->att, B * c->heads * c->v_head);
+		K3_CARVE(&k, d->y, B * D);
+		K3_CARVE(&k, d->g, B * c->inter);
+		K3_CARVE(&k, d->u, B * c->inter);
+		K3_CARVE(&k, d->qcat, d->row);
+		K3_CARVE(&k, d->cbar, c->kv_lora);
+		K3_CARVE(&k, d->logits, B * c->vocab);
+		K3_CARVE(&k, d->bias, c->vocab);
+		K3_CARVE(&k, d->w1row, c->markov_rank);
+		K3_CARVE(&k, d->inv_freq, c->rope / 2);
+		K3_CARVE(&k, d->ctx_norm, D);
+		K3_CARVE(&k, d->final_norm, D);
+		for (uint32_t l = 0; l < c->layers; l++) {
+			K3_CARVE(&k, d->L[l].in_norm, D);
+			K3_CARVE(&k, d->L[l].post_norm, D);
+			K3_CARVE(&k, d->L[l].qa_norm, c->q_lora);
+			K3_CARVE(&k, d->L[l].kva_norm, c->kv_lora);
 		}
 	}
-#undef LINES_
+	if (!(d->scratch = k.block))
+		return k3_err_set(err, -ENOMEM, "DSpark draft: out of memory");
 	return 0;
 }
 

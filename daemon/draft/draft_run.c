@@ -14,14 +14,17 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/carve.h"
+
 struct k3_draft_run {
 	struct k3_engine *e;
 	struct k3_draft *d;
 	struct k3_draft_cost own_cost, *cost;
 	struct k3_draft_ctl ctl;
 	uint32_t fixed, width_max, V, per, n_taps, D;
-	float *logits;               /* [width_max + 1][V]; owns route_w and taps */
-	uint32_t *route_ids;         /* [width_max + 1][per]; owns in and next */
+	void *block;                 /* the pass buffers below, one carved block */
+	float *logits;               /* [width_max + 1][V] */
+	uint32_t *route_ids;         /* [width_max + 1][per] */
 	float *route_w;
 	float *taps;                 /* [max(chunk, width_max + 1)][n_taps][D] */
 	uint32_t *in;                /* [width_max + 1]: the anchor, then the proposals */
@@ -49,8 +52,7 @@ void k3_draft_run_free(struct k3_draft_run *r)
 		k3_engine_set_taps(r->e, NULL, 0, NULL);
 		k3_engine_set_tap_out(r->e, NULL);
 	}
-	free(r->logits);      /* and route_w, taps */
-	free(r->route_ids);   /* and in, next */
+	free(r->block);
 	free(r);
 }
 
@@ -84,18 +86,20 @@ int k3_draft_run_new(struct k3_engine *e, const struct k3_draft_run_opts *o,
 	r->D = k3_engine_hidden(e);
 	r->n_taps = r->d ? r->d->n_taps : 0;
 	size_t rows = (size_t)w + 1, tap_rows = chunk > rows ? chunk : rows;
-	/* two blocks for the pass buffers, one of floats (logits, route
-	 * weights, taps) and one of ids (route ids, in, next) */
-	size_t n_logits = rows * r->V, n_route = rows * r->per + 1;
-	size_t n_taps = r->n_taps ? tap_rows * r->n_taps * r->D : 0;
-	r->logits = malloc((n_logits + n_route + n_taps) * sizeof(float));
-	r->route_ids = malloc((n_route + 2 * rows) * sizeof(uint32_t));
-	if (r->logits && r->route_ids) {
-		r->route_w = r->logits + n_logits;
-		r->taps = n_taps ? r->route_w + n_route : NULL;
-		r->in = r->route_ids + n_route;
-		r->next = r->in + rows;
-	} else {
+	/* the pass buffers share the run's lifetime: one carved block */
+	size_t n_route = rows * r->per + 1;
+	struct k3_carve k = { 0 };
+	while (k3_carve_next(&k)) {
+		K3_CARVE(&k, r->logits, rows * r->V);
+		K3_CARVE(&k, r->route_ids, n_route);
+		K3_CARVE(&k, r->route_w, n_route);
+		K3_CARVE(&k, r->taps, r->n_taps ? tap_rows * r->n_taps * r->D : 0);
+		K3_CARVE(&k, r->in, rows);
+		K3_CARVE(&k, r->next, rows);
+	}
+	if (!r->n_taps)
+		r->taps = NULL;
+	if (!(r->block = k.block)) {
 		k3_draft_run_free(r);
 		return k3_err_set(err, -ENOMEM, "out of memory for %zu-position draft passes", rows);
 	}

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/carve.h"
 #include "model/model.h"
 #include "provider_registry.h"
 
@@ -238,45 +239,44 @@ static void model_release(void *ctx, uint32_t layer, uint32_t expert)
 
 /* The chunk scratch, every buffer the engine sizes at open for its
  * lifetime: rows of [chunk][D] floats, [chunk][K] routing arrays, the
- * pool's pointers and rows. One allocation carved into parts, each
- * aligned to a cache line and zeroed; e->scratch owns it all. */
-#define ENGINE_SCRATCH_(X) \
-	X(pool, (e->n_blocks + 1) * sizeof(*e->pool)) \
-	X(cands, (e->n_blocks + 1) * sizeof(*e->cands)) \
-	X(h, rowb) X(x, rowb) X(mb, rowb) X(z, rowb) X(part, rowb) \
-	X(rows, e->has_spine ? rowb : 0) \
-	X(pass_ids, e->chunk * sizeof(*e->pass_ids)) \
-	X(ids, nk * sizeof(*e->ids)) X(w, nk * sizeof(*e->w)) \
-	X(spans, nk * sizeof(*e->spans)) \
-	X(stamp, (e->cfg.n_experts ? e->cfg.n_experts : 1) * sizeof(*e->stamp)) \
-	X(pids, nk * sizeof(*e->pids)) X(pw, nk * sizeof(*e->pw)) \
-	X(guess, nk * sizeof(*e->guess)) X(guess_rank, nk * sizeof(*e->guess_rank)) \
-	X(tier_ids, nk * sizeof(*e->tier_ids)) X(tier_miss, nk * sizeof(*e->tier_miss)) \
-	X(tier_res, nk * sizeof(*e->tier_res))
-#define SCRATCH_ALIGN_(n) (((n) + 63) & ~(size_t)63)
-
+ * pool's pointers and rows. One carved block (base/carve.h): calloc'd, so
+ * the rows of a long chunk stay untouched pages until a pass writes them,
+ * as separate mallocs were; e->scratch owns it all. */
 static int alloc_scratch(struct k3_engine *e)
 {
-	size_t rowb = (size_t)e->chunk * e->D * sizeof(float);
+	size_t row = (size_t)e->chunk * e->D;   /* floats of one [chunk][D] row block */
 	size_t nk = (size_t)e->chunk * (e->K ? e->K : 1);
-	size_t total = SCRATCH_ALIGN_((e->n_blocks + 1) * rowb);   /* the pool's rows, first */
-#define SIZE_(field, bytes) total += SCRATCH_ALIGN_(bytes);
-	ENGINE_SCRATCH_(SIZE_)
-#undef SIZE_
-	/* calloc, not aligned_alloc + memset: the rows of a long chunk stay
-	 * untouched pages until a pass writes them, as separate mallocs were */
-	if (!(e->scratch = calloc(1, total + 63)))
+	float *pool_rows = NULL, *rows = NULL;
+	struct k3_carve k = { 0 };
+	while (k3_carve_next(&k)) {
+		K3_CARVE(&k, pool_rows, (e->n_blocks + 1) * row);
+		K3_CARVE(&k, e->pool, e->n_blocks + 1);
+		K3_CARVE(&k, e->cands, e->n_blocks + 1);
+		K3_CARVE(&k, e->h, row);
+		K3_CARVE(&k, e->x, row);
+		K3_CARVE(&k, e->mb, row);
+		K3_CARVE(&k, e->z, row);
+		K3_CARVE(&k, e->part, row);
+		/* embeddings come from the mapped table without a spine loader */
+		K3_CARVE(&k, rows, e->has_spine ? row : 0);
+		K3_CARVE(&k, e->pass_ids, e->chunk);
+		K3_CARVE(&k, e->ids, nk);
+		K3_CARVE(&k, e->w, nk);
+		K3_CARVE(&k, e->spans, nk);
+		K3_CARVE(&k, e->stamp, e->cfg.n_experts ? e->cfg.n_experts : 1);
+		K3_CARVE(&k, e->pids, nk);
+		K3_CARVE(&k, e->pw, nk);
+		K3_CARVE(&k, e->guess, nk);
+		K3_CARVE(&k, e->guess_rank, nk);
+		K3_CARVE(&k, e->tier_ids, nk);
+		K3_CARVE(&k, e->tier_miss, nk);
+		K3_CARVE(&k, e->tier_res, nk);
+	}
+	if (!(e->scratch = k.block))
 		return -ENOMEM;
-	char *at = (char *)e->scratch + (-(uintptr_t)e->scratch & 63);
-	float *pool_rows = (float *)(void *)at;
-	at += SCRATCH_ALIGN_((e->n_blocks + 1) * rowb);
-#define TAKE_(field, bytes) e->field = (void *)at; at += SCRATCH_ALIGN_(bytes);
-	ENGINE_SCRATCH_(TAKE_)
-#undef TAKE_
 	for (uint32_t i = 0; i <= e->n_blocks; i++)
-		e->pool[i] = pool_rows + (size_t)i * e->chunk * e->D;
-	if (!e->has_spine)
-		e->rows = NULL;   /* embeddings come from the mapped table */
+		e->pool[i] = pool_rows + (size_t)i * row;
+	e->rows = e->has_spine ? rows : NULL;
 	return 0;
 }
 

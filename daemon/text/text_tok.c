@@ -17,6 +17,7 @@
 #include <openssl/evp.h>
 
 #include "base/array.h"
+#include "base/carve.h"
 #include "base/file.h"
 #include "base/parse.h"
 #include "k3_limits.h"
@@ -266,7 +267,7 @@ void k3_tok_free(struct k3_tok *tok)
 {
 	if (!tok)
 		return;
-	free(tok->trie);   /* and off, ht, pair, arena */
+	free(tok->block);
 	pcre2_code_free(tok->re.code);
 	pcre2_code_free(tok->re_new.code);
 	free(tok);
@@ -408,21 +409,21 @@ int k3_tok_load_buffers(const char *ranks, size_t ranks_len, const char *config,
 	tok->ht_mask = 1;
 	while (tok->ht_mask < 2 * n)
 		tok->ht_mask <<= 1;
-	/* The tables live as long as tok and are sized now: one zeroed
-	 * allocation holds the specials' trie, off, ht, pair and the arena. */
-	size_t n_trie = (size_t)K3_TOK_N_SPECIAL * K3_TOK_SPECIAL_NAME_MAX + 1;
-	size_t n_u32 = (size_t)tok->n_vocab + 1 + tok->ht_mask + 65536;
-	tok->trie = calloc(1, n_trie * sizeof(*tok->trie) + n_u32 * sizeof(uint32_t) + arena_len);
-	if (tok->trie) {
-		tok->off = (uint32_t *)(void *)(tok->trie + n_trie);
-		tok->ht = tok->off + tok->n_vocab + 1;
-		tok->pair = tok->ht + tok->ht_mask;
-		tok->arena = (uint8_t *)(tok->pair + 65536);
+	/* The tables live as long as tok and are sized now: one carved block
+	 * holds the specials' trie, off, ht, pair and the arena. */
+	struct k3_carve tables = { 0 };
+	while (k3_carve_next(&tables)) {
+		K3_CARVE(&tables, tok->trie, (size_t)K3_TOK_N_SPECIAL * K3_TOK_SPECIAL_NAME_MAX + 1);
+		K3_CARVE(&tables, tok->off, (size_t)tok->n_vocab + 1);
+		K3_CARVE(&tables, tok->ht, tok->ht_mask);
+		K3_CARVE(&tables, tok->pair, 65536);
+		K3_CARVE(&tables, tok->arena, arena_len);
 	}
+	tok->block = tables.block;
 	tok->ht_mask--;
 	line_rank = malloc((size_t)n * sizeof(uint32_t));
 	seen = calloc(n, 1);
-	if (!tok->trie || !line_rank || !seen) {
+	if (!tok->block || !line_rank || !seen) {
 		rc = k3_err_set(err, -ENOMEM, "out of memory loading %u ranks", n);
 		goto fail;
 	}

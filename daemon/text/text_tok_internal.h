@@ -53,7 +53,8 @@ struct k3_tok {
 	uint32_t ht_mask;
 	uint32_t *pair;            /* 65536: rank of a two-byte string */
 	uint32_t byte_rank[256];
-	struct trie_node *trie;    /* owns off, ht, pair and arena too (one block) */
+	void *block;               /* trie, off, ht, pair and arena: one carved block */
+	struct trie_node *trie;
 	uint32_t n_trie;
 	uint8_t special_first[256];
 	struct tok_re re;          /* the pre-tokenizer regex */
