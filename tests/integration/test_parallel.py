@@ -82,8 +82,9 @@ def finish(c, cancel_after=None, close_after=None, rid=7):
             return "error", u32(f, 1), f[2][0].decode()
 
 
-def positions(c):
-    """Reads a generation to its end: the queue_position of each ACCEPTED."""
+def positions(c, first_only=False):
+    """Reads a generation to its end (first_only: to its first ACCEPTED):
+    the queue_position of each ACCEPTED."""
     out = []
     while True:
         r = read_frame(c, 120)
@@ -92,6 +93,8 @@ def positions(c):
         t, _, f = r
         if NAMES.get(t) == "ACCEPTED":
             out.append(d_u32(f, 2))
+            if first_only:
+                return out
         elif NAMES.get(t) in ("DONE", "ERROR"):
             c.close()
             return out
@@ -339,16 +342,21 @@ def main():
         # and 2 while free seats took them); a job behind four busy seats is told 1.
         d = Daemon(K3D, "--parallel", "4", "--queue", "4", "--threads", "1", model=model)
         try:
-            cs = [start(d.sock, PROMPTS[2], 60, draft=OFF, rid=40)]
-            time.sleep(0.05)
-            cs += [start(d.sock, PROMPTS[0], 8, draft=OFF, rid=41 + k) for k in range(3)]
-            pos = [positions(c) for c in cs]
+            busy = start(d.sock, [1, 2, 3], 1500, draft=OFF, rid=40)
+            first = positions(busy, first_only=True)
+            cs = [start(d.sock, PROMPTS[0], 8, draft=OFF, rid=41 + k) for k in range(3)]
+            pos = [first] + [positions(c) for c in cs]
+            busy.close()
             check(all(p == [0] for p in pos), f"4 seats, 4 jobs: every ACCEPTED says position 0: {pos}")
-            cs = [start(d.sock, PROMPTS[2], 60, draft=OFF, rid=50 + k) for k in range(4)]
+            time.sleep(0.3)
+            cs = [start(d.sock, [1, 2, 3], 1500, draft=OFF, rid=50 + k) for k in range(4)]
+            pos = [positions(c, first_only=True) for c in cs]
             time.sleep(0.3)
             fifth = start(d.sock, PROMPTS[0], 4, draft=OFF, rid=54)
-            pos = [positions(c) for c in cs + [fifth]]
-            check(all(p == [0] for p in pos[:4]) and pos[4][:1] == [1],
+            pos.append(positions(fifth, first_only=True))
+            for c in cs + [fifth]:
+                c.close()
+            check(pos == [[0], [0], [0], [0], [1]],
                   f"4 busy seats: the fifth is told position 1, the four 0: {pos}")
         finally:
             d.stop()
