@@ -79,10 +79,18 @@ STATE = {"loading": 0, "ready": 1, "draining": 2, "no_model": 3}
 def load_schema(header_path):
     """Parses K3_PROTO_FIELDS_* and K3_PROTO_MESSAGES out of k3_proto.h."""
     src = open(header_path, encoding="utf-8").read().replace("\\\n", " ")
+    bodies = {m.group(1): m.group(2) for m in
+              re.finditer(r"#define K3_PROTO_FIELDS_(\w+)\(F, m\)([^\n]*)", src)}
+
+    def rows_of(name):
+        # a list may include another's rows (K3_PROTO_FIELDS_DRIVES_(F, m))
+        body = re.sub(r"K3_PROTO_FIELDS_(\w+)\(F, m\)", lambda r: rows_of(r.group(1)), bodies[name])
+        return body
+
     fields = {}
-    for m in re.finditer(r"#define K3_PROTO_FIELDS_(\w+)\(F, m\)([^\n]*)", src):
-        rows = re.findall(r"F\(m, (\d+), (\w+), (\w+), [^,]+, ([01])\)", m.group(2))
-        fields[m.group(1)] = {name: (int(tag), kind) for tag, kind, name, _ in rows}
+    for name in bodies:
+        rows = re.findall(r"F\(m, (\d+), (\w+), (\w+), [^,]+, ([01])\)", rows_of(name))
+        fields[name] = {field: (int(tag), kind) for tag, kind, field, _ in rows}
     msgs = {}
     mm = re.search(r"#define K3_PROTO_MESSAGES\(M\)([^\n]*)", src)
     for tid, name in re.findall(r"M\((\d+), (\w+), \w+, \w+\)", mm.group(1)):
