@@ -217,7 +217,11 @@ int k3ctl_gen_run(struct k3ctl_client *c, const struct k3ctl_gen_opts *o, const 
 				 b.error.message.p);
 			if (in_reasoning)
 				fputs(tty_err ? "\033[0m\n" : "\n", stderr);
-			return k3ctl_fail(b.error.status == K3_STATUS_BUSY ? K3CTL_EXIT_UNAVAILABLE :
+			/* busy, draining or still loading: try again later (3),
+			 * what the gateway answers 429/503 for */
+			return k3ctl_fail(b.error.status == K3_STATUS_BUSY ||
+					  b.error.status == K3_STATUS_SHUTTING_DOWN ||
+					  b.error.status == K3_STATUS_NOT_READY ? K3CTL_EXIT_UNAVAILABLE :
 					  K3CTL_EXIT_ERROR, "%s (%s)", res->error,
 					  k3_proto_status_name(b.error.status));
 		default:

@@ -692,6 +692,12 @@ def test_drain(k3d):
             sb.finish(10)
             check(sb.error and sb.error[0] == STATUS["shutting_down"], f"GENERATE while draining: {sb.error}")
             c.close()
+            # k3ctl run against the draining k3d: unavailable (3), as the
+            # gateway's 503, so a script that retries on 3 retries a restart
+            r = subprocess.run([K3CTL, "--socket", d.sock, "run", "--max-new", "2", "late"],
+                               capture_output=True, text=True, timeout=30)
+            check(r.returncode == 3 and "shutting_down" in r.stderr,
+                  f"k3ctl run while draining: exit 3 ({r.returncode} {r.stderr!r})")
         # A second SIGTERM does not wait out the 60 s: the running job is
         # cancelled now, its client still gets DONE.
         t0 = time.time()
