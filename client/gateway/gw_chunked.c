@@ -60,6 +60,20 @@ void gw_chunked_init(struct gw_chunked *c)
 	c->state = ST_REQ_START;
 }
 
+uint64_t gw_chunked_opaque(const struct gw_chunked *c)
+{
+	return c->state == ST_SKIP || c->state == ST_CDATA ? c->remaining : 0;
+}
+
+void gw_chunked_skip(struct gw_chunked *c, uint64_t n)
+{
+	if (n > gw_chunked_opaque(c))
+		n = gw_chunked_opaque(c);
+	c->remaining -= n;
+	if (n && !c->remaining)
+		c->state = c->state == ST_SKIP ? ST_REQ_START : ST_CDATA_CR;
+}
+
 bool gw_chunked_passive(const struct gw_chunked *c)
 {
 	return c->state == ST_PASSIVE;
@@ -270,10 +284,8 @@ size_t gw_chunked_feed(struct gw_chunked *c, const uint8_t *p, size_t n, struct 
 		case ST_CDATA:
 			/* a Content-Length body or chunk data: in bulk */
 			r = n - i < c->remaining ? n - i : (size_t)c->remaining;
-			c->remaining -= r;
+			gw_chunked_skip(c, r);
 			i += r - 1;
-			if (!c->remaining)
-				c->state = c->state == ST_SKIP ? ST_REQ_START : ST_CDATA_CR;
 			break;
 		case ST_CSIZE:
 			if (hex_value(b) >= 0) {

